@@ -1,0 +1,213 @@
+r"""Converts a PyTorch / GGUF checkpoint into an s2sjax (orbax) checkpoint.
+
+  python -m checkpoints_conversion.convert --source=DIR_OR_GGUF --output=DIR \
+      [--family=auto|qwen2|llama|glm4|baichuan_audio] [--dtype=float32|bfloat16] [--verify]
+
+Every key and shape is checked against the abstract target tree before anything is written; tensors are then
+read, transformed and written one leaf at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from typing import Iterator, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+from checkpoints_conversion import layouts
+from checkpoints_conversion.sources import TensorSource, open_source
+from s2sjax import checkpoint
+from s2sjax.model.config import ModelConfig, from_hf_config
+from s2sjax.model.decoder import abstract_params
+
+FAMILY_CHOICES = ("auto",) + tuple(layouts.LAYOUT_MODEL_TYPES)
+TOKENIZER_FILES = (
+  "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+  "tokenizer.model", "added_tokens.json",
+)
+
+
+class ConversionError(ValueError):
+  """The source does not fit the target: every problem found is listed."""
+
+
+@dataclasses.dataclass
+class Plan:
+  source: TensorSource
+  model_type: str
+  config: ModelConfig
+  rules: list[layouts.Rule]
+  kept: list[str]
+  skipped: list[str]
+
+
+def _model_type(source: TensorSource, family: str) -> str:
+  model_type = source.config.get("model_type")
+  accepted = layouts.LAYOUT_MODEL_TYPES.get(family) if family != "auto" else sum(layouts.LAYOUT_MODEL_TYPES.values(), ())
+  if accepted is None:
+    raise ConversionError(f"unknown --family {family!r}; supported: {', '.join(FAMILY_CHOICES)}")
+  if model_type not in accepted:
+    known = ", ".join(f"{fam} ({'/'.join(types)})" for fam, types in layouts.LAYOUT_MODEL_TYPES.items())
+    raise ConversionError(
+      f"{source.description}: model_type {model_type!r} is not supported for --family={family}; "
+      f"supported families (config model_type): {known}"
+    )
+  return model_type
+
+
+def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: Sequence[str] = ()) -> Plan:
+  """Checks every key and shape of the source against the target tree; raises ConversionError listing all
+  missing, unexpected and mis-shaped keys. Reads no tensor data."""
+  model_type = _model_type(source, family)
+  config = from_hf_config(source.config)
+  rules = layouts.rules_for(config, model_type, extra=source.config)
+  abstract = dict(checkpoint.flatten(abstract_params(config)))
+  problems = []
+
+  ruled = {rule.target for rule in rules}
+  problems += [f"no conversion rule for target {'/'.join(p)}" for p in sorted(abstract.keys() - ruled)]
+  available = set(source.keys())
+  used = set()
+  for rule in rules:
+    for piece in rule.pieces:
+      used.add(piece.key)
+      if piece.key not in available:
+        problems.append(f"missing key {piece.key} (for {'/'.join(rule.target)})")
+      elif source.shape(piece.key) != piece.source_shape:
+        problems.append(
+          f"shape mismatch at {piece.key}: checkpoint has {source.shape(piece.key)}, "
+          f"config.json implies {piece.source_shape}"
+        )
+  rest = sorted(available - used)
+  ignored = [k for k in rest if k.endswith(layouts.IGNORED_SUFFIXES)]
+  kept = [k for k in rest if k.startswith(layouts.KEPT_PREFIXES.get(model_type, ()))]
+  skipped = [k for k in rest if skip_prefixes and k.startswith(tuple(skip_prefixes))]
+  unexpected = sorted(set(rest) - set(ignored) - set(kept) - set(skipped))
+  if unexpected:
+    shown = "\n    ".join(unexpected[:50]) + ("\n    ..." if len(unexpected) > 50 else "")
+    problems.append(
+      f"{len(unexpected)} unexpected key(s) that no rule uses (pass --skip_prefix=... to leave them out "
+      f"deliberately):\n    {shown}"
+    )
+  if problems:
+    raise ConversionError(f"{source.description} does not fit a {model_type} target:\n  " + "\n  ".join(problems))
+  return Plan(source, model_type, config, rules, kept, skipped)
+
+
+def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """(target path, array) for each leaf, reading only that leaf's source tensors."""
+  abstract = dict(checkpoint.flatten(abstract_params(plan.config, param_dtype=dtype)))
+  for index, rule in enumerate(plan.rules, 1):
+    target = abstract[rule.target]
+    layer_shape = rule.per_layer_shape(target.shape)
+    out = np.empty(target.shape, target.dtype)
+    if rule.stacked:
+      for i, piece in enumerate(rule.pieces):
+        out[i] = rule.to_target(plan.source.read(piece.key), piece, layer_shape)
+    else:
+      (piece,) = rule.pieces
+      out[...] = rule.to_target(plan.source.read(piece.key), piece, layer_shape)
+    logging.info("[%d/%d] %s %s %s", index, len(plan.rules), "/".join(rule.target), out.shape, out.dtype)
+    yield rule.target, out
+
+
+def _tokenizer_dir(source_path: str, vocab_size: int, staging: str) -> tuple[str | None, str]:
+  """A directory with the source's tokenizer (re-saved by transformers), or None; checks it fits the embedding."""
+  from transformers import AutoTokenizer
+
+  out = os.path.join(staging, "tokenizer")
+  if os.path.isfile(source_path):  # GGUF carries its tokenizer in its metadata
+    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(source_path), gguf_file=os.path.basename(source_path))
+  else:
+    present = [name for name in TOKENIZER_FILES if os.path.exists(os.path.join(source_path, name))]
+    if not present:
+      return None, "none in the source"
+    try:
+      tokenizer = AutoTokenizer.from_pretrained(source_path)
+    except Exception as e:  # custom tokenizer classes (ChatGLM's) need remote code: keep the files as they are
+      os.makedirs(out)
+      for name in present:
+        shutil.copy(os.path.join(source_path, name), out)
+      return out, f"copied without checking its size ({type(e).__name__}: {e})"
+  if len(tokenizer) > vocab_size:
+    raise ConversionError(
+      f"the tokenizer has {len(tokenizer)} tokens but the embedding table only {vocab_size} rows: "
+      "ids beyond the table would be silently clamped"
+    )
+  tokenizer.save_pretrained(out)
+  return out, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"
+
+
+def convert(
+  source_path: str,
+  output: str,
+  family: str = "auto",
+  dtype: str = "float32",
+  skip_prefixes: Sequence[str] = (),
+  overwrite: bool = False,
+) -> dict:
+  """Converts and writes; returns the manifest (what was read, kept, skipped)."""
+  start = time.time()
+  source = open_source(source_path)
+  plan = plan_conversion(source, family, skip_prefixes)
+  target_dtype = jnp.dtype(dtype)
+  with tempfile.TemporaryDirectory() as staging:
+    tokenizer_dir, tokenizer_note = _tokenizer_dir(source_path, plan.config.vocab_size, staging)
+    manifest = {
+      "source": os.path.abspath(source_path),
+      "source_description": source.description,
+      "source_model_type": plan.model_type,
+      "source_config": source.config,
+      "dtype": str(target_dtype),
+      "kept_as_extras": plan.kept,
+      "skipped": plan.skipped,
+      "tokenizer": tokenizer_note,
+    }
+    extras = ((tuple(key.split(".")), np.asarray(source.read(key))) for key in plan.kept)
+    checkpoint.write_checkpoint(
+      output, plan.config, iter_leaves(plan, target_dtype), extras=extras, tokenizer_dir=tokenizer_dir,
+      manifest=manifest, overwrite=overwrite,
+    )
+  logging.info("wrote %s in %.1fs (%d kept, %d skipped)", output, time.time() - start, len(plan.kept), len(plan.skipped))
+  return manifest
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Command-line flags, defined only when this module is the program (libraries import it freely)."""
+  flags.DEFINE_string("source", None, "Hugging Face model directory (safetensors or pytorch_model*.bin) or a .gguf file.")
+  flags.DEFINE_string("output", None, "Directory to write the s2sjax checkpoint to.")
+  flags.DEFINE_enum("family", "auto", FAMILY_CHOICES, "Source layout; auto reads config.json's model_type.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype of the output (norms stay fp32).")
+  flags.DEFINE_multi_string("skip_prefix", [], "Leave out source keys with this prefix (listed in the manifest).")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
+  flags.DEFINE_bool("verify", False, "Compare per-token log-probs with the PyTorch model (needs torch).")
+  flags.DEFINE_integer("verify_length", 512, "Tokens in the --verify comparison.")
+
+
+def main(argv):
+  del argv
+  manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite)
+  print(f"converted {manifest['source_description']} -> {FLAGS.output} ({manifest['dtype']})")
+  if FLAGS.verify:
+    from checkpoints_conversion import verify
+
+    result = verify.compare_with_torch(FLAGS.source, FLAGS.output, length=FLAGS.verify_length)
+    print(
+      f"verify: {result['tokens']} tokens, max |log-prob difference| = {result['max_abs_diff']:.3g} "
+      f"(mean {result['mean_abs_diff']:.3g}) in {result['dtype']}"
+    )
+
+
+if __name__ == "__main__":
+  define_flags()
+  flags.mark_flags_as_required(["source", "output"])
+  app.run(main)

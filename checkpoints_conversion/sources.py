@@ -1,0 +1,224 @@
+"""Lazy readers for the checkpoint formats users bring: HF safetensors (sharded or not), `pytorch_model*.bin`,
+and GGUF. Every reader presents the same face: a Hugging Face `config.json` dict, key names in Hugging Face
+spelling, shapes without reading data, and one tensor at a time on `read`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Protocol
+
+import numpy as np
+
+from checkpoints_conversion import safetensors_io
+
+
+class SourceError(ValueError):
+  """A checkpoint that cannot be read: missing files, corrupt headers, unsupported variants."""
+
+
+class TensorSource(Protocol):
+  description: str
+  config: dict
+
+  def keys(self) -> list[str]: ...
+
+  def shape(self, key: str) -> tuple[int, ...]: ...
+
+  def read(self, key: str) -> np.ndarray: ...
+
+
+def _read_config(directory: str) -> dict:
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    raise SourceError(f"{directory} has no config.json")
+  with open(path) as f:
+    return json.load(f)
+
+
+def _indexed_files(directory: str, index_name: str, pattern: str) -> tuple[list[str], dict[str, str] | None]:
+  """Files of a (possibly sharded) checkpoint; with an index, every shard it names must exist."""
+  index_path = os.path.join(directory, index_name)
+  if os.path.exists(index_path):
+    with open(index_path) as f:
+      weight_map = json.load(f)["weight_map"]
+    files = sorted(set(weight_map.values()))
+    missing = [name for name in files if not os.path.exists(os.path.join(directory, name))]
+    if missing:
+      raise SourceError(f"{index_path} names shards that are missing: {missing}")
+    return [os.path.join(directory, name) for name in files], weight_map
+  return sorted(glob.glob(os.path.join(directory, pattern))), None
+
+
+class SafetensorsSource:
+  def __init__(self, directory: str):
+    self.config = _read_config(directory)
+    paths, weight_map = _indexed_files(directory, "model.safetensors.index.json", "*.safetensors")
+    self.description = f"{directory} ({len(paths)} safetensors file(s))"
+    self._where: dict[str, safetensors_io.SafetensorsFile] = {}
+    for path in paths:
+      try:
+        shard = safetensors_io.SafetensorsFile(path)
+      except ValueError as e:
+        raise SourceError(str(e)) from e
+      for key in shard.keys():
+        if key in self._where:
+          raise SourceError(f"tensor {key} appears in both {self._where[key].path} and {path}")
+        self._where[key] = shard
+    if weight_map is not None:
+      unlisted = sorted(set(weight_map) ^ set(self._where))
+      if unlisted:
+        raise SourceError(f"the index and the shards disagree about keys: {unlisted[:10]}")
+
+  def keys(self) -> list[str]:
+    return list(self._where)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return self._where[key].shape(key)
+
+  def read(self, key: str) -> np.ndarray:
+    return self._where[key].read(key)
+
+
+class TorchBinSource:
+  """`pytorch_model*.bin` files, memory-mapped through torch (the `convert` extra)."""
+
+  def __init__(self, directory: str):
+    import torch
+
+    self.config = _read_config(directory)
+    paths, _ = _indexed_files(directory, "pytorch_model.bin.index.json", "pytorch_model*.bin")
+    self.description = f"{directory} ({len(paths)} pytorch .bin file(s))"
+    self._tensors: dict = {}
+    for path in paths:
+      try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+      except Exception as e:  # torch raises several types for truncated or foreign files
+        raise SourceError(f"{path}: cannot be read as a PyTorch state dict ({e})") from e
+      self._tensors.update(state)
+
+  def keys(self) -> list[str]:
+    return list(self._tensors)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return tuple(self._tensors[key].shape)
+
+  def read(self, key: str) -> np.ndarray:
+    import ml_dtypes
+    import torch
+
+    tensor = self._tensors[key]
+    if tensor.dtype == torch.bfloat16:
+      return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+# GGUF tensor names -> Hugging Face names (llama.cpp's convert_hf_to_gguf tables, llama and qwen2 subset).
+_GGUF_GLOBAL = {
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER = {
+  "attn_norm": "input_layernorm",
+  "attn_q": "self_attn.q_proj",
+  "attn_k": "self_attn.k_proj",
+  "attn_v": "self_attn.v_proj",
+  "attn_output": "self_attn.o_proj",
+  "ffn_norm": "post_attention_layernorm",
+  "ffn_gate": "mlp.gate_proj",
+  "ffn_up": "mlp.up_proj",
+  "ffn_down": "mlp.down_proj",
+}
+
+
+def _gguf_to_hf_name(name: str) -> str:
+  if name in _GGUF_GLOBAL:
+    return _GGUF_GLOBAL[name]
+  parts = name.split(".")
+  if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER:
+    return f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[3]}"
+  return name  # unknown names surface as unexpected keys
+
+
+class GgufSource:
+  """A GGUF file (llama or qwen2), de-quantized tensor by tensor to fp32, under Hugging Face names.
+
+  llama.cpp stores llama's q/k rows permuted for its interleaved rope; they are permuted back here exactly as
+  transformers' GGUF loader does. Qwen2 files are not permuted."""
+
+  def __init__(self, path: str):
+    import gguf
+
+    try:
+      self._reader = gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError/struct errors/IndexError on foreign files
+      raise SourceError(f"{path}: cannot be read as GGUF ({e})") from e
+    self.path = path
+    self.description = f"{path} (GGUF)"
+    self._arch = self._field("general.architecture")
+    if self._arch not in ("llama", "qwen2"):
+      raise SourceError(f"{path}: GGUF architecture {self._arch!r} is not supported (llama, qwen2)")
+    self._tensors = {_gguf_to_hf_name(t.name): t for t in self._reader.tensors}
+    self.config = self._hf_config()
+
+  def _field(self, name: str, default=None):
+    field = self._reader.fields.get(name)
+    return default if field is None else field.contents()
+
+  def _hf_config(self) -> dict:
+    arch = self._arch
+    if self._field(f"{arch}.rope.scaling.type", "none") not in ("none",):
+      raise SourceError(f"{self.path}: scaled rope is not supported")
+    tokens = self._field("tokenizer.ggml.tokens", [])
+    heads = int(self._field(f"{arch}.attention.head_count"))
+    hidden = int(self._field(f"{arch}.embedding_length"))
+    return {
+      "model_type": arch,
+      "hidden_size": hidden,
+      "intermediate_size": int(self._field(f"{arch}.feed_forward_length")),
+      "num_hidden_layers": int(self._field(f"{arch}.block_count")),
+      "num_attention_heads": heads,
+      "num_key_value_heads": int(self._field(f"{arch}.attention.head_count_kv", heads)),
+      "head_dim": int(self._field(f"{arch}.attention.key_length", hidden // heads)),
+      "rms_norm_eps": float(self._field(f"{arch}.attention.layer_norm_rms_epsilon")),
+      "rope_theta": float(self._field(f"{arch}.rope.freq_base", 10000.0)),
+      "vocab_size": int(self._field(f"{arch}.vocab_size", len(tokens))),
+      "tie_word_embeddings": "lm_head.weight" not in self._tensors,
+      "max_position_embeddings": int(self._field(f"{arch}.context_length", 2048)),
+      "attention_bias": False,
+    }
+
+  def keys(self) -> list[str]:
+    return list(self._tensors)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(self._tensors[key].shape))
+
+  def read(self, key: str) -> np.ndarray:
+    import gguf
+
+    tensor = self._tensors[key]
+    array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(self.shape(key))
+    if self._arch == "llama" and (".q_proj." in key or ".k_proj." in key):
+      heads = self.config["num_attention_heads" if ".q_proj." in key else "num_key_value_heads"]
+      array = array.reshape(heads, array.shape[0] // heads // 2, 2, *array.shape[1:])
+      array = array.swapaxes(1, 2).reshape(self.shape(key))
+    return array.astype(np.float32, copy=False)
+
+
+def open_source(path: str) -> TensorSource:
+  """A GGUF file, or a directory of safetensors (preferred) or pytorch_model*.bin files with its config.json."""
+  if os.path.isfile(path):
+    if path.endswith(".gguf"):
+      return GgufSource(path)
+    raise SourceError(f"{path}: a single file must be .gguf; for other formats pass the model directory")
+  if not os.path.isdir(path):
+    raise SourceError(f"checkpoint source {path} does not exist")
+  if glob.glob(os.path.join(path, "*.safetensors")):
+    return SafetensorsSource(path)
+  if glob.glob(os.path.join(path, "pytorch_model*.bin")):
+    return TorchBinSource(path)
+  raise SourceError(f"{path} holds neither *.safetensors nor pytorch_model*.bin files")

