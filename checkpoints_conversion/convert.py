@@ -101,20 +101,16 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
 
 
 def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-  """(target path, array) for each leaf, reading only that leaf's source tensors."""
+  """(stored path, array) for each leaf in the checkpoint's disk layout (layers one at a time), reading only
+  that leaf's source tensor."""
   abstract = dict(checkpoint.flatten(abstract_params(plan.config, param_dtype=dtype)))
   for index, rule in enumerate(plan.rules, 1):
     target = abstract[rule.target]
     layer_shape = rule.per_layer_shape(target.shape)
-    out = np.empty(target.shape, target.dtype)
-    if rule.stacked:
-      for i, piece in enumerate(rule.pieces):
-        out[i] = rule.to_target(plan.source.read(piece.key), piece, layer_shape)
-    else:
-      (piece,) = rule.pieces
-      out[...] = rule.to_target(plan.source.read(piece.key), piece, layer_shape)
-    logging.info("[%d/%d] %s %s %s", index, len(plan.rules), "/".join(rule.target), out.shape, out.dtype)
-    yield rule.target, out
+    logging.info("[%d/%d] %s %s %s", index, len(plan.rules), "/".join(rule.target), target.shape, target.dtype)
+    for i, piece in enumerate(rule.pieces):
+      path = ("layers", str(i)) + rule.target[1:] if rule.stacked else rule.target
+      yield path, rule.to_target(plan.source.read(piece.key), piece, layer_shape).astype(target.dtype)
 
 
 def _tokenizer_dir(source_path: str, vocab_size: int, staging: str) -> tuple[str | None, str]:
