@@ -58,3 +58,41 @@ def torch_log_probs(model, ids: np.ndarray, **kwargs) -> np.ndarray:
   with torch.no_grad():
     out = model(torch.from_numpy(ids), **kwargs) if ids is not None else model(**kwargs)
   return torch.log_softmax(out.logits.float(), -1).numpy()
+
+
+def baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder):
+  """Baichuan-Audio's layout of a Qwen2 model: fused W_pack, 8-style RVQ tables (size + 1 rows), NormHead,
+  and an audio head that is kept, not used."""
+  sd, c = state_numpy(model), model.config
+  rng = np.random.default_rng(5)
+  out = {k: v for k, v in sd.items() if ".self_attn.q_proj" not in k and ".self_attn.k_proj" not in k and ".self_attn.v_proj" not in k}
+  for i in range(c.num_hidden_layers):
+    p = f"model.layers.{i}.self_attn"
+    out[f"{p}.W_pack.weight"] = np.concatenate([sd[f"{p}.{n}_proj.weight"] for n in "qkv"])
+    out[f"{p}.W_pack.bias"] = np.concatenate([sd[f"{p}.{n}_proj.bias"] for n in "qkv"])
+  tables = [rng.normal(0, 0.3, (n + 1, c.hidden_size)).astype(np.float32) for n in codebook_sizes]
+  out.update({f"model.audio_embed_layers.{k}.weight": t for k, t in enumerate(tables)})
+  out["audio_head.heads.0.weight"] = rng.normal(size=(codebook_sizes[0] + 1, c.hidden_size)).astype(np.float32)
+  config = dict(
+    c.to_dict(), model_type="omni", architectures=["OmniForCausalLM"], attention_qkv_bias=True, use_norm_head=True,
+    audio_config={"vq_config": {"codebook_sizes": list(codebook_sizes)}, "audio_pad_token_id": placeholder},
+  )
+  config["rope_theta"] = c.rope_parameters["rope_theta"]
+  return write_raw_checkpoint(directory, config, out), tables, out["audio_head.heads.0.weight"]
+
+
+def audio_inputs_embeds(model, tokens, codes, tables) -> "torch.Tensor":
+  """The reference's `inputs_embeds` for codebook-table audio: the text embedding, replaced at audio positions by
+  the sum of the tables' rows (codes -1 = no audio)."""
+  with torch.no_grad():
+    embeds = model.model.embed_tokens(torch.from_numpy(tokens)).numpy()
+  audio = codes[..., 0] >= 0
+  embeds[audio] = sum(t[codes[..., k][audio]] for k, t in enumerate(tables))
+  return torch.from_numpy(embeds)
+
+
+def fold_norm_head(model) -> None:
+  """Baichuan's NormHead (rows L2-normalised at each forward) applied once to a transformers model's lm_head."""
+  with torch.no_grad():
+    head = model.lm_head.weight
+    head.copy_(head / head.norm(dim=-1, keepdim=True))

@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 from checkpoints_conversion.convert import convert  # noqa: E402
 from s2sjax import checkpoint  # noqa: E402
 from s2sjax.model.decoder import sequence_log_probs  # noqa: E402
-from tests.hf_models import save_hf, state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint  # noqa: E402
+from tests.hf_models import (  # noqa: E402
+  audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint)
 
 
 def _load(path):
@@ -84,31 +85,10 @@ def test_pytorch_bin_and_sharded_safetensors_equal_single_safetensors(tmp_path):
   _assert_same_params(reference, _load(tmp_path / "c")[1])
 
 
-def _baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder):
-  """Baichuan-Audio's layout of a Qwen2 model: fused W_pack, 8-style RVQ tables (size + 1 rows), NormHead,
-  and an audio head that is kept, not used."""
-  sd, c = state_numpy(model), model.config
-  rng = np.random.default_rng(5)
-  out = {k: v for k, v in sd.items() if ".self_attn.q_proj" not in k and ".self_attn.k_proj" not in k and ".self_attn.v_proj" not in k}
-  for i in range(c.num_hidden_layers):
-    p = f"model.layers.{i}.self_attn"
-    out[f"{p}.W_pack.weight"] = np.concatenate([sd[f"{p}.{n}_proj.weight"] for n in "qkv"])
-    out[f"{p}.W_pack.bias"] = np.concatenate([sd[f"{p}.{n}_proj.bias"] for n in "qkv"])
-  tables = [rng.normal(0, 0.3, (n + 1, c.hidden_size)).astype(np.float32) for n in codebook_sizes]
-  out.update({f"model.audio_embed_layers.{k}.weight": t for k, t in enumerate(tables)})
-  out["audio_head.heads.0.weight"] = rng.normal(size=(codebook_sizes[0] + 1, c.hidden_size)).astype(np.float32)
-  config = dict(
-    c.to_dict(), model_type="omni", architectures=["OmniForCausalLM"], attention_qkv_bias=True, use_norm_head=True,
-    audio_config={"vq_config": {"codebook_sizes": list(codebook_sizes)}, "audio_pad_token_id": placeholder},
-  )
-  config["rope_theta"] = c.rope_parameters["rope_theta"]
-  return write_raw_checkpoint(directory, config, out), tables, out["audio_head.heads.0.weight"]
-
-
 def test_codebook_tables_equal_transformers_fed_the_summed_embeddings(tmp_path):
   model = tiny_model("qwen2")
   sizes, placeholder = (16, 8, 8), 500
-  source, tables, audio_head = _baichuan_audio_checkpoint(model, str(tmp_path / "baichuan"), sizes, placeholder)
+  source, tables, audio_head = baichuan_audio_checkpoint(model, str(tmp_path / "baichuan"), sizes, placeholder)
   manifest = convert(source, str(tmp_path / "ckpt"), family="baichuan_audio")
   assert manifest["kept_as_extras"] == ["audio_head.heads.0.weight"]
   extras = checkpoint.load_extras(tmp_path / "ckpt")
@@ -123,11 +103,8 @@ def test_codebook_tables_equal_transformers_fed_the_summed_embeddings(tmp_path):
   codes = np.full((1, length, 3), -1)
   codes[0, audio] = np.stack([rng.integers(0, n + 1, audio.stop - audio.start) for n in sizes], -1)
 
-  with torch.no_grad():
-    embeds = model.model.embed_tokens(torch.from_numpy(tokens)).numpy()
-    embeds[0, audio] = sum(t[codes[0, audio, k]] for k, t in enumerate(tables))
-    head = model.lm_head.weight
-    head.copy_(head / head.norm(dim=-1, keepdim=True))  # Baichuan's NormHead
-  reference = torch_log_probs(model, None, inputs_embeds=torch.from_numpy(embeds))
+  embeds = audio_inputs_embeds(model, tokens, codes, tables)
+  fold_norm_head(model)
+  reference = torch_log_probs(model, None, inputs_embeds=embeds)
   ours = np.asarray(sequence_log_probs(config, params, tokens, codes))
   assert np.abs(ours - reference).max() <= 1e-4

@@ -240,6 +240,6 @@ def sequence_log_probs(config: ModelConfig, params: Params, tokens: jax.Array, a
   model = Decoder(config, dtype=dtype)
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  mask = layers.causal_mask(jnp.ones((batch, length), jnp.int32))
+  mask = layers.packed_attention_mask(jnp.ones((batch, length), jnp.int32))
   hidden = model.apply({"params": params}, tokens, positions, mask, audio_codes)
   return jax.nn.log_softmax(model.apply({"params": params}, hidden, method=Decoder.logits), axis=-1)

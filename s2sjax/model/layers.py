@@ -64,9 +64,12 @@ def attention(
   return out.reshape(batch, length, heads, head_dim)
 
 
-def causal_mask(segment_ids: jax.Array) -> jax.Array:
-  """[batch, length, length] mask of plain packed sequences: same non-zero segment and key <= query."""
+def packed_attention_mask(segment_ids: jax.Array, branch_ids: jax.Array | None = None) -> jax.Array:
+  """[batch, L, L] bool for packed rows: query i sees key j when they share a non-zero segment, j <= i, and j is
+  in the shared prefix (branch 0) or in i's own branch. Without branch ids: plain causal packed sequences."""
   length = segment_ids.shape[-1]
   causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-  same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] > 0)
-  return same & causal
+  mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] > 0) & causal
+  if branch_ids is None:
+    return mask
+  return mask & ((branch_ids[:, None, :] == 0) | (branch_ids[:, :, None] == branch_ids[:, None, :]))

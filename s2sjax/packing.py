@@ -1,0 +1,238 @@
+"""Packs benchmark items (a prefix and two or more candidate continuations) into fixed-length rows.
+
+Row format (DESIGN.md "Packed rows"), every row the same shape so the scoring step compiles once:
+
+  tokens, segment_ids, branch_ids, positions   [L]      segment 0 = padding; branch 0 = the item's prefix,
+                                                         branch c + 1 = candidate c's own tokens
+  audio_codes                                  [L, K]   codebook ids at audio positions, -1 elsewhere (K may be 0)
+  target_pos, target_ids, target_slot          [M]      which position's logits predict which token, for which
+                                                         candidate slot (-1 = unused)
+  slot_item, slot_candidate                    [C]      slot -> (item index, candidate index); -1 = unused
+
+With prefix sharing (default) an item's prefix is laid down once and every candidate branches from it: the first
+token of every candidate is predicted from the last prefix position, and a candidate's positions continue from the
+end of its prefix. Without sharing, every prefix + candidate is its own segment, as the reference implementation
+scores it; both give the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+ROW_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
+              "target_pos", "target_ids", "target_slot", "slot_item", "slot_candidate")
+
+
+class PackingError(ValueError):
+  """An item that cannot be packed: too long for the row, empty, or malformed. Names the item."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+  """One benchmark item in the model's id space.
+
+  prefix: token ids [P]; prefix_codes: [P, K] codebook ids at audio positions, -1 elsewhere (None without
+  `codebook_tables` audio); candidates: token ids of each continuation; correct: index of the right candidate."""
+
+  prefix: np.ndarray
+  candidates: tuple[np.ndarray, ...]
+  correct: int
+  prefix_codes: np.ndarray | None = None
+  name: str = ""  # for error messages (e.g. the uttid)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShape:
+  length: int  # L: tokens per row
+  max_targets: int  # M: scored tokens per row
+  max_slots: int  # C: candidate slots per row
+  num_codebooks: int = 0  # K
+
+  @classmethod
+  def for_length(cls, length: int, num_codebooks: int = 0) -> "RowShape":
+    """Defaults that fit S2SBench's items: candidates are short next to their prefix."""
+    return cls(length, max(length // 2, 1), max(length // 16, 4), num_codebooks)
+
+
+@dataclasses.dataclass
+class PackReport:
+  items: int = 0
+  rows: int = 0
+  real_tokens: int = 0  # tokens laid into rows (prefixes counted once per copy actually laid)
+  capacity: int = 0
+  tokens_saved_by_sharing: int = 0
+  truncated_items: list[str] = dataclasses.field(default_factory=list)
+  truncated_tokens: int = 0
+
+  @property
+  def efficiency(self) -> float:
+    return self.real_tokens / self.capacity if self.capacity else 0.0
+
+  def as_dict(self) -> dict:
+    return {
+      "items": self.items, "rows": self.rows, "real_tokens": self.real_tokens, "capacity": self.capacity,
+      "packing_efficiency": round(self.efficiency, 6), "tokens_saved_by_sharing": self.tokens_saved_by_sharing,
+      "truncated_items": len(self.truncated_items), "truncated_prefix_tokens": self.truncated_tokens,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unit:
+  """What is laid down contiguously in one row: a prefix and the candidates that branch from it."""
+
+  item: int
+  candidates: tuple[int, ...]
+  prefix_len: int
+  tokens: int
+  targets: int
+
+
+def _validate(index: int, item: Item, num_codebooks: int) -> str:
+  name = item.name or f"item {index}"
+  if len(item.candidates) < 2:
+    raise PackingError(f"{name}: needs at least two candidates, has {len(item.candidates)}")
+  if not 0 <= item.correct < len(item.candidates):
+    raise PackingError(f"{name}: correct index {item.correct} is outside its {len(item.candidates)} candidates")
+  if len(item.prefix) == 0:
+    raise PackingError(f"{name}: empty prefix")
+  for c, candidate in enumerate(item.candidates):
+    if len(candidate) == 0:
+      raise PackingError(f"{name}: candidate {c} is empty")
+  if num_codebooks:
+    if item.prefix_codes is None or item.prefix_codes.shape != (len(item.prefix), num_codebooks):
+      got = None if item.prefix_codes is None else item.prefix_codes.shape
+      raise PackingError(f"{name}: prefix_codes must be [{len(item.prefix)}, {num_codebooks}], got {got}")
+  return name
+
+
+def _truncation(index: int, item: Item, shape: RowShape, share: bool, policy: str) -> int:
+  """How many prefix tokens to drop from the left so the item fits an empty row (0 if it fits)."""
+  name = item.name or f"item {index}"
+  lengths = [len(c) for c in item.candidates]
+  widest = (sum(lengths) if share else max(lengths))  # the row must hold the prefix plus this
+  if sum(lengths) > shape.max_targets or len(lengths) > shape.max_slots:
+    raise PackingError(
+      f"{name}: {sum(lengths)} candidate tokens in {len(lengths)} candidates exceed a row's "
+      f"{shape.max_targets} targets / {shape.max_slots} slots"
+    )
+  excess = len(item.prefix) + widest - shape.length
+  if excess <= 0:
+    return 0
+  if policy != "truncate_prefix":
+    raise PackingError(
+      f"{name}: {len(item.prefix)} prefix + {widest} candidate tokens exceed the row length {shape.length} "
+      "(raise the row length, or use the truncate_prefix policy)"
+    )
+  if excess >= len(item.prefix):
+    raise PackingError(f"{name}: its candidates alone ({widest} tokens) do not fit a row of {shape.length}")
+  return excess
+
+
+def pack(
+  items: Sequence[Item],
+  shape: RowShape,
+  share_prefix: bool = True,
+  overlong: str = "error",
+) -> tuple[dict[str, np.ndarray], PackReport]:
+  """First-fit-decreasing packing of `items` into rows of `shape`. Returns (rows: field -> [R, ...] arrays, report).
+
+  overlong: "error" (default: names the item) or "truncate_prefix" (drops prefix tokens from the left, never
+  candidate tokens; counted in the report)."""
+  if overlong not in ("error", "truncate_prefix"):
+    raise ValueError(f"overlong must be 'error' or 'truncate_prefix', not {overlong!r}")
+  report = PackReport(items=len(items))
+  drops, units = [], []
+  for index, item in enumerate(items):
+    name = _validate(index, item, shape.num_codebooks)
+    drop = _truncation(index, item, shape, share_prefix, overlong)
+    if drop:
+      report.truncated_items.append(name)
+      report.truncated_tokens += drop
+    drops.append(drop)
+    prefix_len = len(item.prefix) - drop
+    lengths = [len(c) for c in item.candidates]
+    if share_prefix:
+      units.append(_Unit(index, tuple(range(len(lengths))), prefix_len, prefix_len + sum(lengths), sum(lengths)))
+      report.tokens_saved_by_sharing += (len(lengths) - 1) * prefix_len
+    else:
+      units.extend(_Unit(index, (c,), prefix_len, prefix_len + n, n) for c, n in enumerate(lengths))
+
+  # First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host.
+  order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))
+  rows: list[list[_Unit]] = []
+  free: list[list[int]] = []  # per row: [tokens, targets, slots] still available
+  for u in order:
+    unit = units[u]
+    need = (unit.tokens, unit.targets, len(unit.candidates))
+    for r, room in enumerate(free):
+      if room[0] >= need[0] and room[1] >= need[1] and room[2] >= need[2]:
+        break
+    else:
+      rows.append([])
+      free.append([shape.length, shape.max_targets, shape.max_slots])
+      r = len(rows) - 1
+    rows[r].append(unit)
+    free[r] = [free[r][0] - need[0], free[r][1] - need[1], free[r][2] - need[2]]
+
+  arrays = empty_rows(len(rows), shape)
+  for r, row_units in enumerate(rows):
+    _lay_row(arrays, r, row_units, items, drops)
+  report.rows = len(rows)
+  report.real_tokens = int((arrays["segment_ids"] > 0).sum())
+  report.capacity = len(rows) * shape.length
+  return arrays, report
+
+
+def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
+  """`count` padding rows: they score nothing (all slots and targets unused)."""
+  L, M, C, K = shape.length, shape.max_targets, shape.max_slots, shape.num_codebooks
+  return {
+    "tokens": np.zeros((count, L), np.int32),
+    "segment_ids": np.zeros((count, L), np.int32),
+    "branch_ids": np.zeros((count, L), np.int32),
+    "positions": np.zeros((count, L), np.int32),
+    "audio_codes": np.full((count, L, K), -1, np.int32),
+    "target_pos": np.zeros((count, M), np.int32),
+    "target_ids": np.zeros((count, M), np.int32),
+    "target_slot": np.full((count, M), -1, np.int32),
+    "slot_item": np.full((count, C), -1, np.int32),
+    "slot_candidate": np.full((count, C), -1, np.int32),
+  }
+
+
+def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], items: Sequence[Item], drops: list[int]):
+  cursor, n_targets, n_slots = 0, 0, 0
+  for segment, unit in enumerate(units, 1):
+    item = items[unit.item]
+    drop = drops[unit.item]
+    prefix = np.asarray(item.prefix[drop:])
+    p = len(prefix)
+    span = slice(cursor, cursor + p)
+    arrays["tokens"][r, span] = prefix
+    arrays["segment_ids"][r, span] = segment
+    arrays["positions"][r, span] = np.arange(p)
+    if item.prefix_codes is not None and arrays["audio_codes"].shape[-1]:
+      arrays["audio_codes"][r, span] = item.prefix_codes[drop:]
+    last_prefix = cursor + p - 1
+    cursor += p
+    for c in unit.candidates:
+      candidate = np.asarray(item.candidates[c])
+      n = len(candidate)
+      span = slice(cursor, cursor + n)
+      arrays["tokens"][r, span] = candidate
+      arrays["segment_ids"][r, span] = segment
+      arrays["branch_ids"][r, span] = c + 1
+      arrays["positions"][r, span] = p + np.arange(n)
+      # token j of the candidate is predicted by the previous token: the last prefix token for j = 0
+      targets = slice(n_targets, n_targets + n)
+      arrays["target_pos"][r, targets] = np.concatenate([[last_prefix], cursor + np.arange(n - 1)])
+      arrays["target_ids"][r, targets] = candidate
+      arrays["target_slot"][r, targets] = n_slots
+      arrays["slot_item"][r, n_slots] = unit.item
+      arrays["slot_candidate"][r, n_slots] = c
+      n_targets += n
+      n_slots += 1
+      cursor += n

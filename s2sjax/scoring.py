@@ -1,0 +1,233 @@
+"""The sharded scoring step: packed rows in, per-candidate summed NLL and token counts out.
+
+`hidden = decoder(tokens, positions, mask)`; gather `hidden[target_pos]`; apply the head there only (in chunks of
+targets, so `[L, vocab]` logits are never built); fp32 `logsumexp - logit[target]`; sum per candidate slot.
+
+`Scorer` jits that step once per row shape over a device mesh. On many hosts every process packs the same rows,
+takes every P-th one, pads to an equal step count with empty rows, and checks that shapes and counts agree before
+the first step (a mismatch raises on every process rather than hanging). Results are replicated, so every process
+ends with all rows' numbers and process 0 can write them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from s2sjax import sharding
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
+from s2sjax.packing import RowShape, empty_rows
+
+STEP_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
+               "target_pos", "target_ids", "target_slot", "row_id")
+
+
+def score_batch(
+  config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict
+) -> dict:
+  """Per-slot NLL sums and token counts [B, C] for one batch of packed rows (pure; jitted by `Scorer`)."""
+  model = Decoder(config, dtype=dtype)
+  mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+  codes = batch["audio_codes"] if config.audio_codebook_sizes else None
+  hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, codes)
+  hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
+
+  def target_nll(chunk):
+    h, ids = chunk
+    logits = model.apply({"params": params}, h, method=Decoder.logits)  # fp32 [B, chunk, V]
+    picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+    return jax.nn.logsumexp(logits, axis=-1) - picked
+
+  batch_size, num_targets = batch["target_ids"].shape
+  chunk = min(target_chunk, num_targets)
+  pad = -num_targets % chunk
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  ids = jnp.pad(batch["target_ids"], ((0, 0), (0, pad)))
+  split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
+  nll = jnp.moveaxis(jax.lax.map(target_nll, (split(h), split(ids))), 0, 1).reshape(batch_size, -1)
+  nll = nll[:, :num_targets]
+
+  slots = batch["target_slot"]
+  onehot = (slots[..., None] == jnp.arange(num_slots)).astype(jnp.float32)  # [B, M, C]; slot -1 matches none
+  return {
+    "row_id": batch["row_id"],
+    "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
+    "n_tokens": onehot.sum(axis=1).astype(jnp.int32),
+  }
+
+
+def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
+  """Ids beyond the embedding tables would be clamped silently by the gather: refuse them, naming the row."""
+  for field in ("tokens", "target_ids"):
+    bad = np.argwhere((rows[field] >= config.vocab_size) | (rows[field] < 0))
+    if len(bad):
+      r, pos = bad[0]
+      raise ValueError(
+        f"{field}[row {r}, position {pos}] = {rows[field][r, pos]} is outside the embedding table "
+        f"({config.vocab_size} rows); {len(bad)} such ids in all — was the data built for another tokenizer?"
+      )
+  codes = rows["audio_codes"]
+  for k, size in enumerate(config.audio_codebook_sizes):
+    bad = np.argwhere(codes[..., k] >= size)
+    if len(bad):
+      r, pos = bad[0]
+      raise ValueError(f"audio_codes[row {r}, position {pos}, codebook {k}] = {codes[r, pos, k]} >= table size {size}")
+  if codes.shape[-1] != len(config.audio_codebook_sizes):
+    raise ValueError(f"rows carry {codes.shape[-1]} codebooks, the model has {len(config.audio_codebook_sizes)}")
+
+
+@dataclasses.dataclass
+class Progress:
+  """Logs rows done, tokens/s and ETA at most every `every_s` seconds."""
+
+  total_rows: int
+  every_s: float = 10.0
+  log: Callable[[str], None] = logging.info
+
+  def __post_init__(self):
+    self.start = self.last = time.time()
+    self.rows = self.tokens = 0
+
+  def update(self, rows: int, tokens: int) -> None:
+    self.rows += rows
+    self.tokens += tokens
+    now = time.time()
+    if now - self.last >= self.every_s or self.rows >= self.total_rows:
+      self.last = now
+      rate = self.tokens / max(now - self.start, 1e-9)
+      eta = (self.total_rows - self.rows) * (now - self.start) / max(self.rows, 1)
+      self.log(f"scored {self.rows}/{self.total_rows} rows, {rate:,.0f} tokens/s, ETA {eta:,.0f}s")
+
+
+class Scorer:
+  """A compiled scoring step for one model config, row shape, mesh and batch size; reusable across params."""
+
+  def __init__(
+    self,
+    config: ModelConfig,
+    shape: RowShape,
+    mesh: Mesh | None = None,
+    batch_size: int = 8,
+    dtype=jnp.float32,
+    target_chunk: int = 256,
+  ):
+    self.config, self.shape = config, shape
+    self.mesh = mesh or sharding.make_mesh()
+    data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    # Every step's batch is a multiple of the data-parallel devices (and so of the processes).
+    self.batch_size = math.ceil(batch_size / data_parallel) * data_parallel
+    self.local_batch = self.batch_size // jax.process_count()
+    self.param_shardings = sharding.logical_to_sharding(param_logical_axes(config), abstract_params(config), self.mesh)
+    batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+    ndim = {"row_id": 1, "audio_codes": 3}
+    self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
+    self._step = jax.jit(
+      functools.partial(score_batch, config, dtype, target_chunk, shape.max_slots),
+      in_shardings=(self.param_shardings, self._batch_shardings),
+      out_shardings=sharding.replicated(self.mesh),
+    )
+
+  def compiled_count(self) -> int:
+    """How many times the step has been compiled (one per row shape)."""
+    return self._step._cache_size()
+
+  def _agree_across_processes(self, num_rows: int) -> None:
+    mine = np.array([num_rows, self.shape.length, self.shape.max_targets, self.shape.max_slots,
+                     self.shape.num_codebooks, self.batch_size], np.int64)
+    if jax.process_count() == 1:
+      return
+    everyone = np.asarray(multihost_utils.process_allgather(mine))
+    if not (everyone == mine).all():
+      raise ValueError(
+        "processes disagree on (rows, L, M, C, K, batch): "
+        + "; ".join(f"process {p}: {tuple(v)}" for p, v in enumerate(everyone))
+      )
+
+  def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Scores all packed rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
+    check_ids(rows, self.config)
+    num_rows = len(rows["tokens"])
+    self._agree_across_processes(num_rows)
+    params = jax.device_put(params, self.param_shardings)
+    count, index = jax.process_count(), jax.process_index()
+    mine = np.arange(index, num_rows, count)
+    steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
+    nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
+    n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
+    meter = Progress(num_rows) if progress else None
+    with self.mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      for step in range(steps):
+        local = self._local_batch(rows, mine[step * self.local_batch : (step + 1) * self.local_batch])
+        out = self._step(params, self._globalize(local))
+        row_id = np.asarray(out["row_id"].addressable_data(0))
+        real = row_id >= 0
+        nll_sum[row_id[real]] = np.asarray(out["nll_sum"].addressable_data(0))[real]
+        n_tokens[row_id[real]] = np.asarray(out["n_tokens"].addressable_data(0))[real]
+        if meter:
+          meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
+    return nll_sum, n_tokens
+
+  def _local_batch(self, rows: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
+    batch = empty_rows(self.local_batch, self.shape)
+    batch["row_id"] = np.full(self.local_batch, -1, np.int32)
+    for name in batch:
+      if name == "row_id":
+        batch[name][: len(indices)] = indices
+      else:
+        batch[name][: len(indices)] = rows[name][indices]
+    return {name: batch[name] for name in STEP_FIELDS}
+
+  def _globalize(self, local: dict[str, np.ndarray]) -> dict:
+    return {
+      name: jax.make_array_from_process_local_data(self._batch_shardings[name], value)
+      for name, value in local.items()
+    }
+
+
+@dataclasses.dataclass
+class CandidateScores:
+  """Per (item, candidate): summed NLL over the candidate's tokens and their count; [N, max candidates], NaN/0
+  where an item has fewer candidates."""
+
+  nll_sum: np.ndarray
+  n_tokens: np.ndarray
+
+  @property
+  def mean_nll(self) -> np.ndarray:
+    """S2SBench's loss: the mean token cross-entropy over the candidate's tokens."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+      return self.nll_sum / self.n_tokens
+
+  @property
+  def ppl(self) -> np.ndarray:
+    return np.exp(self.mean_nll)
+
+
+def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarray, num_candidates: list[int]) -> CandidateScores:
+  """Maps slot results back to (item, candidate); every candidate of every item must be scored exactly once."""
+  items, width = len(num_candidates), max(num_candidates)
+  total = np.full((items, width), np.nan)
+  count = np.zeros((items, width), np.int64)
+  seen = np.zeros((items, width), np.int64)
+  used = rows["slot_item"] >= 0
+  item, cand = rows["slot_item"][used], rows["slot_candidate"][used]
+  total[item, cand] = nll_sum[used]
+  count[item, cand] = n_tokens[used]
+  np.add.at(seen, (item, cand), 1)
+  expected = np.arange(width)[None, :] < np.asarray(num_candidates)[:, None]
+  if not (seen[expected] == 1).all() or seen[~expected].any():
+    raise AssertionError("packed rows do not hold every candidate exactly once")
+  return CandidateScores(total, count)

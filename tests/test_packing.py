@@ -1,0 +1,80 @@
+"""The packer lays items out exactly as DESIGN.md's row format says, and refuses or truncates long items."""
+
+import numpy as np
+import pytest
+
+from s2sjax.model.layers import packed_attention_mask
+from s2sjax.packing import Item, PackingError, RowShape, pack
+
+
+def _item(prefix, *candidates, correct=0, name=""):
+  return Item(np.array(prefix), tuple(np.array(c) for c in candidates), correct, name=name)
+
+
+def _segments(rows):
+  """Every laid segment's tokens, as tuples."""
+  return {
+    tuple(rows["tokens"][r][rows["segment_ids"][r] == s])
+    for r in range(len(rows["tokens"])) for s in np.unique(rows["segment_ids"][r]) if s > 0
+  }
+
+
+def test_shared_prefix_layout_by_hand():
+  rows, report = pack([_item([11, 12, 13], [21, 22], [31])], RowShape(8, 4, 2))
+  np.testing.assert_array_equal(rows["tokens"][0], [11, 12, 13, 21, 22, 31, 0, 0])
+  np.testing.assert_array_equal(rows["segment_ids"][0], [1, 1, 1, 1, 1, 1, 0, 0])
+  np.testing.assert_array_equal(rows["branch_ids"][0], [0, 0, 0, 1, 1, 2, 0, 0])
+  np.testing.assert_array_equal(rows["positions"][0], [0, 1, 2, 3, 4, 3, 0, 0])  # both candidates continue at 3
+  # 21 and 31 are predicted from the last prefix token (row index 2); 22 from 21 (index 3)
+  np.testing.assert_array_equal(rows["target_pos"][0], [2, 3, 2, 0])
+  np.testing.assert_array_equal(rows["target_ids"][0], [21, 22, 31, 0])
+  np.testing.assert_array_equal(rows["target_slot"][0], [0, 0, 1, -1])
+  np.testing.assert_array_equal(rows["slot_item"][0], [0, 0])
+  np.testing.assert_array_equal(rows["slot_candidate"][0], [0, 1])
+  assert report.tokens_saved_by_sharing == 3 and report.real_tokens == 6 and report.efficiency == 6 / 8
+
+  mask = np.asarray(packed_attention_mask(rows["segment_ids"], rows["branch_ids"]))[0]
+  assert mask[5, :3].all() and not mask[5, 3:5].any() and mask[5, 5]  # candidate 1 sees the prefix, not candidate 0
+  assert mask[4, :5].all() and not mask[2, 3:].any() and not mask[6].any()
+
+
+def test_without_sharing_every_candidate_is_its_own_segment():
+  rows, report = pack([_item([11, 12, 13], [21, 22], [31])], RowShape(8, 4, 2), share_prefix=False)
+  assert _segments(rows) == {(11, 12, 13, 21, 22), (11, 12, 13, 31)}
+  assert not rows["branch_ids"][rows["positions"] < 3].any()  # the prefix copies are branch 0
+  assert report.tokens_saved_by_sharing == 0 and report.real_tokens == 9
+
+
+def test_first_fit_decreasing_fills_rows():
+  items = [_item(list(range(1, 1 + n)), [7, 7], [8, 8]) for n in (10, 2, 6, 12, 4, 8)]  # sizes 14, 6, 10, 16, 8, 12
+  rows, report = pack(items, RowShape(24, 12, 8))
+  assert report.rows == 3 and report.real_tokens == 66 and report.efficiency == 66 / 72
+  assert sorted(np.unique(rows["slot_item"][rows["slot_item"] >= 0]).tolist()) == list(range(6))
+
+
+def test_items_longer_than_the_row_name_the_item():
+  items = [_item(list(range(1, 30)), [5, 6], [7], name="uttid 1234")]
+  with pytest.raises(PackingError, match="uttid 1234: 29 prefix \\+ 3 candidate tokens exceed the row length 16"):
+    pack(items, RowShape(16, 8, 4))
+
+
+def test_truncate_prefix_drops_prefix_tokens_from_the_left_only():
+  items = [_item(list(range(1, 30)), [50, 60], [70]), _item([1, 2], [3], [4])]
+  rows, report = pack(items, RowShape(16, 8, 4), overlong="truncate_prefix")
+  assert report.truncated_items == ["item 0"] and report.truncated_tokens == 16
+  assert tuple(range(17, 30)) + (50, 60, 70) in _segments(rows)
+  assert rows["positions"][rows["tokens"] == 17].tolist() == [0]  # positions restart at the kept prefix
+
+
+def test_malformed_items_are_refused_by_name():
+  shape = RowShape(32, 16, 4)
+  with pytest.raises(PackingError, match="q7: needs at least two candidates"):
+    pack([_item([1], [2], name="q7")], shape)
+  with pytest.raises(PackingError, match="q8: correct index 4 is outside its 2 candidates"):
+    pack([_item([1], [2], [3], correct=4, name="q8")], shape)
+  with pytest.raises(PackingError, match="q9: candidate 1 is empty"):
+    pack([_item([1], [2], [], name="q9")], shape)
+  with pytest.raises(PackingError, match="q10: empty prefix"):
+    pack([_item([], [2], [3], name="q10")], shape)
+  with pytest.raises(PackingError, match="q11: its candidates alone"):
+    pack([_item([1, 2], list(range(20)), list(range(20)), name="q11")], RowShape(24, 48, 4), overlong="truncate_prefix")

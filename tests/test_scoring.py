@@ -1,0 +1,98 @@
+"""Per-candidate NLL from packed, prefix-shared rows equals the naive reference, on any mesh and batch size."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import jax  # noqa: E402
+
+from checkpoints_conversion.convert import convert  # noqa: E402
+from s2sjax import checkpoint, sharding  # noqa: E402
+from s2sjax.packing import RowShape, pack  # noqa: E402
+from s2sjax.scoring import Scorer, collect  # noqa: E402
+from tests.hf_models import audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, tiny_model  # noqa: E402
+from tests.scoring_cases import random_items, reference_mean_nll  # noqa: E402
+
+SHAPE = RowShape(length=256, max_targets=128, max_slots=16)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+  model = tiny_model("qwen2")
+  out = tmp_path_factory.mktemp("qwen2")
+  convert(save_hf(model, str(out / "hf")), str(out / "ckpt"))
+  return model, checkpoint.load_config(out / "ckpt"), checkpoint.load_params(out / "ckpt")
+
+
+def _score(config, params, items, shape=SHAPE, share=True, mesh=None, batch_size=4):
+  rows, report = pack(items, shape, share_prefix=share)
+  scorer = Scorer(config, shape, mesh=mesh, batch_size=batch_size)
+  nll_sum, n_tokens = scorer.score(params, rows, progress=False)
+  return collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items]), report
+
+
+def test_text_prefix_matches_naive_reference(qwen2):
+  model, config, params = qwen2
+  items = random_items(14, config.vocab_size)
+  scores, report = _score(config, params, items)
+  reference = reference_mean_nll(model, items)
+  np.testing.assert_allclose(scores.mean_nll, reference, atol=1e-4, equal_nan=True)
+  expected_tokens = [[len(c) for c in it.candidates] + [0] * (4 - len(it.candidates)) for it in items]
+  np.testing.assert_array_equal(scores.n_tokens, expected_tokens)
+  assert report.tokens_saved_by_sharing == sum((len(it.candidates) - 1) * len(it.prefix) for it in items)
+
+
+def test_sharing_on_and_off_agree(qwen2):
+  _, config, params = qwen2
+  items = random_items(14, config.vocab_size, seed=1)
+  shared, shared_report = _score(config, params, items, share=True)
+  separate, separate_report = _score(config, params, items, share=False)
+  np.testing.assert_allclose(shared.mean_nll, separate.mean_nll, atol=1e-5, equal_nan=True)
+  assert shared_report.real_tokens < separate_report.real_tokens
+
+
+def test_codebook_table_audio_prefix_matches_reference(tmp_path):
+  model = tiny_model("qwen2", seed=3)
+  sizes, placeholder = (16, 8, 8), 500
+  source, tables, _ = baichuan_audio_checkpoint(model, str(tmp_path / "baichuan"), sizes, placeholder)
+  convert(source, str(tmp_path / "ckpt"), family="baichuan_audio")
+  config, params = checkpoint.load_config(tmp_path / "ckpt"), checkpoint.load_params(tmp_path / "ckpt")
+  items = random_items(8, config.vocab_size, seed=2, audio_placeholder=placeholder,
+                       codebook_sizes=tuple(n + 1 for n in sizes))
+  shape = RowShape(256, 128, 16, num_codebooks=3)
+  scores, _ = _score(config, params, items, shape=shape)
+  fold_norm_head(model)
+  reference = reference_mean_nll(model, items, lambda t, c: audio_inputs_embeds(model, t, c, tables))
+  np.testing.assert_allclose(scores.mean_nll, reference, atol=1e-4, equal_nan=True)
+
+
+def test_every_mesh_and_batch_size_gives_the_same_numbers(qwen2):
+  _, config, params = qwen2
+  assert jax.device_count() == 8, "conftest sets 8 host devices"
+  items = random_items(20, config.vocab_size, seed=4)
+  baseline, _ = _score(config, params, items, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=1)
+  for mesh_spec in ["data:8", "data:4,model:2", "data:2,model:4"]:
+    for batch_size in (1, 3, 8):
+      scores, _ = _score(config, params, items, mesh=sharding.make_mesh(mesh_spec), batch_size=batch_size)
+      np.testing.assert_allclose(scores.mean_nll, baseline.mean_nll, atol=1e-5, equal_nan=True,
+                                 err_msg=f"mesh {mesh_spec}, batch {batch_size}")
+
+
+def test_one_compilation_serves_many_params_and_datasets(qwen2):
+  _, config, params = qwen2
+  scorer = Scorer(config, SHAPE, batch_size=4)
+  other = jax.tree.map(lambda x: x * 1.01, params)
+  for seed, p in [(5, params), (6, other), (7, params)]:
+    rows, _ = pack(random_items(9, config.vocab_size, seed=seed), SHAPE)
+    scorer.score(p, rows, progress=False)
+  assert scorer.compiled_count() == 1
+
+
+def test_ids_beyond_the_embedding_table_are_refused(qwen2):
+  _, config, params = qwen2
+  items = random_items(3, config.vocab_size)
+  items[1].candidates[0][0] = config.vocab_size + 5
+  rows, _ = pack(items, SHAPE)
+  with pytest.raises(ValueError, match=r"tokens\[row \d+, position \d+\] = 517 is outside the embedding table \(512 rows\)"):
+    Scorer(config, SHAPE).score(params, rows, progress=False)
