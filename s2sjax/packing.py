@@ -1,4 +1,4 @@
-"""Packs benchmark items (a prefix and two or more candidate continuations) into fixed-length rows.
+"""Packs benchmark items (a prefix and the candidate continuations that follow it) into fixed-length rows.
 
 Row format (DESIGN.md "Packed rows"), every row the same shape so the scoring step compiles once:
 
@@ -32,14 +32,15 @@ class PackingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-  """One benchmark item in the model's id space.
+  """One prefix and the candidates scored after it, in the model's id space (the unit the packer lays down).
 
   prefix: token ids [P]; prefix_codes: [P, K] codebook ids at audio positions, -1 elsewhere (None without
-  `codebook_tables` audio); candidates: token ids of each continuation; correct: index of the right candidate."""
+  `codebook_tables` audio); candidates: token ids of each continuation. Which candidate is right is the
+  benchmark's business, not the packer's: a question whose candidates have different prefixes (two renderings of
+  the same speech) is several items."""
 
   prefix: np.ndarray
   candidates: tuple[np.ndarray, ...]
-  correct: int
   prefix_codes: np.ndarray | None = None
   name: str = ""  # for error messages (e.g. the uttid)
 
@@ -92,10 +93,8 @@ class _Unit:
 
 def _validate(index: int, item: Item, num_codebooks: int) -> str:
   name = item.name or f"item {index}"
-  if len(item.candidates) < 2:
-    raise PackingError(f"{name}: needs at least two candidates, has {len(item.candidates)}")
-  if not 0 <= item.correct < len(item.candidates):
-    raise PackingError(f"{name}: correct index {item.correct} is outside its {len(item.candidates)} candidates")
+  if not item.candidates:
+    raise PackingError(f"{name}: has no candidates")
   if len(item.prefix) == 0:
     raise PackingError(f"{name}: empty prefix")
   for c, candidate in enumerate(item.candidates):
@@ -108,17 +107,23 @@ def _validate(index: int, item: Item, num_codebooks: int) -> str:
   return name
 
 
+def required_length(item: Item, share_prefix: bool) -> int:
+  """Row length the item needs: its prefix plus all candidates (shared), or plus the longest (not shared)."""
+  lengths = [len(c) for c in item.candidates]
+  return len(item.prefix) + (sum(lengths) if share_prefix else max(lengths))
+
+
 def _truncation(index: int, item: Item, shape: RowShape, share: bool, policy: str) -> int:
   """How many prefix tokens to drop from the left so the item fits an empty row (0 if it fits)."""
   name = item.name or f"item {index}"
   lengths = [len(c) for c in item.candidates]
-  widest = (sum(lengths) if share else max(lengths))  # the row must hold the prefix plus this
+  widest = required_length(item, share) - len(item.prefix)
   if sum(lengths) > shape.max_targets or len(lengths) > shape.max_slots:
     raise PackingError(
       f"{name}: {sum(lengths)} candidate tokens in {len(lengths)} candidates exceed a row's "
       f"{shape.max_targets} targets / {shape.max_slots} slots"
     )
-  excess = len(item.prefix) + widest - shape.length
+  excess = required_length(item, share) - shape.length
   if excess <= 0:
     return 0
   if policy != "truncate_prefix":

@@ -23,7 +23,7 @@ def random_items(count: int, vocab: int, seed: int = 0, audio_placeholder: int |
       codes[audio] = np.stack([rng.integers(0, n, audio.stop - audio.start) for n in codebook_sizes], -1)
     options = 2 if i % 3 else 4
     candidates = tuple(rng.integers(0, vocab - 20, rng.integers(1, 20)) for _ in range(options))
-    items.append(Item(prefix, candidates, int(rng.integers(0, options)), codes, name=f"item-{i}"))
+    items.append(Item(prefix, candidates, codes, name=f"item-{i}"))
   return items
 
 

@@ -7,8 +7,8 @@ from s2sjax.model.layers import packed_attention_mask
 from s2sjax.packing import Item, PackingError, RowShape, pack
 
 
-def _item(prefix, *candidates, correct=0, name=""):
-  return Item(np.array(prefix), tuple(np.array(c) for c in candidates), correct, name=name)
+def _item(prefix, *candidates, name=""):
+  return Item(np.array(prefix), tuple(np.array(c) for c in candidates), name=name)
 
 
 def _segments(rows):
@@ -68,10 +68,8 @@ def test_truncate_prefix_drops_prefix_tokens_from_the_left_only():
 
 def test_malformed_items_are_refused_by_name():
   shape = RowShape(32, 16, 4)
-  with pytest.raises(PackingError, match="q7: needs at least two candidates"):
-    pack([_item([1], [2], name="q7")], shape)
-  with pytest.raises(PackingError, match="q8: correct index 4 is outside its 2 candidates"):
-    pack([_item([1], [2], [3], correct=4, name="q8")], shape)
+  with pytest.raises(PackingError, match="q7: has no candidates"):
+    pack([_item([1], name="q7")], shape)
   with pytest.raises(PackingError, match="q9: candidate 1 is empty"):
     pack([_item([1], [2], [], name="q9")], shape)
   with pytest.raises(PackingError, match="q10: empty prefix"):

@@ -1,0 +1,175 @@
+r"""Benchmark: the PyTorch reference protocol against s2sjax without and with prefix sharing, in one run.
+
+  python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=1024]
+
+For the same model and items it prints, side by side: tokens computed and wall time of
+  * reference: S2SBench's `generate_batch_response` protocol in transformers — every prefix + candidate its own
+    sequence, batched with padding, full logits, mean cross-entropy over the candidate;
+  * s2sjax, no sharing: packed rows, every prefix + candidate its own segment;
+  * s2sjax, shared: packed rows, each prefix laid once and every candidate branching from it;
+with packing efficiency, achieved FLOP/s and the largest disagreement in mean NLL. Workloads: `stories` (text
+prefix of about 60 tokens, two endings) and `speech` (about 200 audio-unit tokens, four options), on the model's
+own vocabulary. The default model is the embedded SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from s2sjax import checkpoint, default_model
+from s2sjax.model.config import ModelConfig
+from s2sjax.packing import Item, RowShape, pack
+from s2sjax.scoring import Scorer, collect
+
+FLAGS = flags.FLAGS
+
+WORKLOADS = {
+  # prefix mean/std, candidates per item, candidate length range
+  "stories": dict(prefix=(60, 8), options=2, candidate=(6, 18)),
+  "speech": dict(prefix=(200, 20), options=4, candidate=(5, 15)),
+}
+
+
+def make_items(workload: str, count: int, vocab: int, seed: int = 0) -> list[Item]:
+  spec = WORKLOADS[workload]
+  rng = np.random.default_rng(seed)
+  items = []
+  for i in range(count):
+    prefix_len = max(8, int(rng.normal(*spec["prefix"])))
+    candidates = tuple(rng.integers(0, vocab, rng.integers(*spec["candidate"])) for _ in range(spec["options"]))
+    items.append(Item(rng.integers(0, vocab, prefix_len), candidates, name=f"{workload}-{i}"))
+  return items
+
+
+def decoder_flops_per_token(config: ModelConfig, context: int) -> float:
+  """Executed forward FLOPs of one token through the layers: 2 x weights + attention scores and values over
+  `context` keys (masked keys are computed too, in both protocols)."""
+  d, hd = config.hidden_size, config.head_dim
+  weights = config.num_layers * (d * hd * (2 * config.num_heads + 2 * config.num_kv_heads) + 3 * d * config.intermediate_size)
+  attention = config.num_layers * 4 * config.num_heads * hd * context
+  return 2 * weights + attention
+
+
+def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batch_size: int) -> tuple[np.ndarray, int, float]:
+  """(mean NLL [N, C], tokens computed, FLOPs) the S2SBench way."""
+  import torch
+
+  sequences = [(i, c, np.concatenate([it.prefix, cand]), len(it.prefix)) for i, it in enumerate(items)
+               for c, cand in enumerate(it.candidates)]
+  out = np.full((len(items), max(len(it.candidates) for it in items)), np.nan)
+  computed, flops = 0, 0.0
+  head = 2 * config.hidden_size * config.vocab_size  # full logits at every position
+  for start in range(0, len(sequences), batch_size):
+    batch = sequences[start : start + batch_size]
+    width = max(len(s[2]) for s in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100)
+    for b, (_, _, tokens, prefix_len) in enumerate(batch):
+      ids[b, : len(tokens)] = torch.from_numpy(tokens)
+      mask[b, : len(tokens)] = 1
+      labels[b, prefix_len : len(tokens)] = torch.from_numpy(tokens[prefix_len:])
+    with torch.no_grad():
+      logits = torch_model(input_ids=ids, attention_mask=mask).logits.float()
+    losses = torch.nn.functional.cross_entropy(
+      logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none", ignore_index=-100)
+    for b, (i, c, tokens, prefix_len) in enumerate(batch):
+      out[i, c] = float(losses[b, prefix_len - 1 : len(tokens) - 1].mean())
+    computed += len(batch) * width
+    flops += len(batch) * width * (decoder_flops_per_token(config, width) + head)
+  return out, computed, flops
+
+
+def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowShape, share: bool, batch_size: int,
+                    dtype) -> dict:
+  rows, report = pack(items, shape, share_prefix=share)
+  scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype)
+  start = time.time()
+  scorer.score(params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)  # compile + warm up
+  compile_s = time.time() - start
+  start = time.time()
+  nll_sum, n_tokens = scorer.score(params, rows, progress=False)
+  seconds = time.time() - start
+  scores = collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items])
+  computed = math.ceil(report.rows / scorer.batch_size) * scorer.batch_size * shape.length
+  targets = int(n_tokens.sum())
+  flops = computed * decoder_flops_per_token(config, shape.length) + targets * 2 * config.hidden_size * config.vocab_size
+  return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
+              efficiency=report.efficiency, rows=report.rows)
+
+
+def run_workload(workload: str, ckpt: str, count: int, row_length: int, batch_size: int, ref_batch_size: int,
+                 dtype) -> dict:
+  from checkpoints_conversion.verify import load_torch_model
+
+  config = checkpoint.load_config(ckpt)
+  params = checkpoint.load_params(ckpt, dtype=dtype)
+  items = make_items(workload, count, config.vocab_size)
+  torch_model = load_torch_model(checkpoint.load_manifest(ckpt)["source"])
+  start = time.time()
+  ref_nll, ref_computed, ref_flops = reference_protocol(torch_model, config, items, ref_batch_size)
+  ref_seconds = time.time() - start
+  shape = RowShape.for_length(row_length)
+  results = {"reference": dict(mean_nll=ref_nll, computed=ref_computed, seconds=ref_seconds, flops=ref_flops)}
+  results["s2sjax, no sharing"] = s2sjax_protocol(config, params, items, shape, False, batch_size, dtype)
+  results["s2sjax, shared"] = s2sjax_protocol(config, params, items, shape, True, batch_size, dtype)
+  return {"workload": workload, "items": count, "candidates": sum(len(it.candidates) for it in items),
+          "real_tokens": sum(len(it.prefix) * len(it.candidates) + sum(map(len, it.candidates)) for it in items),
+          "results": results}
+
+
+def format_table(run: dict) -> str:
+  reference = run["results"]["reference"]
+  lines = [
+    f"### {run['workload']}: {run['items']} items, {run['candidates']} candidates",
+    "",
+    "| protocol | tokens computed | vs reference | wall s | vs reference | packing eff. | GFLOP/s | max abs diff of mean NLL vs ref |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for name, r in run["results"].items():
+    diff = np.nanmax(np.abs(r["mean_nll"] - reference["mean_nll"]))
+    eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
+    lines.append(
+      f"| {name} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | {r['seconds']:.1f} | "
+      f"{r['seconds'] / reference['seconds']:.2f}x | {eff} | {r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
+    )
+  return "\n".join(lines)
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (default: the embedded SmolLM2-135M).")
+  flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS)}.")
+  flags.DEFINE_integer("items", 48, "Items per workload.")
+  flags.DEFINE_integer("row_length", 1024, "Packed row length L.")
+  flags.DEFINE_integer("batch_size", 2, "Rows per s2sjax step.")
+  flags.DEFINE_integer("ref_batch_size", 8, "Sequences per reference batch.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype of s2sjax.")
+  flags.DEFINE_string("output", None, "Also write the figures as JSON here.")
+
+
+def main(argv):
+  del argv
+  ckpt = FLAGS.checkpoint or default_model.default_checkpoint()
+  runs = []
+  for workload in FLAGS.workload:
+    run = run_workload(workload, ckpt, FLAGS.items, FLAGS.row_length, FLAGS.batch_size, FLAGS.ref_batch_size,
+                       jnp.dtype(FLAGS.dtype))
+    print(format_table(run), "\n", flush=True)
+    runs.append(run)
+  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {ckpt}")
+  if FLAGS.output:
+    strip = lambda r: {k: v for k, v in r.items() if k != "mean_nll"}
+    with open(FLAGS.output, "w") as f:
+      json.dump([dict(run, results={n: strip(r) for n, r in run["results"].items()}) for run in runs], f, indent=2)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

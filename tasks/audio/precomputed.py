@@ -1,0 +1,40 @@
+"""Codes computed elsewhere (Baichuan-Audio's or GLM-4-Voice's own tokenizer): `<uttid>.npy` per utterance."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from tasks.audio.base import AudioError, AudioTokenizer
+
+
+class PrecomputedTokenizer(AudioTokenizer):
+  sample_rate = 16000  # unused: codes are read, not computed
+
+  def __init__(self, codes_dir: str, codebook_sizes: tuple[int, ...]):
+    if not os.path.isdir(codes_dir):
+      raise FileNotFoundError(f"precomputed codes directory {codes_dir} does not exist")
+    self.codes_dir = codes_dir
+    self.codebook_sizes = tuple(codebook_sizes)
+    self.num_codebooks = len(self.codebook_sizes)
+
+  def encode(self, wave: np.ndarray | None, uttid: str) -> np.ndarray:
+    path = os.path.join(self.codes_dir, f"{uttid}.npy")
+    if not os.path.exists(path):
+      raise AudioError(f"uttid {uttid}: precomputed codes {path} do not exist")
+    codes = np.load(path)
+    if codes.ndim == 1:
+      codes = codes[:, None]
+    if codes.ndim != 2 or codes.shape[1] != self.num_codebooks or len(codes) == 0:
+      raise AudioError(f"uttid {uttid}: {path} must be [frames, {self.num_codebooks}], got {codes.shape}")
+    too_big = codes >= np.asarray(self.codebook_sizes)
+    if too_big.any() or (codes < 0).any():
+      raise AudioError(f"uttid {uttid}: {path} holds codes outside the codebook sizes {self.codebook_sizes}")
+    return codes.astype(np.int32)
+
+  def identity(self) -> dict:
+    listing = sorted(os.listdir(self.codes_dir))
+    return {"type": "precomputed", "codebook_sizes": list(self.codebook_sizes),
+            "files": len(listing), "listing_sha": hashlib.sha256("\n".join(listing).encode()).hexdigest()[:16]}

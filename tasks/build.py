@@ -1,0 +1,178 @@
+"""Questions -> token ids (text and audio) -> packed rows, plus the question table that maps slots back.
+
+Tokenization rule (one rule, tested): the prefix and each candidate are tokenized separately and concatenated;
+the candidate string carries its own leading separator (`" " + last` in English T->T), and is tokenized without
+special tokens. So the scored tokens are exactly the candidate's tokens, and no token straddles the boundary.
+The prefix is tokenized with the tokenizer's special tokens (a BOS where the model uses one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+
+import numpy as np
+from absl import logging
+
+from s2sjax.packing import Item, PackingError, RowShape, pack, required_length
+from tasks.audio.base import AudioError, AudioTokenizer, load_audio
+from tasks.release import Problems, Question
+from tasks.spec import AudioIds, Spec, resolve_audio_ids
+
+MODALITIES = ("text", "speech")
+
+
+@dataclasses.dataclass
+class BuildStats:
+  questions: int = 0
+  skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+  audio_seconds: float = 0.0
+  seconds: float = 0.0
+
+  def as_dict(self) -> dict:
+    return {
+      "questions": self.questions, "skipped": len(self.skipped),
+      "skipped_questions": [{"where": w, "why": y} for w, y in self.skipped],
+      "audio_seconds": round(self.audio_seconds, 2), "build_seconds": round(self.seconds, 2),
+      "questions_per_second": round(self.questions / self.seconds, 2) if self.seconds else None,
+      "audio_seconds_per_second": round(self.audio_seconds / self.seconds, 2) if self.seconds else None,
+    }
+
+
+class PrefixEncoder:
+  """Turns a question's prefix (text, or spoken audio) into ids [P] and codes [P, K] for one spec and modality."""
+
+  def __init__(self, spec: Spec, modality: str, tokenizer, audio_tokenizer: AudioTokenizer | None,
+               language_override: str | None = None):
+    if modality not in MODALITIES:
+      raise ValueError(f"modality must be one of {MODALITIES}, not {modality!r}")
+    if modality == "speech" and not spec.has_speech:
+      raise ValueError(f"spec {spec.name} is text-only: build it with modality=text")
+    if modality == "speech" and audio_tokenizer is None:
+      raise ValueError("modality=speech needs an audio tokenizer")
+    self.spec, self.modality, self.tokenizer = spec, modality, tokenizer
+    self.audio_tokenizer = audio_tokenizer
+    self.language_override = language_override
+    self.ids: AudioIds | None = resolve_audio_ids(spec, tokenizer) if modality == "speech" else None
+    self.num_codebooks = len(spec.codebook_sizes) if (modality == "speech" and spec.audio_mode == "codebook_tables") else 0
+    self._audio_cache: dict[str, tuple[np.ndarray, float]] = {}
+
+  def language(self, question: Question) -> str:
+    # S2SBench's reference code applies the last dataset's language to every dataset (the quirk switch).
+    return self.language_override or question.language
+
+  def text_ids(self, text: str, special: bool) -> np.ndarray:
+    return np.asarray(self.tokenizer(text, add_special_tokens=special)["input_ids"], np.int32)
+
+  def candidate_ids(self, question: Question, candidate: str) -> np.ndarray:
+    separator = self.spec.text_separator[self.language(question)] if self.modality == "text" else ""
+    return self.text_ids(separator + candidate, special=False)
+
+  def audio_codes(self, path: str, uttid: str) -> tuple[np.ndarray, float]:
+    """(codes [T, K], seconds of audio), once per file."""
+    if path not in self._audio_cache:
+      tokenizer = self.audio_tokenizer
+      from tasks.audio.precomputed import PrecomputedTokenizer
+
+      if isinstance(tokenizer, PrecomputedTokenizer):
+        codes, seconds = tokenizer.encode(None, uttid), 0.0
+      else:
+        wave = load_audio(path, tokenizer.sample_rate)
+        codes, seconds = tokenizer.encode(wave, uttid), len(wave) / tokenizer.sample_rate
+      if len(codes) == 0:
+        raise AudioError(f"uttid {uttid}: {path} gave no audio frames")
+      self._audio_cache[path] = (codes, seconds)
+    return self._audio_cache[path]
+
+  def prefix(self, question: Question, c: int) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """(ids [P], codes [P, K] or None, audio seconds) of candidate c's prefix."""
+    if self.modality == "text":
+      return self.text_ids(question.prefixes[c], special=True), None, 0.0
+    codes, seconds = self.audio_codes(question.audio_paths[c], question.uttids[c])
+    instruction = self.text_ids(self.spec.speech_instruction[self.language(question)], special=True)
+    start = [self.ids.start] if self.ids.start is not None else []
+    end = [self.ids.end] if self.ids.end is not None else []
+    if self.spec.audio_mode == "extended_vocab":
+      audio = self.ids.unit_ids[codes[:, 0]]
+      audio_codes = None
+    else:
+      audio = np.full(len(codes), self.ids.placeholder, np.int32)
+      audio_codes = codes
+    ids = np.concatenate([instruction, start, audio, end]).astype(np.int32)
+    if audio_codes is not None:
+      blank = lambda n: np.full((n, codes.shape[1]), -1, np.int32)
+      audio_codes = np.concatenate([blank(len(instruction) + len(start)), audio_codes, blank(len(end))])
+    return ids, audio_codes, seconds
+
+
+def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
+  digest = hashlib.sha256(ids.tobytes())
+  if codes is not None:
+    digest.update(codes.tobytes())
+  return digest.hexdigest()
+
+
+def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool,
+                skip_bad: bool) -> tuple[list[Item], list[dict], BuildStats]:
+  """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
+  missing, unreadable or too long for the row raises, or with `skip_bad` is left out and listed."""
+  stats = BuildStats()
+  start = time.time()
+  items: list[Item] = []
+  table: list[dict] = []
+  problems = Problems()
+  for question in questions:
+    try:
+      groups: dict[str, tuple[np.ndarray, np.ndarray | None, list[int]]] = {}
+      seconds = 0.0
+      for c in range(len(question.candidates)):
+        ids, codes, audio_seconds = encoder.prefix(question, c)
+        seconds += audio_seconds if question.audio_paths[c] not in question.audio_paths[:c] else 0.0
+        groups.setdefault(_key(ids, codes), (ids, codes, []))[2].append(c)
+      candidates = [encoder.candidate_ids(question, text) for text in question.candidates]
+      new_items = [Item(ids, tuple(candidates[c] for c in members), codes, name=f"question {question.id}")
+                   for ids, codes, members in groups.values()]
+      for item in new_items:
+        need = required_length(item, share_prefix)
+        if need > shape.length:
+          raise PackingError(f"question {question.id}: needs {need} tokens (prefix {len(item.prefix)}), "
+                             f"more than the row length {shape.length}")
+      if any(len(c) == 0 for c in candidates):
+        raise PackingError(f"question {question.id}: a candidate tokenizes to nothing")
+    except (AudioError, PackingError) as e:
+      if not skip_bad:
+        raise
+      problems.add(f"question {question.id}", str(e))
+      continue
+    slots = []
+    for offset, (_, _, members) in enumerate(groups.values()):
+      slots += [(c, len(items) + offset, j) for j, c in enumerate(members)]
+    items.extend(new_items)
+    table.append({
+      "id": question.id, "uttids": list(question.uttids), "correct": question.correct,
+      "candidates": list(question.candidates),
+      "slots": [[item, j] for _, item, j in sorted(slots)],  # per candidate: (item index, candidate in item)
+      "n_tokens": [int(len(c)) for c in candidates],
+    })
+    stats.audio_seconds += seconds
+  stats.questions = len(table)
+  stats.skipped = problems.entries
+  stats.seconds = time.time() - start
+  if problems:
+    logging.warning("left out %d question(s):\n  %s", len(problems.entries), problems.text())
+  return items, table, stats
+
+
+def build_rows(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool = True,
+               skip_bad: bool = False) -> tuple[dict[str, np.ndarray], list[dict], dict]:
+  """Packed rows, the question table and a report (counts, packing, skips, throughput)."""
+  items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad)
+  if not items:
+    raise ValueError("no question could be built")
+  rows, report = pack(items, shape, share_prefix=share_prefix)
+  summary = {**stats.as_dict(), **report.as_dict()}
+  logging.info("built %d questions into %d rows: %.1f questions/s, %.1f audio s/s, packing %.1f%%",
+               stats.questions, report.rows, summary["questions_per_second"] or 0,
+               summary["audio_seconds_per_second"] or 0, 100 * report.efficiency)
+  return rows, table, summary

@@ -1,0 +1,157 @@
+"""Reads the S2SBench release layout (as users download it) into benchmark questions, checking everything.
+
+    StoryCloze/sStory_s2t.jsonl   + StoryCloze/s-story-firstspeech/<uttid>.wav     sstorycloze     (en)
+    StoryCloze/zh_story.jsonl     + StoryCloze/zh_story/<uttid>.wav                zh_sstorycloze  (zh)
+    cmmlu/cmmlu_rewrite_4.jsonl   + cmmlu/cmmlu_rewrite/<uttid>.wav                scmmlu          (zh)
+
+Story lines carry `uttid, first, last`: uttid 2k holds the right ending and 2k+1 the wrong one of the same story; a
+uttid is an int or a string whose part before the first `_` is that int. sCMMLU lines carry `uttid, first, A, B,
+C, D, answer`. The audio is the spoken `first`; candidates are text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFiles:
+  jsonl: str
+  audio_dir: str
+  language: str
+  kind: str  # "story" | "cmmlu"
+
+
+TASKS = {
+  "sstorycloze": TaskFiles("StoryCloze/sStory_s2t.jsonl", "StoryCloze/s-story-firstspeech", "en", "story"),
+  "zh_sstorycloze": TaskFiles("StoryCloze/zh_story.jsonl", "StoryCloze/zh_story", "zh", "story"),
+  "scmmlu": TaskFiles("cmmlu/cmmlu_rewrite_4.jsonl", "cmmlu/cmmlu_rewrite", "zh", "cmmlu"),
+}
+OPTIONS = ("A", "B", "C", "D")
+
+
+class ReleaseError(ValueError):
+  """The release files are malformed; every problem found is listed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+  """One decision of the benchmark: candidates (each with the prefix text and audio it follows) and the right one."""
+
+  id: str
+  language: str
+  uttids: tuple[str, ...]  # per candidate: the jsonl line it came from
+  prefixes: tuple[str, ...]  # per candidate: `first`
+  audio_paths: tuple[str, ...]  # per candidate: the spoken `first`
+  candidates: tuple[str, ...]
+  correct: int
+
+
+@dataclasses.dataclass
+class Problems:
+  """Bad questions found while reading or building; raised together, or (with skip_bad) left out and listed."""
+
+  entries: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+  def add(self, where: str, why: str) -> None:
+    self.entries.append((where, why))
+
+  def __bool__(self) -> bool:
+    return bool(self.entries)
+
+  def text(self, limit: int = 30) -> str:
+    lines = [f"{where}: {why}" for where, why in self.entries[:limit]]
+    more = len(self.entries) - limit
+    return "\n  ".join(lines + ([f"... and {more} more"] if more > 0 else []))
+
+
+def task_paths(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None) -> tuple[str, str]:
+  if task not in TASKS:
+    raise ReleaseError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+  files = TASKS[task]
+  return jsonl or os.path.join(release_dir, files.jsonl), audio_dir or os.path.join(release_dir, files.audio_dir)
+
+
+def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[dict]:
+  if not os.path.exists(path):
+    raise ReleaseError(f"{path} does not exist (is --manual_dir the S2SBench release directory?)")
+  records, seen = [], {}
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{os.path.basename(path)}:{number}"
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        problems.add(where, f"not JSON ({e.msg})")
+        continue
+      missing = [k for k in fields if k not in record]
+      if missing:
+        problems.add(where, f"missing field(s) {missing}")
+        continue
+      uttid = str(record["uttid"])
+      try:
+        key = int(uttid.split("_")[0])
+      except ValueError:
+        problems.add(where, f"uttid {uttid!r} does not start with an integer")
+        continue
+      if uttid in seen:
+        problems.add(where, f"duplicate uttid {uttid} (first at line {seen[uttid]})")
+        continue
+      seen[uttid] = number
+      empty = [k for k in fields if k not in ("uttid", "answer") and not str(record[k]).strip()]
+      if empty:
+        problems.add(f"uttid {uttid}", f"empty text in {empty}")
+        continue
+      records.append(dict(record, uttid=uttid, key=key, where=where))
+  return records
+
+
+def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None,
+                   problems: Problems | None = None) -> list[Question]:
+  """Questions of one task. Problems go to `problems` when given (the caller decides), else raise at once."""
+  files = TASKS.get(task)
+  jsonl, audio_dir = task_paths(task, release_dir, jsonl, audio_dir)
+  collect = problems if problems is not None else Problems()
+  wav = lambda uttid: os.path.join(audio_dir, f"{uttid}.wav")
+  questions = []
+  if files.kind == "story":
+    records = _read_lines(jsonl, ("uttid", "first", "last"), collect)
+    by_key = {}
+    for r in records:
+      if r["key"] in by_key:
+        collect.add(f"uttid {r['uttid']}", f"its number {r['key']} is also uttid {by_key[r['key']]['uttid']}")
+      by_key[r["key"]] = r
+    if len(records) % 2:
+      collect.add(os.path.basename(jsonl), f"odd number of story lines ({len(records)}): every story needs 2k and 2k+1")
+    for key in sorted(by_key):
+      partner = key + 1 if key % 2 == 0 else key - 1
+      if partner not in by_key:
+        role = "wrong ending 2k+1" if key % 2 == 0 else "right ending 2k"
+        collect.add(f"uttid {by_key[key]['uttid']}", f"has no partner {partner} ({role}): broken pair")
+        continue
+      if key % 2:
+        continue
+      right, wrong = by_key[key], by_key[partner]
+      questions.append(Question(
+        id=right["uttid"], language=files.language, uttids=(right["uttid"], wrong["uttid"]),
+        prefixes=(right["first"], wrong["first"]), audio_paths=(wav(right["uttid"]), wav(wrong["uttid"])),
+        candidates=(right["last"], wrong["last"]), correct=0,
+      ))
+  else:
+    for r in _read_lines(jsonl, ("uttid", "first") + OPTIONS + ("answer",), collect):
+      answer = str(r["answer"]).strip().upper()
+      if answer not in OPTIONS:
+        collect.add(f"uttid {r['uttid']}", f"answer {r['answer']!r} is not one of A, B, C, D")
+        continue
+      questions.append(Question(
+        id=r["uttid"], language=files.language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
+        audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(str(r[o]) for o in OPTIONS),
+        correct=OPTIONS.index(answer),
+      ))
+  if problems is None and collect:
+    raise ReleaseError(f"{jsonl} has {len(collect.entries)} problem(s):\n  {collect.text()}")
+  return questions

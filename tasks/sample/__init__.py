@@ -1,0 +1,12 @@
+"""The bundled sample: a small benchmark in the S2SBench release layout, written by this project (no public data).
+
+`release/` holds 24 English stories, 24 Chinese stories and 24 Chinese four-option statements with their spoken
+first halves (espeak-ng, 16 kHz); `mel_kmeans_256.npy` is the mel k-means codebook fitted on that audio.
+Regenerate both with `python -m tasks.sample.make_sample` (needs espeak-ng and sox).
+"""
+
+import os
+
+SAMPLE_DIR = os.path.dirname(os.path.abspath(__file__))
+RELEASE_DIR = os.path.join(SAMPLE_DIR, "release")
+MEL_KMEANS_CODEBOOK = os.path.join(SAMPLE_DIR, "mel_kmeans_256.npy")

@@ -1,0 +1,72 @@
+r"""Writes the bundled sample from `source/*.json`: release-layout jsonl files, espeak-ng speech of every `first`
+(16 kHz mono 16-bit), and the mel k-means codebook fitted on that speech.
+
+  python -m tasks.sample.make_sample [--out=tasks/sample]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+from absl import app, flags
+
+from tasks.audio import mel_kmeans
+from tasks.audio.base import load_audio
+from tasks.release import OPTIONS, TASKS
+from tasks.sample import SAMPLE_DIR
+
+VOICES = {"en": "en", "zh": "cmn"}
+
+
+def speak(text: str, language: str, path: str) -> None:
+  """espeak-ng speech resampled by sox to 16 kHz mono 16-bit."""
+  with tempfile.NamedTemporaryFile(suffix=".wav") as raw:
+    subprocess.run(["espeak-ng", "-v", VOICES[language], "-w", raw.name, text], check=True)
+    # -D: no dither, so the same text always gives the same bytes (story lines 2k and 2k+1 share their audio)
+    subprocess.run(["sox", "-D", "-v", "0.9", raw.name, "-r", "16000", "-c", "1", "-b", "16", path], check=True)
+
+
+def release_lines(task: str, source: list[dict]) -> list[dict]:
+  if TASKS[task].kind == "story":
+    # uttids: plain ints for English, "<int>_zh" strings for Chinese (both forms occur in the release)
+    suffix = "_zh" if TASKS[task].language == "zh" else ""
+    lines = []
+    for k, story in enumerate(source):
+      lines.append({"uttid": f"{2 * k}{suffix}" if suffix else 2 * k, "first": story["first"], "last": story["right"]})
+      lines.append({"uttid": f"{2 * k + 1}{suffix}" if suffix else 2 * k + 1, "first": story["first"], "last": story["wrong"]})
+    return lines
+  return [{"uttid": k, "first": q["first"], **{o: q[o] for o in OPTIONS}, "answer": q["answer"]} for k, q in enumerate(source)]
+
+
+def main(argv):
+  del argv
+  out = flags.FLAGS.out
+  sources = {"sstorycloze": "en_stories.json", "zh_sstorycloze": "zh_stories.json", "scmmlu": "zh_cmmlu.json"}
+  waves = []
+  for task, name in sources.items():
+    with open(os.path.join(SAMPLE_DIR, "source", name), encoding="utf-8") as f:
+      lines = release_lines(task, json.load(f))
+    files = TASKS[task]
+    jsonl = os.path.join(out, "release", files.jsonl)
+    audio_dir = os.path.join(out, "release", files.audio_dir)
+    os.makedirs(audio_dir, exist_ok=True)
+    with open(jsonl, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    for line in lines:
+      path = os.path.join(audio_dir, f"{line['uttid']}.wav")
+      speak(line["first"], files.language, path)
+      waves.append(load_audio(path, mel_kmeans.SAMPLE_RATE))
+    print(f"{task}: {len(lines)} lines -> {jsonl}")
+  features = np.concatenate([mel_kmeans.log_mel(w) for w in waves])
+  codebook = mel_kmeans.fit_codebook(features, clusters=256)
+  np.save(os.path.join(out, "mel_kmeans_256.npy"), codebook)
+  print(f"mel k-means codebook: 256 clusters from {len(features)} frames")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("out", SAMPLE_DIR, "Where to write release/ and the codebook.")
+  app.run(main)

@@ -1,0 +1,119 @@
+"""The speech-LLM spec: everything that differs between speech LLMs when their benchmark rows are built.
+
+A spec is a small YAML (presets in `tasks/specs/`): how audio enters the model (`none`, `extended_vocab`: unit k
+is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token), which audio tokenizer makes
+the units, the special tokens around audio, and the prompt templates. The templates default to S2SBench's:
+
+  S->T: instruction + [audio start] audio [audio end] + candidate     (instruction per language, below)
+  T->T: first + separator + candidate                                 (" " in English, "" in Chinese)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import yaml
+
+SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
+AUDIO_MODES = ("none", "extended_vocab", "codebook_tables")
+
+# S2SBench's s2t prompt (s2t_infer_ppl.py) and t2t separator (t2t_infer_ppl.py).
+SPEECH_INSTRUCTION = {
+  "en": "Below is a segment of alternating speech and text content: ",
+  "zh": "下面是一段语音和文本交错的内容：",
+}
+TEXT_SEPARATOR = {"en": " ", "zh": ""}
+
+
+class SpecError(ValueError):
+  """A spec that is malformed or does not fit the tokenizer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  name: str
+  audio_mode: str
+  audio_tokenizer: dict[str, Any]
+  codebook_sizes: tuple[int, ...]
+  start_token: str | None = None
+  end_token: str | None = None
+  placeholder_token: str | None = None  # codebook_tables
+  unit_token: str | None = None  # extended_vocab: format string of unit k's token, e.g. "<|audio_{}|>"
+  unit_offset: int | None = None  # extended_vocab: or unit k is id offset + k
+  speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
+  text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
+
+  def __post_init__(self):
+    if self.audio_mode not in AUDIO_MODES:
+      raise SpecError(f"spec {self.name}: audio_mode {self.audio_mode!r} is not one of {AUDIO_MODES}")
+    if self.audio_mode == "codebook_tables" and not self.placeholder_token:
+      raise SpecError(f"spec {self.name}: codebook_tables needs placeholder_token")
+    if self.audio_mode == "extended_vocab":
+      if len(self.codebook_sizes) != 1 or (self.unit_token is None) == (self.unit_offset is None):
+        raise SpecError(f"spec {self.name}: extended_vocab needs one codebook and exactly one of unit_token, unit_offset")
+    if self.audio_mode != "none" and not self.audio_tokenizer.get("type"):
+      raise SpecError(f"spec {self.name}: audio_tokenizer.type is required with audio_mode {self.audio_mode}")
+
+  @property
+  def has_speech(self) -> bool:
+    return self.audio_mode != "none"
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def available_specs() -> list[str]:
+  return sorted(f[: -len(".yaml")] for f in os.listdir(SPECS_DIR) if f.endswith(".yaml"))
+
+
+def load_spec(name_or_path: str) -> Spec:
+  """A preset by name (see `available_specs()`) or a YAML file path."""
+  path = name_or_path if name_or_path.endswith((".yaml", ".yml")) else os.path.join(SPECS_DIR, f"{name_or_path}.yaml")
+  if not os.path.exists(path):
+    raise SpecError(f"no spec {name_or_path!r}: presets are {', '.join(available_specs())}, or give a .yaml path")
+  with open(path, encoding="utf-8") as f:
+    fields = yaml.safe_load(f) or {}
+  fields.setdefault("audio_tokenizer", {})
+  fields["codebook_sizes"] = tuple(fields.get("codebook_sizes") or ())
+  for key in ("speech_instruction", "text_separator"):
+    fields[key] = {**(SPEECH_INSTRUCTION if key == "speech_instruction" else TEXT_SEPARATOR), **fields.get(key, {})}
+  unknown = set(fields) - {f.name for f in dataclasses.fields(Spec)}
+  if unknown:
+    raise SpecError(f"{path}: unknown keys {sorted(unknown)}")
+  return Spec(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioIds:
+  """The spec's special tokens resolved against one text tokenizer."""
+
+  start: int | None
+  end: int | None
+  placeholder: int | None
+  unit_ids: Any  # extended_vocab: np.ndarray [units] of token ids; else None
+
+
+def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
+  """Looks every special token of the spec up in the tokenizer; a token it lacks is an error, not a guess."""
+  import numpy as np
+
+  vocab = tokenizer.get_vocab()
+
+  def lookup(token: str | None, role: str) -> int | None:
+    if token is None:
+      return None
+    if token not in vocab:
+      raise SpecError(f"spec {spec.name}: {role} {token!r} is not in the tokenizer's vocabulary")
+    return int(vocab[token])
+
+  unit_ids = None
+  if spec.audio_mode == "extended_vocab":
+    units = spec.codebook_sizes[0]
+    if spec.unit_token is not None:
+      unit_ids = np.array([lookup(spec.unit_token.format(k), "unit token") for k in range(units)], np.int32)
+    else:
+      unit_ids = spec.unit_offset + np.arange(units, dtype=np.int32)
+  return AudioIds(lookup(spec.start_token, "start_token"), lookup(spec.end_token, "end_token"),
+                  lookup(spec.placeholder_token, "placeholder_token"), unit_ids)

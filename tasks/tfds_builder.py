@@ -1,0 +1,176 @@
+"""The TFDS builder shared by the three tasks: pre-tokenized, packed rows written as array_record.
+
+One BuilderConfig per spec x modality x row length (`demo-speech-1024`, ...). The split `test` holds the packed
+rows (DESIGN.md's row format plus a `row` index); `metadata.json` holds the question table (which slots make each
+question, which candidate is right), counts, packing efficiency, truncations and skips, the text tokenizer's
+identity and the audio tokenizer's fingerprint. Neither building nor reading needs TensorFlow.
+
+Inputs: the S2SBench release under TFDS's manual_dir (default: the bundled sample), the text tokenizer
+(`tokenizer_dir`; default: the embedded default model's for the `demo` spec, else `<manual_dir>/tokenizer`), and
+for audio tokenizers with files, `audio_tokenizer_dir`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from s2sjax.packing import RowShape
+from tasks import audio
+from tasks.build import MODALITIES, PrefixEncoder, build_rows
+from tasks.release import Problems, ReleaseError, read_questions
+from tasks.spec import available_specs, load_spec
+
+ROW_LENGTHS = (1024, 2048)
+VERSION = tfds.core.Version("1.0.0")
+
+
+@dataclasses.dataclass(eq=False)
+class S2SBenchConfig(tfds.core.BuilderConfig):
+  spec: str = "demo"
+  modality: str = "text"
+  row_length: int = 1024
+  share_prefix: bool = True
+  reference_language_quirk: bool = False  # S2SBench's code applies the last dataset's language (zh) to all
+
+  @property
+  def row_shape(self) -> RowShape:
+    spec = load_spec(self.spec)
+    codebooks = len(spec.codebook_sizes) if (self.modality == "speech" and spec.audio_mode == "codebook_tables") else 0
+    return RowShape.for_length(self.row_length, codebooks)
+
+
+def config_name(spec: str, modality: str, row_length: int, share_prefix: bool = True,
+                reference_language_quirk: bool = False) -> str:
+  """`demo-speech-1024`; variants that change the rows say so: `-noshare`, `-zhquirk`."""
+  return f"{spec}-{modality}-{row_length}" + ("" if share_prefix else "-noshare") + (
+    "-zhquirk" if reference_language_quirk else "")
+
+
+def make_config(spec: str, modality: str, row_length: int, share_prefix: bool = True,
+                reference_language_quirk: bool = False) -> S2SBenchConfig:
+  return S2SBenchConfig(
+    name=config_name(spec, modality, row_length, share_prefix, reference_language_quirk), version=VERSION,
+    spec=spec, modality=modality, row_length=row_length, share_prefix=share_prefix,
+    reference_language_quirk=reference_language_quirk,
+    description=f"{spec} spec, {modality} prefix, rows of {row_length}")
+
+
+def _default_configs() -> list[S2SBenchConfig]:
+  return [make_config(spec, modality, length)
+          for spec in available_specs() for modality in MODALITIES for length in ROW_LENGTHS
+          if modality == "text" or load_spec(spec).has_speech]
+
+
+def tokenizer_identity(tokenizer) -> dict:
+  vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+  digest = hashlib.sha256("\n".join(token for token, _ in vocab).encode()).hexdigest()[:16]
+  return {"class": type(tokenizer).__name__, "name_or_path": os.path.basename(str(tokenizer.name_or_path)),
+          "size": len(tokenizer), "vocab_sha": digest}
+
+
+def resolve_tokenizer_dir(tokenizer_dir: str | None, spec: str, manual_dir: str) -> str:
+  if tokenizer_dir:
+    return tokenizer_dir
+  if spec == "demo":
+    from s2sjax import default_model
+
+    return os.path.join(default_model.default_checkpoint(), "tokenizer")
+  return os.path.join(manual_dir, "tokenizer")
+
+
+class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Base of the three task builders; subclasses set TASK.
+
+  Build inputs that do not change what the rows mean (where the tokenizers live, whether bad questions are
+  skipped) are constructor arguments, not config fields, so a config name always says what its rows are."""
+
+  TASK: str = ""
+  VERSION = VERSION
+  BUILDER_CONFIGS = _default_configs()
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+    "Place the S2SBench release (StoryCloze/ and cmmlu/ with their jsonl files and wav folders) in manual_dir; "
+    "without one, the bundled sample in tasks/sample/release is used. Put the text tokenizer in "
+    "<manual_dir>/tokenizer or set tokenizer_dir."
+  )
+
+  def __init__(self, *, tokenizer_dir: str | None = None, audio_tokenizer_dir: str | None = None,
+               skip_bad: bool = False, **kwargs):
+    self.tokenizer_dir, self.audio_tokenizer_dir, self.skip_bad = tokenizer_dir, audio_tokenizer_dir, skip_bad
+    kwargs.setdefault("file_format", "array_record")  # random access, and no TensorFlow to write or read
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    shape = self.builder_config.row_shape
+    L, M, C, K = shape.length, shape.max_targets, shape.max_slots, shape.num_codebooks
+    vector = lambda n: tfds.features.Tensor(shape=(n,), dtype=np.int32)
+    features = {
+      "row": tfds.features.Scalar(dtype=np.int32),
+      "tokens": vector(L), "segment_ids": vector(L), "branch_ids": vector(L), "positions": vector(L),
+      "target_pos": vector(M), "target_ids": vector(M), "target_slot": vector(M),
+      "slot_item": vector(C), "slot_candidate": vector(C),
+    }
+    if K:
+      features["audio_codes"] = tfds.features.Tensor(shape=(L, K), dtype=np.int32)
+    return self.dataset_info_from_configs(
+      features=tfds.features.FeaturesDict(features), metadata=tfds.core.MetadataDict(),
+      homepage="https://github.com/undobug/S2SBench",
+    )
+
+  def _manual_dir(self, dl_manager) -> str:
+    from tasks.sample import RELEASE_DIR
+
+    manual = getattr(dl_manager, "_manual_dir", None)
+    return str(manual) if manual and os.path.exists(str(manual)) else RELEASE_DIR
+
+  def _split_generators(self, dl_manager):
+    from transformers import AutoTokenizer
+
+    config = self.builder_config
+    manual_dir = self._manual_dir(dl_manager)
+    spec = load_spec(config.spec)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, config.spec, manual_dir))
+    audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
+                       if config.modality == "speech" else None)
+    problems = Problems() if self.skip_bad else None
+    questions = read_questions(self.TASK, manual_dir, problems=problems)
+    encoder = PrefixEncoder(spec, config.modality, tokenizer, audio_tokenizer,
+                            language_override="zh" if config.reference_language_quirk else None)
+    rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad)
+    if problems:
+      summary["skipped"] += len(problems.entries)
+      summary["skipped_questions"] = [{"where": w, "why": y} for w, y in problems.entries] + summary["skipped_questions"]
+    self.info.metadata.update({
+      "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": manual_dir,
+      "row_shape": dataclasses.asdict(config.row_shape), "share_prefix": config.share_prefix,
+      "tokenizer": tokenizer_identity(tokenizer),
+      "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
+                          if audio_tokenizer else None),
+      "reference_language_quirk": config.reference_language_quirk,
+      "report": summary, "questions": table,
+    })
+    return {"test": self._generate_examples(rows, config.row_shape.num_codebooks)}
+
+  def _generate_examples(self, rows: dict[str, np.ndarray], num_codebooks: int):
+    for r in range(len(rows["tokens"])):
+      example = {name: rows[name][r] for name in rows if name != "audio_codes" or num_codebooks}
+      yield r, dict(example, row=r)
+
+
+def load_rows(data_dir: str, task: str, config: str) -> tuple[dict[str, np.ndarray], dict]:
+  """All packed rows of a built task/config, in row order, and its metadata (no TensorFlow needed)."""
+  path = os.path.join(data_dir, task, config, str(VERSION))
+  if not os.path.exists(path):
+    raise ReleaseError(f"no built data at {path}: run python -m tasks.prepare --task={task} "
+                       f"--config={config} --data_dir={data_dir}")
+  builder = tfds.builder_from_directory(path)
+  source = builder.as_data_source(split="test")
+  examples = sorted((source[i] for i in range(len(source))), key=lambda e: int(e["row"]))
+  rows = {name: np.stack([np.asarray(e[name]) for e in examples]) for name in examples[0] if name != "row"}
+  if "audio_codes" not in rows:
+    rows["audio_codes"] = np.zeros(rows["tokens"].shape + (0,), np.int32)
+  return rows, dict(builder.info.metadata)
