@@ -54,8 +54,9 @@ class RowShape:
 
   @classmethod
   def for_length(cls, length: int, num_codebooks: int = 0) -> "RowShape":
-    """Defaults that fit S2SBench's items: candidates are short next to their prefix."""
-    return cls(length, max(length // 2, 1), max(length // 16, 4), num_codebooks)
+    """Defaults that fit S2SBench's items: candidates take at most half a row (they are short next to their
+    prefix, but sCMMLU's text rows are mostly options), and items are rarely shorter than 4 tokens a slot."""
+    return cls(length, max(length // 2, 1), max(length // 4, 4), num_codebooks)
 
 
 @dataclasses.dataclass

