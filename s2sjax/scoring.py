@@ -41,8 +41,7 @@ def score_batch(
   """Per-slot NLL sums and token counts [B, C] for one batch of packed rows (pure; jitted by `Scorer`)."""
   model = Decoder(config, dtype=dtype)
   mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
-  codes = batch["audio_codes"] if config.audio_codebook_sizes else None
-  hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, codes)
+  hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"])
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
   def target_nll(chunk):
@@ -80,13 +79,15 @@ def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
         f"({config.vocab_size} rows); {len(bad)} such ids in all — was the data built for another tokenizer?"
       )
   codes = rows["audio_codes"]
+  if codes.shape[-1] == 0:
+    return  # text rows
+  if codes.shape[-1] != len(config.audio_codebook_sizes):
+    raise ValueError(f"rows carry {codes.shape[-1]} audio codebooks, the model has {len(config.audio_codebook_sizes)}")
   for k, size in enumerate(config.audio_codebook_sizes):
     bad = np.argwhere(codes[..., k] >= size)
     if len(bad):
       r, pos = bad[0]
       raise ValueError(f"audio_codes[row {r}, position {pos}, codebook {k}] = {codes[r, pos, k]} >= table size {size}")
-  if codes.shape[-1] != len(config.audio_codebook_sizes):
-    raise ValueError(f"rows carry {codes.shape[-1]} codebooks, the model has {len(config.audio_codebook_sizes)}")
 
 
 @dataclasses.dataclass
@@ -216,14 +217,19 @@ class CandidateScores:
     return np.exp(self.mean_nll)
 
 
-def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarray, num_candidates: list[int]) -> CandidateScores:
-  """Maps slot results back to (item, candidate); every candidate of every item must be scored exactly once."""
-  items, width = len(num_candidates), max(num_candidates)
+def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarray,
+            num_candidates: list[int] | None = None) -> CandidateScores:
+  """Maps per-row slot results back to (item, candidate). Every candidate laid in the rows is scored exactly
+  once; `num_candidates` (per item), when given, must match what the rows hold."""
+  used = rows["slot_item"] >= 0
+  item, cand = rows["slot_item"][used], rows["slot_candidate"][used]
+  if num_candidates is None:
+    num_candidates = np.zeros(item.max() + 1, np.int64)
+    np.maximum.at(num_candidates, item, cand + 1)
+  items, width = len(num_candidates), int(max(num_candidates))
   total = np.full((items, width), np.nan)
   count = np.zeros((items, width), np.int64)
   seen = np.zeros((items, width), np.int64)
-  used = rows["slot_item"] >= 0
-  item, cand = rows["slot_item"][used], rows["slot_candidate"][used]
   total[item, cand] = nll_sum[used]
   count[item, cand] = n_tokens[used]
   np.add.at(seen, (item, cand), 1)

@@ -94,7 +94,7 @@ class PrefixEncoder:
     start = [self.ids.start] if self.ids.start is not None else []
     end = [self.ids.end] if self.ids.end is not None else []
     if self.spec.audio_mode == "extended_vocab":
-      audio = self.ids.unit_ids[codes[:, 0]]
+      audio = np.asarray(self.ids.unit_ids, np.int32)[codes[:, 0]]
       audio_codes = None
     else:
       audio = np.full(len(codes), self.ids.placeholder, np.int32)

@@ -92,13 +92,11 @@ class AudioIds:
   start: int | None
   end: int | None
   placeholder: int | None
-  unit_ids: Any  # extended_vocab: np.ndarray [units] of token ids; else None
+  unit_ids: list[int] | None  # extended_vocab: token id of each unit
 
 
 def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
   """Looks every special token of the spec up in the tokenizer; a token it lacks is an error, not a guess."""
-  import numpy as np
-
   vocab = tokenizer.get_vocab()
 
   def lookup(token: str | None, role: str) -> int | None:
@@ -112,8 +110,8 @@ def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
   if spec.audio_mode == "extended_vocab":
     units = spec.codebook_sizes[0]
     if spec.unit_token is not None:
-      unit_ids = np.array([lookup(spec.unit_token.format(k), "unit token") for k in range(units)], np.int32)
+      unit_ids = [lookup(spec.unit_token.format(k), "unit token") for k in range(units)]
     else:
-      unit_ids = spec.unit_offset + np.arange(units, dtype=np.int32)
+      unit_ids = list(range(spec.unit_offset, spec.unit_offset + units))
   return AudioIds(lookup(spec.start_token, "start_token"), lookup(spec.end_token, "end_token"),
                   lookup(spec.placeholder_token, "placeholder_token"), unit_ids)

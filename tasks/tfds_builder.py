@@ -151,6 +151,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
                           if audio_tokenizer else None),
       "reference_language_quirk": config.reference_language_quirk,
+      "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
       "report": summary, "questions": table,
     })
     return {"test": self._generate_examples(rows, config.row_shape.num_codebooks)}

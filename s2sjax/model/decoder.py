@@ -164,10 +164,10 @@ class Decoder(nn.Module):
   def embed_inputs(self, tokens: jax.Array, audio_codes: jax.Array | None) -> jax.Array:
     """Text embeddings; in `codebook_tables` mode the K audio tables, summed, replace them at the placeholder."""
     x = self.embed(tokens)
-    if not self.config.audio_codebook_sizes:
-      return x
-    if audio_codes is None:
-      raise ValueError("this model embeds audio with codebook tables: pass audio_codes [batch, length, K]")
+    if not self.config.audio_codebook_sizes or audio_codes is None or audio_codes.shape[-1] == 0:
+      return x  # no audio in these inputs (text rows for a model that also takes audio)
+    if audio_codes.shape[-1] != len(self.audio_embed):
+      raise ValueError(f"audio_codes has {audio_codes.shape[-1]} codebooks, the model {len(self.audio_embed)}")
     audio = sum(
       table(jnp.maximum(audio_codes[..., k], 0)) * (audio_codes[..., k] >= 0)[..., None].astype(x.dtype)
       for k, table in enumerate(self.audio_embed)

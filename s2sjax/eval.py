@@ -1,0 +1,205 @@
+r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T and the degradation between them.
+
+  python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=text|speech|both \
+      [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
+      [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=1024] [--chunk_rows=32]
+
+With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
+(converted on first use) with an untrained audio table, so its S->T shows what a text LM that never learned audio
+does. Several checkpoints of one run (a glob or a list) give curves over steps. Rerunning into the same
+--output_dir scores only what is missing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+from jax.experimental import multihost_utils
+
+from s2sjax import checkpoint, default_model, metrics, results, sharding
+from s2sjax.evaluator import (EvalError, Evaluator, TaskData, check_fit, load_task_data, summarize,
+                              with_untrained_audio_tables)
+from s2sjax.scoring import CandidateScores, Progress, collect
+
+TASKS = ("sstorycloze", "zh_sstorycloze", "scmmlu")
+FLAGS = flags.FLAGS
+
+
+def resolve_checkpoints(spec: str | None) -> list[str]:
+  """Paths from a comma-separated list of paths and globs, in step order; the default model when empty."""
+  if not spec:
+    return [default_model.default_checkpoint()]
+  paths = []
+  for part in filter(None, (p.strip() for p in spec.split(","))):
+    matches = sorted(glob.glob(part)) if any(ch in part for ch in "*?[") else [part]
+    if not matches:
+      raise EvalError(f"--checkpoint pattern {part!r} matches nothing")
+    paths += matches
+  return sorted(dict.fromkeys(paths), key=lambda p: (step_of(p) is None, step_of(p) or 0, p))
+
+
+def step_of(path: str) -> int | None:
+  numbers = re.findall(r"\d+", os.path.basename(os.path.normpath(path)))
+  return int(numbers[-1]) if numbers else None
+
+
+def ensure_data(data_dir: str, task: str, modality: str, spec: str, row_length: int, tokenizer_dir: str,
+                is_default: bool) -> TaskData:
+  try:
+    return load_task_data(data_dir, task, modality, spec, row_length)
+  except ValueError:
+    if not is_default:
+      raise
+  from tasks.prepare import prepare  # the embedded default builds the bundled sample on first use
+
+  logging.info("building the bundled sample: %s %s", task, modality)
+  prepare(task, spec, modality, row_length, data_dir, tokenizer_dir=tokenizer_dir)
+  return load_task_data(data_dir, task, modality, spec, row_length)
+
+
+def load_model(path: str, data: list[TaskData], mesh, dtype):
+  """Config and params of one checkpoint, fitted to the data's spec (the demo's untrained audio table)."""
+  config = checkpoint.load_config(path)
+  params = checkpoint.load_params(path, mesh=mesh, dtype=dtype)
+  speech = [td for td in data if td.modality == "speech"]
+  if speech and not config.audio_codebook_sizes and speech[0].metadata["spec"]["name"] == "demo":
+    spec = speech[0].metadata["spec"]
+    config, params = with_untrained_audio_tables(config, params, tuple(spec["codebook_sizes"]),
+                                                 speech[0].metadata["audio_ids"]["placeholder"])
+  return config, params
+
+
+def _tokenizer_identity(path: str) -> dict | None:
+  tokenizer_dir = os.path.join(path, "tokenizer")
+  if not os.path.isdir(tokenizer_dir):
+    return None
+  from transformers import AutoTokenizer
+
+  from tasks.tfds_builder import tokenizer_identity
+
+  return tokenizer_identity(AutoTokenizer.from_pretrained(tokenizer_dir))
+
+
+def score_resumable(evaluator: Evaluator, params, td: TaskData, store: results.ChunkStore, chunk_rows: int,
+                    progress: Progress) -> CandidateScores:
+  """Scores `td` chunk by chunk, reusing finished chunks; every process agrees on which chunks remain."""
+  num_rows = len(td.rows["tokens"])
+  chunks = [(start, min(start + chunk_rows, num_rows)) for start in range(0, num_rows, chunk_rows)]
+  done = np.array([store.done(i) for i in range(len(chunks))])
+  done = np.asarray(multihost_utils.broadcast_one_to_all(done)) if jax.process_count() > 1 else done
+  todo_rows = sum(stop - start for (start, stop), d in zip(chunks, done) if not d)
+  if done.any():
+    logging.info("%s/%s: resuming, %d of %d chunks done, scoring %d rows", td.task, td.modality, int(done.sum()),
+                 len(chunks), todo_rows)
+  nll_sum, n_tokens = [], []
+  scorer = evaluator.scorer(td)
+  for i, (start, stop) in enumerate(chunks):
+    if done[i]:
+      part = store.load(i)
+    else:
+      rows = {k: v[start:stop] for k, v in td.rows.items()}
+      part = scorer.score(evaluator.params_adapter(params), rows, progress=False)
+      if jax.process_index() == 0:
+        store.save(i, *part)
+      progress.update(stop - start, int((rows["segment_ids"] > 0).sum()))
+    nll_sum.append(part[0])
+    n_tokens.append(part[1])
+  return collect(td.rows, np.concatenate(nll_sum), np.concatenate(n_tokens))
+
+
+def run(task_names: list[str], modalities: list[str], checkpoints: str | None, spec: str, data_dir: str | None,
+        output_dir: str, mesh_spec: str, batch_size: int, dtype, row_length: int, chunk_rows: int) -> list[dict]:
+  is_default = not checkpoints and spec == "demo" and data_dir is None
+  paths = resolve_checkpoints(checkpoints)
+  from tasks.prepare import default_data_dir
+
+  data_dir = data_dir or default_data_dir()
+  data = [ensure_data(data_dir, t, m, spec, row_length, os.path.join(paths[0], "tokenizer"), is_default)
+          for t in task_names for m in modalities]
+  mesh = sharding.make_mesh(mesh_spec)
+  evaluator, runs = None, []
+  total_rows = len(paths) * sum(len(td.rows["tokens"]) for td in data)
+  progress = Progress(total_rows, log=lambda s: logging.info("%s", s))
+  for path in paths:
+    name = "SmolLM2-135M (demo)" if is_default else os.path.basename(os.path.normpath(path))
+    config, params = load_model(path, data, mesh, dtype)
+    identity = _tokenizer_identity(path)
+    for td in data:
+      check_fit(config, td, identity)
+    if evaluator is None or evaluator.config != config:
+      evaluator = Evaluator(config, data, mesh=mesh, batch_size=batch_size, dtype=dtype)
+    arrays = {}
+    for td in data:
+      store = results.ChunkStore(os.path.join(output_dir, "chunks", _safe(name), f"{td.task}-{td.modality}"))
+      start = time.time()
+      scores = score_resumable(evaluator, params, td, store, chunk_rows, progress)
+      arrays[(td.task, td.modality)] = metrics.question_arrays(td.questions, scores.nll_sum, scores.n_tokens)
+      m = metrics.task_metrics(td.kind, arrays[(td.task, td.modality)])
+      print(f"{name} {td.task} {td.modality}: accuracy {100 * m['accuracy']:.1f}% "
+            f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
+            f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
+            flush=True)
+      if jax.process_index() == 0:
+        results.write_jsonl(os.path.join(output_dir, _safe(name), f"{td.task}-{td.modality}.scores.jsonl"),
+                            results.scores_lines(td.questions, arrays[(td.task, td.modality)]))
+    summary = summarize(data, arrays)
+    runs.append({"name": name, "path": os.path.abspath(path), "step": step_of(path) if not is_default else None,
+                 "tasks": {k: v for k, v in summary.items() if k != "degradation"},
+                 "degradation": summary.get("degradation", {})})
+    if jax.process_index() == 0:
+      write_outputs(output_dir, runs, spec, row_length)
+  return runs
+
+
+def write_outputs(output_dir: str, runs: list[dict], spec: str, row_length: int) -> None:
+  """metrics.json, the Table 1 files and the curves, redrawn after every checkpoint."""
+  results.write_json(os.path.join(output_dir, "metrics.json"), {"spec": spec, "row_length": row_length, "runs": runs})
+  results.write_tables(output_dir, runs)
+  results.plot_curves(output_dir, runs)
+
+
+def _safe(name: str) -> str:
+  return re.sub(r"[^\w.\-]+", "_", name).strip("_")
+
+
+def define_flags() -> None:
+  flags.DEFINE_enum("task", "all", list(TASKS) + ["all"], "Benchmark task.")
+  flags.DEFINE_enum("modality", "both", ["text", "speech", "both"], "Prefix modality (both: with degradation).")
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: demo).")
+  flags.DEFINE_string("spec", "demo", "Speech-LLM spec the data was built with.")
+  flags.DEFINE_string("data_dir", None, "Built datasets (default: ~/.cache/s2sjax/data, bundled sample).")
+  flags.DEFINE_string("output_dir", "outputs/eval", "Where results go; rerunning into it resumes.")
+  flags.DEFINE_string("mesh", "data:-1", "Mesh axes, e.g. data:-1,model:2 or data:2,fsdp:4.")
+  flags.DEFINE_integer("batch_size", 8, "Rows per step (rounded up to the data-parallel devices).")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
+  flags.DEFINE_integer("row_length", 1024, "Packed row length of the built data.")
+  flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.")
+  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
+
+
+def main(argv):
+  del argv
+  if FLAGS.distributed:
+    jax.distributed.initialize()
+  tasks = list(TASKS) if FLAGS.task == "all" else [FLAGS.task]
+  modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
+  runs = run(tasks, modalities, FLAGS.checkpoint, FLAGS.spec, FLAGS.data_dir, FLAGS.output_dir, FLAGS.mesh,
+             FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows)
+  for run_ in runs:
+    for task, report in run_["degradation"].items():
+      print(f"{run_['name']} {task}: T→T {100 * report['text_accuracy']:.1f}% vs S→T "
+            f"{100 * report['speech_accuracy']:.1f}%: degradation {100 * report['degradation']:.1f} points "
+            f"(McNemar p = {report['mcnemar']['p_value']:.3g})")
+  print(f"results in {FLAGS.output_dir}: metrics.json, table.md, table.csv, <checkpoint>/*.scores.jsonl")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,132 @@
+"""Result files a person can read: per-candidate scores, metrics, the paper's Table 1 layout, curves over steps;
+and the chunk store that makes an evaluation resumable after preemption.
+
+    OUT/chunks/<checkpoint>/<task>-<modality>/chunk-00003.npz (+ .done)   rows [start, stop) of one run
+    OUT/<checkpoint>/<task>-<modality>.scores.jsonl                     one line per candidate
+    OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality
+    OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints)
+
+A chunk is written to a temporary name, renamed, then marked done; a rerun reuses every marked chunk and scores
+only the rest, so the final files equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+import numpy as np
+
+
+class ChunkStore:
+  """Resumable per-row results of one (checkpoint, task, modality)."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+
+  def _path(self, index: int) -> str:
+    return os.path.join(self.directory, f"chunk-{index:05d}.npz")
+
+  def done(self, index: int) -> bool:
+    return os.path.exists(self._path(index) + ".done")
+
+  def save(self, index: int, nll_sum: np.ndarray, n_tokens: np.ndarray) -> None:
+    os.makedirs(self.directory, exist_ok=True)
+    tmp = self._path(index) + ".tmp.npz"
+    np.savez(tmp, nll_sum=nll_sum, n_tokens=n_tokens)
+    os.replace(tmp, self._path(index))
+    open(self._path(index) + ".done", "w").close()
+
+  def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(self._path(index)) as f:
+      return f["nll_sum"], f["n_tokens"]
+
+
+def scores_lines(questions: list[dict], arrays: dict[str, np.ndarray]) -> list[dict]:
+  lines = []
+  for q, question in enumerate(questions):
+    for c, text in enumerate(question["candidates"]):
+      mean = float(arrays["loss"][q, c])
+      lines.append({
+        "question": question["id"], "uttid": question["uttids"][c], "candidate": c, "text": text,
+        "correct": c == question["correct"], "nll_sum": round(float(arrays["nll_sum"][q, c]), 6),
+        "n_tokens": int(arrays["n_tokens"][q, c]), "mean_nll": round(mean, 6), "ppl": round(float(np.exp(mean)), 6),
+      })
+  return lines
+
+
+def write_jsonl(path: str, lines: list[dict]) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in lines)
+
+
+def write_json(path: str, value) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=2, sort_keys=True, ensure_ascii=False)
+    f.write("\n")
+
+
+TASK_TITLES = {"sstorycloze": "sStoryCloze", "zh_sstorycloze": "zh-sStoryCloze", "scmmlu": "sCMMLU"}
+MODALITY_TITLES = {"text": "T→T", "speech": "S→T"}
+
+
+def table_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+  """Paper Table 1 layout: a row per model x modality, a column per task (accuracy, %)."""
+  tasks = [t for t in TASK_TITLES if any(t in r["tasks"] for r in runs)]
+  header = ["model", "modality"] + [TASK_TITLES[t] for t in tasks]
+  rows = []
+  for run in runs:
+    for modality in ("text", "speech"):
+      cells = [run["tasks"].get(t, {}).get(modality) for t in tasks]
+      if any(cells):
+        rows.append([run["name"], MODALITY_TITLES[modality]]
+                    + [f"{100 * c['accuracy']:.1f}" if c else "-" for c in cells])
+  return header, rows
+
+
+def write_tables(out_dir: str, runs: list[dict]) -> None:
+  header, rows = table_rows(runs)
+  markdown = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+  with open(os.path.join(out_dir, "table.md"), "w", encoding="utf-8") as f:
+    f.write("\n".join(markdown) + "\n")
+  buffer = io.StringIO()
+  csv.writer(buffer).writerows([header] + rows)
+  with open(os.path.join(out_dir, "table.csv"), "w", encoding="utf-8") as f:
+    f.write(buffer.getvalue())
+
+
+def plot_curves(out_dir: str, history: list[dict]) -> list[str]:
+  """Accuracy and positive/negative loss over steps, one line per task x modality (paper Appendix A)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  points = [h for h in history if h.get("step") is not None]
+  if len(points) < 2:
+    return []
+  points.sort(key=lambda h: h["step"])
+  steps = [h["step"] for h in points]
+  series = sorted({(t, m) for h in points for t, v in h["tasks"].items() for m in v})
+  paths = []
+  for name, keys in (("accuracy", ["accuracy"]), ("loss", ["positive_loss", "negative_loss"])):
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for task, modality in series:
+      for key in keys:
+        ys = [h["tasks"].get(task, {}).get(modality, {}).get(key, np.nan) for h in points]
+        style = "--" if key == "negative_loss" else "-"
+        label = f"{TASK_TITLES[task]} {MODALITY_TITLES[modality]}" + (f" {key.split('_')[0]}" if len(keys) > 1 else "")
+        ax.plot(steps, [100 * y if name == "accuracy" else y for y in ys], style, marker="o", label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("accuracy (%)" if name == "accuracy" else "mean NLL (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"curves_{name}.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+  return paths

@@ -1,0 +1,109 @@
+"""Metrics equal S2SBench's reference arithmetic (eval_story.py, eval_cmmlu4.py), ties included."""
+
+import numpy as np
+import pytest
+
+from s2sjax import metrics
+
+
+def reference_story_accuracy(lines: list[dict]) -> float:
+  """eval_story.py: sort lines by the integer part of uttid, pair consecutive (2k, 2k+1), right iff strictly
+  lower loss on the even (right-ending) line."""
+  lines = sorted(lines, key=lambda l: int(str(l["uttid"]).split("_")[0]))
+  right = 0
+  for even, odd in zip(lines[0::2], lines[1::2]):
+    assert int(str(odd["uttid"]).split("_")[0]) - int(str(even["uttid"]).split("_")[0]) == 1
+    right += even["loss"] < odd["loss"]
+  return right / (len(lines) // 2)
+
+
+def reference_cmmlu_accuracy(lines: list[dict]) -> float:
+  """eval_cmmlu4.py: per question, the answer's loss against each other key, right iff <=; over 3N."""
+  right = total = 0
+  for line in lines:
+    for key in "ABCD":
+      if key != line["answer"]:
+        right += line["loss"][line["answer"]] <= line["loss"][key]
+        total += 1
+  return right / total
+
+
+def _questions_from_story_lines(lines):
+  by_key = {int(str(l["uttid"]).split("_")[0]): l for l in lines}
+  questions, sums, counts = [], [], []
+  for k in sorted(key for key in by_key if key % 2 == 0):
+    even, odd = by_key[k], by_key[k + 1]
+    i = len(questions)
+    questions.append({"correct": 0, "slots": [[i, 0], [i, 1]], "candidates": ["a", "bb"]})
+    sums.append(np.array([even["sum"], odd["sum"]]))
+    counts.append(np.array([even["tokens"], odd["tokens"]]))
+  return questions, np.array(sums), np.array(counts)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_story_accuracy_equals_reference_on_random_score_files(seed):
+  rng = np.random.default_rng(seed)
+  lines = []
+  for k in range(200):
+    tokens = rng.integers(2, 5, 2)
+    sums = rng.integers(4, 13, 2).astype(float)  # small integers: many exact ties (4/2 == 6/3)
+    lines += [{"uttid": f"{2 * k}_s", "loss": sums[0] / tokens[0], "sum": sums[0], "tokens": tokens[0]},
+              {"uttid": f"{2 * k + 1}_s", "loss": sums[1] / tokens[1], "sum": sums[1], "tokens": tokens[1]}]
+  rng.shuffle(lines)
+  questions, sums, counts = _questions_from_story_lines(lines)
+  arrays = metrics.question_arrays(questions, sums, counts)
+  assert (arrays["loss"][:, 0] == arrays["loss"][:, 1]).sum() >= 5  # ties are exercised
+  assert metrics.task_metrics("story", arrays)["accuracy"] == pytest.approx(reference_story_accuracy(lines))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cmmlu_accuracy_equals_reference_on_random_score_files(seed):
+  rng = np.random.default_rng(seed)
+  lines = [{"answer": "ABCD"[rng.integers(4)], "loss": dict(zip("ABCD", np.round(rng.uniform(1, 2, 4), 1)))}
+           for _ in range(300)]
+  questions = [{"correct": "ABCD".index(l["answer"]), "slots": [[i, j] for j in range(4)],
+                "candidates": ["x", "y", "z", "w"]} for i, l in enumerate(lines)]
+  sums = np.array([[l["loss"][k] for k in "ABCD"] for l in lines])
+  arrays = metrics.question_arrays(questions, sums, np.ones_like(sums, dtype=np.int64))
+  result = metrics.task_metrics("cmmlu", arrays)
+  assert result["accuracy"] == pytest.approx(reference_cmmlu_accuracy(lines)) and result["comparisons"] == 900
+
+
+def test_hand_built_cases_with_ties():
+  # stories: a tie is wrong (strict); cmmlu: a tie is right (non-strict)
+  story = metrics.question_arrays([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a", "b"]},
+                                   {"correct": 0, "slots": [[1, 0], [1, 1]], "candidates": ["a", "b"]}],
+                                  np.array([[2.0, 2.0], [1.0, 3.0]]), np.ones((2, 2), np.int64))
+  assert metrics.task_metrics("story", story)["accuracy"] == 0.5
+  cmmlu = metrics.question_arrays([{"correct": 2, "slots": [[0, j] for j in range(4)], "candidates": list("abcd")}],
+                                  np.array([[1.0, 2.0, 1.0, 0.5]]), np.ones((1, 4), np.int64))
+  result = metrics.task_metrics("cmmlu", cmmlu)
+  assert result["accuracy"] == pytest.approx(2 / 3)  # ties with A (right), beats B, loses to D
+  assert result["argmin_accuracy"] == 0.0 and result["positive_loss"] == 1.0
+  assert result["negative_loss"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
+  assert result["loss_gap"] == pytest.approx((1.0 + 2.0 + 0.5) / 3 - 1.0)
+
+
+def test_acc_norm_divides_by_candidate_bytes():
+  # summed NLL favours the short wrong candidate; per byte, the long right one wins
+  arrays = metrics.question_arrays([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a long ending", "no"]}],
+                                   np.array([[6.5, 2.0]]), np.array([[4, 1]]))
+  result = metrics.task_metrics("story", arrays)
+  assert result["acc"] == 0.0 and result["acc_norm"] == 1.0
+
+
+def test_mcnemar_exact_and_degradation():
+  text = np.array([True] * 10 + [False] * 2)
+  speech = np.array([True] * 3 + [False] * 7 + [True] * 2)
+  b, c, p = metrics.mcnemar_p(text, speech)
+  assert (b, c) == (7, 2) and p == pytest.approx(2 * sum(__import__("math").comb(9, k) for k in range(3)) / 2**9)
+  assert metrics.mcnemar_p(text, text)[2] == 1.0
+  arrays = lambda right: {"loss": np.where(right[:, None], [[1.0, 2.0]], [[2.0, 1.0]]), "correct": np.zeros(12, int)}
+  report = metrics.degradation("story", arrays(text), arrays(speech))
+  assert report["degradation"] == pytest.approx(10 / 12 - 5 / 12) and report["ratio"] == pytest.approx(0.5)
+
+
+def test_bootstrap_interval_brackets_the_accuracy():
+  decisions = np.random.default_rng(0).random(400) < 0.7
+  low, high = metrics.bootstrap_interval(decisions.astype(float), 400)
+  assert low < decisions.mean() < high and 0.05 < high - low < 0.12
