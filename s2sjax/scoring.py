@@ -12,7 +12,6 @@ ends with all rows' numbers and process 0 can write them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Callable
@@ -62,7 +61,6 @@ def score_batch(
   slots = batch["target_slot"]
   onehot = (slots[..., None] == jnp.arange(num_slots)).astype(jnp.float32)  # [B, M, C]; slot -1 matches none
   return {
-    "row_id": batch["row_id"],
     "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
     "n_tokens": onehot.sum(axis=1).astype(jnp.int32),
   }
@@ -135,8 +133,11 @@ class Scorer:
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
     ndim = {"row_id": 1, "audio_codes": 3}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
+    def step(params, batch):  # row ids ride along so every process can place the replicated results
+      return {**score_batch(config, dtype, target_chunk, shape.max_slots, params, batch), "row_id": batch["row_id"]}
+
     self._step = jax.jit(
-      functools.partial(score_batch, config, dtype, target_chunk, shape.max_slots),
+      step,
       in_shardings=(self.param_shardings, self._batch_shardings),
       out_shardings=sharding.replicated(self.mesh),
     )

@@ -1,0 +1,64 @@
+"""A tiny random model that shares the real Qwen2.5 tokenizer, and the bundled sample built for it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import numpy as np
+
+from checkpoints_conversion.convert import convert
+from s2sjax import checkpoint
+from tasks.prepare import prepare
+from tests.hf_models import save_hf, tiny_model
+
+
+def tiny_checkpoint(directory: str, tokenizer_dir: str) -> str:
+  """A 2-layer qwen2 whose embedding covers the Qwen2.5 tokenizer, converted, with the tokenizer beside it."""
+  hf = save_hf(tiny_model("qwen2", vocab_size=151_680, hidden_size=32, intermediate_size=64, num_hidden_layers=2),
+               os.path.join(directory, "hf"))
+  for name in os.listdir(tokenizer_dir):
+    shutil.copy(os.path.join(tokenizer_dir, name), hf)
+  out = os.path.join(directory, "ckpt-100")
+  convert(hf, out)
+  return out
+
+
+def later_steps(first: str, steps: tuple[int, ...]) -> list[str]:
+  """Copies of a checkpoint with perturbed weights, named like a training run's later steps."""
+  config, params = checkpoint.load_config(first), checkpoint.load_params(first)
+  paths = []
+  for step in steps:
+    noise = jax.random.PRNGKey(step)
+    perturbed = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(noise, x.shape, x.dtype), params)
+    path = os.path.join(os.path.dirname(first), f"ckpt-{step}")
+    checkpoint.save_params(path, config, perturbed, tokenizer_dir=os.path.join(first, "tokenizer"))
+    paths.append(path)
+  return paths
+
+
+def build_sample(data_dir: str, tokenizer_dir: str, tasks=("sstorycloze", "zh_sstorycloze", "scmmlu"),
+                 modalities=("text", "speech")) -> None:
+  for task in tasks:
+    for modality in modalities:
+      prepare(task, "demo", modality, 1024, data_dir, tokenizer_dir=tokenizer_dir)
+
+
+def same_tree(a: str, b: str, skip=("chunks",)) -> list[str]:
+  """Relative paths whose bytes differ between two output trees (plots excluded: they embed metadata)."""
+  differ = []
+  for root, _, files in os.walk(a):
+    if any(part in skip for part in os.path.relpath(root, a).split(os.sep)):
+      continue
+    for name in files:
+      if name.endswith(".png"):
+        continue
+      rel = os.path.relpath(os.path.join(root, name), a)
+      other = os.path.join(b, rel)
+      if not os.path.exists(other) or open(os.path.join(a, rel), "rb").read() != open(other, "rb").read():
+        differ.append(rel)
+  return differ
+
+
+__all__ = ["tiny_checkpoint", "later_steps", "build_sample", "same_tree", "np"]

@@ -1,0 +1,119 @@
+"""s2sjax.eval end to end on the bundled sample: every task x modality, curves over three checkpoints, resume
+after a kill, one compilation across evaluate() calls, and clear errors for data and models that do not fit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from s2sjax import checkpoint, eval as s2s_eval  # noqa: E402
+from s2sjax.evaluator import EvalError, Evaluator, load_task_data, with_untrained_audio_tables  # noqa: E402
+from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint  # noqa: E402
+
+ALL_TASKS = ["sstorycloze", "zh_sstorycloze", "scmmlu"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, qwen_tokenizer_dir):
+  root = tmp_path_factory.mktemp("eval")
+  ckpt = tiny_checkpoint(str(root), qwen_tokenizer_dir)
+  data_dir = str(root / "data")
+  build_sample(data_dir, qwen_tokenizer_dir)
+  return {"root": root, "ckpt": ckpt, "data_dir": data_dir}
+
+
+def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("text", "speech"), chunk_rows=4):
+  return s2s_eval.run(list(tasks), list(modalities), checkpoints or setup["ckpt"], "demo", setup["data_dir"], out,
+                      "data:-1", 4, jnp.float32, 1024, chunk_rows)
+
+
+def test_every_task_and_modality_end_to_end(setup, tmp_path):
+  out = str(tmp_path / "out")
+  runs = _run(setup, out)
+  saved = json.load(open(os.path.join(out, "metrics.json")))
+  assert saved["runs"] == json.loads(json.dumps(runs))
+  for task in ALL_TASKS:
+    for modality in ("text", "speech"):
+      m = runs[0]["tasks"][task][modality]
+      assert m["questions"] == 24 and 0 <= m["accuracy"] <= 1
+      lines = [json.loads(l) for l in open(os.path.join(out, "ckpt-100", f"{task}-{modality}.scores.jsonl"))]
+      assert len(lines) == 24 * (4 if task == "scmmlu" else 2)
+      assert all(l["mean_nll"] == pytest.approx(l["nll_sum"] / l["n_tokens"], abs=1e-5) for l in lines)
+      assert sum(l["correct"] for l in lines) == 24
+    assert set(runs[0]["degradation"][task]) >= {"text_accuracy", "speech_accuracy", "degradation", "mcnemar"}
+  table = open(os.path.join(out, "table.md")).read().splitlines()
+  assert table[0] == "| model | modality | sStoryCloze | zh-sStoryCloze | sCMMLU |" and len(table) == 4
+
+
+def test_three_checkpoints_give_curves(setup, tmp_path):
+  paths = [setup["ckpt"]] + later_steps(setup["ckpt"], (200, 300))
+  out = str(tmp_path / "out")
+  pattern = os.path.join(os.path.dirname(setup["ckpt"]), "ckpt-*")
+  runs = _run(setup, out, checkpoints=pattern, tasks=["sstorycloze"], modalities=["text"])
+  assert [r["step"] for r in runs] == [100, 200, 300] and [r["path"] for r in runs] == [os.path.abspath(p) for p in paths]
+  for name in ("curves_accuracy.png", "curves_loss.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 10_000
+  accuracies = {r["tasks"]["sstorycloze"]["text"]["positive_loss"] for r in runs}
+  assert len(accuracies) == 3  # three different models were scored
+
+
+def test_killed_run_resumes_to_identical_files(setup, tmp_path):
+  reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
+  _run(setup, reference, tasks=["scmmlu"], modalities=["speech"], chunk_rows=1)
+  command = [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=speech", f"--checkpoint={setup['ckpt']}",
+             f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=4", "--chunk_rows=1"]
+  chunk_dir = os.path.join(resumed, "chunks", "ckpt-100", "scmmlu-speech")
+  process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  deadline = time.time() + 240
+  while time.time() < deadline and not (os.path.isdir(chunk_dir) and any(f.endswith(".done") for f in os.listdir(chunk_dir))):
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  total = len(load_task_data(setup["data_dir"], "scmmlu", "speech", "demo", 1024).rows["tokens"])
+  done_before = sum(f.endswith(".done") for f in os.listdir(chunk_dir))
+  assert 1 <= done_before < total and not os.path.exists(os.path.join(resumed, "metrics.json"))
+  finished = subprocess.run(command + ["--verbosity=0"], capture_output=True, text=True, timeout=300)
+  assert finished.returncode == 0, finished.stdout + finished.stderr
+  assert f"resuming, {done_before} of {total} chunks done, scoring {total - done_before} rows" in finished.stderr
+  assert same_tree(reference, resumed) == []
+
+
+def test_evaluate_three_times_compiles_once(setup):
+  config, params = checkpoint.load_config(setup["ckpt"]), checkpoint.load_params(setup["ckpt"])
+  data = [load_task_data(setup["data_dir"], t, "speech", "demo", 1024) for t in ("sstorycloze", "scmmlu")]
+  config, params = with_untrained_audio_tables(config, params, (256,), data[0].metadata["audio_ids"]["placeholder"])
+  evaluator = Evaluator(config, data, batch_size=4)
+  first = evaluator.evaluate(params, step=0)
+  for step in (1, 2):
+    evaluator.evaluate({**params, "final_norm": {"scale": params["final_norm"]["scale"] * (1 + 0.1 * step)}}, step)
+  assert evaluator.compiled_count() == 1  # both tasks share one row shape
+  assert len(evaluator.history) == 3 and evaluator.history[0]["sstorycloze"] == first["sstorycloze"]
+  assert evaluator.history[1]["sstorycloze"] != first["sstorycloze"]
+
+
+def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
+  with pytest.raises(EvalError, match=r"--checkpoint pattern .* matches nothing"):
+    _run(setup, str(tmp_path / "o"), checkpoints=str(tmp_path / "nothing-*"))
+  with pytest.raises(ValueError, match=r"no built data at .*: run python -m tasks.prepare --task=sstorycloze"):
+    s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", str(tmp_path / "empty"), str(tmp_path / "o"),
+                 "data:-1", 4, jnp.float32, 1024, 4)
+  config = checkpoint.load_config(setup["ckpt"])
+  speech = load_task_data(setup["data_dir"], "scmmlu", "speech", "demo", 1024)
+  with pytest.raises(EvalError, match=r"spec demo needs 1 audio codebook tables of sizes \(256,\); the checkpoint has none"):
+    Evaluator(config, [speech])
+  other = load_task_data(setup["data_dir"], "scmmlu", "text", "demo", 1024)
+  other.metadata = dict(other.metadata, tokenizer=dict(other.metadata["tokenizer"], vocab_sha="0" * 16))
+  from s2sjax.evaluator import check_fit
+  from tasks.tfds_builder import tokenizer_identity
+  from transformers import AutoTokenizer
+
+  with pytest.raises(EvalError, match=r"was built with tokenizer .* rebuild it with python -m tasks.prepare"):
+    check_fit(config, other, tokenizer_identity(AutoTokenizer.from_pretrained(qwen_tokenizer_dir)))
