@@ -1,0 +1,215 @@
+r"""Builds a local S2SBench replica, in the release layout, from the public raw sources, with synthesized speech.
+
+  python -m tasks.importer --output=DIR \
+      --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
+      --xstorycloze_zh=spring2016.val.zh.tsv.split_20_80_train.tsv,spring2016.val.zh.tsv.split_20_80_eval.tsv \
+      --cmmlu_dir=CMMLU/data/test [--workers=2] [--limit=N] [--no_speech]
+
+* sStoryCloze: StoryCloze Spring 2016 test (CSV) -> uttid 2k = the four sentences + the right ending
+  (`AnswerRightEnding`), 2k+1 = the same + the wrong one.
+* zh-sStoryCloze: XStoryCloze zh (TSV, quoting off), the same mapping; sentences joined without spaces.
+* sCMMLU: CMMLU test (67 subject CSVs) -> each question rewritten into four statements that share their first
+  half (`rewrite_question`); questions that cannot be rewritten cleanly are listed with the reason and left out.
+* Speech: espeak-ng (en, cmn) speaks every distinct `first` at 16 kHz, in parallel, with progress.
+
+The public files stay where they are: this reads them by path and writes only the replica. It is a replica, not
+the official release: S2SBench's own rewrites and recordings differ.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import glob
+import json
+import multiprocessing
+import os
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+from tasks.release import OPTIONS, TASKS
+
+# The blank markers CMMLU questions use, in the order they are tried.
+BLANKS = ("（）", "（ ）", "()", "( )", "____", "___", "__")
+# Questions about "the following" options read as no statement once the options are split off.
+REFERS_TO_OPTIONS = ("下列", "以下", "哪")
+
+
+def read_stories(path: str, delimiter: str) -> list[dict]:
+  """StoryCloze-format rows (CSV or TSV with quoting off) -> [{first sentences, right, wrong}]."""
+  quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
+  with open(path, encoding="utf-8", newline="") as f:
+    rows = list(csv.DictReader(f, delimiter=delimiter, quoting=quoting))
+  stories = []
+  for n, row in enumerate(rows, 2):
+    answer = row.get("AnswerRightEnding", "").strip()
+    if answer not in ("1", "2"):
+      raise ValueError(f"{path}:{n}: AnswerRightEnding is {answer!r}, expected 1 or 2")
+    endings = [row["RandomFifthSentenceQuiz1"].strip(), row["RandomFifthSentenceQuiz2"].strip()]
+    right = int(answer) - 1
+    stories.append({"id": row["InputStoryid"], "sentences": [row[f"InputSentence{i}"].strip() for i in range(1, 5)],
+                    "right": endings[right], "wrong": endings[1 - right]})
+  return stories
+
+
+def story_lines(stories: list[dict], joiner: str) -> list[dict]:
+  lines = []
+  for k, story in enumerate(stories):
+    first = joiner.join(story["sentences"])
+    lines.append({"uttid": 2 * k, "first": first, "last": story["right"], "story_id": story["id"]})
+    lines.append({"uttid": 2 * k + 1, "first": first, "last": story["wrong"], "story_id": story["id"]})
+  return lines
+
+
+def rewrite_question(question: str, options: list[str]) -> tuple[str, list[str]] | str:
+  """(first half, four continuations) or the reason the question cannot be rewritten.
+
+  Rule: with one blank marker, the first half is the text before it and each continuation is the option followed
+  by the text after it ("水在（）沸腾" -> "水在" + "一百度沸腾"); without a marker, the question is the first half and
+  each option its continuation. Refused: several blanks, a blank at the very start (no first half), a question
+  that asks (ends in ？) or points at the options (下列 / 以下 / 哪) since no statement continues it, empty options,
+  or options that repeat."""
+  question = question.strip()
+  options = [str(o).strip() for o in options]
+  if any(not o for o in options):
+    return "an empty option"
+  if any(word in question for word in REFERS_TO_OPTIONS):
+    return "refers to the options (下列/以下/哪)"
+  if len(set(options)) < len(options):
+    return "repeated options"
+  for blank in BLANKS:
+    count = question.count(blank)
+    if count > 1:
+      return f"{count} blanks"
+    if count == 1:
+      before, after = question.split(blank)
+      before = before.rstrip()
+      if not before:
+        return "the blank opens the question (no first half)"
+      return before, [option + after for option in options]
+  if not question:
+    return "an empty question"
+  if question.endswith(("？", "?")):
+    return "a question with no blank (ends in ？)"
+  return question, options
+
+
+def read_cmmlu(directory: str) -> tuple[list[dict], collections.Counter, list[dict]]:
+  """All subjects' test questions rewritten; (lines without uttids, reasons counted, the left-out list)."""
+  files = sorted(glob.glob(os.path.join(directory, "*.csv")))
+  if not files:
+    raise FileNotFoundError(f"{directory} holds no CMMLU *.csv files")
+  kept, reasons, left_out = [], collections.Counter(), []
+  for path in files:
+    subject = os.path.basename(path)[: -len(".csv")]
+    with open(path, encoding="utf-8", newline="") as f:
+      for row in csv.DictReader(f):
+        answer = row["Answer"].strip()
+        rewritten = rewrite_question(row["Question"], [row[o] for o in OPTIONS])
+        if answer not in OPTIONS:
+          rewritten = f"answer {answer!r}"
+        if isinstance(rewritten, str):
+          reasons[rewritten] += 1
+          left_out.append({"subject": subject, "row": row[""], "reason": rewritten})
+          continue
+        first, continuations = rewritten
+        kept.append({"first": first, **dict(zip(OPTIONS, continuations)), "answer": answer,
+                     "subject": subject, "row": row[""]})
+  return kept, reasons, left_out
+
+
+def _speak(job: tuple[str, str, str]) -> tuple[str, float]:
+  from tasks.sample.make_sample import speak
+
+  text, language, path = job
+  if not os.path.exists(path):
+    speak(text, language, path)
+  import soundfile
+
+  return path, soundfile.info(path).duration
+
+
+def synthesize(jobs: list[tuple[str, str, str]], workers: int) -> dict[str, float]:
+  """Speaks every (text, language, path) job; returns durations. Progress is logged as it goes."""
+  durations, start = {}, time.time()
+  with multiprocessing.Pool(workers) as pool:
+    for n, (path, seconds) in enumerate(pool.imap_unordered(_speak, jobs, chunksize=4), 1):
+      durations[path] = seconds
+      if n % 100 == 0 or n == len(jobs):
+        rate = n / (time.time() - start)
+        logging.info("speech %d/%d, %.1f utterances/s, ETA %.0fs", n, len(jobs), rate, (len(jobs) - n) / rate)
+  return durations
+
+
+def write_task(output: str, task: str, lines: list[dict], speech: bool, workers: int) -> dict:
+  """Writes one task's jsonl and wavs; lines sharing their `first` share one synthesis."""
+  files = TASKS[task]
+  jsonl = os.path.join(output, files.jsonl)
+  audio_dir = os.path.join(output, files.audio_dir)
+  os.makedirs(os.path.dirname(jsonl), exist_ok=True)
+  with open(jsonl, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+  report = {"lines": len(lines)}
+  if not speech:
+    return report
+  os.makedirs(audio_dir, exist_ok=True)
+  spoken = {}
+  for line in lines:  # one synthesis per distinct text, the other uttids link to it
+    spoken.setdefault(line["first"], os.path.join(audio_dir, f"{line['uttid']}.wav"))
+  durations = synthesize([(text, files.language, path) for text, path in spoken.items()], workers)
+  for line in lines:
+    path = os.path.join(audio_dir, f"{line['uttid']}.wav")
+    if not os.path.exists(path):
+      os.link(spoken[line["first"]], path)
+  seconds = np.array([durations[spoken[line["first"]]] for line in lines])
+  chars = np.array([len(line["first"]) for line in lines])
+  report.update(wavs=len(lines), distinct_utterances=len(spoken), audio_hours=round(float(seconds.sum()) / 3600, 3),
+                seconds_per_character={"min": round(float((seconds / chars).min()), 4),
+                                       "median": round(float(np.median(seconds / chars)), 4),
+                                       "max": round(float((seconds / chars).max()), 4)})
+  return report
+
+
+def import_all(output: str, storycloze_csv: str | None, xstorycloze_zh: list[str], cmmlu_dir: str | None,
+               speech: bool = True, workers: int = 2, limit: int | None = None) -> dict:
+  report = {"note": "a local replica built from public sources, not the official S2SBench release"}
+  if storycloze_csv:
+    stories = read_stories(storycloze_csv, ",")[:limit]
+    report["sstorycloze"] = dict(write_task(output, "sstorycloze", story_lines(stories, " "), speech, workers),
+                                 pairs=len(stories))
+  if xstorycloze_zh:
+    stories = [s for path in xstorycloze_zh for s in read_stories(path, "\t")][:limit]
+    report["zh_sstorycloze"] = dict(write_task(output, "zh_sstorycloze", story_lines(stories, ""), speech, workers),
+                                    pairs=len(stories))
+  if cmmlu_dir:
+    kept, reasons, left_out = read_cmmlu(cmmlu_dir)
+    kept = kept[:limit]
+    lines = [dict(line, uttid=k) for k, line in enumerate(kept)]
+    report["scmmlu"] = dict(write_task(output, "scmmlu", lines, speech, workers), questions_kept=len(kept),
+                            questions_left_out=len(left_out), left_out_reasons=dict(reasons))
+    with open(os.path.join(output, "cmmlu", "left_out.jsonl"), "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(entry, ensure_ascii=False) + "\n" for entry in left_out)
+  with open(os.path.join(output, "replica_report.json"), "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2, ensure_ascii=False)
+  return report
+
+
+def main(argv):
+  del argv
+  FLAGS = flags.FLAGS
+  report = import_all(FLAGS.output, FLAGS.storycloze_csv, FLAGS.xstorycloze_zh, FLAGS.cmmlu_dir, FLAGS.speech,
+                      FLAGS.workers, FLAGS.limit)
+  print(json.dumps(report, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("output", None, "Directory for the replica (release layout).", required=True)
+  flags.DEFINE_string("storycloze_csv", None, "StoryCloze Spring 2016 test CSV.")
+  flags.DEFINE_list("xstorycloze_zh", [], "XStoryCloze zh TSV file(s), e.g. its train and eval splits.")
+  flags.DEFINE_string("cmmlu_dir", None, "CMMLU data/test directory (67 subject CSVs).")
+  flags.DEFINE_bool("speech", True, "Synthesize the spoken first halves (espeak-ng, sox).")
+  flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2)), "Parallel speech synthesis processes.")
+  flags.DEFINE_integer("limit", None, "Only the first N stories / questions of each task (for a quick look).")
+  app.run(main)
