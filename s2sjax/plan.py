@@ -1,0 +1,163 @@
+r"""Plans an evaluation before it runs: memory per chip, a mesh that fits, and the time for the whole S2SBench.
+
+  python -m s2sjax.plan --model=qwen2.5-7b|--checkpoint=DIR --topology=v5e-8 [--row_length=2048] [--batch=8] \
+      [--dtype=bfloat16] [--frame_rate=12.5] [--mfu=0.4]
+
+Memory per chip = parameters (split over the `model` axis) + the scoring step's activations for the rows a chip
+holds, at the larger of its two phases (`activation_bytes`); it agrees with XLA's own memory analysis of the
+compiled step within 20% (tests). Time = the benchmark's FLOPs / (chips x peak x MFU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from absl import app, flags
+
+from s2sjax.model.config import ModelConfig
+
+TARGET_CHUNK = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  count: int
+  hbm_gib: float
+  peak_tflops_bf16: float
+
+
+# Public per-chip figures (HBM, dense bf16 peak).
+TOPOLOGIES = {
+  "v4-8": Chip(4, 32, 275), "v4-32": Chip(16, 32, 275), "v4-128": Chip(64, 32, 275),
+  "v5e-1": Chip(1, 16, 197), "v5e-4": Chip(4, 16, 197), "v5e-8": Chip(8, 16, 197), "v5e-16": Chip(16, 16, 197),
+  "v5e-256": Chip(256, 16, 197), "v5p-8": Chip(4, 95, 459), "v5p-32": Chip(16, 95, 459),
+  "v6e-1": Chip(1, 32, 918), "v6e-8": Chip(8, 32, 918), "v6e-256": Chip(256, 32, 918),
+  "h100-8": Chip(8, 80, 989), "h200-1": Chip(1, 141, 989), "h200-8": Chip(8, 141, 989),
+}
+
+
+def _qwen(hidden, inter, layers, heads, kv, vocab, tied) -> ModelConfig:
+  return ModelConfig(family="qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+                     num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads, rope_theta=1e6,
+                     rotary_dim=hidden // heads, rope_interleaved=False, rms_norm_eps=1e-6, qkv_bias=True,
+                     o_bias=False, mlp_bias=False, tie_embeddings=tied)
+
+
+# Architectures of the published checkpoints (their config.json), for planning without the weights.
+MODELS = {
+  "qwen2.5-0.5b": _qwen(896, 4864, 24, 14, 2, 151936, True),
+  "qwen2.5-1.5b": _qwen(1536, 8960, 28, 12, 2, 151936, True),
+  "qwen2.5-7b": _qwen(3584, 18944, 28, 28, 4, 152064, False),
+  "glm-4-9b": dataclasses.replace(_qwen(4096, 13696, 40, 32, 2, 151552, False), family="glm4", rotary_dim=64,
+                                  rope_interleaved=True),
+}
+
+# Benchmark sizes (S2SBench README) and typical lengths: text tokens of a prefix and of one candidate, seconds of
+# spoken prefix.
+BENCHMARK = {
+  "sstorycloze": dict(questions=1871, candidates=2, prefix_tokens=60, candidate_tokens=12, seconds=9.0),
+  "zh_sstorycloze": dict(questions=1871, candidates=2, prefix_tokens=60, candidate_tokens=14, seconds=12.0),
+  "scmmlu": dict(questions=4743, candidates=4, prefix_tokens=25, candidate_tokens=6, seconds=5.0),
+}
+INSTRUCTION_TOKENS = 14
+
+
+def bytes_of(dtype: str) -> int:
+  return 2 if dtype == "bfloat16" else 4
+
+
+def param_bytes(config: ModelConfig, dtype: str) -> int:
+  return config.num_params() * bytes_of(dtype)
+
+
+def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, model_parallel: int = 1) -> int:
+  """Peak live activations of the scoring step for `rows` rows on one chip (heads, mlp and vocab split
+  `model_parallel` ways): the larger of the layer phase (fp32 attention scores, their masked copy and the
+  probabilities, about three [rows, heads, L, L] buffers, plus MLP and residual activations and the mask) and the
+  head phase (one chunk of fp32 logits plus the gathered hidden states)."""
+  b = bytes_of(dtype)
+  heads = math.ceil(config.num_heads / model_parallel)
+  scores = rows * heads * length * length * 4
+  mlp = rows * length * math.ceil(config.intermediate_size / model_parallel) * b
+  residual = rows * length * config.hidden_size * b
+  layer_phase = 3 * scores + 2 * mlp + 2 * residual + rows * length * length
+  head_phase = rows * TARGET_CHUNK * math.ceil(config.vocab_size / model_parallel) * 4 + 2 * residual
+  return max(layer_phase, head_phase)
+
+
+def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, packing: float = 0.95) -> dict[str, float]:
+  """FLOPs of every task x modality: tokens computed (shared prefixes, packed at `packing`) x per-token cost."""
+  per_token = 2 * config.num_params() + 4 * config.num_layers * config.num_heads * config.head_dim * row_length
+  out = {}
+  for task, b in BENCHMARK.items():
+    candidates = b["candidates"] * b["candidate_tokens"]
+    text = b["prefix_tokens"] + candidates
+    speech = INSTRUCTION_TOKENS + 2 + b["seconds"] * frame_rate + candidates
+    for modality, tokens in (("text", text), ("speech", speech)):
+      out[f"{task}/{modality}"] = b["questions"] * tokens / packing * per_token
+  return out
+
+
+def plan(config: ModelConfig, topology: str, row_length: int, batch: int, dtype: str, frame_rate: float,
+         mfu: float) -> dict:
+  if topology not in TOPOLOGIES:
+    raise ValueError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
+  chip = TOPOLOGIES[topology]
+  budget = 0.9 * chip.hbm_gib * (1 << 30)
+  choice = None
+  for model_parallel in (m for m in (1, 2, 4, 8, 16) if m <= chip.count and chip.count % m == 0):
+    data = chip.count // model_parallel
+    rows = max(1, math.ceil(batch / data))
+    params = param_bytes(config, dtype) / model_parallel
+    activations = activation_bytes(config, rows, row_length, dtype, model_parallel)
+    choice = dict(mesh=f"data:{data},model:{model_parallel}", rows_per_chip=rows, params_gib=params / (1 << 30),
+                  activations_gib=activations / (1 << 30), total_gib=(params + activations) / (1 << 30),
+                  fits=params + activations <= budget)
+    if choice["fits"]:
+      break
+  flops = benchmark_flops(config, frame_rate, row_length)
+  seconds = {k: v / (chip.count * chip.peak_tflops_bf16 * 1e12 * mfu) for k, v in flops.items()}
+  return dict(topology=topology, chips=chip.count, hbm_gib=chip.hbm_gib, **choice,
+              benchmark_tflops=sum(flops.values()) / 1e12, seconds=seconds, total_seconds=sum(seconds.values()),
+              mfu=mfu)
+
+
+def format_plan(name: str, p: dict) -> str:
+  lines = [
+    f"{name} on {p['topology']} ({p['chips']} chips x {p['hbm_gib']} GiB)",
+    f"  mesh {p['mesh']}, {p['rows_per_chip']} row(s) per chip",
+    f"  memory per chip: params {p['params_gib']:.2f} GiB + activations {p['activations_gib']:.2f} GiB = "
+    f"{p['total_gib']:.2f} GiB ({'fits' if p['fits'] else 'DOES NOT FIT in 90% of HBM: lower --batch or --row_length'})",
+    f"  whole S2SBench, both modalities: {p['benchmark_tflops']:,.0f} TFLOP -> {p['total_seconds'] / 60:.1f} min at "
+    f"{p['mfu']:.0%} MFU",
+  ]
+  lines += [f"    {k:24s} {v:8.1f} s" for k, v in p["seconds"].items()]
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  FLAGS = flags.FLAGS
+  if FLAGS.checkpoint:
+    from s2sjax import checkpoint
+
+    config, name = checkpoint.load_config(FLAGS.checkpoint), FLAGS.checkpoint
+  elif FLAGS.model in MODELS:
+    config, name = MODELS[FLAGS.model], FLAGS.model
+  else:
+    raise app.UsageError(f"give --checkpoint or --model in {sorted(MODELS)}")
+  print(format_plan(name, plan(config, FLAGS.topology, FLAGS.row_length, FLAGS.batch, FLAGS.dtype, FLAGS.frame_rate,
+                               FLAGS.mfu)))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (its model_config.json is read).")
+  flags.DEFINE_string("model", "qwen2.5-7b", f"Named architecture: {', '.join(MODELS)}.")
+  flags.DEFINE_string("topology", "v5e-8", f"One of {', '.join(TOPOLOGIES)}.")
+  flags.DEFINE_integer("row_length", 2048, "Packed row length.")
+  flags.DEFINE_integer("batch", 8, "Rows per step (global).")
+  flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Parameter and compute dtype.")
+  flags.DEFINE_float("frame_rate", 12.5, "Audio tokens per second of speech (12.5 GLM-4-Voice/Mimi, 50 HuBERT).")
+  flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the time estimate.")
+  app.run(main)

@@ -1,0 +1,49 @@
+"""The planner's memory figures agree with XLA's memory analysis of the compiled scoring step (within 20%)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from s2sjax import plan, sharding
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import abstract_params
+from s2sjax.packing import RowShape
+from s2sjax.scoring import STEP_FIELDS, Scorer
+
+
+def _config(hidden, inter, layers, heads, kv, vocab):
+  return ModelConfig(family="qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+                     num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads, rope_theta=1e4,
+                     rotary_dim=hidden // heads, rope_interleaved=False, rms_norm_eps=1e-6, qkv_bias=True,
+                     o_bias=False, mlp_bias=False, tie_embeddings=False)
+
+
+@pytest.mark.parametrize("hidden,inter,layers,heads,kv,vocab,length,rows", [
+  (256, 688, 4, 8, 2, 8000, 512, 2),
+  (512, 1376, 4, 8, 4, 32000, 1024, 1),
+  (384, 1024, 6, 6, 2, 16000, 2048, 1),
+])
+def test_planned_memory_matches_xla_memory_analysis(hidden, inter, layers, heads, kv, vocab, length, rows):
+  config = _config(hidden, inter, layers, heads, kv, vocab)
+  shape = RowShape.for_length(length)
+  scorer = Scorer(config, shape, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=rows)
+  sizes = {"row_id": (rows,), "audio_codes": (rows, length, 0), "target_pos": (rows, shape.max_targets),
+           "target_ids": (rows, shape.max_targets), "target_slot": (rows, shape.max_targets)}
+  batch = {k: jax.ShapeDtypeStruct(sizes.get(k, (rows, length)), jnp.int32) for k in STEP_FIELDS}
+  analysis = scorer._step.lower(abstract_params(config), batch).compile().memory_analysis()
+  measured = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+  planned = plan.param_bytes(config, "float32") + plan.activation_bytes(config, rows, length, "float32")
+  assert planned == pytest.approx(measured, rel=0.2), (planned / 1e6, measured / 1e6)
+  assert plan.activation_bytes(config, rows, length, "float32") == pytest.approx(analysis.temp_size_in_bytes, rel=0.2)
+
+
+def test_plan_picks_a_mesh_that_fits_and_times_the_benchmark():
+  p = plan.plan(plan.MODELS["qwen2.5-7b"], "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  assert p["fits"] and p["mesh"] == "data:4,model:2" and p["total_gib"] < 0.9 * 16
+  assert p["params_gib"] == pytest.approx(plan.MODELS["qwen2.5-7b"].num_params() * 2 / 2 / 2**30)
+  one_chip = plan.plan(plan.MODELS["qwen2.5-7b"], "v5e-1", 2048, 8, "bfloat16", 12.5, 0.4)
+  assert not one_chip["fits"]  # 15 GB of bf16 weights do not fit one 16 GB v5e chip with activations
+  assert set(p["seconds"]) == {f"{t}/{m}" for t in plan.BENCHMARK for m in ("text", "speech")}
+  assert p["total_seconds"] == pytest.approx(one_chip["total_seconds"] / 8)
+  assert np.isclose(plan.MODELS["qwen2.5-7b"].num_params() / 1e9, 7.6, atol=0.1)  # Qwen2.5-7B has 7.6B parameters
