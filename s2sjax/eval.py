@@ -115,7 +115,8 @@ def score_resumable(evaluator: Evaluator, params, td: TaskData, store: results.C
 
 
 def run(task_names: list[str], modalities: list[str], checkpoints: str | None, spec: str, data_dir: str | None,
-        output_dir: str, mesh_spec: str, batch_size: int, dtype, row_length: int, chunk_rows: int) -> list[dict]:
+        output_dir: str, mesh_spec: str, batch_size: int, dtype, row_length: int, chunk_rows: int,
+        attention: str = "auto") -> list[dict]:
   is_default = not checkpoints and spec == "demo" and data_dir is None
   paths = resolve_checkpoints(checkpoints)
   from tasks.prepare import default_data_dir
@@ -134,7 +135,8 @@ def run(task_names: list[str], modalities: list[str], checkpoints: str | None, s
     for td in data:
       check_fit(config, td, identity)
     if evaluator is None or evaluator.config != config:
-      evaluator = Evaluator(config, data, mesh=mesh, batch_size=batch_size, dtype=dtype)
+      evaluator = Evaluator(config, data, mesh=mesh, batch_size=batch_size, dtype=dtype,
+                            attention=pick_attention(attention, data))
     arrays = {}
     for td in data:
       store = results.ChunkStore(os.path.join(output_dir, "chunks", _safe(name), f"{td.task}-{td.modality}"))
@@ -156,6 +158,16 @@ def run(task_names: list[str], modalities: list[str], checkpoints: str | None, s
     if jax.process_index() == 0:
       write_outputs(output_dir, runs, spec, row_length)
   return runs
+
+
+def pick_attention(choice: str, data: list[TaskData]) -> str:
+  """auto: the TPU flash kernel where rows have no shared prefixes, cuDNN's fused path on GPU, XLA elsewhere."""
+  if choice != "auto":
+    return choice
+  backend = jax.default_backend()
+  if backend == "tpu" and all(not td.metadata["share_prefix"] for td in data):
+    return "flash"
+  return "dot_product" if backend == "gpu" else "xla"
 
 
 def write_outputs(output_dir: str, runs: list[dict], spec: str, row_length: int) -> None:
@@ -181,6 +193,8 @@ def define_flags() -> None:
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
   flags.DEFINE_integer("row_length", 1024, "Packed row length of the built data.")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.")
+  flags.DEFINE_enum("attention", "auto", ["auto", "xla", "dot_product", "flash"],
+                    "Attention kernel: auto = flash on TPU for -noshare data, cuDNN on GPU, else XLA.")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
 
 
@@ -191,7 +205,7 @@ def main(argv):
   tasks = list(TASKS) if FLAGS.task == "all" else [FLAGS.task]
   modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
   runs = run(tasks, modalities, FLAGS.checkpoint, FLAGS.spec, FLAGS.data_dir, FLAGS.output_dir, FLAGS.mesh,
-             FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows)
+             FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows, FLAGS.attention)
   for run_ in runs:
     for task, report in run_["degradation"].items():
       print(f"{run_['name']} {task}: T→T {100 * report['text_accuracy']:.1f}% vs S→T "

@@ -97,8 +97,10 @@ class Evaluator:
     batch_size: int = 8,
     dtype=jnp.float32,
     params_adapter: Callable[[Params], Params] | None = None,
+    attention: str = "xla",
   ):
-    """params_adapter maps another stack's params onto this decoder's tree (key renames, transposes)."""
+    """params_adapter maps another stack's params onto this decoder's tree (key renames, transposes);
+    attention: xla | dot_product | flash (model/layers.attention)."""
     if not data:
       raise EvalError("no task data to evaluate")
     self.config, self.data = config, data
@@ -107,7 +109,8 @@ class Evaluator:
     for td in data:
       check_fit(config, td)
       if td.shape not in self._scorers:
-        self._scorers[td.shape] = Scorer(config, td.shape, mesh=mesh, batch_size=batch_size, dtype=dtype)
+        self._scorers[td.shape] = Scorer(config, td.shape, mesh=mesh, batch_size=batch_size, dtype=dtype,
+                                         attention=attention)
     self.history: list[dict] = []
 
   def scorer(self, td: TaskData) -> Scorer:

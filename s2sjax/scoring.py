@@ -35,12 +35,13 @@ STEP_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes"
 
 
 def score_batch(
-  config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict
+  config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla"
 ) -> dict:
   """Per-slot NLL sums and token counts [B, C] for one batch of packed rows (pure; jitted by `Scorer`)."""
-  model = Decoder(config, dtype=dtype)
+  model = Decoder(config, dtype=dtype, attention=attention)
   mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
-  hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"])
+  hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
+                       batch["segment_ids"])
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
   def target_nll(chunk):
@@ -88,6 +89,15 @@ def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
       raise ValueError(f"audio_codes[row {r}, position {pos}, codebook {k}] = {codes[r, pos, k]} >= table size {size}")
 
 
+def _has_shared_prefixes(rows: dict[str, np.ndarray]) -> bool:
+  """Whether any segment holds two candidate branches (a mask that segment ids alone cannot express)."""
+  for segments, branches in zip(rows["segment_ids"], rows["branch_ids"]):
+    pairs = np.unique(np.stack([segments, branches])[:, branches > 0], axis=1)
+    if len(np.unique(pairs[0])) < pairs.shape[1]:
+      return True
+  return False
+
+
 @dataclasses.dataclass
 class Progress:
   """Logs rows done, tokens/s and ETA at most every `every_s` seconds."""
@@ -122,8 +132,10 @@ class Scorer:
     batch_size: int = 8,
     dtype=jnp.float32,
     target_chunk: int = 256,
+    attention: str = "xla",
   ):
-    self.config, self.shape = config, shape
+    """attention: xla | dot_product | flash (see model/layers.attention); flash needs rows without sharing."""
+    self.config, self.shape, self.attention = config, shape, attention
     self.mesh = mesh or sharding.make_mesh()
     data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     # Every step's batch is a multiple of the data-parallel devices (and so of the processes).
@@ -134,7 +146,8 @@ class Scorer:
     ndim = {"row_id": 1, "audio_codes": 3}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
     def step(params, batch):  # row ids ride along so every process can place the replicated results
-      return {**score_batch(config, dtype, target_chunk, shape.max_slots, params, batch), "row_id": batch["row_id"]}
+      out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention)
+      return {**out, "row_id": batch["row_id"]}
 
     self._step = jax.jit(
       step,
@@ -161,6 +174,9 @@ class Scorer:
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all packed rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
     check_ids(rows, self.config)
+    if self.attention == "flash" and _has_shared_prefixes(rows):
+      raise ValueError("flash attention cannot express prefix-shared branches: build the rows without sharing "
+                       "(--no_share_prefix, configs ending in -noshare) or use --attention=xla")
     num_rows = len(rows["tokens"])
     self._agree_across_processes(num_rows)
     params = jax.device_put(params, self.param_shardings)

@@ -47,9 +47,10 @@ class Attention(nn.Module):
   config: ModelConfig
   dtype: Any
   param_dtype: Any
+  implementation: str = "xla"
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask):
+  def __call__(self, x, cos, sin, mask, segment_ids):
     c = self.config
 
     def project(name, heads, head_axis):
@@ -70,7 +71,8 @@ class Attention(nn.Module):
     q = layers.apply_rotary(q, cos, sin, c.rope_interleaved)
     k = layers.apply_rotary(k, cos, sin, c.rope_interleaved)
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
-    out = layers.attention(q, k, v, mask, precision=_precision(self.dtype))
+    out = layers.attention(q, k, v, mask, precision=_precision(self.dtype), implementation=self.implementation,
+                           segment_ids=segment_ids)
     return nn.DenseGeneral(
       c.hidden_size,
       axis=(-2, -1),
@@ -115,12 +117,13 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
   dtype: Any
   param_dtype: Any
+  attention: str = "xla"
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask):
+  def __call__(self, x, cos, sin, mask, segment_ids):
     c = self.config
-    h = x + Attention(c, self.dtype, self.param_dtype, name="attn")(
-      RMSNorm(c.rms_norm_eps, self.dtype, name="attn_norm")(x), cos, sin, mask
+    h = x + Attention(c, self.dtype, self.param_dtype, self.attention, name="attn")(
+      RMSNorm(c.rms_norm_eps, self.dtype, name="attn_norm")(x), cos, sin, mask, segment_ids
     )
     out = h + Mlp(c, self.dtype, self.param_dtype, name="mlp")(RMSNorm(c.rms_norm_eps, self.dtype, name="mlp_norm")(h))
     return nn.with_logical_constraint(out, ("batch", "length", "embed")), None
@@ -133,6 +136,7 @@ class Decoder(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   remat: bool = False  # recompute layer activations in the backward pass (training loops)
+  attention: str = "xla"  # see layers.attention: xla | dot_product | flash
 
   def setup(self):
     c = self.config
@@ -150,10 +154,10 @@ class Decoder(nn.Module):
       layer,
       variable_axes={"params": 0},
       split_rngs={"params": True},
-      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
       length=c.num_layers,
       metadata_params={nn.PARTITION_NAME: "layers"},
-    )(c, self.dtype, self.param_dtype)
+    )(c, self.dtype, self.param_dtype, self.attention)
     self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
     if not c.tie_embeddings:
       self.lm_head = nn.Dense(
@@ -181,13 +185,15 @@ class Decoder(nn.Module):
     positions: jax.Array,
     attention_mask: jax.Array,
     audio_codes: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
   ) -> jax.Array:
     """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool; audio_codes
-    [batch, length, K] int (-1 where none). Returns the final-norm hidden states [batch, length, hidden]."""
+    [batch, length, K] int (-1 where none); segment_ids [batch, length] (the flash kernel's mask).
+    Returns the final-norm hidden states [batch, length, hidden]."""
     c = self.config
     x = nn.with_logical_constraint(self.embed_inputs(tokens, audio_codes), ("batch", "length", "embed"))
     cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta)
-    x, _ = self.layers(x, cos, sin, attention_mask)
+    x, _ = self.layers(x, cos, sin, attention_mask, segment_ids)
     return self.final_norm(x)
 
   def logits(self, hidden: jax.Array) -> jax.Array:

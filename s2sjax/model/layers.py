@@ -45,23 +45,67 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool
   return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
 
 
+ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product", "flash")
+
+
 def attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: jax.lax.Precision | None = None
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  precision: jax.lax.Precision | None = None,
+  implementation: str = "xla",
+  segment_ids: jax.Array | None = None,
 ) -> jax.Array:
   """Masked grouped-query attention.
 
   q [batch, length, heads, head_dim]; k, v [batch, length, kv_heads, head_dim];
   mask [batch, length(query), length(key)] bool, True where the query may attend to the key.
-  Scores and softmax in fp32; returns [batch, length, heads, head_dim] in q's dtype.
+  Returns [batch, length, heads, head_dim] in q's dtype. Implementations:
+    xla          einsums, fp32 scores and softmax (any backend; the reference);
+    dot_product  `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU where it applies, XLA elsewhere);
+    flash        the Pallas TPU flash kernel with segment ids + causal masking (interpreted off TPU). It cannot
+                 express prefix-shared branches: use it on rows built without sharing.
   """
   batch, length, heads, head_dim = q.shape
   kv_heads = k.shape[2]
+  if implementation == "dot_product":
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
+  if implementation == "flash":
+    return _flash_attention(q, k, v, segment_ids)
+  if implementation != "xla":
+    raise ValueError(f"attention implementation {implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
   q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
   scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, precision=precision, preferred_element_type=jnp.float32)
   scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, precision=precision)
   return out.reshape(batch, length, heads, head_dim)
+
+
+def _flash_attention(q, k, v, segment_ids):
+  import contextlib
+
+  from jax.experimental.pallas import tpu as pltpu
+  from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+  if segment_ids is None:
+    raise ValueError("flash attention needs segment ids")
+  batch, length, heads, head_dim = q.shape
+  if length % 128:
+    raise ValueError(f"flash attention needs a row length that is a multiple of 128, not {length}")
+  groups = heads // k.shape[2]
+  to_bhld = lambda x: jnp.swapaxes(x, 1, 2)
+  k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
+  block = next(b for b in (512, 256, 128) if length % b == 0)
+  sizes = fa.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
+                        block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
+                        block_k_dq=block, block_q_dq=block)
+  interpret = pltpu.force_tpu_interpret_mode() if jax.default_backend() != "tpu" else contextlib.nullcontext()
+  with interpret:
+    out = fa.flash_attention(to_bhld(q), to_bhld(k), to_bhld(v), segment_ids=fa.SegmentIds(segment_ids, segment_ids),
+                             causal=True, sm_scale=head_dim**-0.5, block_sizes=sizes)
+  return to_bhld(out).astype(q.dtype)
 
 
 def packed_attention_mask(segment_ids: jax.Array, branch_ids: jax.Array | None = None) -> jax.Array:

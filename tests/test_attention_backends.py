@@ -1,0 +1,53 @@
+"""Every attention implementation gives the XLA path's numbers where it runs here (flash: Pallas interpret mode)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from s2sjax import sharding
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
+from s2sjax.packing import RowShape, pack
+from s2sjax.scoring import Scorer, collect
+from tests.scoring_cases import random_items
+
+CONFIG = ModelConfig(
+  family="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+  head_dim=16, rope_theta=10000.0, rotary_dim=16, rope_interleaved=False, rms_norm_eps=1e-6, qkv_bias=True,
+  o_bias=False, mlp_bias=False, tie_embeddings=False,
+)
+
+
+def test_dot_product_attention_equals_xla_on_a_prefix_shared_mask():
+  rows, _ = pack(random_items(4, 512, seed=1), RowShape(256, 128, 16))
+  mask = layers.packed_attention_mask(jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"]))
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  batch = len(rows["tokens"])
+  q = jax.random.normal(keys[0], (batch, 256, 4, 16))
+  k, v = (jax.random.normal(key, (batch, 256, 2, 16)) for key in keys[1:])
+  real = rows["segment_ids"] > 0
+  xla = np.asarray(layers.attention(q, k, v, mask, jax.lax.Precision.HIGHEST))[real]
+  fused = np.asarray(layers.attention(q, k, v, mask, implementation="dot_product"))[real]
+  np.testing.assert_allclose(fused, xla, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["dot_product", "flash"])
+def test_scorer_backends_equal_xla(attention):
+  params = init_params(CONFIG, jax.random.PRNGKey(0))
+  items = random_items(6, 512, seed=2)
+  shape = RowShape(256, 128, 16)
+  rows, _ = pack(items, shape, share_prefix=False)  # flash needs rows without shared branches
+  mesh = sharding.make_mesh("data:1", jax.devices()[:1])
+  scores = {}
+  for name in ("xla", attention):
+    nll_sum, n_tokens = Scorer(CONFIG, shape, mesh=mesh, batch_size=2, attention=name).score(params, rows, progress=False)
+    scores[name] = collect(rows, nll_sum, n_tokens).mean_nll
+  np.testing.assert_allclose(scores[attention], scores["xla"], atol=1e-4, equal_nan=True)
+
+
+def test_flash_refuses_prefix_shared_rows():
+  rows, _ = pack(random_items(3, 512), RowShape(256, 128, 16))
+  with pytest.raises(ValueError, match="flash attention cannot express prefix-shared branches"):
+    Scorer(CONFIG, RowShape(256, 128, 16), attention="flash").score(init_params(CONFIG, jax.random.PRNGKey(0)), rows)
