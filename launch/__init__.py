@@ -1,0 +1,1 @@
+"""Running s2sjax on Cloud TPU VMs and pod slices (`python -m launch.tpu`)."""

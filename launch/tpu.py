@@ -1,0 +1,146 @@
+r"""Runs s2sjax.eval on a Cloud TPU VM or pod slice: create it, install the project on every worker, run the
+evaluation on all workers at once, bring the results back, delete it. Spot slices that get preempted are recreated
+and the evaluation reruns into the same output directory, where it resumes.
+
+  python -m launch.tpu --action=all --name=s2s-eval --zone=us-east5-b --accelerator=v5litepod-16 --spot \
+      --checkpoint='gs://bucket/run7/step_*' --data_dir=gs://bucket/s2s-data --output_dir=gs://bucket/run7-eval \
+      --eval_args='--task=all --modality=both --spec=glm4_voice --dtype=bfloat16 --mesh=data:-1,model:4' \
+      --fetch_to=./run7-eval [--dry_run]
+
+Actions: create, install, run, fetch, delete, all (create, install, run with preemption retries, fetch, delete).
+--dry_run prints every command instead of running it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from typing import Callable, Sequence
+
+from absl import app, flags
+
+ACTIONS = ("create", "install", "run", "fetch", "delete", "all")
+REMOTE_DIR = "~/s2sjax"
+
+
+class Launcher:
+  """Builds (and, unless dry, runs) the gcloud commands of one TPU evaluation."""
+
+  def __init__(self, name: str, zone: str, accelerator: str, runtime: str, project: str | None, spot: bool,
+               queued: bool, dry_run: bool, echo: Callable[[str], None] = print,
+               runner: Callable[[Sequence[str]], int] | None = None, recreate_wait_s: float = 30.0):
+    self.name, self.zone, self.accelerator, self.runtime = name, zone, accelerator, runtime
+    self.project, self.spot, self.queued, self.dry_run = project, spot, queued, dry_run
+    self.echo = echo
+    self.recreate_wait_s = 0.0 if dry_run else recreate_wait_s  # give the zone a moment before asking again
+    self.runner = runner or (lambda argv: subprocess.run(list(argv)).returncode)
+
+  def _gcloud(self, *args: str) -> list[str]:
+    argv = ["gcloud", *args, f"--zone={self.zone}"]
+    return argv + ([f"--project={self.project}"] if self.project else [])
+
+  def _do(self, argv: Sequence[str], check: bool = True) -> int:
+    self.echo(shlex.join(argv))
+    if self.dry_run:
+      return 0
+    code = self.runner(argv)
+    if check and code:
+      raise RuntimeError(f"command failed ({code}): {shlex.join(argv)}")
+    return code
+
+  def create(self) -> None:
+    if self.queued:
+      argv = self._gcloud("compute", "tpus", "queued-resources", "create", f"{self.name}-qr", f"--node-id={self.name}",
+                          f"--accelerator-type={self.accelerator}", f"--runtime-version={self.runtime}")
+    else:
+      argv = self._gcloud("compute", "tpus", "tpu-vm", "create", self.name, f"--accelerator-type={self.accelerator}",
+                          f"--version={self.runtime}")
+    self._do(argv + (["--spot"] if self.spot else []))
+
+  def ssh_all(self, command: str, check: bool = True) -> int:
+    """One command on every worker of the slice at once (how JAX multi-host programs start)."""
+    return self._do(self._gcloud("compute", "tpus", "tpu-vm", "ssh", self.name, "--worker=all",
+                                 f"--command={command}"), check)
+
+  def install(self, source_dir: str = ".") -> None:
+    self._do(self._gcloud("compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=all", source_dir,
+                          f"{self.name}:{REMOTE_DIR}"))
+    self.ssh_all(f"cd {REMOTE_DIR} && python3 -m pip install -q -e '.[tpu]'")
+
+  def eval_command(self, checkpoint: str, data_dir: str, output_dir: str, eval_args: str) -> str:
+    args = [f"--checkpoint={checkpoint}", f"--data_dir={data_dir}", f"--output_dir={output_dir}", "--distributed"]
+    return f"cd {REMOTE_DIR} && python3 -m s2sjax.eval {shlex.join(args)} {eval_args}".strip()
+
+  def run(self, checkpoint: str, data_dir: str, output_dir: str, eval_args: str, retries: int) -> None:
+    """Runs on all workers; on failure of a spot slice, recreates it and reruns (the output directory resumes)."""
+    command = self.eval_command(checkpoint, data_dir, output_dir, eval_args)
+    for attempt in range(retries + 1):
+      if self.ssh_all(command, check=False) == 0:
+        return
+      if attempt == retries or not self.spot:
+        raise RuntimeError(f"evaluation failed after {attempt + 1} attempt(s)")
+      self.echo(f"# attempt {attempt + 1} failed (preempted?): recreating {self.name} and resuming into {output_dir}")
+      self.delete()
+      time.sleep(self.recreate_wait_s)
+      self.create()
+      self.install()
+
+  def fetch(self, output_dir: str, fetch_to: str) -> None:
+    if output_dir.startswith("gs://"):
+      self._do(["gcloud", "storage", "rsync", "--recursive", output_dir, fetch_to])
+    else:  # a worker-local directory: process 0 wrote it on worker 0
+      self._do(self._gcloud("compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=0",
+                            f"{self.name}:{output_dir}", fetch_to))
+
+  def delete(self) -> None:
+    if self.queued:
+      self._do(self._gcloud("compute", "tpus", "queued-resources", "delete", f"{self.name}-qr", "--force", "--quiet"),
+               check=False)
+    else:
+      self._do(self._gcloud("compute", "tpus", "tpu-vm", "delete", self.name, "--quiet"), check=False)
+
+
+def main(argv):
+  del argv
+  F = flags.FLAGS
+  launcher = Launcher(F.name, F.zone, F.accelerator, F.runtime, F.project, F.spot, F.queued, F.dry_run)
+  steps = ACTIONS[:-1] if F.action == "all" else (F.action,)
+  if F.dry_run:
+    print("# dry run: commands are printed, not run")
+  for step in steps:
+    if step == "create":
+      launcher.create()
+    elif step == "install":
+      launcher.install()
+    elif step == "run":
+      launcher.run(F.checkpoint, F.data_dir, F.output_dir, F.eval_args, F.retries)
+    elif step == "fetch":
+      launcher.fetch(F.output_dir, F.fetch_to)
+    elif step == "delete":
+      launcher.delete()
+  return 0
+
+
+def define_flags() -> None:
+  flags.DEFINE_enum("action", "all", ACTIONS, "What to do.")
+  flags.DEFINE_string("name", "s2sjax-eval", "TPU VM (node) name.")
+  flags.DEFINE_string("zone", None, "Zone, e.g. us-east5-b.")
+  flags.DEFINE_string("project", None, "Google Cloud project (default: gcloud's).")
+  flags.DEFINE_string("accelerator", "v5litepod-8", "Accelerator type, e.g. v5litepod-16, v4-32, v6e-8.")
+  flags.DEFINE_string("runtime", "v2-alpha-tpuv5-lite", "TPU software version.")
+  flags.DEFINE_bool("spot", False, "Spot capacity: preempted slices are recreated and the evaluation resumes.")
+  flags.DEFINE_bool("queued", False, "Ask for the slice through a queued resource.")
+  flags.DEFINE_string("checkpoint", None, "Checkpoint path, glob or list (gs:// or worker-local).")
+  flags.DEFINE_string("data_dir", None, "Built datasets (gs:// so every worker reads them).")
+  flags.DEFINE_string("output_dir", None, "Results (gs://, so a recreated slice resumes from them).")
+  flags.DEFINE_string("eval_args", "--task=all --modality=both", "Further s2sjax.eval flags.")
+  flags.DEFINE_string("fetch_to", "./tpu-eval-results", "Local directory for the results.")
+  flags.DEFINE_integer("retries", 3, "Recreate-and-resume attempts for spot slices.")
+  flags.DEFINE_bool("dry_run", False, "Print the commands instead of running them.")
+  flags.mark_flags_as_required(["zone", "checkpoint", "data_dir", "output_dir"])
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
