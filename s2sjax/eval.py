@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
+from etils import epath
 from jax.experimental import multihost_utils
 
 from s2sjax import checkpoint, default_model, metrics, results, sharding
@@ -38,11 +39,19 @@ def resolve_checkpoints(spec: str | None) -> list[str]:
     return [default_model.default_checkpoint()]
   paths = []
   for part in filter(None, (p.strip() for p in spec.split(","))):
-    matches = sorted(glob.glob(part)) if any(ch in part for ch in "*?[") else [part]
+    matches = _glob(part) if any(ch in part for ch in "*?[") else [part]
     if not matches:
       raise EvalError(f"--checkpoint pattern {part!r} matches nothing")
     paths += matches
   return sorted(dict.fromkeys(paths), key=lambda p: (step_of(p) is None, step_of(p) or 0, p))
+
+
+def _glob(pattern: str) -> list[str]:
+  """Local or gs:// glob (the pattern in the last path component for buckets)."""
+  if "://" not in pattern:
+    return sorted(glob.glob(pattern))
+  parent, _, name = pattern.rstrip("/").rpartition("/")
+  return sorted(str(p) for p in epath.Path(parent).glob(name))
 
 
 def step_of(path: str) -> int | None:
@@ -77,14 +86,20 @@ def load_model(path: str, data: list[TaskData], mesh, dtype):
 
 
 def _tokenizer_identity(path: str) -> dict | None:
-  tokenizer_dir = os.path.join(path, "tokenizer")
-  if not os.path.isdir(tokenizer_dir):
-    return None
+  """The checkpoint's tokenizer identity (copied locally first when the checkpoint is in a bucket)."""
+  import tempfile
+
   from transformers import AutoTokenizer
 
   from tasks.tfds_builder import tokenizer_identity
 
-  return tokenizer_identity(AutoTokenizer.from_pretrained(tokenizer_dir))
+  tokenizer_dir = epath.Path(path) / "tokenizer"
+  if not tokenizer_dir.exists():
+    return None
+  with tempfile.TemporaryDirectory() as local:
+    for item in tokenizer_dir.iterdir():
+      (epath.Path(local) / item.name).write_bytes(item.read_bytes())
+    return tokenizer_identity(AutoTokenizer.from_pretrained(local))
 
 
 def score_resumable(evaluator: Evaluator, params, td: TaskData, store: results.ChunkStore, chunk_rows: int,

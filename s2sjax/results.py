@@ -7,7 +7,8 @@ and the chunk store that makes an evaluation resumable after preemption.
     OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints)
 
 A chunk is written to a temporary name, renamed, then marked done; a rerun reuses every marked chunk and scores
-only the rest, so the final files equal an uninterrupted run's.
+only the rest, so the final files equal an uninterrupted run's. Paths go through etils `epath`, so OUT may be a
+`gs://` bucket (as orbax and TFDS allow for checkpoints and data).
 """
 
 from __future__ import annotations
@@ -15,32 +16,37 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 
 import numpy as np
+from etils import epath
 
 
 class ChunkStore:
   """Resumable per-row results of one (checkpoint, task, modality)."""
 
-  def __init__(self, directory: str):
-    self.directory = directory
+  def __init__(self, directory):
+    self.directory = epath.Path(directory)
 
-  def _path(self, index: int) -> str:
-    return os.path.join(self.directory, f"chunk-{index:05d}.npz")
+  def _path(self, index: int) -> epath.Path:
+    return self.directory / f"chunk-{index:05d}.npz"
+
+  def _marker(self, index: int) -> epath.Path:
+    return self.directory / f"chunk-{index:05d}.npz.done"
 
   def done(self, index: int) -> bool:
-    return os.path.exists(self._path(index) + ".done")
+    return self._marker(index).exists()
 
   def save(self, index: int, nll_sum: np.ndarray, n_tokens: np.ndarray) -> None:
-    os.makedirs(self.directory, exist_ok=True)
-    tmp = self._path(index) + ".tmp.npz"
-    np.savez(tmp, nll_sum=nll_sum, n_tokens=n_tokens)
-    os.replace(tmp, self._path(index))
-    open(self._path(index) + ".done", "w").close()
+    self.directory.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, nll_sum=nll_sum, n_tokens=n_tokens)
+    tmp = self.directory / f"chunk-{index:05d}.tmp"
+    tmp.write_bytes(buffer.getvalue())
+    tmp.rename(self._path(index))
+    self._marker(index).write_text("")
 
   def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(self._path(index)) as f:
+    with np.load(io.BytesIO(self._path(index).read_bytes())) as f:
       return f["nll_sum"], f["n_tokens"]
 
 
@@ -57,16 +63,18 @@ def scores_lines(questions: list[dict], arrays: dict[str, np.ndarray]) -> list[d
   return lines
 
 
-def write_jsonl(path: str, lines: list[dict]) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in lines)
+def _write_text(path, text: str) -> None:
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text, encoding="utf-8")
 
 
-def write_json(path: str, value) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=2, sort_keys=True, ensure_ascii=False)
-    f.write("\n")
+def write_jsonl(path, lines: list[dict]) -> None:
+  _write_text(path, "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in lines))
+
+
+def write_json(path, value) -> None:
+  _write_text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 TASK_TITLES = {"sstorycloze": "sStoryCloze", "zh_sstorycloze": "zh-sStoryCloze", "scmmlu": "sCMMLU"}
@@ -87,18 +95,16 @@ def table_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
   return header, rows
 
 
-def write_tables(out_dir: str, runs: list[dict]) -> None:
+def write_tables(out_dir, runs: list[dict]) -> None:
   header, rows = table_rows(runs)
   markdown = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
-  with open(os.path.join(out_dir, "table.md"), "w", encoding="utf-8") as f:
-    f.write("\n".join(markdown) + "\n")
+  _write_text(epath.Path(out_dir) / "table.md", "\n".join(markdown) + "\n")
   buffer = io.StringIO()
   csv.writer(buffer).writerows([header] + rows)
-  with open(os.path.join(out_dir, "table.csv"), "w", encoding="utf-8") as f:
-    f.write(buffer.getvalue())
+  _write_text(epath.Path(out_dir) / "table.csv", buffer.getvalue())
 
 
-def plot_curves(out_dir: str, history: list[dict]) -> list[str]:
+def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
   """Accuracy and positive/negative loss over steps, one line per task x modality (paper Appendix A)."""
   import matplotlib
 
@@ -125,8 +131,10 @@ def plot_curves(out_dir: str, history: list[dict]) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(out_dir, f"curves_{name}.png")
-    fig.savefig(path, dpi=120)
+    path = epath.Path(out_dir) / f"curves_{name}.png"
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    path.write_bytes(image.getvalue())
     paths.append(path)
   return paths

@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
 from s2sjax.packing import RowShape
 from tasks import audio
@@ -164,8 +165,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 def load_rows(data_dir: str, task: str, config: str) -> tuple[dict[str, np.ndarray], dict]:
   """All packed rows of a built task/config, in row order, and its metadata (no TensorFlow needed)."""
-  path = os.path.join(data_dir, task, config, str(VERSION))
-  if not os.path.exists(path):
+  path = os.path.join(str(data_dir), task, config, str(VERSION))
+  if not epath.Path(path).exists():
     raise ReleaseError(f"no built data at {path}: run python -m tasks.prepare --task={task} "
                        f"--config={config} --data_dir={data_dir}")
   builder = tfds.builder_from_directory(path)
