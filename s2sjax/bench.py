@@ -1,6 +1,7 @@
 r"""Benchmark: the PyTorch reference protocol against s2sjax without and with prefix sharing, in one run.
 
   python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=1024]
+  python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
 
 For the same model and items it prints, side by side: tokens computed and wall time of
   * reference: S2SBench's `generate_batch_response` protocol in transformers — every prefix + candidate its own
@@ -144,6 +145,12 @@ def format_table(run: dict) -> str:
 
 
 def define_flags() -> None:
+  flags.DEFINE_enum("mode", "reference", ["reference", "accelerator"],
+                    "reference: PyTorch protocol vs s2sjax; accelerator: Qwen2.5-shaped throughput and MFU.")
+  flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
+  flags.DEFINE_list("attention", ["xla", "dot_product"], "accelerator mode: attention implementations.")
+  flags.DEFINE_integer("rows", 8, "accelerator mode: rows per step.")
+  flags.DEFINE_float("peak_tflops", None, "accelerator mode: peak bf16 TFLOP/s per device (default: by device kind).")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (default: the embedded SmolLM2-135M).")
   flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS)}.")
   flags.DEFINE_integer("items", 48, "Items per workload.")
@@ -156,6 +163,17 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
+  if FLAGS.mode == "accelerator":
+    from s2sjax import bench_accelerator
+
+    rows = [bench_accelerator.measure(size, FLAGS.row_length, FLAGS.rows, attention, jnp.dtype(FLAGS.dtype),
+                                      peak=FLAGS.peak_tflops)
+            for size in FLAGS.sizes for attention in FLAGS.attention]
+    print(bench_accelerator.format_rows(rows))
+    if FLAGS.output:
+      with open(FLAGS.output, "w") as f:
+        json.dump(rows, f, indent=2)
+    return
   ckpt = FLAGS.checkpoint or default_model.default_checkpoint()
   runs = []
   for workload in FLAGS.workload:

@@ -24,3 +24,23 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
     np.testing.assert_allclose(results[name]["mean_nll"], results["reference"]["mean_nll"], atol=1e-4)
   assert results["s2sjax, shared"]["computed"] < results["s2sjax, no sharing"]["computed"]
   assert "| s2sjax, shared |" in bench.format_table(run)
+
+
+def test_accelerator_mode_counts_flops_and_reports_mfu():
+  import jax
+
+  from s2sjax import bench_accelerator
+  from s2sjax.model.decoder import init_params, param_count
+  from s2sjax.packing import RowShape, pack
+
+  config = bench_accelerator._tiny()
+  assert config.num_params() == param_count(init_params(config, jax.random.PRNGKey(0)))  # the FLOP count's base
+  rows, _ = pack(bench.make_items("speech", 3, config.vocab_size), RowShape.for_length(512))
+  tokens, targets = int((rows["segment_ids"] > 0).sum()), int((rows["target_slot"] >= 0).sum())
+  weights = 2 * (config.num_params() - config.vocab_size * config.hidden_size)  # tied: the table is the head
+  attention = 4 * config.num_layers * config.num_heads * config.head_dim * 512 / 2
+  expected = tokens * (weights + attention) + targets * 2 * config.hidden_size * config.vocab_size
+  assert bench_accelerator.step_flops(config, rows, 512) == pytest.approx(expected)
+  result = bench_accelerator.measure("tiny", 512, 2, "xla", jnp.float32, repeats=1, peak=1.0)
+  assert result["tokens_per_s"] > 0 and result["mfu"] == pytest.approx(result["tflops_per_s"] / 8)  # 8 host devices
+  assert bench_accelerator.peak_tflops("TPU v5 lite") == 197 and bench_accelerator.peak_tflops("NVIDIA H200") == 989
