@@ -22,9 +22,6 @@ from typing import Sequence
 
 import numpy as np
 
-ROW_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
-              "target_pos", "target_ids", "target_slot", "slot_item", "slot_candidate")
-
 
 class PackingError(ValueError):
   """An item that cannot be packed: too long for the row, empty, or malformed. Names the item."""

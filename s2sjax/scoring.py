@@ -229,10 +229,6 @@ class CandidateScores:
     with np.errstate(invalid="ignore", divide="ignore"):
       return self.nll_sum / self.n_tokens
 
-  @property
-  def ppl(self) -> np.ndarray:
-    return np.exp(self.mean_nll)
-
 
 def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarray,
             num_candidates: list[int] | None = None) -> CandidateScores:

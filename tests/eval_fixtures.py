@@ -6,7 +6,6 @@ import os
 import shutil
 
 import jax
-import numpy as np
 
 from checkpoints_conversion.convert import convert
 from s2sjax import checkpoint
@@ -60,5 +59,3 @@ def same_tree(a: str, b: str, skip=("chunks",)) -> list[str]:
         differ.append(rel)
   return differ
 
-
-__all__ = ["tiny_checkpoint", "later_steps", "build_sample", "same_tree", "np"]

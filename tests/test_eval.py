@@ -9,7 +9,6 @@ import sys
 import time
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")

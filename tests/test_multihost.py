@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 WORKER = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
 

@@ -135,7 +135,6 @@ class Decoder(nn.Module):
   config: ModelConfig
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  remat: bool = False  # recompute layer activations in the backward pass (training loops)
   attention: str = "xla"  # see layers.attention: xla | dot_product | flash
 
   def setup(self):
@@ -149,9 +148,8 @@ class Decoder(nn.Module):
                embedding_init=_param_init(("audio_vocab", "embed")), name=f"audio_embed_{k}")
       for k, size in enumerate(c.audio_codebook_sizes)
     ]
-    layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
     self.layers = nn.scan(
-      layer,
+      DecoderLayer,
       variable_axes={"params": 0},
       split_rngs={"params": True},
       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
