@@ -131,7 +131,7 @@ def score_resumable(evaluator: Evaluator, params, td: TaskData, store: results.C
 
 def run(task_names: list[str], modalities: list[str], checkpoints: str | None, spec: str, data_dir: str | None,
         output_dir: str, mesh_spec: str, batch_size: int, dtype, row_length: int, chunk_rows: int,
-        attention: str = "auto") -> list[dict]:
+        attention: str = "auto", tensorboard: bool = False) -> list[dict]:
   is_default = not checkpoints and spec == "demo" and data_dir is None
   paths = resolve_checkpoints(checkpoints)
   from tasks.prepare import default_data_dir
@@ -172,6 +172,8 @@ def run(task_names: list[str], modalities: list[str], checkpoints: str | None, s
                  "degradation": summary.get("degradation", {})})
     if jax.process_index() == 0:
       write_outputs(output_dir, runs, spec, row_length)
+      if tensorboard:
+        results.write_tensorboard(output_dir, runs[-1], runs[-1]["step"] if runs[-1]["step"] is not None else len(runs) - 1)
   return runs
 
 
@@ -210,6 +212,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.")
   flags.DEFINE_enum("attention", "auto", ["auto", "xla", "dot_product", "flash"],
                     "Attention kernel: auto = flash on TPU for -noshare data, cuDNN on GPU, else XLA.")
+  flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
 
 
@@ -220,7 +223,8 @@ def main(argv):
   tasks = list(TASKS) if FLAGS.task == "all" else [FLAGS.task]
   modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
   runs = run(tasks, modalities, FLAGS.checkpoint, FLAGS.spec, FLAGS.data_dir, FLAGS.output_dir, FLAGS.mesh,
-             FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows, FLAGS.attention)
+             FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows, FLAGS.attention,
+             FLAGS.tensorboard)
   for run_ in runs:
     for task, report in run_["degradation"].items():
       print(f"{run_['name']} {task}: T→T {100 * report['text_accuracy']:.1f}% vs S→T "

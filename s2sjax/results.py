@@ -138,3 +138,20 @@ def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
     path.write_bytes(image.getvalue())
     paths.append(path)
   return paths
+
+
+SCALARS = ("accuracy", "positive_loss", "negative_loss", "loss_gap")
+
+
+def write_tensorboard(out_dir, run: dict, step: int) -> None:
+  """The run's headline numbers as TensorBoard scalars (`<task>/<modality>/<metric>`, `<task>/degradation`), via
+  tensorboardX (the `tensorboard` extra), so no TensorFlow is needed."""
+  from tensorboardX import SummaryWriter
+
+  with SummaryWriter(str(epath.Path(out_dir) / "tensorboard")) as writer:
+    for task, modalities in run["tasks"].items():
+      for modality, values in modalities.items():
+        for key in SCALARS:
+          writer.add_scalar(f"{task}/{modality}/{key}", values[key], step)
+    for task, report in run["degradation"].items():
+      writer.add_scalar(f"{task}/degradation", report["degradation"], step)

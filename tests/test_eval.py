@@ -52,16 +52,39 @@ def test_every_task_and_modality_end_to_end(setup, tmp_path):
   assert table[0] == "| model | modality | sStoryCloze | zh-sStoryCloze | sCMMLU |" and len(table) == 4
 
 
+def _tensorboard_scalars(directory):
+  """(tag, value, step) from tensorboardX event files: TFRecord frames of Event protos."""
+  import glob
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  scalars = []
+  for path in sorted(glob.glob(os.path.join(directory, "*"))):
+    data, i = open(path, "rb").read(), 0
+    while i < len(data):
+      (size,) = struct.unpack("<Q", data[i : i + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[i + 12 : i + 12 + size])
+      scalars += [(v.tag, v.simple_value, event.step) for v in event.summary.value]
+      i += 12 + size + 4
+  return scalars
+
+
 def test_three_checkpoints_give_curves(setup, tmp_path):
   paths = [setup["ckpt"]] + later_steps(setup["ckpt"], (200, 300))
   out = str(tmp_path / "out")
   pattern = os.path.join(os.path.dirname(setup["ckpt"]), "ckpt-*")
-  runs = _run(setup, out, checkpoints=pattern, tasks=["sstorycloze"], modalities=["text"])
+  runs = s2s_eval.run(["sstorycloze"], ["text"], pattern, "demo", setup["data_dir"], out, "data:-1", 4, jnp.float32,
+                      1024, 4, tensorboard=True)
   assert [r["step"] for r in runs] == [100, 200, 300] and [r["path"] for r in runs] == [os.path.abspath(p) for p in paths]
   for name in ("curves_accuracy.png", "curves_loss.png"):
     assert os.path.getsize(os.path.join(out, name)) > 10_000
   accuracies = {r["tasks"]["sstorycloze"]["text"]["positive_loss"] for r in runs}
   assert len(accuracies) == 3  # three different models were scored
+  logged = [(step, value) for tag, value, step in _tensorboard_scalars(os.path.join(out, "tensorboard"))
+            if tag == "sstorycloze/text/accuracy"]
+  assert logged == [(r["step"], pytest.approx(r["tasks"]["sstorycloze"]["text"]["accuracy"])) for r in runs]
 
 
 def test_killed_run_resumes_to_identical_files(setup, tmp_path):
