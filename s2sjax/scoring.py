@@ -145,6 +145,7 @@ class Scorer:
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
     ndim = {"row_id": 1, "audio_codes": 3}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
+
     def step(params, batch):  # row ids ride along so every process can place the replicated results
       out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention)
       return {**out, "row_id": batch["row_id"]}
