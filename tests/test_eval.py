@@ -119,6 +119,12 @@ def test_evaluate_three_times_compiles_once(setup):
   assert evaluator.compiled_count() == 1  # both tasks share one row shape
   assert len(evaluator.history) == 3 and evaluator.history[0]["sstorycloze"] == first["sstorycloze"]
   assert evaluator.history[1]["sstorycloze"] != first["sstorycloze"]
+  # params from another stack: its own nesting and names, mapped by a hook
+  foreign = {"model": {"decoder": params["layers"], "tok": params["embed"], "rest": {
+    k: v for k, v in params.items() if k not in ("layers", "embed")}}}
+  adapter = lambda p: {"layers": p["model"]["decoder"], "embed": p["model"]["tok"], **p["model"]["rest"]}
+  mapped = Evaluator(config, data, batch_size=4, params_adapter=adapter).evaluate(foreign, step=0)
+  assert mapped["sstorycloze"] == first["sstorycloze"] and mapped["scmmlu"] == first["scmmlu"]
 
 
 def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
