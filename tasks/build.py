@@ -114,9 +114,10 @@ def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
 
 
 def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool,
-                skip_bad: bool) -> tuple[list[Item], list[dict], BuildStats]:
+                skip_bad: bool, overlong: str = "error") -> tuple[list[Item], list[dict], BuildStats]:
   """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
-  missing, unreadable or too long for the row raises, or with `skip_bad` is left out and listed."""
+  missing or unreadable, or (with overlong="error") too long for the row, raises, or with `skip_bad` is left out
+  and listed. With overlong="truncate_prefix" the packer drops prefix tokens instead, and counts them."""
   stats = BuildStats()
   start = time.time()
   items: list[Item] = []
@@ -135,7 +136,7 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
                    for ids, codes, members in groups.values()]
       for item in new_items:
         need = required_length(item, share_prefix)
-        if need > shape.length:
+        if need > shape.length and overlong == "error":
           raise PackingError(f"question {question.id}: needs {need} tokens (prefix {len(item.prefix)}), "
                              f"more than the row length {shape.length}")
       if any(len(c) == 0 for c in candidates):
@@ -165,12 +166,12 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
 
 
 def build_rows(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool = True,
-               skip_bad: bool = False) -> tuple[dict[str, np.ndarray], list[dict], dict]:
-  """Packed rows, the question table and a report (counts, packing, skips, throughput)."""
-  items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad)
+               skip_bad: bool = False, overlong: str = "error") -> tuple[dict[str, np.ndarray], list[dict], dict]:
+  """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput)."""
+  items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong)
   if not items:
     raise ValueError("no question could be built")
-  rows, report = pack(items, shape, share_prefix=share_prefix)
+  rows, report = pack(items, shape, share_prefix=share_prefix, overlong=overlong)
   summary = {**stats.as_dict(), **report.as_dict()}
   logging.info("built %d questions into %d rows: %.1f questions/s, %.1f audio s/s, packing %.1f%%",
                stats.questions, report.rows, summary["questions_per_second"] or 0,

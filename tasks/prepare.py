@@ -2,7 +2,7 @@ r"""Builds the packed rows of S2SBench tasks.
 
   python -m tasks.prepare --task=sstorycloze|zh_sstorycloze|scmmlu|all --spec=demo --modality=text|speech|both \
       [--row_length=1024] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
-      [--skip_bad] [--no_share_prefix] [--reference_language_quirk]
+      [--skip_bad] [--no_share_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
 question it left out (--skip_bad) with the reason.
@@ -33,10 +33,10 @@ def builder_class(task: str):
 
 def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str, manual_dir: str | None = None,
             overwrite: bool = False, share_prefix: bool = True, reference_language_quirk: bool = False,
-            **builder_kwargs) -> dict:
+            overlong: str = "error", **builder_kwargs) -> dict:
   """Builds one task/config (unless already built); returns its metadata. builder_kwargs: tokenizer_dir,
   audio_tokenizer_dir, skip_bad."""
-  config = make_config(spec, modality, row_length, share_prefix, reference_language_quirk)
+  config = make_config(spec, modality, row_length, share_prefix, reference_language_quirk, overlong)
   if config.name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
     config = config.name  # TFDS refuses a custom config named like a predefined one; names say everything
   builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
@@ -56,7 +56,7 @@ def main(argv):
         task, FLAGS.spec, modality, FLAGS.row_length, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir,
         FLAGS.overwrite, share_prefix=FLAGS.share_prefix, tokenizer_dir=FLAGS.tokenizer_dir,
         audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
-        reference_language_quirk=FLAGS.reference_language_quirk,
+        reference_language_quirk=FLAGS.reference_language_quirk, overlong=FLAGS.overlong,
       )
       report = {k: v for k, v in metadata["report"].items() if k != "skipped_questions"}
       print(f"{task} {FLAGS.spec}-{modality}-{FLAGS.row_length}: {json.dumps(report)}")
@@ -76,5 +76,7 @@ if __name__ == "__main__":
   flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
   flags.DEFINE_bool("share_prefix", True, "Lay each prefix once for all its candidates.")
   flags.DEFINE_bool("reference_language_quirk", False, "Apply zh templates to every task, as S2SBench's code does.")
+  flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"],
+                    "Items longer than the row: fail (naming them), or drop prefix tokens from the left (counted).")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
   app.run(main)

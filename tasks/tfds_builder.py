@@ -37,6 +37,7 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
   row_length: int = 1024
   share_prefix: bool = True
   reference_language_quirk: bool = False  # S2SBench's code applies the last dataset's language (zh) to all
+  overlong: str = "error"  # or "truncate_prefix": drop prefix tokens of items longer than the row (counted)
 
   @property
   def row_shape(self) -> RowShape:
@@ -46,18 +47,18 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
 
 
 def config_name(spec: str, modality: str, row_length: int, share_prefix: bool = True,
-                reference_language_quirk: bool = False) -> str:
-  """`demo-speech-1024`; variants that change the rows say so: `-noshare`, `-zhquirk`."""
-  return f"{spec}-{modality}-{row_length}" + ("" if share_prefix else "-noshare") + (
-    "-zhquirk" if reference_language_quirk else "")
+                reference_language_quirk: bool = False, overlong: str = "error") -> str:
+  """`demo-speech-1024`; variants that change the rows say so: `-noshare`, `-zhquirk`, `-truncate`."""
+  return (f"{spec}-{modality}-{row_length}" + ("" if share_prefix else "-noshare")
+          + ("-zhquirk" if reference_language_quirk else "") + ("-truncate" if overlong == "truncate_prefix" else ""))
 
 
 def make_config(spec: str, modality: str, row_length: int, share_prefix: bool = True,
-                reference_language_quirk: bool = False) -> S2SBenchConfig:
+                reference_language_quirk: bool = False, overlong: str = "error") -> S2SBenchConfig:
   return S2SBenchConfig(
-    name=config_name(spec, modality, row_length, share_prefix, reference_language_quirk), version=VERSION,
+    name=config_name(spec, modality, row_length, share_prefix, reference_language_quirk, overlong), version=VERSION,
     spec=spec, modality=modality, row_length=row_length, share_prefix=share_prefix,
-    reference_language_quirk=reference_language_quirk,
+    reference_language_quirk=reference_language_quirk, overlong=overlong,
     description=f"{spec} spec, {modality} prefix, rows of {row_length}")
 
 
@@ -141,7 +142,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     questions = read_questions(self.TASK, manual_dir, problems=problems)
     encoder = PrefixEncoder(spec, config.modality, tokenizer, audio_tokenizer,
                             language_override="zh" if config.reference_language_quirk else None)
-    rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad)
+    rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
+                                      config.overlong)
     if problems:
       summary["skipped"] += len(problems.entries)
       summary["skipped_questions"] = [{"where": w, "why": y} for w, y in problems.entries] + summary["skipped_questions"]
@@ -151,7 +153,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       "tokenizer": tokenizer_identity(tokenizer),
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
                           if audio_tokenizer else None),
-      "reference_language_quirk": config.reference_language_quirk,
+      "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
       "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
       "report": summary, "questions": table,
     })

@@ -161,6 +161,10 @@ def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
   rows, table, report = build_rows(questions, encoder, shape, skip_bad=True)
   assert [q["id"] for q in table] == ["0_x"] and report["skipped"] == 3
   assert [s["where"] for s in report["skipped_questions"]] == ["question 2_x", "question 4_x", "question 6_x"]
+  # or keep the long one, its spoken prefix cut from the left to fit, and say so
+  rows, table, report = build_rows([questions[0], questions[3]], encoder, shape, overlong="truncate_prefix")
+  assert [q["id"] for q in table] == ["0_x", "6_x"] and report["truncated_items"] == 1
+  assert report["truncated_prefix_tokens"] > 500 and report["skipped"] == 0
 
 
 def test_skip_bad_lists_release_problems_too(tmp_path, qwen_tokenizer_dir):
