@@ -214,12 +214,18 @@ def define_flags() -> None:
                     "Attention kernel: auto = flash on TPU for -noshare data, else dot_product.")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
+  flags.DEFINE_string("coordinator_address", None, "With --distributed off a managed cluster: host:port of process 0.")
+  flags.DEFINE_integer("num_processes", None, "With --coordinator_address: how many processes.")
+  flags.DEFINE_integer("process_id", None, "With --coordinator_address: this process's index.")
+  flags.DEFINE_enum("cpu_collectives", None, ["gloo", "mpi"], "CPU collectives for multi-process runs on CPUs.")
 
 
 def main(argv):
   del argv
-  if FLAGS.distributed:
-    jax.distributed.initialize()
+  if FLAGS.cpu_collectives:
+    jax.config.update("jax_cpu_collectives_implementation", FLAGS.cpu_collectives)
+  if FLAGS.distributed:  # TPU VMs and managed clusters find their peers; elsewhere name the coordinator
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   tasks = list(TASKS) if FLAGS.task == "all" else [FLAGS.task]
   modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
   runs = run(tasks, modalities, FLAGS.checkpoint, FLAGS.spec, FLAGS.data_dir, FLAGS.output_dir, FLAGS.mesh,

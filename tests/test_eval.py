@@ -145,3 +145,28 @@ def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
 
   with pytest.raises(EvalError, match=r"was built with tokenizer .* rebuild it with python -m tasks.prepare"):
     check_fit(config, other, tokenizer_identity(AutoTokenizer.from_pretrained(qwen_tokenizer_dir)))
+
+
+def test_two_processes_write_what_one_process_writes(setup, tmp_path):
+  """The CLI across two processes of four CPU devices (gloo on loopback) ends with one process's files."""
+  import socket
+
+  def command(out, *extra):
+    return [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=both", f"--checkpoint={setup['ckpt']}",
+            f"--data_dir={setup['data_dir']}", f"--output_dir={out}", "--batch_size=8", "--chunk_rows=2", *extra]
+
+  env = lambda devices: {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  one = str(tmp_path / "one")
+  subprocess.run(command(one), env=env(8), check=True, capture_output=True, timeout=300)
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  two = str(tmp_path / "two")
+  procs = [subprocess.Popen(command(two, "--distributed", f"--coordinator_address=127.0.0.1:{port}",
+                                    "--num_processes=2", f"--process_id={p}", "--cpu_collectives=gloo"),
+                            env=env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for p in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  assert same_tree(one, two) == [] and same_tree(two, one) == []
