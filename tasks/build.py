@@ -73,9 +73,7 @@ class PrefixEncoder:
     """(codes [T, K], seconds of audio), once per file."""
     if path not in self._audio_cache:
       tokenizer = self.audio_tokenizer
-      from tasks.audio.precomputed import PrecomputedTokenizer
-
-      if isinstance(tokenizer, PrecomputedTokenizer):
+      if not tokenizer.reads_audio:
         codes, seconds = tokenizer.encode(None, uttid), 0.0
       else:
         wave = load_audio(path, tokenizer.sample_rate)

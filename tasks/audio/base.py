@@ -44,6 +44,7 @@ class AudioTokenizer(abc.ABC):
   sample_rate: int
   num_codebooks: int
   codebook_sizes: tuple[int, ...]
+  reads_audio: bool = True  # False: codes come from elsewhere by uttid, the wav is not decoded
 
   @abc.abstractmethod
   def encode(self, wave: np.ndarray, uttid: str) -> np.ndarray:

@@ -12,6 +12,7 @@ from tasks.audio.base import AudioError, AudioTokenizer
 
 class PrecomputedTokenizer(AudioTokenizer):
   sample_rate = 16000  # unused: codes are read, not computed
+  reads_audio = False
 
   def __init__(self, codes_dir: str, codebook_sizes: tuple[int, ...]):
     if not os.path.isdir(codes_dir):
