@@ -186,3 +186,28 @@ def test_every_preset_loads_and_special_tokens_are_checked(qwen_tokenizer_dir):
   assert ids.unit_ids[5] == tokenizer.convert_tokens_to_ids("<|audio_5|>") and ids.start is not None
   with pytest.raises(SpecError, match="no spec 'nope'"):
     load_spec("nope")
+
+
+def test_extended_vocab_rows_carry_the_unit_tokens(tmp_path, qwen_tokenizer_dir):
+  """GLM-4-Voice style: precomputed single-codebook units become <|audio_k|> tokens between begin/end of audio."""
+  from tasks.audio.precomputed import PrecomputedTokenizer
+
+  root = _write_release(str(tmp_path / "release"), cmmlu=_cmmlu(2))
+  codes_dir = tmp_path / "codes"
+  codes_dir.mkdir()
+  rng = np.random.default_rng(0)
+  codes = {str(k): rng.integers(0, 16384, (30 + k, 1)) for k in range(2)}
+  for uttid, c in codes.items():
+    np.save(codes_dir / f"{uttid}.npy", c)
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  tokenizer.add_tokens([f"<|audio_{k}|>" for k in range(16384)] + ["<|begin_of_audio|>", "<|end_of_audio|>"])
+  encoder = PrefixEncoder(load_spec("glm4_voice"), "speech", tokenizer, PrecomputedTokenizer(str(codes_dir), (16384,)))
+  questions = read_questions("scmmlu", root)
+  rows, table, report = build_rows(questions, encoder, RowShape.for_length(1024))
+  assert rows["audio_codes"].shape[-1] == 0  # extended vocab: the units are ordinary tokens
+  for question in questions:
+    ids, _, _ = encoder.prefix(question, 0)
+    begin, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|begin_of_audio|>", "<|end_of_audio|>"))
+    units = ids[list(ids).index(begin) + 1 : list(ids).index(end)]
+    assert tokenizer.convert_ids_to_tokens(units.tolist()) == [f"<|audio_{k}|>" for k in codes[question.id][:, 0]]
+  assert report["questions"] == 2 and report["audio_seconds"] == 0.0
