@@ -159,11 +159,11 @@ def run(task_names: list[str], modalities: list[str], checkpoints: str | None, s
       scores = score_resumable(evaluator, params, td, store, chunk_rows, progress)
       arrays[(td.task, td.modality)] = metrics.question_arrays(td.questions, scores.nll_sum, scores.n_tokens)
       m = metrics.task_metrics(td.kind, arrays[(td.task, td.modality)])
-      print(f"{name} {td.task} {td.modality}: accuracy {100 * m['accuracy']:.1f}% "
-            f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
-            f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
-            flush=True)
       if jax.process_index() == 0:
+        print(f"{name} {td.task} {td.modality}: accuracy {100 * m['accuracy']:.1f}% "
+              f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
+              f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
+              flush=True)
         results.write_jsonl(os.path.join(output_dir, _safe(name), f"{td.task}-{td.modality}.scores.jsonl"),
                             results.scores_lines(td.questions, arrays[(td.task, td.modality)]))
     summary = summarize(data, arrays)
@@ -231,6 +231,8 @@ def main(argv):
   runs = run(tasks, modalities, FLAGS.checkpoint, FLAGS.spec, FLAGS.data_dir, FLAGS.output_dir, FLAGS.mesh,
              FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows, FLAGS.attention,
              FLAGS.tensorboard)
+  if jax.process_index() != 0:
+    return
   for run_ in runs:
     for task, report in run_["degradation"].items():
       print(f"{run_['name']} {task}: T→T {100 * report['text_accuracy']:.1f}% vs S→T "
