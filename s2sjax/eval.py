@@ -167,7 +167,8 @@ def run(task_names: list[str], modalities: list[str], checkpoints: str | None, s
         results.write_jsonl(os.path.join(output_dir, _safe(name), f"{td.task}-{td.modality}.scores.jsonl"),
                             results.scores_lines(td.questions, arrays[(td.task, td.modality)]))
     summary = summarize(data, arrays)
-    runs.append({"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step_of(path) if not is_default else None,
+    runs.append({"name": name, "path": path if "://" in path else os.path.abspath(path),
+                 "step": step_of(path) if not is_default else None,
                  "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                  "degradation": summary.get("degradation", {})})
     if jax.process_index() == 0:
