@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from s2sjax import checkpoint, default_model
+from s2sjax import checkpoint, default_model, plan
 from s2sjax.model.config import ModelConfig
 from s2sjax.packing import Item, RowShape, pack
 from s2sjax.scoring import Scorer, collect
@@ -49,15 +49,6 @@ def make_items(workload: str, count: int, vocab: int, seed: int = 0) -> list[Ite
   return items
 
 
-def decoder_flops_per_token(config: ModelConfig, context: int) -> float:
-  """Executed forward FLOPs of one token through the layers: 2 x weights + attention scores and values over
-  `context` keys (masked keys are computed too, in both protocols)."""
-  d, hd = config.hidden_size, config.head_dim
-  weights = config.num_layers * (d * hd * (2 * config.num_heads + 2 * config.num_kv_heads) + 3 * d * config.intermediate_size)
-  attention = config.num_layers * 4 * config.num_heads * hd * context
-  return 2 * weights + attention
-
-
 def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batch_size: int) -> tuple[np.ndarray, int, float]:
   """(mean NLL [N, C], tokens computed, FLOPs) the S2SBench way."""
   import torch
@@ -66,7 +57,6 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
                for c, cand in enumerate(it.candidates)]
   out = np.full((len(items), max(len(it.candidates) for it in items)), np.nan)
   computed, flops = 0, 0.0
-  head = 2 * config.hidden_size * config.vocab_size  # full logits at every position
   for start in range(0, len(sequences), batch_size):
     batch = sequences[start : start + batch_size]
     width = max(len(s[2]) for s in batch)
@@ -84,7 +74,8 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
     for b, (i, c, tokens, prefix_len) in enumerate(batch):
       out[i, c] = float(losses[b, prefix_len - 1 : len(tokens) - 1].mean())
     computed += len(batch) * width
-    flops += len(batch) * width * (decoder_flops_per_token(config, width) + head)
+    # executed FLOPs: every padded position, attention over the whole width, full logits everywhere
+    flops += plan.forward_flops(config, len(batch) * width, width, len(batch) * width)
   return out, computed, flops
 
 
@@ -101,7 +92,7 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   scores = collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items])
   computed = math.ceil(report.rows / scorer.batch_size) * scorer.batch_size * shape.length
   targets = int(n_tokens.sum())
-  flops = computed * decoder_flops_per_token(config, shape.length) + targets * 2 * config.hidden_size * config.vocab_size
+  flops = plan.forward_flops(config, computed, shape.length, targets)  # executed: every row position
   return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
               efficiency=report.efficiency, rows=report.rows)
 

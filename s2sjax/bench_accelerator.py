@@ -33,11 +33,9 @@ def peak_tflops(device_kind: str) -> float | None:
 def step_flops(config, rows: dict[str, np.ndarray], length: int) -> float:
   """Model FLOPs of one pass over `rows`: every laid token through the layers (attention over the row), and the
   head at the scored tokens."""
-  tokens = int((rows["segment_ids"] > 0).sum())
-  targets = int((rows["target_slot"] >= 0).sum())
-  per_token = 2 * (config.num_params() - config.vocab_size * config.hidden_size * (1 if config.tie_embeddings else 2))
-  per_token += 4 * config.num_layers * config.num_heads * config.head_dim * length / 2  # causal half
-  return tokens * per_token + targets * 2 * config.hidden_size * config.vocab_size
+  # model FLOPs count the causal half of the attention (MFU convention), not the masked keys the step computes
+  return plan.forward_flops(config, int((rows["segment_ids"] > 0).sum()), length / 2,
+                            int((rows["target_slot"] >= 0).sum()))
 
 
 def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, repeats: int = 3,

@@ -86,16 +86,27 @@ def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, mo
   return max(layer_phase, head_phase)
 
 
+def forward_flops(config: ModelConfig, tokens: float, context: float, scored: float) -> float:
+  """The one FLOP count used by the planner and both benchmarks: `tokens` through the layers (2 x the layer
+  weights, plus attention scores and values over `context` keys each) and the head at `scored` positions. The
+  embedding lookup is no matmul, so its table counts only where it is the (tied) head."""
+  c = config
+  layer_weights = c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_embeddings else 2)
+  per_token = 2 * layer_weights + 4 * c.num_layers * c.num_heads * c.head_dim * context
+  return tokens * per_token + scored * 2 * c.hidden_size * c.vocab_size
+
+
 def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, packing: float = 0.95) -> dict[str, float]:
-  """FLOPs of every task x modality: tokens computed (shared prefixes, packed at `packing`) x per-token cost."""
-  per_token = 2 * config.num_params() + 4 * config.num_layers * config.num_heads * config.head_dim * row_length
+  """FLOPs of every task x modality: tokens computed (shared prefixes, packed at `packing`, each attending over
+  the whole row as the step computes it) and the head at the candidate tokens."""
   out = {}
   for task, b in BENCHMARK.items():
     candidates = b["candidates"] * b["candidate_tokens"]
     text = b["prefix_tokens"] + candidates
     speech = INSTRUCTION_TOKENS + 2 + b["seconds"] * frame_rate + candidates
     for modality, tokens in (("text", text), ("speech", speech)):
-      out[f"{task}/{modality}"] = b["questions"] * tokens / packing * per_token
+      out[f"{task}/{modality}"] = forward_flops(config, b["questions"] * tokens / packing, row_length,
+                                                b["questions"] * candidates)
   return out
 
 
