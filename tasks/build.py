@@ -70,8 +70,10 @@ class PrefixEncoder:
     return self.text_ids(separator + candidate, special=False)
 
   def audio_codes(self, path: str, uttid: str) -> tuple[np.ndarray, float]:
-    """(codes [T, K], seconds of audio), once per file."""
-    if path not in self._audio_cache:
+    """(codes [T, K], seconds of audio), once per distinct recording: story lines 2k and 2k+1 usually carry the
+    same audio in two files, which is tokenized once."""
+    key = _file_digest(path) if self.audio_tokenizer.reads_audio else uttid
+    if key not in self._audio_cache:
       tokenizer = self.audio_tokenizer
       if not tokenizer.reads_audio:
         codes, seconds = tokenizer.encode(None, uttid), 0.0
@@ -80,8 +82,8 @@ class PrefixEncoder:
         codes, seconds = tokenizer.encode(wave, uttid), len(wave) / tokenizer.sample_rate
       if len(codes) == 0:
         raise AudioError(f"uttid {uttid}: {path} gave no audio frames")
-      self._audio_cache[path] = (codes, seconds)
-    return self._audio_cache[path]
+      self._audio_cache[key] = (codes, seconds)
+    return self._audio_cache[key]
 
   def prefix(self, question: Question, c: int) -> tuple[np.ndarray, np.ndarray | None, float]:
     """(ids [P], codes [P, K] or None, audio seconds) of candidate c's prefix."""
@@ -102,6 +104,15 @@ class PrefixEncoder:
       blank = lambda n: np.full((n, codes.shape[1]), -1, np.int32)
       audio_codes = np.concatenate([blank(len(instruction) + len(start)), audio_codes, blank(len(end))])
     return ids, audio_codes, seconds
+
+
+def _file_digest(path: str) -> str:
+  """Content hash of an audio file; a missing one keys by path so that load_audio reports it."""
+  try:
+    with open(path, "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
+  except OSError:
+    return path
 
 
 def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
