@@ -156,6 +156,17 @@ class Scorer:
       out_shardings=sharding.replicated(self.mesh),
     )
 
+  def compile_abstract(self, param_dtype=jnp.float32) -> jax.stages.Compiled:
+    """The step compiled for this scorer's batch and parameters of `param_dtype`, without allocating either: its
+    `memory_analysis()` tells whether a model fits before any weights are loaded."""
+    local = self._local_batch(empty_rows(0, self.shape), np.arange(0))
+    batch = {name: jax.ShapeDtypeStruct((self.batch_size, *value.shape[1:]), value.dtype,
+                                        sharding=self._batch_shardings[name]) for name, value in local.items()}
+    params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+                          abstract_params(self.config, param_dtype), self.param_shardings)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      return self._step.lower(params, batch).compile()
+
   def compiled_count(self) -> int:
     """How many times the step has been compiled (one per row shape)."""
     return self._step._cache_size()
@@ -187,7 +198,7 @@ class Scorer:
     nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
     n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
     meter = Progress(num_rows) if progress else None
-    with self.mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
       for step in range(steps):
         local = self._local_batch(rows, mine[step * self.local_batch : (step + 1) * self.local_batch])
         out = self._step(params, self._globalize(local))

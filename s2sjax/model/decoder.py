@@ -43,6 +43,28 @@ class RMSNorm(nn.Module):
     return layers.rms_norm(x, scale.astype(self.dtype), self.eps)
 
 
+class HeadProjection(nn.Module):
+  """`einsum(equation, x, kernel) + bias` with the heads kept as their own kernel dims (flax's DenseGeneral
+  builds its kernel flat, and its logical-axis box then fails under a `jax.set_mesh` context)."""
+
+  equation: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_dims: int  # trailing kernel dims the bias spans; 0: no bias
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", _param_init(self.kernel_axes), self.kernel_shape, self.param_dtype)
+    y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype), precision=_precision(self.dtype))
+    if self.bias_dims:
+      bias = self.param("bias", _param_init(self.kernel_axes[-self.bias_dims :], nn.initializers.zeros),
+                        self.kernel_shape[-self.bias_dims :], self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
 class Attention(nn.Module):
   config: ModelConfig
   dtype: Any
@@ -54,16 +76,9 @@ class Attention(nn.Module):
     c = self.config
 
     def project(name, heads, head_axis):
-      return nn.DenseGeneral(
-        (heads, c.head_dim),
-        use_bias=c.qkv_bias,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        precision=_precision(self.dtype),
-        kernel_init=_param_init(("embed", head_axis, "head_dim")),
-        bias_init=_param_init((head_axis, "head_dim"), nn.initializers.zeros),
-        name=name,
-      )(x)
+      shape, axes = (c.hidden_size, heads, c.head_dim), ("embed", head_axis, "head_dim")
+      return HeadProjection("bld,dhk->blhk", shape, axes, 2 if c.qkv_bias else 0, self.dtype, self.param_dtype,
+                            name=name)(x)
 
     q = project("q", c.num_heads, "heads")
     k = project("k", c.num_kv_heads, "kv_heads")
@@ -73,17 +88,9 @@ class Attention(nn.Module):
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
     out = layers.attention(q, k, v, mask, precision=_precision(self.dtype), implementation=self.implementation,
                            segment_ids=segment_ids)
-    return nn.DenseGeneral(
-      c.hidden_size,
-      axis=(-2, -1),
-      use_bias=c.o_bias,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      precision=_precision(self.dtype),
-      kernel_init=_param_init(("heads", "head_dim", "embed")),
-      bias_init=_param_init(("embed",), nn.initializers.zeros),
-      name="o",
-    )(out)
+    shape, axes = (c.num_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed")
+    return HeadProjection("blhk,hkd->bld", shape, axes, 1 if c.o_bias else 0, self.dtype, self.param_dtype,
+                          name="o")(out)
 
 
 class Mlp(nn.Module):
