@@ -142,6 +142,9 @@ def define_flags() -> None:
   flags.DEFINE_list("attention", ["dot_product"],
                     "Attention implementation(s): reference mode uses the first; accelerator mode measures each.")
   flags.DEFINE_integer("rows", 8, "accelerator mode: rows per step.")
+  flags.DEFINE_string("mesh", "data:-1", "accelerator mode: mesh axes, e.g. data:-1,model:2 for a 7B on v5e.")
+  flags.DEFINE_bool("compile_only", False,
+                    "accelerator mode: print XLA's per-device memory analysis of each configuration, run nothing.")
   flags.DEFINE_float("peak_tflops", None, "accelerator mode: peak bf16 TFLOP/s per device (default: by device kind).")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (default: the embedded SmolLM2-135M).")
   flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS)}.")
@@ -158,13 +161,8 @@ def main(argv):
   if FLAGS.mode == "accelerator":
     from s2sjax import bench_accelerator
 
-    rows = [bench_accelerator.measure(size, FLAGS.row_length, FLAGS.rows, attention, jnp.dtype(FLAGS.dtype),
-                                      peak=FLAGS.peak_tflops)
-            for size in FLAGS.sizes for attention in FLAGS.attention]
-    print(bench_accelerator.format_rows(rows))
-    if FLAGS.output:
-      with open(FLAGS.output, "w") as f:
-        json.dump(rows, f, indent=2)
+    bench_accelerator.run(FLAGS.sizes, FLAGS.attention, FLAGS.row_length, FLAGS.rows, jnp.dtype(FLAGS.dtype),
+                          FLAGS.mesh, FLAGS.peak_tflops, FLAGS.compile_only, FLAGS.output)
     return
   ckpt = FLAGS.checkpoint or default_model.default_checkpoint()
   runs = []

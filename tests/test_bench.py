@@ -1,5 +1,7 @@
 """The benchmark's three protocols score the same numbers and count the tokens they compute correctly."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -33,7 +35,7 @@ def test_accelerator_mode_counts_flops_and_reports_mfu():
   from s2sjax.model.decoder import init_params, param_count
   from s2sjax.packing import RowShape, pack
 
-  config = bench_accelerator._tiny()
+  config = bench_accelerator.SIZES["tiny"]
   assert config.num_params() == param_count(init_params(config, jax.random.PRNGKey(0)))  # the FLOP count's base
   rows, _ = pack(bench.make_items("speech", 3, config.vocab_size), RowShape.for_length(512))
   tokens, targets = int((rows["segment_ids"] > 0).sum()), int((rows["target_slot"] >= 0).sum())
@@ -41,6 +43,26 @@ def test_accelerator_mode_counts_flops_and_reports_mfu():
   attention = 4 * config.num_layers * config.num_heads * config.head_dim * 512 / 2
   expected = tokens * (weights + attention) + targets * 2 * config.hidden_size * config.vocab_size
   assert bench_accelerator.step_flops(config, rows, 512) == pytest.approx(expected)
-  result = bench_accelerator.measure("tiny", 512, 2, "xla", jnp.float32, repeats=1, peak=1.0)
+  # 1 row asked on 8 data-parallel host devices: 8 rows measured, all of them real work
+  result = bench_accelerator.measure("tiny", 512, 1, "xla", jnp.float32, repeats=1, peak=1.0)
+  assert result["rows"] == 8 and result["fill"] > 0.9
   assert result["tokens_per_s"] > 0 and result["mfu"] == pytest.approx(result["tflops_per_s"] / 8)  # 8 host devices
   assert bench_accelerator.peak_tflops("TPU v5 lite") == 197 and bench_accelerator.peak_tflops("NVIDIA H200") == 989
+
+
+def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_abstractly(tmp_path, capsys):
+  from s2sjax import bench_accelerator, plan
+
+  with pytest.raises(ValueError, match="unknown model size 'qwen2.5-3b'"):
+    bench_accelerator.run(["tiny", "qwen2.5-3b"], ["xla"], 512, 2, jnp.float32, "data:-1", None, False, None)
+  output = tmp_path / "accel.json"
+  results = bench_accelerator.run(["tiny"], ["flash", "dot_product"], 512, 2, jnp.float32, "data:4,model:2", None,
+                                  True, str(output))
+  flash, dot = results
+  assert "TPU kernel" in flash["skipped"]  # Pallas interpret mode off TPU is a numbers check, not a speed
+  config = bench_accelerator.SIZES["tiny"]
+  # the 8 devices: 4 data-parallel rows per step; XLA's analysis holds the (tied, model-split) weights and more
+  assert dot["rows"] == 4 and dot["compiled_gib"] * 2**30 > plan.param_bytes(config, "float32") / 2
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0].startswith("| model |") and len(printed) == 4 and "compiled:" in printed[3]
+  assert json.loads(output.read_text()) == results
