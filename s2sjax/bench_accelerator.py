@@ -91,7 +91,7 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
   result["rows"] = scorer.batch_size  # rounded up to the data-parallel devices: every row is real work
   try:
     if compile_only:
-      analysis = scorer.compile_abstract(dtype).memory_analysis()
+      analysis = scorer.lower_abstract(dtype).compile().memory_analysis()
       return {**result, "compiled_gib": (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes) / 2**30}
     rows = benchmark_rows(config, length, scorer.batch_size, share_prefix=attention != "flash")
     # initialised straight into their shardings: a 7B model need not fit one device first

@@ -65,6 +65,7 @@ class PackReport:
   tokens_saved_by_sharing: int = 0
   truncated_items: list[str] = dataclasses.field(default_factory=list)
   truncated_tokens: int = 0
+  unshared_items: int = 0  # with sharing on, items too long to lay shared (laid a prefix copy per candidate)
 
   @property
   def efficiency(self) -> float:
@@ -75,6 +76,7 @@ class PackReport:
       "items": self.items, "rows": self.rows, "real_tokens": self.real_tokens, "capacity": self.capacity,
       "packing_efficiency": round(self.efficiency, 6), "tokens_saved_by_sharing": self.tokens_saved_by_sharing,
       "truncated_items": len(self.truncated_items), "truncated_prefix_tokens": self.truncated_tokens,
+      "unshared_items": self.unshared_items,
     }
 
 
@@ -111,27 +113,40 @@ def required_length(item: Item, share_prefix: bool) -> int:
   return len(item.prefix) + (sum(lengths) if share_prefix else max(lengths))
 
 
+def lays_shared(item: Item, shape: RowShape, share_prefix: bool) -> bool:
+  """Whether the item is laid as one shared unit: with sharing on, when prefix and all candidates fit an empty
+  row. An item that does not is laid as the unshared mode lays it (a copy of the prefix per candidate), so both
+  modes truncate the same prefix tokens and give the same numbers."""
+  lengths = [len(c) for c in item.candidates]
+  return (share_prefix and required_length(item, True) <= shape.length and sum(lengths) <= shape.max_targets
+          and len(lengths) <= shape.max_slots)
+
+
 def _truncation(index: int, item: Item, shape: RowShape, share: bool, policy: str) -> int:
   """How many prefix tokens to drop from the left so the item fits an empty row (0 if it fits)."""
   name = item.name or f"item {index}"
-  lengths = [len(c) for c in item.candidates]
-  widest = required_length(item, share) - len(item.prefix)
-  if sum(lengths) > shape.max_targets or len(lengths) > shape.max_slots:
-    raise PackingError(
-      f"{name}: {sum(lengths)} candidate tokens in {len(lengths)} candidates exceed a row's "
-      f"{shape.max_targets} targets / {shape.max_slots} slots"
-    )
+  share = lays_shared(item, shape, share)
+  longest = required_length(item, share) - len(item.prefix)
+  if longest > shape.max_targets:
+    raise PackingError(f"{name}: a candidate of {longest} tokens exceeds a row's {shape.max_targets} targets")
   excess = required_length(item, share) - shape.length
   if excess <= 0:
     return 0
   if policy != "truncate_prefix":
     raise PackingError(
-      f"{name}: {len(item.prefix)} prefix + {widest} candidate tokens exceed the row length {shape.length} "
+      f"{name}: {len(item.prefix)} prefix + {longest} candidate tokens exceed the row length {shape.length} "
       "(raise the row length, or use the truncate_prefix policy)"
     )
   if excess >= len(item.prefix):
-    raise PackingError(f"{name}: its candidates alone ({widest} tokens) do not fit a row of {shape.length}")
+    raise PackingError(f"{name}: its longest candidate alone ({longest} tokens) does not fit a row of {shape.length}")
   return excess
+
+
+def check_item(item: Item, shape: RowShape, share_prefix: bool = True, overlong: str = "error") -> None:
+  """Raises the PackingError (naming the item) that `pack` would raise for this item: a builder's per-question
+  check, so that a question that cannot be packed is named or skipped where it is read."""
+  _validate(0, item, shape.num_codebooks)
+  _truncation(0, item, shape, share_prefix, overlong)
 
 
 def pack(
@@ -150,14 +165,16 @@ def pack(
   drops, units = [], []
   for index, item in enumerate(items):
     name = _validate(index, item, shape.num_codebooks)
-    drop = _truncation(index, item, shape, share_prefix, overlong)
+    share = lays_shared(item, shape, share_prefix)
+    drop = _truncation(index, item, shape, share, overlong)
     if drop:
       report.truncated_items.append(name)
       report.truncated_tokens += drop
     drops.append(drop)
+    report.unshared_items += share_prefix and not share
     prefix_len = len(item.prefix) - drop
     lengths = [len(c) for c in item.candidates]
-    if share_prefix:
+    if share:
       units.append(_Unit(index, tuple(range(len(lengths))), prefix_len, prefix_len + sum(lengths), sum(lengths)))
       report.tokens_saved_by_sharing += (len(lengths) - 1) * prefix_len
     else:

@@ -121,6 +121,21 @@ class Progress:
       self.log(f"scored {self.rows}/{self.total_rows} rows, {rate:,.0f} tokens/s, ETA {eta:,.0f}s")
 
 
+def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_size: int, mesh_spec) -> None:
+  """Every process feeds its own rows, so no batch shard may span two processes: a model axis across hosts, or
+  data x fsdp smaller than the process count, would silently mix different rows into one replicated shard."""
+  owners: dict[int, set[int]] = {}
+  for device, index in batch_sharding.devices_indices_map((batch_size,)).items():
+    owners.setdefault(index[0].start or 0, set()).add(device.process_index)
+  shared = sorted(start for start, processes in owners.items() if len(processes) > 1)
+  if shared:
+    raise ValueError(
+      f"mesh {dict(mesh_spec)} puts a batch shard on devices of {len(owners[shared[0]])} processes: give data x fsdp "
+      f"a multiple of the {jax.process_count()} processes and keep the model axis within a host "
+      "(e.g. --mesh=data:-1,model:N with N at most the devices per host)"
+    )
+
+
 class Scorer:
   """A compiled scoring step for one model config, row shape, mesh and batch size; reusable across params."""
 
@@ -145,6 +160,7 @@ class Scorer:
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
     ndim = {"row_id": 1, "audio_codes": 3}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
+    _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size, mesh_spec=self.mesh.shape)
 
     def step(params, batch):  # row ids ride along so every process can place the replicated results
       out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention)
@@ -156,16 +172,16 @@ class Scorer:
       out_shardings=sharding.replicated(self.mesh),
     )
 
-  def compile_abstract(self, param_dtype=jnp.float32) -> jax.stages.Compiled:
-    """The step compiled for this scorer's batch and parameters of `param_dtype`, without allocating either: its
-    `memory_analysis()` tells whether a model fits before any weights are loaded."""
+  def lower_abstract(self, param_dtype=jnp.float32) -> jax.stages.Lowered:
+    """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
+    `.compile().memory_analysis()` tells whether a model fits before any weights are loaded."""
     local = self._local_batch(empty_rows(0, self.shape), np.arange(0))
     batch = {name: jax.ShapeDtypeStruct((self.batch_size, *value.shape[1:]), value.dtype,
                                         sharding=self._batch_shardings[name]) for name, value in local.items()}
     params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
                           abstract_params(self.config, param_dtype), self.param_shardings)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
-      return self._step.lower(params, batch).compile()
+      return self._step.lower(params, batch)
 
   def compiled_count(self) -> int:
     """How many times the step has been compiled (one per row shape)."""
@@ -251,14 +267,23 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
   if num_candidates is None:
     num_candidates = np.zeros(item.max() + 1, np.int64)
     np.maximum.at(num_candidates, item, cand + 1)
-  items, width = len(num_candidates), int(max(num_candidates))
+  num_candidates = np.asarray(num_candidates)
+  beyond = (item >= len(num_candidates)) | (cand >= num_candidates[np.minimum(item, len(num_candidates) - 1)])
+  if beyond.any():
+    i, c = item[beyond][0], cand[beyond][0]
+    raise ValueError(f"the packed rows hold item {i} candidate {c}, beyond the {len(num_candidates)} items and "
+                     "their candidates expected (rows of other data?)")
+  items, width = len(num_candidates), int(num_candidates.max())
   total = np.full((items, width), np.nan)
   count = np.zeros((items, width), np.int64)
   seen = np.zeros((items, width), np.int64)
   total[item, cand] = nll_sum[used]
   count[item, cand] = n_tokens[used]
   np.add.at(seen, (item, cand), 1)
-  expected = np.arange(width)[None, :] < np.asarray(num_candidates)[:, None]
-  if not (seen[expected] == 1).all() or seen[~expected].any():
-    raise AssertionError("packed rows do not hold every candidate exactly once")
+  expected = np.arange(width)[None, :] < num_candidates[:, None]
+  wrong = np.argwhere(seen != expected)
+  if len(wrong):
+    listed = ", ".join(f"item {i} candidate {c} laid {seen[i, c]}x" for i, c in wrong[:5])
+    raise ValueError(f"the packed rows do not hold every candidate exactly once: {listed}"
+                     + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""))
   return CandidateScores(total, count)

@@ -1,6 +1,6 @@
 """One process of a multi-process scoring run on loopback (CPU collectives over gloo); used by test_multihost.
 
-  python tests/multihost_worker.py PORT NUM_PROCESSES PROCESS_ID DEVICES OUT.npy [--mismatch]
+  python tests/multihost_worker.py PORT NUM_PROCESSES PROCESS_ID DEVICES OUT.npy [--mismatch] [--mesh=SPEC]
 """
 
 import os
@@ -8,6 +8,7 @@ import sys
 
 port, num_processes, process_id, devices, out = sys.argv[1:6]
 mismatch = "--mismatch" in sys.argv
+mesh = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--mesh=")), "data:-1,model:2")
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,7 +37,7 @@ length = 128 if mismatch and jax.process_index() == 1 else 192
 shape = RowShape(length, 96, 12)
 rows, report = pack(items, shape)
 try:
-  scorer = Scorer(CONFIG, shape, mesh=sharding.make_mesh("data:-1,model:2"), batch_size=4)
+  scorer = Scorer(CONFIG, shape, mesh=sharding.make_mesh(mesh), batch_size=4)
   scores = collect(rows, *scorer.score(params, rows, progress=False), [len(it.candidates) for it in items])
 except ValueError as e:
   print(f"process {jax.process_index()}: {e}", flush=True)

@@ -1,5 +1,7 @@
 """Every attention implementation gives the XLA path's numbers where it runs here (flash: Pallas interpret mode)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,3 +53,16 @@ def test_flash_refuses_prefix_shared_rows():
   rows, _ = pack(random_items(3, 512), RowShape(256, 128, 16))
   with pytest.raises(ValueError, match="flash attention cannot express prefix-shared branches"):
     Scorer(CONFIG, RowShape(256, 128, 16), attention="flash").score(init_params(CONFIG, jax.random.PRNGKey(0)), rows)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("attention", ["xla", "dot_product"])
+def test_every_matmul_of_an_fp32_step_asks_for_highest_precision(attention, tied):
+  # TPU's DEFAULT precision is one bf16 pass: a matmul without HIGHEST would break "fp32 within 1e-4 of PyTorch"
+  # there while CPU tests still pass (the tied head via Embed.attend, jax.nn.dot_product_attention: both had none)
+  config = dataclasses.replace(CONFIG, tie_embeddings=tied)
+  scorer = Scorer(config, RowShape(256, 128, 16), mesh=sharding.make_mesh("data:1", jax.devices()[:1]),
+                  batch_size=1, attention=attention)
+  matmuls = [line for line in scorer.lower_abstract().as_text().splitlines() if "dot_general" in line]
+  assert len(matmuls) >= 10  # the scanned layer's q k v o gate up down and two in attention, then the head
+  assert all("HIGHEST" in line for line in matmuls), [line for line in matmuls if "HIGHEST" not in line]

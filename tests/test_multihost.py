@@ -48,3 +48,11 @@ def test_processes_with_different_row_shapes_fail_with_a_clear_error(tmp_path):
   assert codes == [3, 3], outputs
   for text in outputs:
     assert "processes disagree on (rows, L, M, C, K, batch)" in text
+
+
+def test_a_mesh_whose_batch_shards_span_processes_is_refused(tmp_path):
+  # model:-1 over 2 x 4 devices: one batch shard on both processes, which feed different rows (0.13 nats off)
+  codes, outputs = _run(2, 4, str(tmp_path / "x.npy"), "--mesh=data:1,model:-1", timeout=180)
+  assert codes == [3, 3], outputs
+  for text in outputs:
+    assert "puts a batch shard on devices of 2 processes" in text

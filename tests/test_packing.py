@@ -54,16 +54,29 @@ def test_first_fit_decreasing_fills_rows():
 
 def test_items_longer_than_the_row_name_the_item():
   items = [_item(list(range(1, 30)), [5, 6], [7], name="uttid 1234")]
-  with pytest.raises(PackingError, match="uttid 1234: 29 prefix \\+ 3 candidate tokens exceed the row length 16"):
+  with pytest.raises(PackingError, match="uttid 1234: 29 prefix \\+ 2 candidate tokens exceed the row length 16"):
     pack(items, RowShape(16, 8, 4))
 
 
 def test_truncate_prefix_drops_prefix_tokens_from_the_left_only():
   items = [_item(list(range(1, 30)), [50, 60], [70]), _item([1, 2], [3], [4])]
   rows, report = pack(items, RowShape(16, 8, 4), overlong="truncate_prefix")
-  assert report.truncated_items == ["item 0"] and report.truncated_tokens == 16
-  assert tuple(range(17, 30)) + (50, 60, 70) in _segments(rows)
-  assert rows["positions"][rows["tokens"] == 17].tolist() == [0]  # positions restart at the kept prefix
+  # too long to share (29 + 3 > 16): laid as the unshared mode lays it, 15 dropped so 14 + the longest (2) fit
+  assert report.truncated_items == ["item 0"] and report.truncated_tokens == 15 and report.unshared_items == 1
+  assert {tuple(range(16, 30)) + (50, 60), tuple(range(16, 30)) + (70,)} <= _segments(rows)
+  assert rows["positions"][rows["tokens"] == 16].tolist() == [0, 0]  # positions restart at the kept prefix
+
+
+def test_sharing_on_and_off_truncate_an_overlong_item_alike():
+  # prefix 100 + two candidates of 30 in rows of 128: shared it would need 160 and lose 32 prefix tokens, each
+  # candidate alone needs 130 and loses 2; both modes must lay (and so score) the same tokens
+  item = _item(list(range(1, 101)), list(range(200, 230)), list(range(300, 330)))
+  shared, shared_report = pack([item], RowShape.for_length(128), overlong="truncate_prefix")
+  unshared, unshared_report = pack([item], RowShape.for_length(128), share_prefix=False, overlong="truncate_prefix")
+  assert _segments(shared) == _segments(unshared) == {tuple(range(3, 101)) + tuple(range(200, 230)),
+                                                       tuple(range(3, 101)) + tuple(range(300, 330))}
+  assert shared_report.truncated_tokens == unshared_report.truncated_tokens == 2
+  assert shared_report.unshared_items == 1 and unshared_report.unshared_items == 0
 
 
 def test_malformed_items_are_refused_by_name():
@@ -74,5 +87,5 @@ def test_malformed_items_are_refused_by_name():
     pack([_item([1], [2], [], name="q9")], shape)
   with pytest.raises(PackingError, match="q10: empty prefix"):
     pack([_item([], [2], [3], name="q10")], shape)
-  with pytest.raises(PackingError, match="q11: its candidates alone"):
-    pack([_item([1, 2], list(range(20)), list(range(20)), name="q11")], RowShape(24, 48, 4), overlong="truncate_prefix")
+  with pytest.raises(PackingError, match="q11: its longest candidate alone \\(30 tokens\\)"):
+    pack([_item([1, 2], list(range(30)), [5], name="q11")], RowShape(24, 48, 4), overlong="truncate_prefix")

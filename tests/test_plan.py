@@ -26,7 +26,7 @@ def test_planned_memory_matches_xla_memory_analysis(hidden, inter, layers, heads
   config = _config(hidden, inter, layers, heads, kv, vocab)
   shape = RowShape.for_length(length)
   scorer = Scorer(config, shape, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=rows)
-  analysis = scorer.compile_abstract().memory_analysis()
+  analysis = scorer.lower_abstract().compile().memory_analysis()
   measured = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
   planned = plan.param_bytes(config, "float32") + plan.activation_bytes(config, rows, length, "float32")
   assert planned == pytest.approx(measured, rel=0.2), (planned / 1e6, measured / 1e6)
@@ -51,6 +51,6 @@ def test_activation_sharding_constraints_take_effect_under_fsdp():
   per_device = {}
   for mesh in ("data:8", "fsdp:8"):
     scorer = Scorer(config, RowShape.for_length(512), mesh=sharding.make_mesh(mesh), batch_size=8)
-    analysis = scorer.compile_abstract().memory_analysis()
+    analysis = scorer.lower_abstract().compile().memory_analysis()
     per_device[mesh] = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
   assert per_device["fsdp:8"] <= 1.1 * per_device["data:8"], per_device

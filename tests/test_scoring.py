@@ -79,6 +79,18 @@ def test_every_mesh_and_batch_size_gives_the_same_numbers(qwen2):
                                  err_msg=f"mesh {mesh_spec}, batch {batch_size}")
 
 
+def test_a_scorer_built_inside_a_training_loops_mesh_and_rules_gives_the_same_numbers(qwen2):
+  import flax.linen as nn
+
+  _, config, params = qwen2
+  items = random_items(6, config.vocab_size, seed=8)
+  outside, _ = _score(config, params, items)
+  mesh = sharding.make_mesh("data:4,model:2")
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):  # what a training step runs under
+    inside, _ = _score(config, params, items, mesh=mesh)
+  np.testing.assert_allclose(inside.mean_nll, outside.mean_nll, atol=1e-5, equal_nan=True)
+
+
 def test_one_compilation_serves_many_params_and_datasets(qwen2):
   _, config, params = qwen2
   scorer = Scorer(config, SHAPE, batch_size=4)
@@ -96,3 +108,16 @@ def test_ids_beyond_the_embedding_table_are_refused(qwen2):
   rows, _ = pack(items, SHAPE)
   with pytest.raises(ValueError, match=r"tokens\[row \d+, position \d+\] = 517 is outside the embedding table \(512 rows\)"):
     Scorer(config, SHAPE).score(params, rows, progress=False)
+
+
+def test_collect_names_the_candidates_the_rows_do_not_hold():
+  items = random_items(12, 512, seed=3)
+  rows, _ = pack(items, SHAPE)
+  counts = [len(it.candidates) for it in items]
+  nll_sum, n_tokens = np.ones((len(rows["tokens"]), SHAPE.max_slots)), np.ones((len(rows["tokens"]), SHAPE.max_slots))
+  last = rows["slot_item"][-1][rows["slot_item"][-1] >= 0]  # the items the last row holds
+  partial = {k: v[:-1] for k, v in rows.items()}
+  with pytest.raises(ValueError, match=f"item {last.min()} candidate 0 laid 0x"):
+    collect(partial, nll_sum[:-1], n_tokens[:-1], counts)
+  with pytest.raises(ValueError, match="beyond the 11 items"):
+    collect(rows, nll_sum, n_tokens, counts[:-1])

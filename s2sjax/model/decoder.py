@@ -203,8 +203,10 @@ class Decoder(nn.Module):
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """Text-vocabulary logits in fp32 for hidden states [..., hidden]."""
-    if self.config.tie_embeddings:
-      return self.embed.attend(hidden).astype(jnp.float32)
+    if self.config.tie_embeddings:  # not Embed.attend: it takes no precision, and fp32 must mean fp32 on TPU
+      table = self.embed.embedding.astype(self.dtype)
+      return jnp.einsum("...d,vd->...v", hidden.astype(self.dtype), table, precision=_precision(self.dtype)
+                        ).astype(jnp.float32)
     return self.lm_head(hidden).astype(jnp.float32)
 
 
@@ -215,8 +217,17 @@ def _dummy_inputs(config: ModelConfig):
 
 
 def _init_all(model: Decoder, rng, *inputs):
-  """Initialises every parameter, the head included (`__call__` stops at the hidden states)."""
-  return model.init(rng, *inputs, method=lambda module, *args: module.logits(module(*args)))
+  """Initialises every parameter, the head included (`__call__` stops at the hidden states). No axis rules: a
+  caller's own mesh and rules (a training loop's) would constrain the one-token dummy batch onto its data axis."""
+  with nn.logical_axis_rules(()):
+    return model.init(rng, *inputs, method=lambda module, *args: module.logits(module(*args)))
+
+
+def _unbox(boxed: Any) -> Params:
+  """The values without their logical-axis boxes, unconstrained: placing them is the caller's job (the Scorer's
+  shardings), and a caller's mesh context would otherwise constrain abstract values it cannot place."""
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, boxed, is_leaf=is_box)
 
 
 def _boxed_abstract(config: ModelConfig, param_dtype) -> Any:
@@ -226,7 +237,7 @@ def _boxed_abstract(config: ModelConfig, param_dtype) -> Any:
 
 def abstract_params(config: ModelConfig, param_dtype=jnp.float32) -> Params:
   """The parameter tree as `jax.ShapeDtypeStruct`s: what a converter must produce, key for key."""
-  return nn.unbox(_boxed_abstract(config, param_dtype))
+  return _unbox(_boxed_abstract(config, param_dtype))
 
 
 def param_logical_axes(config: ModelConfig) -> Params:
@@ -237,7 +248,7 @@ def param_logical_axes(config: ModelConfig) -> Params:
 def init_params(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32) -> Params:
   """Random parameters (normal(0.02) weights, unit norm scales), for tests and benchmarks."""
   model = Decoder(config, param_dtype=param_dtype)
-  return nn.unbox(_init_all(model, rng, *_dummy_inputs(config))["params"])
+  return _unbox(_init_all(model, rng, *_dummy_inputs(config))["params"])
 
 
 def param_count(params: Params) -> int:

@@ -6,6 +6,8 @@ are computed in fp32 whatever the compute dtype.
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 
@@ -70,7 +72,10 @@ def attention(
   batch, length, heads, head_dim = q.shape
   kv_heads = k.shape[2]
   if implementation == "dot_product":
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
+    # the fused call takes no precision argument: the context carries fp32's HIGHEST into its matmuls
+    highest = precision == jax.lax.Precision.HIGHEST
+    with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
+      return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
   if implementation == "flash":
     return _flash_attention(q, k, v, segment_ids)
   if implementation != "xla":
@@ -84,8 +89,6 @@ def attention(
 
 
 def _flash_attention(q, k, v, segment_ids):
-  import contextlib
-
   from jax.experimental.pallas import tpu as pltpu
   from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
