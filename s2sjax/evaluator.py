@@ -4,7 +4,10 @@ loop likes, without recompiling. `python -m s2sjax.eval` is a thin command line 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
+import hashlib
 from typing import Callable
 
 import jax
@@ -43,11 +46,35 @@ class TaskData:
   def questions(self) -> list[dict]:
     return self.metadata["questions"]
 
+  @functools.cached_property
+  def candidates_per_item(self) -> list[int]:
+    """How many candidates each packed item holds, from the questions' slots: what the rows must hold."""
+    counts = collections.Counter(item for question in self.questions for item, _ in question["slots"])
+    return [counts[i] for i in range(max(counts) + 1)] if counts else []
 
-def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int) -> TaskData:
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """A hash of what is scored (tokens, audio codes, targets): results saved for other rows are not these."""
+    digest = hashlib.sha256()
+    for name in ("tokens", "audio_codes", "target_pos", "target_ids", "target_slot", "slot_item", "slot_candidate"):
+      digest.update(np.ascontiguousarray(self.rows[name]).tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class Variants:
+  """The build options that change the rows, and so name another built config (see tasks.tfds_builder)."""
+
+  share_prefix: bool = True
+  reference_language_quirk: bool = False
+  overlong: str = "error"
+
+
+def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int,
+                   variants: Variants = Variants()) -> TaskData:
   from tasks.tfds_builder import config_name, load_rows
 
-  rows, metadata = load_rows(data_dir, task, config_name(spec, modality, row_length))
+  rows, metadata = load_rows(data_dir, task, config_name(spec, modality, row_length, **dataclasses.asdict(variants)))
   return TaskData(task, modality, rows, metadata)
 
 
@@ -121,7 +148,7 @@ class Evaluator:
 
   def score(self, params: Params, td: TaskData, progress: bool = False) -> CandidateScores:
     nll_sum, n_tokens = self.scorer(td).score(self.params_adapter(params), td.rows, progress=progress)
-    return collect(td.rows, nll_sum, n_tokens)
+    return collect(td.rows, nll_sum, n_tokens, td.candidates_per_item)
 
   def evaluate(self, params: Params, step: int | None = None) -> dict:
     """{task: {modality: metrics}} plus {"degradation": {task: report}} where both modalities ran."""

@@ -6,14 +6,14 @@ S2SBench (eval_story.py, eval_cmmlu4.py): a candidate's loss is its mean token c
     is over 3N comparisons, not a 4-way choice.
 Extras: 4-way argmin accuracy, lm-eval-style `acc` (summed log-prob) and `acc_norm` (per byte of the candidate
 text), the mean negative - positive loss gap, 95% bootstrap intervals, and the paired degradation report (T->T vs
-S->T) with an exact McNemar test.
+S->T): a paired bootstrap interval and an exact McNemar test, both over questions (sCMMLU's three comparisons of a
+question are not independent: McNemar counts a question right when its answer beats all three distractors).
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+import scipy.stats
 
 BOOTSTRAP_SAMPLES = 1000
 
@@ -87,23 +87,30 @@ def mcnemar_p(first: np.ndarray, second: np.ndarray) -> tuple[int, int, float]:
   """Exact two-sided McNemar test on paired decisions: (first-only right, second-only right, p-value)."""
   b = int((first & ~second).sum())
   c = int((~first & second).sum())
-  n = b + c
-  if n == 0:
+  if b + c == 0:
     return b, c, 1.0
-  tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
-  return b, c, min(1.0, 2 * tail)
+  return b, c, min(1.0, 2 * float(scipy.stats.binom.cdf(min(b, c), b + c, 0.5)))
+
+
+def question_decisions(kind: str, loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
+  """[N] one decision per question: the story's, or for sCMMLU whether the answer beats all three distractors."""
+  return s2sbench_decisions(kind, loss, correct).reshape(len(loss), -1).all(axis=1)
 
 
 def degradation(kind: str, text: dict[str, np.ndarray], speech: dict[str, np.ndarray]) -> dict:
-  """T->T against S->T on the same questions: accuracies, difference, ratio and McNemar on paired decisions."""
+  """T->T against S->T on the same questions: accuracies, difference (with a paired bootstrap interval over
+  questions), ratio, and McNemar on per-question decisions."""
   t = s2sbench_decisions(kind, text["loss"], text["correct"])
   s = s2sbench_decisions(kind, speech["loss"], speech["correct"])
   if t.shape != s.shape:
     raise ValueError("the text and speech runs hold different questions")
-  b, c, p = mcnemar_p(t, s)
+  questions = len(text["loss"])
+  b, c, p = mcnemar_p(question_decisions(kind, text["loss"], text["correct"]),
+                      question_decisions(kind, speech["loss"], speech["correct"]))
   return {
     "text_accuracy": float(t.mean()), "speech_accuracy": float(s.mean()),
     "degradation": float(t.mean() - s.mean()),
+    "degradation_ci95": list(bootstrap_interval(t.astype(np.float64) - s.astype(np.float64), questions)),
     "ratio": float(s.mean() / t.mean()) if t.mean() else None,
-    "mcnemar": {"text_only_right": b, "speech_only_right": c, "p_value": p},
+    "mcnemar": {"questions": questions, "text_only_right": b, "speech_only_right": c, "p_value": p},
   }

@@ -154,21 +154,21 @@ def main(argv):
     from s2sjax import checkpoint
 
     config, name = checkpoint.load_config(FLAGS.checkpoint), FLAGS.checkpoint
-  elif FLAGS.model in MODELS:
-    config, name = MODELS[FLAGS.model], FLAGS.model
   else:
-    raise app.UsageError(f"give --checkpoint or --model in {sorted(MODELS)}")
+    config, name = MODELS[FLAGS.model], FLAGS.model
   print(format_plan(name, plan(config, FLAGS.topology, FLAGS.row_length, FLAGS.batch, FLAGS.dtype, FLAGS.frame_rate,
                                FLAGS.mfu)))
 
 
 if __name__ == "__main__":
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (its model_config.json is read).")
-  flags.DEFINE_string("model", "qwen2.5-7b", f"Named architecture: {', '.join(MODELS)}.")
-  flags.DEFINE_string("topology", "v5e-8", f"One of {', '.join(TOPOLOGIES)}.")
-  flags.DEFINE_integer("row_length", 2048, "Packed row length.")
-  flags.DEFINE_integer("batch", 8, "Rows per step (global).")
+  flags.DEFINE_enum("model", "qwen2.5-7b", list(MODELS), "Named architecture (when no --checkpoint).")
+  flags.DEFINE_enum("topology", "v5e-8", list(TOPOLOGIES), "TPU slice or GPU host.")
+  flags.DEFINE_integer("row_length", 2048, "Packed row length.", lower_bound=1)
+  flags.DEFINE_integer("batch", 8, "Rows per step (global).", lower_bound=1)
   flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Parameter and compute dtype.")
-  flags.DEFINE_float("frame_rate", 12.5, "Audio tokens per second of speech (12.5 GLM-4-Voice/Mimi, 50 HuBERT).")
-  flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the time estimate.")
+  flags.DEFINE_float("frame_rate", 12.5, "Audio tokens per second of speech (12.5 GLM-4-Voice/Mimi, 50 HuBERT).",
+                     lower_bound=0.1)
+  flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the time estimate.", lower_bound=0.01,
+                     upper_bound=1.0)
   app.run(main)

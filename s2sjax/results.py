@@ -22,10 +22,26 @@ from etils import epath
 
 
 class ChunkStore:
-  """Resumable per-row results of one (checkpoint, task, modality)."""
+  """Resumable per-row results of one (checkpoint, task, modality). `identity.json` records what produced them
+  (checkpoint, dtype, chunking, a hash of the rows), so a rerun resumes only from its own chunks."""
 
-  def __init__(self, directory):
+  def __init__(self, directory, identity: dict):
     self.directory = epath.Path(directory)
+    self.identity = identity
+
+  def mismatch(self) -> str | None:
+    """Why the chunks here are not this run's (None if they are, or if there are none)."""
+    path = self.directory / "identity.json"
+    if not path.exists():
+      has_chunks = self.directory.exists() and any(p.name.endswith(".done") for p in self.directory.iterdir())
+      return f"{self.directory} holds chunks of an unknown run (no identity.json)" if has_chunks else None
+    saved = json.loads(path.read_text())
+    differ = [f"{key}: {saved.get(key)!r} there, {value!r} now" for key, value in self.identity.items()
+              if saved.get(key) != value]
+    if not differ:
+      return None
+    return (f"{self.directory} holds results of another run ({'; '.join(differ)}): use another --output_dir, or "
+            "delete that folder to score again")
 
   def _path(self, index: int) -> epath.Path:
     return self.directory / f"chunk-{index:05d}.npz"
@@ -38,6 +54,8 @@ class ChunkStore:
 
   def save(self, index: int, nll_sum: np.ndarray, n_tokens: np.ndarray) -> None:
     self.directory.mkdir(parents=True, exist_ok=True)
+    if not (self.directory / "identity.json").exists():
+      (self.directory / "identity.json").write_text(json.dumps(self.identity, indent=2))
     buffer = io.BytesIO()
     np.savez(buffer, nll_sum=nll_sum, n_tokens=n_tokens)
     tmp = self.directory / f"chunk-{index:05d}.tmp"

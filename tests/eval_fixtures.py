@@ -24,14 +24,15 @@ def tiny_checkpoint(directory: str, tokenizer_dir: str) -> str:
   return out
 
 
-def later_steps(first: str, steps: tuple[int, ...]) -> list[str]:
-  """Copies of a checkpoint with perturbed weights, named like a training run's later steps."""
+def later_steps(first: str, steps: tuple[int, ...], root: str | None = None) -> list[str]:
+  """Copies of a checkpoint with perturbed weights, named like a training run's later steps (beside it, or in
+  `root`)."""
   config, params = checkpoint.load_config(first), checkpoint.load_params(first)
   paths = []
   for step in steps:
     noise = jax.random.PRNGKey(step)
     perturbed = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(noise, x.shape, x.dtype), params)
-    path = os.path.join(os.path.dirname(first), f"ckpt-{step}")
+    path = os.path.join(root or os.path.dirname(first), f"ckpt-{step}")
     checkpoint.save_params(path, config, perturbed, tokenizer_dir=os.path.join(first, "tokenizer"))
     paths.append(path)
   return paths

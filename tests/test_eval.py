@@ -3,6 +3,7 @@ after a kill, one compilation across evaluate() calls, and clear errors for data
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from s2sjax import checkpoint, eval as s2s_eval  # noqa: E402
-from s2sjax.evaluator import EvalError, Evaluator, load_task_data, with_untrained_audio_tables  # noqa: E402
+from s2sjax.evaluator import EvalError, Evaluator, Variants, load_task_data, with_untrained_audio_tables  # noqa: E402
 from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint  # noqa: E402
 
 ALL_TASKS = ["sstorycloze", "zh_sstorycloze", "scmmlu"]
@@ -163,10 +164,58 @@ def test_two_processes_write_what_one_process_writes(setup, tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   two = str(tmp_path / "two")
-  procs = [subprocess.Popen(command(two, "--distributed", f"--coordinator_address=127.0.0.1:{port}",
-                                    "--num_processes=2", f"--process_id={p}", "--cpu_collectives=gloo"),
-                            env=env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for p in range(2)]
-  outputs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+
+  def two_processes(out_of):
+    procs = [subprocess.Popen(command(out_of(p), "--distributed", f"--coordinator_address=127.0.0.1:{port}",
+                                      "--num_processes=2", f"--process_id={p}", "--cpu_collectives=gloo"),
+                              env=env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for p in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    return outputs
+
+  two_processes(lambda p: two)
   assert same_tree(one, two) == [] and same_tree(two, one) == []
+  # a rerun resumes every chunk; process 1's output folder is its own and empty (a worker-local --output_dir):
+  # only process 0 reads the chunks and hands their numbers to process 1
+  os.remove(os.path.join(two, "metrics.json"))
+  outputs = two_processes(lambda p: two if p == 0 else str(tmp_path / "worker-1"))
+  for output in outputs:  # both modalities, on both processes: every chunk was done
+    assert len(re.findall(r"resuming, (\d+) of \1 chunks done, scoring 0 rows", output)) == 2, output[-3000:]
+  assert same_tree(one, two) == [] and not os.path.exists(tmp_path / "worker-1" / "chunks")
+
+
+def test_a_rerun_never_resumes_from_another_runs_chunks(setup, tmp_path):
+  out = str(tmp_path / "out")
+  _run(setup, out, tasks=["sstorycloze"], modalities=["text"])
+  with pytest.raises(EvalError, match=r"holds results of another run \(dtype: 'float32' there, 'bfloat16' now\)"):
+    s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", setup["data_dir"], out, "data:-1", 4,
+                 jnp.bfloat16, 1024, 4)
+  with pytest.raises(EvalError, match=r"\(chunk_rows: 4 there, 2 now\)"):
+    _run(setup, out, tasks=["sstorycloze"], modalities=["text"], chunk_rows=2)
+  # same folder name, another run's checkpoint: named apart, so it does not land in ckpt-100's chunks either
+  assert s2s_eval.run_names(["/r/a/ckpt-100", "/r/b/ckpt-100", "/r/b/ckpt-200"]) == ["a/ckpt-100", "b/ckpt-100",
+                                                                                     "b/ckpt-200"]
+  other = later_steps(setup["ckpt"], (100,), root=str(tmp_path / "runB"))[0]
+  with pytest.raises(EvalError, match=r"checkpoint: '.*ckpt-100' there, '.*runB.*ckpt-100' now"):
+    _run(setup, out, checkpoints=other, tasks=["sstorycloze"], modalities=["text"])
+
+
+def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tokenizer_dir):
+  from tasks.prepare import prepare
+
+  prepare("sstorycloze", "demo", "text", 1024, setup["data_dir"], tokenizer_dir=qwen_tokenizer_dir, share_prefix=False)
+  shared = _run(setup, str(tmp_path / "shared"), tasks=["sstorycloze"], modalities=["text"])
+  separate = s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", setup["data_dir"], str(tmp_path / "sep"),
+                          "data:-1", 4, jnp.float32, 1024, 4, variants=Variants(share_prefix=False))
+  assert load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024,
+                        Variants(share_prefix=False)).metadata["share_prefix"] is False
+  for key in ("positive_loss", "negative_loss", "accuracy"):
+    assert separate[0]["tasks"]["sstorycloze"]["text"][key] == pytest.approx(
+      shared[0]["tasks"]["sstorycloze"]["text"][key], abs=1e-5)
+
+
+def test_bad_flags_fail_before_anything_loads():
+  for flag in ("--batch_size=0", "--chunk_rows=-1", "--row_length=0"):
+    failed = subprocess.run([sys.executable, "-m", "s2sjax.eval", flag], capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0 and f"flag {flag}" in failed.stderr, failed.stderr[-2000:]

@@ -101,6 +101,21 @@ def test_mcnemar_exact_and_degradation():
   arrays = lambda right: {"loss": np.where(right[:, None], [[1.0, 2.0]], [[2.0, 1.0]]), "correct": np.zeros(12, int)}
   report = metrics.degradation("story", arrays(text), arrays(speech))
   assert report["degradation"] == pytest.approx(10 / 12 - 5 / 12) and report["ratio"] == pytest.approx(0.5)
+  low, high = report["degradation_ci95"]
+  assert low < report["degradation"] < high
+  assert metrics.mcnemar_p(np.ones(14_000, bool), np.zeros(14_000, bool))[2] < 1e-300  # large n: exact and fast
+
+
+def test_cmmlu_degradation_tests_questions_not_their_three_comparisons():
+  # 12 questions; speech loses all three comparisons of 4 of them. Counted as 12 independent flips McNemar
+  # would give p = 0.00049; over questions it is 4 flips: p = 2 / 2**4 = 0.125
+  loss = np.tile([[0.0, 1.0, 1.0, 1.0]], (12, 1))
+  flipped = loss.copy()
+  flipped[:4, 0] = 2.0
+  correct = np.zeros(12, int)
+  report = metrics.degradation("cmmlu", {"loss": loss, "correct": correct}, {"loss": flipped, "correct": correct})
+  assert report["mcnemar"] == {"questions": 12, "text_only_right": 4, "speech_only_right": 0, "p_value": 0.125}
+  assert report["degradation"] == pytest.approx(4 / 12)
 
 
 def test_bootstrap_interval_brackets_the_accuracy():
