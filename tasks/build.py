@@ -15,7 +15,7 @@ import time
 import numpy as np
 from absl import logging
 
-from s2sjax.packing import Item, PackingError, RowShape, pack, required_length
+from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.release import Problems, Question
 from tasks.spec import AudioIds, Spec, resolve_audio_ids
@@ -125,8 +125,10 @@ def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
 def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool,
                 skip_bad: bool, overlong: str = "error") -> tuple[list[Item], list[dict], BuildStats]:
   """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
-  missing or unreadable, or (with overlong="error") too long for the row, raises, or with `skip_bad` is left out
-  and listed. With overlong="truncate_prefix" the packer drops prefix tokens instead, and counts them."""
+  missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
+  overlong="error", a row's targets exceeded, a candidate too long even with the prefix truncated, an empty
+  candidate), raises naming it, or with `skip_bad` is left out and listed. With overlong="truncate_prefix" the
+  packer drops prefix tokens instead, and counts them."""
   stats = BuildStats()
   start = time.time()
   items: list[Item] = []
@@ -143,13 +145,8 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
       candidates = [encoder.candidate_ids(question, text) for text in question.candidates]
       new_items = [Item(ids, tuple(candidates[c] for c in members), codes, name=f"question {question.id}")
                    for ids, codes, members in groups.values()]
-      for item in new_items:
-        need = required_length(item, share_prefix)
-        if need > shape.length and overlong == "error":
-          raise PackingError(f"question {question.id}: needs {need} tokens (prefix {len(item.prefix)}), "
-                             f"more than the row length {shape.length}")
-      if any(len(c) == 0 for c in candidates):
-        raise PackingError(f"question {question.id}: a candidate tokenizes to nothing")
+      for item in new_items:  # here, where skip_bad can leave the question out, rather than in the final pack
+        check_item(item, shape, share_prefix, overlong)
     except (AudioError, PackingError) as e:
       if not skip_bad:
         raise

@@ -10,7 +10,9 @@ r"""Builds a local S2SBench replica, in the release layout, from the public raw 
 * zh-sStoryCloze: XStoryCloze zh (TSV, quoting off), the same mapping; sentences joined without spaces.
 * sCMMLU: CMMLU test (67 subject CSVs) -> each question rewritten into four statements that share their first
   half (`rewrite_question`); questions that cannot be rewritten cleanly are listed with the reason and left out.
-* Speech: espeak-ng (en, cmn) speaks every distinct `first` at 16 kHz, in parallel, with progress.
+* Speech: espeak-ng (en, cmn) speaks every distinct `first` at 16 kHz, in parallel, with progress, into a cache
+  keyed by a hash of (language, text) (`speech_cache/`); each `<uttid>.wav` is a link to its text's clip, made
+  afresh on every import, so re-importing into the same directory never pairs a line with another text's audio.
 
 The public files stay where they are: this reads them by path and writes only the replica. It is a replica, not
 the official release: S2SBench's own rewrites and recordings differ.
@@ -21,9 +23,11 @@ from __future__ import annotations
 import collections
 import csv
 import glob
+import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import time
 
 import numpy as np
@@ -35,6 +39,7 @@ from tasks.release import OPTIONS, TASKS
 BLANKS = ("（）", "（ ）", "()", "( )", "____", "___", "__")
 # Questions about "the following" options read as no statement once the options are split off.
 REFERS_TO_OPTIONS = ("下列", "以下", "哪")
+SPEECH_CACHE = "speech_cache"
 
 
 def read_stories(path: str, delimiter: str) -> list[dict]:
@@ -120,31 +125,68 @@ def read_cmmlu(directory: str) -> tuple[list[dict], collections.Counter, list[di
   return kept, reasons, left_out
 
 
-def _speak(job: tuple[str, str, str]) -> tuple[str, float]:
+def clip_path(output: str, language: str, text: str) -> str:
+  """Where the speech of `text` is cached: named by its content, so a changed text never finds old audio."""
+  digest = hashlib.sha256(f"{language}\n{text}".encode()).hexdigest()[:32]
+  return os.path.join(output, SPEECH_CACHE, f"{digest}.wav")
+
+
+def _speak(job: tuple[str, str, str]) -> tuple[str, float, bool]:
+  """(clip, seconds, whether it was synthesized now); a clip already cached is reused."""
   from tasks.sample.make_sample import speak
 
   text, language, path = job
-  if not os.path.exists(path):
-    speak(text, language, path)
+  synthesized = not os.path.exists(path)
+  if synthesized:
+    partial = f"{path[: -len('.wav')]}.{os.getpid()}.partial.wav"  # sox picks the format by extension
+    speak(text, language, partial)
+    os.replace(partial, path)  # a clip is complete or absent, even after an interrupted import
   import soundfile
 
-  return path, soundfile.info(path).duration
+  return path, soundfile.info(path).duration, synthesized
 
 
-def synthesize(jobs: list[tuple[str, str, str]], workers: int) -> dict[str, float]:
-  """Speaks every (text, language, path) job; returns durations. Progress is logged as it goes."""
-  durations, start = {}, time.time()
+def synthesize(jobs: list[tuple[str, str, str]], workers: int) -> tuple[dict[str, float], int]:
+  """Speaks every (text, language, path) job not cached yet; returns every clip's duration and how many were
+  synthesized now. Progress is logged as it goes."""
+  durations, synthesized, start = {}, 0, time.time()
   with multiprocessing.Pool(workers) as pool:
-    for n, (path, seconds) in enumerate(pool.imap_unordered(_speak, jobs, chunksize=4), 1):
+    for n, (path, seconds, new) in enumerate(pool.imap_unordered(_speak, jobs, chunksize=4), 1):
       durations[path] = seconds
+      synthesized += new
       if n % 100 == 0 or n == len(jobs):
         rate = n / (time.time() - start)
         logging.info("speech %d/%d, %.1f utterances/s, ETA %.0fs", n, len(jobs), rate, (len(jobs) - n) / rate)
-  return durations
+  return durations, synthesized
+
+
+def _link_audio(output: str, audio_dir: str, lines: list[dict], language: str) -> tuple[int, int]:
+  """Points each line's `<uttid>.wav` at its text's cached clip, replacing whatever was there; removes the wavs of
+  lines without a clip and of uttids no longer in the file. Returns (linked, removed)."""
+  wanted, linked, removed = set(), 0, 0
+  for line in lines:
+    name = f"{line['uttid']}.wav"
+    wanted.add(name)
+    path, clip = os.path.join(audio_dir, name), clip_path(output, language, line["first"])
+    if os.path.lexists(path):
+      os.remove(path)
+      removed += not os.path.exists(clip)
+    if os.path.exists(clip):
+      try:
+        os.link(clip, path)
+      except OSError:  # a filesystem without hard links
+        shutil.copyfile(clip, path)
+      linked += 1
+  for name in sorted(os.listdir(audio_dir)):
+    if name.endswith(".wav") and name not in wanted:
+      os.remove(os.path.join(audio_dir, name))
+      removed += 1
+  return linked, removed
 
 
 def write_task(output: str, task: str, lines: list[dict], speech: bool, workers: int) -> dict:
-  """Writes one task's jsonl and wavs; lines sharing their `first` share one synthesis."""
+  """Writes one task's jsonl and wavs; lines sharing their `first` share one clip. Without speech, wavs already in
+  the output are relinked to the cached clips of the new texts, and removed where there is none."""
   files = TASKS[task]
   jsonl = os.path.join(output, files.jsonl)
   audio_dir = os.path.join(output, files.audio_dir)
@@ -153,19 +195,18 @@ def write_task(output: str, task: str, lines: list[dict], speech: bool, workers:
     f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
   report = {"lines": len(lines)}
   if not speech:
+    if os.path.isdir(audio_dir):
+      report["wavs"], report["stale_wavs_removed"] = _link_audio(output, audio_dir, lines, files.language)
     return report
   os.makedirs(audio_dir, exist_ok=True)
-  spoken = {}
-  for line in lines:  # one synthesis per distinct text, the other uttids link to it
-    spoken.setdefault(line["first"], os.path.join(audio_dir, f"{line['uttid']}.wav"))
-  durations = synthesize([(text, files.language, path) for text, path in spoken.items()], workers)
-  for line in lines:
-    path = os.path.join(audio_dir, f"{line['uttid']}.wav")
-    if not os.path.exists(path):
-      os.link(spoken[line["first"]], path)
-  seconds = np.array([durations[spoken[line["first"]]] for line in lines])
+  os.makedirs(os.path.join(output, SPEECH_CACHE), exist_ok=True)
+  clips = {clip_path(output, files.language, line["first"]): line["first"] for line in lines}
+  durations, synthesized = synthesize([(text, files.language, clip) for clip, text in clips.items()], workers)
+  linked, removed = _link_audio(output, audio_dir, lines, files.language)
+  seconds = np.array([durations[clip_path(output, files.language, line["first"])] for line in lines])
   chars = np.array([len(line["first"]) for line in lines])
-  report.update(wavs=len(lines), distinct_utterances=len(spoken), audio_hours=round(float(seconds.sum()) / 3600, 3),
+  report.update(wavs=linked, stale_wavs_removed=removed, distinct_utterances=len(clips), synthesized=synthesized,
+                audio_hours=round(float(seconds.sum()) / 3600, 3),
                 seconds_per_character={"min": round(float((seconds / chars).min()), 4),
                                        "median": round(float(np.median(seconds / chars)), 4),
                                        "max": round(float((seconds / chars).max()), 4)})

@@ -5,7 +5,9 @@ r"""Builds the packed rows of S2SBench tasks.
       [--skip_bad] [--no_share_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
-question it left out (--skip_bad) with the reason.
+question it left out (--skip_bad) with the reason, and every problem of a file as a whole. Built data is reused
+only when it was built from the same inputs (release files, spec, text and audio tokenizers); otherwise prepare
+refuses, unless --overwrite.
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ import tensorflow_datasets as tfds
 from absl import app, flags
 
 from tasks.release import TASKS
-from tasks.tfds_builder import make_config
+from tasks.tfds_builder import config_name, make_config, resolve_manual_dir
 
 FLAGS = flags.FLAGS
+INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
+               "audio_tokenizer": "the audio tokenizer"}
+
+
+class StaleDataError(ValueError):
+  """Built data exists for a config but came from other inputs than the ones given now."""
 
 
 def default_data_dir() -> str:
@@ -34,12 +42,24 @@ def builder_class(task: str):
 def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str, manual_dir: str | None = None,
             overwrite: bool = False, share_prefix: bool = True, reference_language_quirk: bool = False,
             overlong: str = "error", **builder_kwargs) -> dict:
-  """Builds one task/config (unless already built); returns its metadata. builder_kwargs: tokenizer_dir,
-  audio_tokenizer_dir, skip_bad."""
+  """Builds one task/config, or reuses it when it was built from the same inputs; returns its metadata.
+  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad."""
+  manual_dir = resolve_manual_dir(manual_dir)
   config = make_config(spec, modality, row_length, share_prefix, reference_language_quirk, overlong)
-  if config.name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
-    config = config.name  # TFDS refuses a custom config named like a predefined one; names say everything
+  name = config.name
+  if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
+    config = name  # TFDS refuses a custom config named like a predefined one; names say everything
   builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
+  if builder.is_prepared() and not overwrite:
+    built = builder.info.metadata.get("inputs")
+    now = builder.build_inputs(manual_dir).fingerprint
+    differ = (["all inputs (built before they were recorded)"] if built is None
+              else [INPUT_NAMES[k] for k in now if built.get(k) != now[k]])
+    if differ:
+      raise StaleDataError(
+        f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
+        f"{builder.info.metadata.get('source')}, now {manual_dir}): pass --overwrite to rebuild it, or use another "
+        "--data_dir")
   mode = (tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS if overwrite
           else tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, download_mode=mode))
@@ -58,8 +78,13 @@ def main(argv):
         audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
         reference_language_quirk=FLAGS.reference_language_quirk, overlong=FLAGS.overlong,
       )
-      report = {k: v for k, v in metadata["report"].items() if k != "skipped_questions"}
-      print(f"{task} {FLAGS.spec}-{modality}-{FLAGS.row_length}: {json.dumps(report)}")
+      name = config_name(FLAGS.spec, modality, FLAGS.row_length, FLAGS.share_prefix, FLAGS.reference_language_quirk,
+                         FLAGS.overlong)
+      report = {k: v for k, v in metadata["report"].items() if k not in ("skipped_questions", "file_problems")}
+      file_problems = metadata["report"]["file_problems"]
+      print(f"{task} {name}: {json.dumps(dict(report, file_problems=len(file_problems)))}")
+      for problem in file_problems:
+        print(f"  file problem {problem['where']}: {problem['why']}")
       for skipped in metadata["report"]["skipped_questions"]:
         print(f"  left out {skipped['where']}: {skipped['why']}")
 

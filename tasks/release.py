@@ -11,7 +11,9 @@ C, D, answer`. The audio is the spoken `first`; candidates are text.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -51,19 +53,29 @@ class Question:
 
 @dataclasses.dataclass
 class Problems:
-  """Bad questions found while reading or building; raised together, or (with skip_bad) left out and listed."""
+  """Problems found while reading or building; raised together, or (with skip_bad) listed. `entries` are lines or
+  questions left out; `file_entries` concern a file as a whole and leave nothing out by themselves (the lines they
+  affect are entries too), so they are counted apart."""
 
   entries: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+  file_entries: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
   def add(self, where: str, why: str) -> None:
     self.entries.append((where, why))
 
+  def add_file(self, where: str, why: str) -> None:
+    self.file_entries.append((where, why))
+
   def __bool__(self) -> bool:
-    return bool(self.entries)
+    return bool(self.entries or self.file_entries)
+
+  def __len__(self) -> int:
+    return len(self.entries) + len(self.file_entries)
 
   def text(self, limit: int = 30) -> str:
-    lines = [f"{where}: {why}" for where, why in self.entries[:limit]]
-    more = len(self.entries) - limit
+    everything = self.file_entries + self.entries
+    lines = [f"{where}: {why}" for where, why in everything[:limit]]
+    more = len(everything) - limit
     return "\n  ".join(lines + ([f"... and {more} more"] if more > 0 else []))
 
 
@@ -74,10 +86,21 @@ def task_paths(task: str, release_dir: str, jsonl: str | None = None, audio_dir:
   return jsonl or os.path.join(release_dir, files.jsonl), audio_dir or os.path.join(release_dir, files.audio_dir)
 
 
-def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[dict]:
+def _require(path: str) -> None:
   if not os.path.exists(path):
     raise ReleaseError(f"{path} does not exist (is --manual_dir the S2SBench release directory?)")
-  records, seen = [], {}
+
+
+def _at(record: dict) -> str:
+  return f"{record['where']} uttid {record['uttid']}"
+
+
+def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[dict]:
+  """Valid lines as dicts (with `key`, the uttid's number, and `where`, file:line); every other line is a problem.
+  Lines sharing an uttid are all left out: which copy is right cannot be told."""
+  _require(path)
+  text_fields = [k for k in fields if k not in ("uttid", "answer")]
+  records, lines_of = [], collections.defaultdict(list)
   with open(path, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
       if not line.strip():
@@ -88,9 +111,15 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[
       except json.JSONDecodeError as e:
         problems.add(where, f"not JSON ({e.msg})")
         continue
+      if not isinstance(record, dict):
+        problems.add(where, f"not a JSON object (got {type(record).__name__})")
+        continue
       missing = [k for k in fields if k not in record]
       if missing:
         problems.add(where, f"missing field(s) {missing}")
+        continue
+      if isinstance(record["uttid"], bool) or not isinstance(record["uttid"], (int, str)):
+        problems.add(where, f"uttid {json.dumps(record['uttid'])} is neither an integer nor a string")
         continue
       uttid = str(record["uttid"])
       try:
@@ -98,16 +127,40 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[
       except ValueError:
         problems.add(where, f"uttid {uttid!r} does not start with an integer")
         continue
-      if uttid in seen:
-        problems.add(where, f"duplicate uttid {uttid} (first at line {seen[uttid]})")
+      lines_of[uttid].append(number)
+      record = dict(record, uttid=uttid, key=key, where=where)
+      not_text = {k: record[k] for k in text_fields if not isinstance(record[k], str)}
+      if not_text:
+        problems.add(_at(record), f"not text: {json.dumps(not_text, ensure_ascii=False)}")
         continue
-      seen[uttid] = number
-      empty = [k for k in fields if k not in ("uttid", "answer") and not str(record[k]).strip()]
+      empty = [k for k in text_fields if not record[k].strip()]
       if empty:
-        problems.add(f"uttid {uttid}", f"empty text in {empty}")
+        problems.add(_at(record), f"empty text in {empty}")
         continue
-      records.append(dict(record, uttid=uttid, key=key, where=where))
-  return records
+      records.append(record)
+  kept = []
+  for record in records:
+    if len(lines_of[record["uttid"]]) > 1:
+      problems.add(_at(record), f"duplicate uttid {record['uttid']} (lines {lines_of[record['uttid']]}): "
+                                "every copy left out")
+    else:
+      kept.append(record)
+  return kept
+
+
+def source_fingerprint(task: str, release_dir: str, with_audio: bool) -> str:
+  """A hash of what a build reads from the release: the jsonl's bytes and, when the wavs are decoded, each wav's
+  name, size and modification time (hashing every recording on each prepare would cost more than the check)."""
+  jsonl, audio_dir = task_paths(task, release_dir)
+  _require(jsonl)
+  digest = hashlib.sha256()
+  with open(jsonl, "rb") as f:
+    digest.update(f.read())
+  if with_audio and os.path.isdir(audio_dir):
+    with os.scandir(audio_dir) as entries:
+      wavs = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.name.endswith(".wav"))
+    digest.update(repr(wavs).encode())
+  return digest.hexdigest()[:16]
 
 
 def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None,
@@ -120,18 +173,24 @@ def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_
   questions = []
   if files.kind == "story":
     records = _read_lines(jsonl, ("uttid", "first", "last"), collect)
-    by_key = {}
+    lines_of = collections.defaultdict(list)
     for r in records:
-      if r["key"] in by_key:
-        collect.add(f"uttid {r['uttid']}", f"its number {r['key']} is also uttid {by_key[r['key']]['uttid']}")
-      by_key[r["key"]] = r
+      lines_of[r["key"]].append(r)
+    by_key = {}
+    for key, shared in lines_of.items():
+      if len(shared) == 1:
+        by_key[key] = shared[0]
+        continue
+      for r in shared:  # which of them is the story's line cannot be told: all are left out
+        collect.add(_at(r), f"its number {key} is shared by uttids {[s['uttid'] for s in shared]}: all left out")
     if len(records) % 2:
-      collect.add(os.path.basename(jsonl), f"odd number of story lines ({len(records)}): every story needs 2k and 2k+1")
+      collect.add_file(os.path.basename(jsonl),
+                       f"odd number of story lines ({len(records)}): every story needs 2k and 2k+1")
     for key in sorted(by_key):
       partner = key + 1 if key % 2 == 0 else key - 1
       if partner not in by_key:
         role = "wrong ending 2k+1" if key % 2 == 0 else "right ending 2k"
-        collect.add(f"uttid {by_key[key]['uttid']}", f"has no partner {partner} ({role}): broken pair")
+        collect.add(_at(by_key[key]), f"has no partner {partner} ({role}): broken pair")
         continue
       if key % 2:
         continue
@@ -145,13 +204,13 @@ def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_
     for r in _read_lines(jsonl, ("uttid", "first") + OPTIONS + ("answer",), collect):
       answer = str(r["answer"]).strip().upper()
       if answer not in OPTIONS:
-        collect.add(f"uttid {r['uttid']}", f"answer {r['answer']!r} is not one of A, B, C, D")
+        collect.add(_at(r), f"answer {r['answer']!r} is not one of A, B, C, D")
         continue
       questions.append(Question(
         id=r["uttid"], language=files.language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
-        audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(str(r[o]) for o in OPTIONS),
+        audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(r[o] for o in OPTIONS),
         correct=OPTIONS.index(answer),
       ))
   if problems is None and collect:
-    raise ReleaseError(f"{jsonl} has {len(collect.entries)} problem(s):\n  {collect.text()}")
+    raise ReleaseError(f"{jsonl} has {len(collect)} problem(s):\n  {collect.text()}")
   return questions

@@ -11,6 +11,8 @@ the units, the special tokens around audio, and the prompt templates. The templa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -63,14 +65,22 @@ class Spec:
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
 
+  def digest(self) -> str:
+    """A hash of the resolved contents (defaults filled in), so the same spec hashes alike from any file."""
+    return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
 
 def available_specs() -> list[str]:
   return sorted(f[: -len(".yaml")] for f in os.listdir(SPECS_DIR) if f.endswith(".yaml"))
 
 
+def is_spec_path(name_or_path: str) -> bool:
+  return name_or_path.endswith((".yaml", ".yml"))
+
+
 def load_spec(name_or_path: str) -> Spec:
   """A preset by name (see `available_specs()`) or a YAML file path."""
-  path = name_or_path if name_or_path.endswith((".yaml", ".yml")) else os.path.join(SPECS_DIR, f"{name_or_path}.yaml")
+  path = name_or_path if is_spec_path(name_or_path) else os.path.join(SPECS_DIR, f"{name_or_path}.yaml")
   if not os.path.exists(path):
     raise SpecError(f"no spec {name_or_path!r}: presets are {', '.join(available_specs())}, or give a .yaml path")
   with open(path, encoding="utf-8") as f:
@@ -82,6 +92,9 @@ def load_spec(name_or_path: str) -> Spec:
   unknown = set(fields) - {f.name for f in dataclasses.fields(Spec)}
   if unknown:
     raise SpecError(f"{path}: unknown keys {sorted(unknown)}")
+  missing = [k for k in ("name", "audio_mode") if not fields.get(k)]
+  if missing:
+    raise SpecError(f"{path}: missing keys {missing}")
   return Spec(**fields)
 
 
@@ -112,6 +125,10 @@ def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
     if spec.unit_token is not None:
       unit_ids = [lookup(spec.unit_token.format(k), "unit token") for k in range(units)]
     else:
+      size = len(tokenizer)
+      if spec.unit_offset < 0 or spec.unit_offset + units > size:
+        raise SpecError(f"spec {spec.name}: unit_offset {spec.unit_offset} + codebook_sizes[0] {units} = "
+                        f"{spec.unit_offset + units} does not fit the tokenizer's {size} tokens")
       unit_ids = list(range(spec.unit_offset, spec.unit_offset + units))
   return AudioIds(lookup(spec.start_token, "start_token"), lookup(spec.end_token, "end_token"),
                   lookup(spec.placeholder_token, "placeholder_token"), unit_ids)

@@ -5,9 +5,10 @@ rows (DESIGN.md's row format plus a `row` index); `metadata.json` holds the ques
 question, which candidate is right), counts, packing efficiency, truncations and skips, the text tokenizer's
 identity and the audio tokenizer's fingerprint. Neither building nor reading needs TensorFlow.
 
-Inputs: the S2SBench release under TFDS's manual_dir (default: the bundled sample), the text tokenizer
-(`tokenizer_dir`; default: the embedded default model's for the `demo` spec, else `<manual_dir>/tokenizer`), and
-for audio tokenizers with files, `audio_tokenizer_dir`.
+Inputs: the S2SBench release under TFDS's manual_dir (default: the bundled sample; a manual_dir that does not
+exist is an error), the text tokenizer (`tokenizer_dir`; default: the embedded default model's for the `demo` spec,
+else `<manual_dir>/tokenizer`), and for audio tokenizers with files, `audio_tokenizer_dir`. A fingerprint of all of
+them (`inputs` in the metadata) lets `tasks.prepare` refuse to reuse rows built from other inputs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -23,8 +25,8 @@ from etils import epath
 from s2sjax.packing import RowShape
 from tasks import audio
 from tasks.build import MODALITIES, PrefixEncoder, build_rows
-from tasks.release import Problems, ReleaseError, read_questions
-from tasks.spec import available_specs, load_spec
+from tasks.release import Problems, ReleaseError, read_questions, source_fingerprint
+from tasks.spec import Spec, available_specs, is_spec_path, load_spec
 
 ROW_LENGTHS = (1024, 2048)
 VERSION = tfds.core.Version("1.0.0")
@@ -46,10 +48,20 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
     return RowShape.for_length(self.row_length, codebooks)
 
 
+def spec_label(spec: str) -> str:
+  """A preset's name; for a YAML path, the spec's own name and a hash of its resolved contents (a path would put
+  slashes in the config name, and two files may carry one name)."""
+  if not is_spec_path(spec):
+    return spec
+  loaded = load_spec(spec)
+  return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', loaded.name)}-{loaded.digest()[:8]}"
+
+
 def config_name(spec: str, modality: str, row_length: int, share_prefix: bool = True,
                 reference_language_quirk: bool = False, overlong: str = "error") -> str:
-  """`demo-speech-1024`; variants that change the rows say so: `-noshare`, `-zhquirk`, `-truncate`."""
-  return (f"{spec}-{modality}-{row_length}" + ("" if share_prefix else "-noshare")
+  """`demo-speech-1024` (`mine-1a2b3c4d-speech-1024` for a YAML spec); variants that change the rows say so:
+  `-noshare`, `-zhquirk`, `-truncate`."""
+  return (f"{spec_label(spec)}-{modality}-{row_length}" + ("" if share_prefix else "-noshare")
           + ("-zhquirk" if reference_language_quirk else "") + ("-truncate" if overlong == "truncate_prefix" else ""))
 
 
@@ -59,7 +71,7 @@ def make_config(spec: str, modality: str, row_length: int, share_prefix: bool = 
     name=config_name(spec, modality, row_length, share_prefix, reference_language_quirk, overlong), version=VERSION,
     spec=spec, modality=modality, row_length=row_length, share_prefix=share_prefix,
     reference_language_quirk=reference_language_quirk, overlong=overlong,
-    description=f"{spec} spec, {modality} prefix, rows of {row_length}")
+    description=f"{spec_label(spec)} spec, {modality} prefix, rows of {row_length}")
 
 
 def _default_configs() -> list[S2SBenchConfig]:
@@ -76,13 +88,41 @@ def tokenizer_identity(tokenizer) -> dict:
 
 
 def resolve_tokenizer_dir(tokenizer_dir: str | None, spec: str, manual_dir: str) -> str:
+  """The text tokenizer's local directory; one that does not exist is an error (transformers would try the hub)."""
   if tokenizer_dir:
-    return tokenizer_dir
-  if spec == "demo":
+    path, why = tokenizer_dir, "--tokenizer_dir"
+  elif spec == "demo":
     from s2sjax import default_model
 
-    return os.path.join(default_model.default_checkpoint(), "tokenizer")
-  return os.path.join(manual_dir, "tokenizer")
+    path, why = os.path.join(default_model.default_checkpoint(), "tokenizer"), "the default model's tokenizer"
+  else:
+    path, why = os.path.join(manual_dir, "tokenizer"), f"the default for spec {spec}: <manual_dir>/tokenizer"
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"text tokenizer directory {path} ({why}) does not exist: pass --tokenizer_dir")
+  return path
+
+
+def resolve_manual_dir(manual_dir: str | None) -> str:
+  """The release directory: the bundled sample when none is given; a given one must exist."""
+  from tasks.sample import RELEASE_DIR
+
+  if not manual_dir:
+    return RELEASE_DIR
+  if not os.path.isdir(manual_dir):
+    raise ReleaseError(f"--manual_dir {manual_dir} does not exist (it should hold the S2SBench release)")
+  return str(manual_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInputs:
+  """Everything a build reads, loaded once, and the fingerprint of each part (recorded as metadata `inputs`)."""
+
+  manual_dir: str
+  spec: Spec
+  tokenizer: object
+  tokenizer_identity: dict
+  audio_tokenizer: audio.AudioTokenizer | None
+  fingerprint: dict[str, str | None]
 
 
 class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -103,6 +143,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def __init__(self, *, tokenizer_dir: str | None = None, audio_tokenizer_dir: str | None = None,
                skip_bad: bool = False, **kwargs):
     self.tokenizer_dir, self.audio_tokenizer_dir, self.skip_bad = tokenizer_dir, audio_tokenizer_dir, skip_bad
+    self._inputs: BuildInputs | None = None
     kwargs.setdefault("file_format", "array_record")  # random access, and no TensorFlow to write or read
     super().__init__(**kwargs)
 
@@ -123,23 +164,39 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       homepage="https://github.com/undobug/S2SBench",
     )
 
-  def _manual_dir(self, dl_manager) -> str:
-    from tasks.sample import RELEASE_DIR
+  def build_inputs(self, manual_dir: str) -> BuildInputs:
+    """The spec and tokenizers (loaded once per builder) and the fingerprint of everything the rows come from."""
+    if self._inputs is None or self._inputs.manual_dir != manual_dir:
+      from transformers import AutoTokenizer
 
+      config = self.builder_config
+      spec = load_spec(config.spec)
+      tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, config.spec, manual_dir))
+      audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
+                         if config.modality == "speech" else None)
+      identity = tokenizer_identity(tokenizer)
+      reads_wavs = audio_tokenizer is not None and audio_tokenizer.reads_audio
+      fingerprint = {
+        "release": source_fingerprint(self.TASK, manual_dir, with_audio=reads_wavs), "spec": spec.digest(),
+        "text_tokenizer": identity["vocab_sha"],
+        "audio_tokenizer": audio_tokenizer.fingerprint() if audio_tokenizer else None,
+      }
+      self._inputs = BuildInputs(manual_dir, spec, tokenizer, identity, audio_tokenizer, fingerprint)
+    return self._inputs
+
+  def _manual_dir(self, dl_manager) -> str:
+    # TFDS passes <data_dir>/downloads/manual when no manual_dir was given: absent, it means "the sample"
     manual = getattr(dl_manager, "_manual_dir", None)
-    return str(manual) if manual and os.path.exists(str(manual)) else RELEASE_DIR
+    unset = manual is None or (epath.Path(manual) == epath.Path(dl_manager._download_dir) / "manual"
+                               and not epath.Path(manual).exists())
+    return resolve_manual_dir(None if unset else str(manual))
 
   def _split_generators(self, dl_manager):
-    from transformers import AutoTokenizer
-
     config = self.builder_config
-    manual_dir = self._manual_dir(dl_manager)
-    spec = load_spec(config.spec)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, config.spec, manual_dir))
-    audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
-                       if config.modality == "speech" else None)
+    inputs = self.build_inputs(self._manual_dir(dl_manager))
+    spec, tokenizer, audio_tokenizer = inputs.spec, inputs.tokenizer, inputs.audio_tokenizer
     problems = Problems() if self.skip_bad else None
-    questions = read_questions(self.TASK, manual_dir, problems=problems)
+    questions = read_questions(self.TASK, inputs.manual_dir, problems=problems)
     encoder = PrefixEncoder(spec, config.modality, tokenizer, audio_tokenizer,
                             language_override="zh" if config.reference_language_quirk else None)
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
@@ -147,15 +204,16 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     if problems:
       summary["skipped"] += len(problems.entries)
       summary["skipped_questions"] = [{"where": w, "why": y} for w, y in problems.entries] + summary["skipped_questions"]
+    summary["file_problems"] = [{"where": w, "why": y} for w, y in (problems.file_entries if problems else [])]
     self.info.metadata.update({
-      "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": manual_dir,
+      "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
       "row_shape": dataclasses.asdict(config.row_shape), "share_prefix": config.share_prefix,
-      "tokenizer": tokenizer_identity(tokenizer),
+      "tokenizer": inputs.tokenizer_identity,
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
                           if audio_tokenizer else None),
       "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
       "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
-      "report": summary, "questions": table,
+      "inputs": inputs.fingerprint, "report": summary, "questions": table,
     })
     return {"test": self._generate_examples(rows, config.row_shape.num_codebooks)}
 

@@ -3,18 +3,21 @@
 import csv
 import json
 import os
+import shutil
 
 import pytest
 
 from tasks.audio.base import load_audio
 from tasks.importer import import_all, read_stories, rewrite_question
-from tasks.release import read_questions
+from tasks.release import TASKS, read_questions
 
 REALDATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "realdata")
 STORYCLOZE = os.path.join(REALDATA, "storycloze", "cloze_test_test__spring2016 - cloze_test_ALL_test.csv")
 XSTORYCLOZE = [os.path.join(REALDATA, "xstorycloze", f"spring2016.val.zh.tsv.split_20_80_{s}.tsv") for s in ("train", "eval")]
 CMMLU = os.path.join(REALDATA, "cmmlu", "data", "test")
 needs_realdata = pytest.mark.skipif(not os.path.exists(STORYCLOZE), reason="../shared/realdata is absent")
+needs_espeak = pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("sox")),
+                                  reason="espeak-ng or sox is not installed")
 
 
 def test_rewrite_rules_by_hand():
@@ -62,3 +65,60 @@ def test_replica_speech_is_readable_and_plausibly_long(tmp_path):
     for path in question.audio_paths:
       assert len(load_audio(path, 16000)) > 16000
   print(json.dumps(report, ensure_ascii=False))
+
+
+def _write_csv(path, header, rows):
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+def _sources(root, first_story, first_question):
+  """A two-story StoryCloze CSV and a three-question CMMLU subject whose first entries are given."""
+  stories = str(root / "stories.csv")
+  _write_csv(stories, ["InputStoryid", *(f"InputSentence{i}" for i in range(1, 5)), "RandomFifthSentenceQuiz1",
+                       "RandomFifthSentenceQuiz2", "AnswerRightEnding"],
+             [["a", *first_story, "He smiled.", "He flew.", "1"], ["b", "Ann sang.", "It rained.", "She ran.",
+                                                                   "She hid.", "She got wet.", "She was dry.", "1"]])
+  cmmlu = root / "cmmlu"
+  cmmlu.mkdir(exist_ok=True)
+  _write_csv(str(cmmlu / "water.csv"), ["", "Question", "A", "B", "C", "D", "Answer"],
+             [["0", first_question, "一百度", "十度", "零度", "五度", "A"],
+              ["1", "冰在（）融化", "零度", "十度", "五十度", "一百度", "A"],
+              ["2", "人有（）只眼睛", "两", "三", "四", "五", "A"]])
+  return stories, str(cmmlu)
+
+
+def _same_audio(path, text, language, tmp_path):
+  from tasks.sample.make_sample import speak
+
+  reference = str(tmp_path / "reference.wav")
+  speak(text, language, reference)  # espeak-ng and sox -D are deterministic: same text, same bytes
+  return open(path, "rb").read() == open(reference, "rb").read()
+
+
+@needs_espeak
+def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
+  """Re-import into the same directory after a story's text changed and a CMMLU question dropped out (renumbering
+  the rest): every wav speaks its own line's text, and only the changed text is synthesized again."""
+  out = str(tmp_path / "replica")
+  first = ["Tom woke up.", "He was hungry.", "He cooked eggs.", "He ate them."]
+  stories, cmmlu = _sources(tmp_path, first, "水在标准大气压下（）沸腾")
+  report = import_all(out, stories, [], cmmlu, speech=True, workers=1)
+  assert report["sstorycloze"]["synthesized"] == 2 and report["scmmlu"]["synthesized"] == 3
+  changed = ["Tom woke up late.", *first[1:]]
+  stories, cmmlu = _sources(tmp_path, changed, "下列哪个温度是水的沸点")  # question 0 is now left out
+  report = import_all(out, stories, [], cmmlu, speech=True, workers=1)
+  assert report["sstorycloze"]["synthesized"] == 1 and report["scmmlu"]["synthesized"] == 0
+  assert report["scmmlu"]["questions_kept"] == 2 and report["scmmlu"]["stale_wavs_removed"] == 1
+  for task in ("sstorycloze", "scmmlu"):
+    for question in read_questions(task, out):
+      for path, text in zip(question.audio_paths, question.prefixes):
+        assert _same_audio(path, text, TASKS[task].language, tmp_path), (path, text)
+  story = read_questions("sstorycloze", out)[0]
+  assert story.prefixes[0] == " ".join(changed)
+  assert sorted(os.listdir(os.path.join(out, TASKS["scmmlu"].audio_dir))) == ["0.wav", "1.wav"]
+  stories, _ = _sources(tmp_path, first, "水在标准大气压下（）沸腾")  # without speech: relinked from the cache
+  assert import_all(out, stories, [], None, speech=False)["sstorycloze"]["wavs"] == 4
+  assert _same_audio(read_questions("sstorycloze", out)[0].audio_paths[0], " ".join(first), "en", tmp_path)

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from s2sjax.packing import RowShape
+from s2sjax.packing import PackingError, RowShape
 from tasks.audio.base import AudioError, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.build import PrefixEncoder, build_rows
 from tasks.prepare import prepare
-from tasks.release import TASKS, ReleaseError, read_questions
+from tasks.release import TASKS, Problems, Question, ReleaseError, read_questions
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
-from tasks.spec import SpecError, available_specs, load_spec, resolve_audio_ids
+from tasks.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids
 from tasks.tfds_builder import load_rows
 
 
@@ -156,7 +156,7 @@ def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
     build_rows(questions, encoder, shape)
   with pytest.raises(AudioError, match=r"audio file .*4_x\.wav cannot be read"):
     build_rows(questions[2:], encoder, shape)
-  with pytest.raises(ValueError, match=r"question 6_x: needs \d+ tokens .* more than the row length 1024"):
+  with pytest.raises(ValueError, match=r"question 6_x: \d+ prefix \+ \d+ candidate tokens exceed the row length 1024"):
     build_rows(questions[3:], encoder, shape)
   rows, table, report = build_rows(questions, encoder, shape, skip_bad=True)
   assert [q["id"] for q in table] == ["0_x"] and report["skipped"] == 3
@@ -171,8 +171,58 @@ def test_skip_bad_lists_release_problems_too(tmp_path, qwen_tokenizer_dir):
   root = _write_release(str(tmp_path), stories=_stories()[:-1])  # 5_x missing: story 4_x is broken
   metadata = prepare("sstorycloze", "demo", "text", 1024, str(tmp_path / "data"), manual_dir=root,
                      tokenizer_dir=qwen_tokenizer_dir, skip_bad=True)
-  assert metadata["report"]["questions"] == 2 and metadata["report"]["skipped"] == 2
-  assert any("has no partner 5" in s["why"] for s in metadata["report"]["skipped_questions"])
+  report = metadata["report"]
+  assert report["questions"] == 2 and report["skipped"] == 1  # the line left out, not the file-level note
+  assert report["skipped_questions"] == [
+    {"where": "sStory_s2t.jsonl:5 uttid 4_x", "why": "has no partner 5 (wrong ending 2k+1): broken pair"}]
+  assert report["file_problems"] == [
+    {"where": "sStory_s2t.jsonl", "why": "odd number of story lines (5): every story needs 2k and 2k+1"}]
+
+
+def test_a_shared_story_number_leaves_out_every_line_that_shares_it(tmp_path):
+  """0_x and 0_y both claim story 0: which one pairs with 1_x cannot be told, so neither is built, nor is 1_x."""
+  root = _write_release(str(tmp_path), stories=_stories()[:1] + [dict(_stories()[0], uttid="0_y")] + _stories()[1:])
+  problems = Problems()
+  questions = read_questions("sstorycloze", root, problems=problems)
+  assert [q.id for q in questions] == ["2_x", "4_x"]
+  assert problems.entries == [
+    ("sStory_s2t.jsonl:1 uttid 0_x", "its number 0 is shared by uttids ['0_x', '0_y']: all left out"),
+    ("sStory_s2t.jsonl:2 uttid 0_y", "its number 0 is shared by uttids ['0_x', '0_y']: all left out"),
+    ("sStory_s2t.jsonl:3 uttid 1_x", "has no partner 0 (right ending 2k): broken pair"),
+  ]
+  assert problems.file_entries == [("sStory_s2t.jsonl", "odd number of story lines (7): every story needs 2k and 2k+1")]
+  root = _write_release(str(tmp_path / "same_uttid"), cmmlu=_cmmlu() + [dict(_cmmlu()[1], answer="B")])
+  problems = Problems()  # the same uttid twice: every copy is left out, not the first kept
+  assert [q.id for q in read_questions("scmmlu", root, problems=problems)] == ["0", "2"]
+  assert [where for where, _ in problems.entries] == ["cmmlu_rewrite_4.jsonl:2 uttid 1",
+                                                      "cmmlu_rewrite_4.jsonl:4 uttid 1"]
+  assert all("duplicate uttid 1 (lines [2, 4]): every copy left out" == why for _, why in problems.entries)
+
+
+def test_lines_that_are_not_objects_or_not_text_are_named_by_file_and_line(tmp_path):
+  root = _write_release(str(tmp_path), stories=_stories(4))
+  jsonl = os.path.join(root, TASKS["sstorycloze"].jsonl)
+  lines = open(jsonl, encoding="utf-8").read().splitlines()
+  lines[1] = "5"
+  lines[2] = json.dumps(dict(_stories()[2], first=None))
+  lines[3] = json.dumps(dict(_stories()[3], last=3))
+  lines[4] = json.dumps(dict(_stories()[4], uttid=None))
+  with open(jsonl, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  with pytest.raises(ReleaseError, match=r"has 6 problem\(s\)") as raised:
+    read_questions("sstorycloze", root)
+  expected = [
+    ("sStory_s2t.jsonl:2", "not a JSON object (got int)"),
+    ("sStory_s2t.jsonl:3 uttid 2_x", 'not text: {"first": null}'),
+    ("sStory_s2t.jsonl:4 uttid 3_x", 'not text: {"last": 3}'),
+    ("sStory_s2t.jsonl:5", "uttid null is neither an integer nor a string"),
+  ]
+  assert all(f"{where}: {why}" in str(raised.value) for where, why in expected)
+  problems = Problems()  # skip_bad: the same problems, listed, and only the intact story built
+  assert [q.id for q in read_questions("sstorycloze", root, problems=problems)] == ["6_x"]
+  assert problems.entries[:4] == expected
+  assert [why for _, why in problems.entries[4:]] == ["has no partner 1 (wrong ending 2k+1): broken pair",
+                                                      "has no partner 4 (right ending 2k): broken pair"]
 
 
 def test_every_preset_loads_and_special_tokens_are_checked(qwen_tokenizer_dir):
@@ -211,3 +261,41 @@ def test_extended_vocab_rows_carry_the_unit_tokens(tmp_path, qwen_tokenizer_dir)
     units = ids[list(ids).index(begin) + 1 : list(ids).index(end)]
     assert tokenizer.convert_ids_to_tokens(units.tolist()) == [f"<|audio_{k}|>" for k in codes[question.id][:, 0]]
   assert report["questions"] == 2 and report["audio_seconds"] == 0.0
+
+
+def _question(qid, prefix, candidates):
+  return Question(id=qid, language="en", uttids=(qid,) * len(candidates), prefixes=(prefix,) * len(candidates),
+                  audio_paths=("",) * len(candidates), candidates=tuple(candidates), correct=0)
+
+
+def test_questions_the_packer_cannot_fit_are_named_or_skipped(qwen_tokenizer_dir):
+  """The packer's rules are checked per question, where skip_bad can leave the question out: more candidate tokens
+  than a row's targets, and (with truncate_prefix) a candidate too long for the row once the prefix is gone."""
+  encoder, _ = _encoder(qwen_tokenizer_dir)
+  good = _question("good", "Tom went out.", ["He came back.", "Fish sang."])
+  wordy = _question("wordy", "Tom went out.", ["He came back " + "and sat down " * 6 + "at last.", "Fish sang."])
+  narrow = RowShape(length=1024, max_targets=16, max_slots=4)
+  with pytest.raises(PackingError, match=r"question wordy: .*exceeds? a row's 16 targets"):
+    build_rows([good, wordy], encoder, narrow)
+  rows, table, report = build_rows([good, wordy], encoder, narrow, skip_bad=True)
+  assert [q["id"] for q in table] == ["good"] and report["skipped"] == 1
+  assert report["skipped_questions"][0]["where"] == "question wordy"
+  short = RowShape(length=24, max_targets=64, max_slots=4)
+  alone = r"question wordy: its .*candidates? alone \(\d+ tokens\) does? not fit a row of 24"
+  with pytest.raises(PackingError, match=alone):
+    build_rows([good, wordy], encoder, short, overlong="truncate_prefix")
+  rows, table, report = build_rows([good, wordy], encoder, short, skip_bad=True, overlong="truncate_prefix")
+  assert [q["id"] for q in table] == ["good"]
+  assert [s["where"] for s in report["skipped_questions"]] == ["question wordy"]
+  assert report["rows"] == 1 and (rows["slot_item"] >= 0).sum() == 2
+
+
+def test_unit_offset_must_fit_the_tokenizer(qwen_tokenizer_dir):
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  spec = lambda offset: Spec(name="units", audio_mode="extended_vocab", audio_tokenizer={"type": "precomputed"},
+                             codebook_sizes=(500,), unit_offset=offset)
+  size = len(tokenizer)
+  with pytest.raises(SpecError, match=rf"spec units: unit_offset {size - 499} \+ codebook_sizes\[0\] 500 = {size + 1} "
+                                      rf"does not fit the tokenizer's {size} tokens"):
+    resolve_audio_ids(spec(size - 499), tokenizer)
+  assert resolve_audio_ids(spec(size - 500), tokenizer).unit_ids[-1] == size - 1

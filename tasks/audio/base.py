@@ -55,7 +55,8 @@ class AudioTokenizer(abc.ABC):
     """What determines the codes (type, settings, weights): recorded with the dataset."""
 
   def fingerprint(self) -> str:
-    """A short hash of `identity()` and the weights behind it: data built with another tokenizer is refused."""
+    """A short hash of `identity()` and the weights behind it: `tasks.prepare` refuses to reuse data built with
+    another tokenizer (the fingerprint is part of the built data's `inputs`)."""
     return hashlib.sha256(repr(sorted(self.identity().items())).encode()).hexdigest()[:16]
 
 

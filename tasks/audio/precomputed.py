@@ -20,6 +20,7 @@ class PrecomputedTokenizer(AudioTokenizer):
     self.codes_dir = codes_dir
     self.codebook_sizes = tuple(codebook_sizes)
     self.num_codebooks = len(self.codebook_sizes)
+    self._identity: dict | None = None
 
   def encode(self, wave: np.ndarray | None, uttid: str) -> np.ndarray:
     path = os.path.join(self.codes_dir, f"{uttid}.npy")
@@ -36,6 +37,13 @@ class PrecomputedTokenizer(AudioTokenizer):
     return codes.astype(np.int32)
 
   def identity(self) -> dict:
-    listing = sorted(os.listdir(self.codes_dir))
-    return {"type": "precomputed", "codebook_sizes": list(self.codebook_sizes),
-            "files": len(listing), "listing_sha": hashlib.sha256("\n".join(listing).encode()).hexdigest()[:16]}
+    """Hashes every code file's name and bytes: codes rewritten in place under the same names change it too."""
+    if self._identity is None:
+      names = sorted(n for n in os.listdir(self.codes_dir) if n.endswith(".npy"))
+      digest = hashlib.sha256()
+      for name in names:
+        with open(os.path.join(self.codes_dir, name), "rb") as f:
+          digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+      self._identity = {"type": "precomputed", "codebook_sizes": list(self.codebook_sizes), "files": len(names),
+                        "codes_sha": digest.hexdigest()[:16]}
+    return self._identity
