@@ -7,6 +7,8 @@ time. The format: 8-byte little-endian header length, a JSON header {name: {dtyp
 from __future__ import annotations
 
 import json
+import math
+import os
 import struct
 from typing import Mapping
 
@@ -29,18 +31,65 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def read_header(path: str) -> tuple[dict, int]:
-  """(tensor table, byte offset of the data section) of one .safetensors file."""
+  """(tensor table, byte offset of the data section) of one .safetensors file, checked against the file's size
+  so that a truncated or corrupt file fails here, naming every bad tensor, and not when a tensor is mapped."""
+  file_size = os.path.getsize(path)
   with open(path, "rb") as f:
     raw = f.read(8)
     if len(raw) != 8:
       raise ValueError(f"{path}: too short to be a safetensors file")
     (size,) = struct.unpack("<Q", raw)
+    if size > file_size - 8:
+      raise ValueError(f"{path}: corrupt safetensors header (length prefix {size}, file size {file_size} bytes)")
     try:
       header = json.loads(f.read(size))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ValueError(f"{path}: corrupt safetensors header ({e})") from e
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
   header.pop("__metadata__", None)
+  problems = _entry_problems(header, file_size - 8 - size)
+  if problems:
+    raise ValueError("\n".join(f"{path}: {problem}" for problem in problems))
   return header, 8 + size
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry_problems(header: dict, data_size: int) -> list[str]:
+  """Every tensor entry that is malformed, lies past the data section, disagrees with its dtype x shape, or
+  overlaps another."""
+  problems, spans = [], []
+  for name, entry in header.items():
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+      problems.append(f"tensor {name}: entry {entry!r} lacks dtype, shape or data_offsets")
+      continue
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str):
+      problems.append(f"tensor {name}: dtype {dtype!r} is not a string")
+    elif not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+      problems.append(f"tensor {name}: shape {shape!r} is not a list of non-negative integers")
+    elif not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))
+              and 0 <= offsets[0] <= offsets[1]):
+      problems.append(f"tensor {name}: data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end")
+    elif offsets[1] > data_size:
+      problems.append(f"tensor {name}: bytes {offsets} lie past the end of the {data_size}-byte data section "
+                      "(truncated file?)")
+    # Unsupported dtypes have no known size here; `read` refuses them if such a tensor is ever read.
+    elif dtype in DTYPES and offsets[1] - offsets[0] != DTYPES[dtype].itemsize * math.prod(shape):
+      problems.append(f"tensor {name}: {offsets[1] - offsets[0]} bytes, but {dtype} {tuple(shape)} needs "
+                      f"{DTYPES[dtype].itemsize * math.prod(shape)}")
+    elif offsets[0] < offsets[1]:
+      spans.append((offsets[0], offsets[1], name))
+  reach, reach_name = 0, None  # the furthest end so far, so that nested spans are caught too
+  for begin, end, name in sorted(spans):
+    if begin < reach:
+      problems.append(f"tensors {reach_name} and {name} overlap at bytes [{begin}, {min(end, reach)})")
+    if end > reach:
+      reach, reach_name = end, name
+  return problems
 
 
 class SafetensorsFile:
@@ -60,12 +109,9 @@ class SafetensorsFile:
     entry = self.header[name]
     if entry["dtype"] not in DTYPES:
       raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {entry['dtype']}")
-    begin, end = entry["data_offsets"]
-    dtype = DTYPES[entry["dtype"]]
-    shape = tuple(entry["shape"])
-    if end - begin != dtype.itemsize * int(np.prod(shape)):
-      raise ValueError(f"{self.path}: tensor {name} has {end - begin} bytes, shape {shape} needs more or fewer")
-    return np.memmap(self.path, dtype=dtype, mode="r", offset=self._data_start + begin, shape=shape)
+    begin, _ = entry["data_offsets"]  # offsets and size were checked against the file by read_header
+    return np.memmap(self.path, dtype=DTYPES[entry["dtype"]], mode="r", offset=self._data_start + begin,
+                     shape=tuple(entry["shape"]))
 
 
 def write(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> None:

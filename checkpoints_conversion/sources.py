@@ -58,19 +58,28 @@ class SafetensorsSource:
     paths, weight_map = _indexed_files(directory, "model.safetensors.index.json", "*.safetensors")
     self.description = f"{directory} ({len(paths)} safetensors file(s))"
     self._where: dict[str, safetensors_io.SafetensorsFile] = {}
+    # Every shard's header is checked before any tensor is read, and all problems are reported at once.
+    problems, unreadable = [], set()
     for path in paths:
       try:
         shard = safetensors_io.SafetensorsFile(path)
       except ValueError as e:
-        raise SourceError(str(e)) from e
+        problems += str(e).splitlines()  # one line per bad tensor
+        unreadable.add(path)
+        continue
       for key in shard.keys():
         if key in self._where:
-          raise SourceError(f"tensor {key} appears in both {self._where[key].path} and {path}")
-        self._where[key] = shard
+          problems.append(f"tensor {key} appears in both {self._where[key].path} and {path}")
+        else:
+          self._where[key] = shard
     if weight_map is not None:
-      unlisted = sorted(set(weight_map) ^ set(self._where))
+      listed = {key for key, name in weight_map.items() if os.path.join(directory, name) not in unreadable}
+      unlisted = sorted(listed ^ set(self._where))
       if unlisted:
-        raise SourceError(f"the index and the shards disagree about keys: {unlisted[:10]}")
+        problems.append(f"the index and the shards disagree about keys: {unlisted[:10]}")
+    if problems:
+      listing = "\n  ".join(problems)
+      raise SourceError(f"{directory}: {len(problems)} problem(s) in its safetensors files:\n  {listing}")
 
   def keys(self) -> list[str]:
     return list(self._where)

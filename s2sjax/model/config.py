@@ -68,8 +68,9 @@ class ModelConfig:
   def num_params(self) -> int:
     """Parameter count of the text decoder (audio tables and heads excluded)."""
     d, f, h, kv, hd = self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads, self.head_dim
-    attn = d * hd * (2 * h + 2 * kv) + (hd * (h + 2 * kv) if self.qkv_bias else 0)
-    layer = attn + 3 * d * f + 2 * d
+    attn = d * hd * (2 * h + 2 * kv) + (hd * (h + 2 * kv) if self.qkv_bias else 0) + (d if self.o_bias else 0)
+    mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
+    layer = attn + mlp + 2 * d
     head = 0 if self.tie_embeddings else self.vocab_size * d
     return self.vocab_size * d + self.num_layers * layer + d + head
 
@@ -81,8 +82,8 @@ def _require(cfg: Mapping[str, Any], *keys: str) -> Any:
   raise ConfigError(f"config.json has none of {list(keys)}")
 
 
-def _rope(cfg: Mapping[str, Any]) -> tuple[float, float]:
-  """(theta, partial_rotary_factor) from either transformers v4 or v5 spelling; rejects scaled ropes."""
+def _rope(cfg: Mapping[str, Any]) -> tuple[float, float | None]:
+  """(theta, partial_rotary_factor or None) from either transformers v4 or v5 spelling; rejects scaled ropes."""
   params = dict(cfg.get("rope_parameters") or {})
   scaling = cfg.get("rope_scaling") or {}
   rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
@@ -91,8 +92,8 @@ def _rope(cfg: Mapping[str, Any]) -> tuple[float, float]:
   theta = params.get("rope_theta", cfg.get("rope_theta"))
   if theta is None:
     raise ConfigError("config.json gives no rope_theta")
-  factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-  return float(theta), float(factor)
+  factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+  return float(theta), None if factor is None else float(factor)
 
 
 def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -110,18 +111,32 @@ def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
   hidden = _require(cfg, "hidden_size")
   heads = _require(cfg, "num_attention_heads")
   theta, factor = _rope(cfg)
-  head_dim = cfg.get("head_dim") or hidden // heads
-  bias = bool(cfg.get("attention_bias", False))
+  # A key may be absent only where transformers derives it from the others (LlamaConfig: head_dim and kv heads;
+  # Qwen2: head_dim). Qwen2Config's fallback of 32 kv heads and GlmConfig's of glm-4-9b's head_dim, kv heads,
+  # attention_bias and partial_rotary_factor are one model's values, not the checkpoint's, so those are required.
+  head_dim = _require(cfg, "head_dim") if model_type == "glm" else cfg.get("head_dim") or hidden // heads
+  if model_type == "llama":
+    kv_heads = cfg.get("num_key_value_heads") or heads
+  else:
+    kv_heads = _require(cfg, "num_key_value_heads")
+  if model_type == "glm":
+    if factor is None:
+      raise ConfigError("config.json has no partial_rotary_factor (top level or in rope_parameters)")
+    rotary_dim = int(head_dim * factor)
+  elif factor not in (None, 1.0):  # transformers' llama and qwen2 ropes rotate whole heads whatever it says
+    raise ConfigError(f"partial_rotary_factor={factor} is not supported for model_type {model_type!r}")
+  else:
+    rotary_dim = head_dim
   common = dict(
     vocab_size=_require(cfg, "vocab_size"),
     hidden_size=hidden,
     intermediate_size=_require(cfg, "intermediate_size"),
     num_layers=_require(cfg, "num_hidden_layers"),
     num_heads=heads,
-    num_kv_heads=cfg.get("num_key_value_heads") or heads,
+    num_kv_heads=kv_heads,
     head_dim=head_dim,
     rope_theta=theta,
-    rotary_dim=int(head_dim * factor),
+    rotary_dim=rotary_dim,
     rms_norm_eps=float(_require(cfg, "rms_norm_eps")),
     tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),  # every family's transformers default
   )
@@ -130,9 +145,11 @@ def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
       raise ConfigError("Qwen2 sliding-window attention is not supported")
     return ModelConfig(family="qwen2", rope_interleaved=False, qkv_bias=True, o_bias=False, mlp_bias=False, **common)
   if model_type == "llama":
+    bias = bool(cfg.get("attention_bias", False))
     return ModelConfig(
       family="llama", rope_interleaved=False, qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias")), **common
     )
+  bias = bool(_require(cfg, "attention_bias"))
   return ModelConfig(family="glm4", rope_interleaved=True, qkv_bias=bias, o_bias=False, mlp_bias=False, **common)
 
 
@@ -144,17 +161,17 @@ def _from_chatglm(cfg: Mapping[str, Any]) -> ModelConfig:
   if cfg.get("original_rope") is False:
     raise ConfigError("ChatGLM original_rope=false (non-interleaved GLM rope) is not supported")
   heads = _require(cfg, "num_attention_heads")
-  hidden = _require(cfg, "hidden_size")
-  head_dim = cfg.get("kv_channels") or hidden // heads
+  # ChatGLMConfig falls back to ChatGLM2-6B's kv_channels=128 and multi_query_group_num=1: required instead.
+  head_dim = _require(cfg, "kv_channels")
   # modeling_chatglm.py: RotaryEmbedding(head_dim // 2) with base 10000 * rope_ratio, interleaved pairs.
   return ModelConfig(
     family="glm4",
     vocab_size=_require(cfg, "padded_vocab_size", "vocab_size"),
-    hidden_size=hidden,
+    hidden_size=_require(cfg, "hidden_size"),
     intermediate_size=_require(cfg, "ffn_hidden_size"),
     num_layers=_require(cfg, "num_layers"),
     num_heads=heads,
-    num_kv_heads=cfg.get("multi_query_group_num", heads) if cfg.get("multi_query_attention") else heads,
+    num_kv_heads=_require(cfg, "multi_query_group_num") if cfg.get("multi_query_attention") else heads,
     head_dim=head_dim,
     rope_theta=10000.0 * float(cfg.get("rope_ratio", 1.0)),
     rotary_dim=head_dim // 2,
