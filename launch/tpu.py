@@ -8,7 +8,9 @@ and the evaluation reruns into the same output directory, where it resumes.
       --fetch_to=./run7-eval [--dry_run]
 
 Actions: create, install, run, fetch, delete, all (create, install, run with preemption retries, fetch, delete).
---dry_run prints every command instead of running it.
+With --action=all the slice is deleted even when a step fails (after fetching what a failed run wrote), and the
+error is raised again. --queued waits until the queued resource is ACTIVE (at most --queued_timeout_s); one that
+fails, is suspended or times out is deleted. --dry_run prints every command instead of running it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from absl import app, flags
 
 ACTIONS = ("create", "install", "run", "fetch", "delete", "all")
 REMOTE_DIR = "~/s2sjax"
+UNUSABLE_QUEUED_STATES = ("FAILED", "SUSPENDING", "SUSPENDED")  # a queued resource never leaves these for ACTIVE
 
 
 class Launcher:
@@ -29,12 +32,20 @@ class Launcher:
 
   def __init__(self, name: str, zone: str, accelerator: str, runtime: str, project: str | None, spot: bool,
                queued: bool, dry_run: bool, echo: Callable[[str], None] = print,
-               runner: Callable[[Sequence[str]], int] | None = None, recreate_wait_s: float = 30.0):
+               runner: Callable[[Sequence[str]], int] | None = None, recreate_wait_s: float = 30.0,
+               read_output: Callable[[Sequence[str]], str] | None = None, poll_interval_s: float = 30.0,
+               queued_timeout_s: float = 7200.0):
     self.name, self.zone, self.accelerator, self.runtime = name, zone, accelerator, runtime
     self.project, self.spot, self.queued, self.dry_run = project, spot, queued, dry_run
+    self.queued_resource = f"{name}-qr"
     self.echo = echo
     self.recreate_wait_s = 0.0 if dry_run else recreate_wait_s  # give the zone a moment before asking again
+    self.poll_interval_s, self.queued_timeout_s = poll_interval_s, queued_timeout_s
     self.runner = runner or (lambda argv: subprocess.run(list(argv)).returncode)
+    # stdout only: gcloud's errors still reach the terminal
+    self.read_output = read_output or (lambda argv: subprocess.run(list(argv), stdout=subprocess.PIPE, text=True,
+                                                                   check=True).stdout)
+    self.deleted = False  # set by a delete until the next create, so cleanup paths never delete twice
 
   def _gcloud(self, *args: str) -> list[str]:
     argv = ["gcloud", *args, f"--zone={self.zone}"]
@@ -50,13 +61,36 @@ class Launcher:
     return code
 
   def create(self) -> None:
+    self.deleted = False
     if self.queued:
-      argv = self._gcloud("compute", "tpus", "queued-resources", "create", f"{self.name}-qr", f"--node-id={self.name}",
-                          f"--accelerator-type={self.accelerator}", f"--runtime-version={self.runtime}")
+      argv = self._gcloud("compute", "tpus", "queued-resources", "create", self.queued_resource,
+                          f"--node-id={self.name}", f"--accelerator-type={self.accelerator}",
+                          f"--runtime-version={self.runtime}")
     else:
       argv = self._gcloud("compute", "tpus", "tpu-vm", "create", self.name, f"--accelerator-type={self.accelerator}",
                           f"--version={self.runtime}")
     self._do(argv + (["--spot"] if self.spot else []))
+    if self.queued:
+      self.wait_until_active()
+
+  def wait_until_active(self) -> None:
+    """Queued-resource create returns once the request is accepted; its VMs are usable only once it is ACTIVE."""
+    describe = self._gcloud("compute", "tpus", "queued-resources", "describe", self.queued_resource,
+                            "--format=value(state.state)")
+    self.echo(shlex.join(describe))
+    if self.dry_run:
+      return
+    deadline = time.monotonic() + self.queued_timeout_s
+    last_state = None
+    while (state := self.read_output(describe).strip()) != "ACTIVE":
+      if state != last_state:
+        self.echo(f"# {self.queued_resource} is {state}, waiting for ACTIVE")
+        last_state = state
+      if state in UNUSABLE_QUEUED_STATES or time.monotonic() >= deadline:
+        self.delete()  # a request left behind could still be provisioned, and billed, later
+        why = state if state in UNUSABLE_QUEUED_STATES else f"still {state} after {self.queued_timeout_s:g} s"
+        raise RuntimeError(f"queued resource {self.queued_resource} is {why} (--queued_timeout_s); deleted it")
+      time.sleep(self.poll_interval_s)
 
   def ssh_all(self, command: str, check: bool = True) -> int:
     """One command on every worker of the slice at once (how JAX multi-host programs start)."""
@@ -89,36 +123,60 @@ class Launcher:
   def fetch(self, output_dir: str, fetch_to: str) -> None:
     if output_dir.startswith("gs://"):
       self._do(["gcloud", "storage", "rsync", "--recursive", output_dir, fetch_to])
-    else:  # a worker-local directory: process 0 wrote it on worker 0
+    else:  # a worker-local directory: process 0 wrote it on worker 0, relative to where the eval ran
+      remote_dir = output_dir if output_dir.startswith(("/", "~")) else f"{REMOTE_DIR}/{output_dir}"
       self._do(self._gcloud("compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=0",
-                            f"{self.name}:{output_dir}", fetch_to))
+                            f"{self.name}:{remote_dir}", fetch_to))
 
   def delete(self) -> None:
+    if self.deleted:
+      return
     if self.queued:
-      self._do(self._gcloud("compute", "tpus", "queued-resources", "delete", f"{self.name}-qr", "--force", "--quiet"),
-               check=False)
+      self._do(self._gcloud("compute", "tpus", "queued-resources", "delete", self.queued_resource, "--force",
+                            "--quiet"), check=False)
     else:
       self._do(self._gcloud("compute", "tpus", "tpu-vm", "delete", self.name, "--quiet"), check=False)
+    self.deleted = True
+
+  def run_all(self, checkpoint: str, data_dir: str, output_dir: str, eval_args: str, retries: int,
+              fetch_to: str) -> None:
+    """create, install, run, fetch, delete. Whatever fails, the slice is deleted (it bills until then) and the error
+    is raised again; a failed evaluation's partial results are still fetched."""
+    run_started = False
+    try:
+      self.create()
+      self.install()
+      run_started = True
+      self.run(checkpoint, data_dir, output_dir, eval_args, retries)
+    except Exception:
+      if run_started:
+        try:
+          self.fetch(output_dir, fetch_to)
+        except Exception as fetch_error:  # the evaluation's error is the one to report
+          self.echo(f"# could not fetch partial results: {fetch_error}")
+      raise
+    else:
+      self.fetch(output_dir, fetch_to)
+    finally:
+      self.delete()
 
 
 def main(argv):
   del argv
   F = flags.FLAGS
-  launcher = Launcher(F.name, F.zone, F.accelerator, F.runtime, F.project, F.spot, F.queued, F.dry_run)
-  steps = ACTIONS[:-1] if F.action == "all" else (F.action,)
+  launcher = Launcher(F.name, F.zone, F.accelerator, F.runtime, F.project, F.spot, F.queued, F.dry_run,
+                      queued_timeout_s=F.queued_timeout_s)
+  actions = {
+      "create": launcher.create,
+      "install": launcher.install,
+      "run": lambda: launcher.run(F.checkpoint, F.data_dir, F.output_dir, F.eval_args, F.retries),
+      "fetch": lambda: launcher.fetch(F.output_dir, F.fetch_to),
+      "delete": launcher.delete,
+      "all": lambda: launcher.run_all(F.checkpoint, F.data_dir, F.output_dir, F.eval_args, F.retries, F.fetch_to),
+  }
   if F.dry_run:
     print("# dry run: commands are printed, not run")
-  for step in steps:
-    if step == "create":
-      launcher.create()
-    elif step == "install":
-      launcher.install()
-    elif step == "run":
-      launcher.run(F.checkpoint, F.data_dir, F.output_dir, F.eval_args, F.retries)
-    elif step == "fetch":
-      launcher.fetch(F.output_dir, F.fetch_to)
-    elif step == "delete":
-      launcher.delete()
+  actions[F.action]()
   return 0
 
 
@@ -130,13 +188,15 @@ def define_flags() -> None:
   flags.DEFINE_string("accelerator", "v5litepod-8", "Accelerator type, e.g. v5litepod-16, v4-32, v6e-8.")
   flags.DEFINE_string("runtime", "v2-alpha-tpuv5-lite", "TPU software version.")
   flags.DEFINE_bool("spot", False, "Spot capacity: preempted slices are recreated and the evaluation resumes.")
-  flags.DEFINE_bool("queued", False, "Ask for the slice through a queued resource.")
+  flags.DEFINE_bool("queued", False, "Ask for the slice through a queued resource and wait until it is ACTIVE.")
+  flags.DEFINE_integer("queued_timeout_s", 7200, "Longest wait for a queued resource to become ACTIVE; then it is "
+                       "deleted.", lower_bound=0)
   flags.DEFINE_string("checkpoint", None, "Checkpoint path, glob or list (gs:// or worker-local).")
   flags.DEFINE_string("data_dir", None, "Built datasets (gs:// so every worker reads them).")
   flags.DEFINE_string("output_dir", None, "Results (gs://, so a recreated slice resumes from them).")
   flags.DEFINE_string("eval_args", "--task=all --modality=both", "Further s2sjax.eval flags.")
   flags.DEFINE_string("fetch_to", "./tpu-eval-results", "Local directory for the results.")
-  flags.DEFINE_integer("retries", 3, "Recreate-and-resume attempts for spot slices.")
+  flags.DEFINE_integer("retries", 3, "Recreate-and-resume attempts for spot slices.", lower_bound=0)
   flags.DEFINE_bool("dry_run", False, "Print the commands instead of running them.")
   flags.mark_flags_as_required(["zone", "checkpoint", "data_dir", "output_dir"])
 

@@ -1,8 +1,11 @@
-"""launch/: dry runs print complete commands; spot preemption recreates the slice and resumes."""
+"""launch/: dry runs print complete commands; spot preemption recreates the slice and resumes; queued resources are
+waited for; a failed run still deletes the slice."""
 
 import shlex
 import subprocess
 import sys
+
+import pytest
 
 from launch.tpu import Launcher
 
@@ -14,6 +17,33 @@ def _dry(*extra):
   out = subprocess.run([sys.executable, "-m", "launch.tpu", "--dry_run", *ARGS, *extra], capture_output=True,
                        text=True, check=True)
   return out.stdout.splitlines()
+
+
+class FakeGcloud:
+  """Simulated gcloud: every evaluation attempt listed in `failing_evals` (1-based) exits 1; queued-resource
+  describes answer `queued_states` in turn."""
+
+  def __init__(self, failing_evals=(), queued_states=()):
+    self.calls, self.printed = [], []
+    self.failing_evals, self.queued_states = set(failing_evals), list(queued_states)
+
+  def runner(self, argv):
+    self.calls.append(list(argv))
+    evals = sum(any("s2sjax.eval" in a for a in c) for c in self.calls)
+    return 1 if any("s2sjax.eval" in a for a in argv) and evals in self.failing_evals else 0
+
+  def read_output(self, argv):
+    self.calls.append(list(argv))
+    return self.queued_states.pop(0) + "\n"
+
+  def launcher(self, spot=False, queued=False, queued_timeout_s=60.0):
+    return Launcher("t1", "z", "v4-32", "rt", None, spot=spot, queued=queued, dry_run=False, echo=self.printed.append,
+                    runner=self.runner, recreate_wait_s=0, read_output=self.read_output, poll_interval_s=0,
+                    queued_timeout_s=queued_timeout_s)
+
+  def verbs(self):
+    """Each call as its command group and verb: 'tpu-vm ssh', 'queued-resources describe', 'storage rsync'."""
+    return [" ".join(c[3:5] if c[1] == "compute" else c[1:3]) for c in self.calls]
 
 
 def test_dry_run_prints_every_command_in_order():
@@ -44,17 +74,100 @@ def test_queued_resource_and_project():
 
 
 def test_preempted_spot_slice_is_recreated_and_the_run_resumes():
-  calls, printed = [], []
+  gcloud = FakeGcloud(failing_evals=[1])
+  gcloud.launcher(spot=True).run("gs://c", "gs://d", "gs://o", "--task=scmmlu", retries=2)
+  assert gcloud.verbs() == ["tpu-vm ssh", "tpu-vm delete", "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh"]
+  assert gcloud.calls[0] == gcloud.calls[-1]  # the same evaluation, into the same output directory: it resumes there
+  assert any("recreating t1 and resuming into gs://o" in p for p in gcloud.printed)
 
-  def runner(argv):
-    calls.append(argv)
-    evals = [c for c in calls if any("s2sjax.eval" in a for a in c)]
-    return 1 if any("s2sjax.eval" in a for a in argv) and len(evals) == 1 else 0  # the first attempt dies
 
-  launcher = Launcher("t1", "z", "v4-32", "rt", None, spot=True, queued=False, dry_run=False, echo=printed.append,
-                      runner=runner, recreate_wait_s=0)
-  launcher.run("gs://c", "gs://d", "gs://o", "--task=scmmlu", retries=2)
-  verbs = [" ".join(c[3:5]) for c in calls]
-  assert verbs == ["tpu-vm ssh", "tpu-vm delete", "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh"]
-  assert calls[0] == calls[-1]  # the same evaluation, into the same output directory: it resumes there
-  assert any("recreating t1 and resuming into gs://o" in p for p in printed)
+def test_dry_run_of_a_queued_slice_describes_it_once_and_goes_on_as_if_active():
+  lines = _dry("--queued")
+  assert lines[1].startswith("gcloud compute tpus queued-resources create t1-qr ")
+  assert shlex.split(lines[2]) == ["gcloud", "compute", "tpus", "queued-resources", "describe", "t1-qr",
+                                   "--format=value(state.state)", "--zone=us-east5-b"]
+  assert shlex.split(lines[3])[3:5] == ["tpu-vm", "scp"]  # install follows
+  assert lines[-1] == "gcloud compute tpus queued-resources delete t1-qr --force --quiet --zone=us-east5-b"
+  assert len(lines) == 8
+
+
+def test_queued_slice_is_installed_only_once_active():
+  gcloud = FakeGcloud(queued_states=["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"])
+  launcher = gcloud.launcher(queued=True)
+  launcher.create()
+  launcher.install()
+  assert gcloud.verbs() == ["queued-resources create", *["queued-resources describe"] * 4, "tpu-vm scp",
+                            "tpu-vm ssh"]
+  assert [p for p in gcloud.printed if p.startswith("#")] == [  # each state once, not once per poll
+      "# t1-qr is WAITING_FOR_RESOURCES, waiting for ACTIVE", "# t1-qr is PROVISIONING, waiting for ACTIVE"]
+
+
+@pytest.mark.parametrize("state", ["FAILED", "SUSPENDED"])
+def test_failed_or_suspended_queued_resource_is_deleted_and_reported(state):
+  gcloud = FakeGcloud(queued_states=["WAITING_FOR_RESOURCES", state])
+  with pytest.raises(RuntimeError, match=f"queued resource t1-qr is {state} .*deleted it"):
+    gcloud.launcher(queued=True).create()
+  assert gcloud.verbs() == ["queued-resources create", "queued-resources describe", "queued-resources describe",
+                            "queued-resources delete"]
+
+
+def test_queued_resource_still_waiting_at_the_timeout_is_deleted():
+  gcloud = FakeGcloud(queued_states=["WAITING_FOR_RESOURCES"])
+  with pytest.raises(RuntimeError, match="still WAITING_FOR_RESOURCES after 0 s \\(--queued_timeout_s\\)"):
+    gcloud.launcher(queued=True, queued_timeout_s=0).create()
+  assert gcloud.verbs()[-1] == "queued-resources delete"
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_failed_run_still_fetches_and_deletes_the_slice_then_raises(spot):
+  gcloud = FakeGcloud(failing_evals=[1, 2])  # a plain failure; on spot, every attempt (1 retry) fails
+  with pytest.raises(RuntimeError, match="evaluation failed after"):
+    gcloud.launcher(spot=spot).run_all("gs://c", "gs://d", "gs://o", "", retries=1, fetch_to="./r")
+  assert gcloud.verbs()[-2:] == ["storage rsync", "tpu-vm delete"]
+  assert gcloud.verbs().count("tpu-vm delete") == (2 if spot else 1)  # the spot retry's recreate, then the cleanup
+
+
+def test_failing_partial_fetch_does_not_hide_the_run_error_or_skip_delete():
+  gcloud = FakeGcloud(failing_evals=[1])
+  launcher = gcloud.launcher()
+  launcher.fetch = lambda output_dir, fetch_to: (_ for _ in ()).throw(RuntimeError("bucket gone"))
+  with pytest.raises(RuntimeError, match="evaluation failed after 1 attempt"):
+    launcher.run_all("gs://c", "gs://d", "gs://o", "", retries=0, fetch_to="./r")
+  assert gcloud.verbs()[-1] == "tpu-vm delete"
+  assert "# could not fetch partial results: bucket gone" in gcloud.printed
+
+
+def test_queued_spot_slice_that_fails_to_come_back_is_deleted_once():
+  gcloud = FakeGcloud(failing_evals=[1], queued_states=["ACTIVE", "FAILED"])  # preempted, then no capacity
+  with pytest.raises(RuntimeError, match="t1-qr is FAILED"):
+    gcloud.launcher(spot=True, queued=True).run_all("gs://c", "gs://d", "gs://o", "", retries=2, fetch_to="./r")
+  assert gcloud.verbs() == [
+      "queued-resources create", "queued-resources describe", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh",  # try 1
+      "queued-resources delete", "queued-resources create", "queued-resources describe",  # recreate: FAILED
+      "queued-resources delete", "storage rsync"]  # the failed request is deleted, not again in the cleanup
+
+
+def test_queued_spot_slice_resumes_after_preemption_and_is_deleted_at_the_end():
+  gcloud = FakeGcloud(failing_evals=[1], queued_states=["ACTIVE", "PROVISIONING", "ACTIVE"])
+  gcloud.launcher(spot=True, queued=True).run_all("gs://c", "gs://d", "gs://o", "", retries=2, fetch_to="./r")
+  evals = [c for c in gcloud.calls if any("s2sjax.eval" in a for a in c)]
+  assert len(evals) == 2 and evals[0] == evals[1]
+  assert gcloud.verbs()[-2:] == ["storage rsync", "queued-resources delete"]
+  assert gcloud.verbs().count("queued-resources describe") == 3
+
+
+def test_relative_output_dir_is_fetched_from_the_remote_project_dir():
+  for output_dir, remote in [("outputs/eval", "t1:~/s2sjax/outputs/eval"), ("/tmp/eval", "t1:/tmp/eval"),
+                             ("~/eval", "t1:~/eval")]:
+    lines = _dry(f"--output_dir={output_dir}", "--action=fetch", "--fetch_to=./r")
+    assert shlex.split(lines[1]) == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=0", remote,
+                                     "./r", "--zone=us-east5-b"]
+
+
+@pytest.mark.parametrize("bad_flag", ["--retries=-1", "--queued_timeout_s=-5"])
+def test_negative_counts_are_refused_at_flag_parsing(bad_flag):
+  out = subprocess.run([sys.executable, "-m", "launch.tpu", "--dry_run", *ARGS, bad_flag], capture_output=True,
+                       text=True)
+  assert out.returncode != 0
+  assert f"flag {bad_flag}: " in out.stderr and "non-negative" in out.stderr
+  assert "gcloud" not in out.stdout  # nothing ran
