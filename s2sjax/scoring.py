@@ -172,16 +172,17 @@ class Scorer:
       out_shardings=sharding.replicated(self.mesh),
     )
 
-  def lower_abstract(self, param_dtype=jnp.float32) -> jax.stages.Lowered:
+  def lower_abstract(self, param_dtype=jnp.float32, platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
     """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
-    `.compile().memory_analysis()` tells whether a model fits before any weights are loaded."""
+    `.compile().memory_analysis()` tells whether a model fits before any weights are loaded. `platforms` lowers
+    for another backend (("tpu",) from a CPU host: whether the TPU kernels partition over the mesh)."""
     local = self._local_batch(empty_rows(0, self.shape), np.arange(0))
     batch = {name: jax.ShapeDtypeStruct((self.batch_size, *value.shape[1:]), value.dtype,
                                         sharding=self._batch_shardings[name]) for name, value in local.items()}
     params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
                           abstract_params(self.config, param_dtype), self.param_shardings)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
-      return self._step.lower(params, batch)
+      return self._step.trace(params, batch).lower(lowering_platforms=platforms)
 
   def compiled_count(self) -> int:
     """How many times the step has been compiled (one per row shape)."""
@@ -204,7 +205,7 @@ class Scorer:
     check_ids(rows, self.config)
     if self.attention == "flash" and _has_shared_prefixes(rows):
       raise ValueError("flash attention cannot express prefix-shared branches: build the rows without sharing "
-                       "(--no_share_prefix, configs ending in -noshare) or use --attention=xla")
+                       "(--noshare_prefix, configs ending in -noshare) or use --attention=xla")
     num_rows = len(rows["tokens"])
     self._agree_across_processes(num_rows)
     params = jax.device_put(params, self.param_shardings)

@@ -64,7 +64,7 @@ def make_mesh(spec: str = "data:-1", devices: Sequence[jax.Device] | None = None
   return Mesh(grid, MESH_AXES)
 
 
-def _fit(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh) -> PartitionSpec:
   """Replicates any dim that its mesh axes do not divide (9 heads on a 2-way model axis stay whole)."""
   fitted = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
@@ -77,7 +77,7 @@ def _fit(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec
 def logical_to_sharding(logical_specs: Any, abstract: Any, mesh: Mesh, rules=LOGICAL_RULES) -> Any:
   """Trees of logical PartitionSpecs and of shapes -> a tree of NamedShardings on `mesh`."""
   return jax.tree.map(
-    lambda spec, leaf: NamedSharding(mesh, _fit(nn.logical_to_mesh_axes(tuple(spec), rules), leaf.shape, mesh)),
+    lambda spec, leaf: NamedSharding(mesh, fit_spec(nn.logical_to_mesh_axes(tuple(spec), rules), leaf.shape, mesh)),
     logical_specs,
     abstract,
     is_leaf=lambda x: isinstance(x, PartitionSpec),

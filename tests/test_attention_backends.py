@@ -66,3 +66,15 @@ def test_every_matmul_of_an_fp32_step_asks_for_highest_precision(attention, tied
   matmuls = [line for line in scorer.lower_abstract().as_text().splitlines() if "dot_general" in line]
   assert len(matmuls) >= 10  # the scanned layer's q k v o gate up down and two in attention, then the head
   assert all("HIGHEST" in line for line in matmuls), [line for line in matmuls if "HIGHEST" not in line]
+
+
+@pytest.mark.parametrize("mesh", ["data:8", "data:4,model:2", "model:8"])
+def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, monkeypatch):
+  # XLA cannot partition a Mosaic kernel ("wrap the call in a shard_map"): lowered for TPU from this CPU host, the
+  # real kernel (not interpret mode) must run per device on every mesh
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  config = dataclasses.replace(CONFIG, head_dim=128)  # the TPU kernel's lane width
+  scorer = Scorer(config, RowShape(256, 128, 16), mesh=sharding.make_mesh(mesh), batch_size=8, attention="flash",
+                  dtype=jnp.bfloat16)
+  text = scorer.lower_abstract(jnp.bfloat16, platforms=("tpu",)).as_text()
+  assert "tpu_custom_call" in text

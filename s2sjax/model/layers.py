@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import contextlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from s2sjax import sharding
 
 # A finite "minus infinity": a row whose every key is masked (padding) gets a uniform softmax instead of NaNs.
 MASKED_SCORE = -1e30
@@ -89,17 +93,30 @@ def attention(
 
 
 def _flash_attention(q, k, v, segment_ids):
+  """The Pallas kernel per device: XLA cannot partition a Mosaic kernel, so on a mesh (the Scorer's `set_mesh`)
+  each device runs it on its own rows and heads under `shard_map`, split as the logical rules split q."""
+  if segment_ids is None:
+    raise ValueError("flash attention needs segment ids")
+  length = q.shape[1]
+  if length % 128:
+    raise ValueError(f"flash attention needs a row length that is a multiple of 128, not {length}")
+  groups = q.shape[2] // k.shape[2]
+  k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return _flash_kernel(q, k, v, segment_ids)
+  spec = sharding.fit_spec(nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim")), q.shape, mesh)
+  rows = PartitionSpec(spec[0], None)
+  return jax.shard_map(_flash_kernel, mesh=mesh, in_specs=(spec, spec, spec, rows), out_specs=spec,
+                       check_vma=False)(q, k, v, segment_ids)
+
+
+def _flash_kernel(q, k, v, segment_ids):
   from jax.experimental.pallas import tpu as pltpu
   from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
-  if segment_ids is None:
-    raise ValueError("flash attention needs segment ids")
-  batch, length, heads, head_dim = q.shape
-  if length % 128:
-    raise ValueError(f"flash attention needs a row length that is a multiple of 128, not {length}")
-  groups = heads // k.shape[2]
+  length, head_dim = q.shape[1], q.shape[3]
   to_bhld = lambda x: jnp.swapaxes(x, 1, 2)
-  k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
   block = next(b for b in (512, 256, 128) if length % b == 0)
   sizes = fa.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
                         block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
