@@ -10,7 +10,8 @@ model's FLOPs (weights and attention, the head at scored tokens) / (devices x pe
 from the device kind (TPU v4/v5e/v5p/v6e, H100, H200) unless given.
 
 Each configuration prints its line as soon as it is done (and `--output` is rewritten), so a long run shows
-progress and one that runs out of memory is reported as such while the others still run. `flash` is measured on TPU
+progress, and one that runs out of memory or fails is reported as such (with the error's first line) while the
+others still run. `flash` is measured on TPU
 only: elsewhere it runs in Pallas interpret mode, which checks numbers, not speed. `--compile_only` compiles each
 configuration for abstract weights and prints XLA's memory analysis per device instead: what fits, before any
 accelerator time is spent. Run it on the target: XLA:CPU computes bf16 matmuls in fp32 and keeps fp32 copies of
@@ -102,10 +103,9 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
     for _ in range(repeats):
       scorer.score(params, rows, progress=False)
     seconds = (time.time() - start) / repeats
-  except jax.errors.JaxRuntimeError as e:
-    if "RESOURCE_EXHAUSTED" not in str(e):
-      raise
-    return {**result, "skipped": "out of memory: " + str(e).splitlines()[0][:200]}
+  except Exception as e:  # noqa: BLE001 - reported in the table and the JSON; the other configurations still run
+    why = "out of memory" if "RESOURCE_EXHAUSTED" in str(e) else f"failed ({type(e).__name__})"
+    return {**result, "skipped": f"{why}: " + (str(e).splitlines() or [""])[0][:200]}
   flops = step_flops(config, rows, length)
   peak = peak or peak_tflops(jax.devices()[0].device_kind)
   return {

@@ -66,3 +66,19 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
   printed = capsys.readouterr().out.splitlines()
   assert printed[0].startswith("| model |") and len(printed) == 4 and "compiled:" in printed[3]
   assert json.loads(output.read_text()) == results
+
+
+def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypatch, capsys):
+  from s2sjax import bench_accelerator
+
+  real = bench_accelerator.benchmark_rows
+  def rows_or_oom(config, length, count, share_prefix):
+    if length == 256:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 93.1GiB")
+    return real(config, length, count, share_prefix)
+
+  monkeypatch.setattr(bench_accelerator, "benchmark_rows", rows_or_oom)
+  first, second = (bench_accelerator.measure("tiny", length, 1, "xla", jnp.float32, repeats=1)
+                   for length in (256, 512))
+  assert first["skipped"].startswith("out of memory: RESOURCE_EXHAUSTED") and second["tokens_per_s"] > 0
+  assert "out of memory" in bench_accelerator.format_row(first)
