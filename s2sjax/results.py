@@ -32,9 +32,8 @@ class ChunkStore:
   def mismatch(self) -> str | None:
     """Why the chunks here are not this run's (None if they are, or if there are none)."""
     path = self.directory / "identity.json"
-    if not path.exists():
-      has_chunks = self.directory.exists() and any(p.name.endswith(".done") for p in self.directory.iterdir())
-      return f"{self.directory} holds chunks of an unknown run (no identity.json)" if has_chunks else None
+    if not path.exists():  # nothing saved yet, or chunks of a version that recorded no identity: resumed unverified
+      return None
     saved = json.loads(path.read_text())
     differ = [f"{key}: {saved.get(key)!r} there, {value!r} now" for key, value in self.identity.items()
               if saved.get(key) != value]

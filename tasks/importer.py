@@ -184,12 +184,29 @@ def _link_audio(output: str, audio_dir: str, lines: list[dict], language: str) -
   return linked, removed
 
 
+def _cache_previous_audio(output: str, jsonl: str, audio_dir: str, language: str) -> int:
+  """Moves the wavs of an earlier import that kept no speech cache into the cache under the texts they were spoken
+  from, so a re-import keeps the ones that still match rather than deleting or re-speaking them."""
+  if not (os.path.isfile(jsonl) and os.path.isdir(audio_dir)):
+    return 0
+  os.makedirs(os.path.join(output, SPEECH_CACHE), exist_ok=True)
+  moved = 0
+  with open(jsonl, encoding="utf-8") as f:
+    for line in map(json.loads, f):
+      path, clip = os.path.join(audio_dir, f"{line['uttid']}.wav"), clip_path(output, language, line["first"])
+      if os.path.isfile(path) and not os.path.exists(clip):
+        os.replace(path, clip)
+        moved += 1
+  return moved
+
+
 def write_task(output: str, task: str, lines: list[dict], speech: bool, workers: int) -> dict:
   """Writes one task's jsonl and wavs; lines sharing their `first` share one clip. Without speech, wavs already in
   the output are relinked to the cached clips of the new texts, and removed where there is none."""
   files = TASKS[task]
   jsonl = os.path.join(output, files.jsonl)
   audio_dir = os.path.join(output, files.audio_dir)
+  _cache_previous_audio(output, jsonl, audio_dir, files.language)
   os.makedirs(os.path.dirname(jsonl), exist_ok=True)
   with open(jsonl, "w", encoding="utf-8") as f:
     f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)

@@ -2,7 +2,7 @@ r"""Builds the packed rows of S2SBench tasks.
 
   python -m tasks.prepare --task=sstorycloze|zh_sstorycloze|scmmlu|all --spec=demo --modality=text|speech|both \
       [--row_length=1024] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
-      [--skip_bad] [--no_share_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
+      [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
 question it left out (--skip_bad) with the reason, and every problem of a file as a whole. Built data is reused
@@ -17,7 +17,7 @@ import json
 import os
 
 import tensorflow_datasets as tfds
-from absl import app, flags
+from absl import app, flags, logging
 
 from tasks.release import TASKS
 from tasks.tfds_builder import config_name, make_config, resolve_manual_dir
@@ -53,8 +53,10 @@ def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str,
   if builder.is_prepared() and not overwrite:
     built = builder.info.metadata.get("inputs")
     now = builder.build_inputs(manual_dir).fingerprint
-    differ = (["all inputs (built before they were recorded)"] if built is None
-              else [INPUT_NAMES[k] for k in now if built.get(k) != now[k]])
+    differ = [] if built is None else [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
+    if built is None:  # built by a version that did not record its inputs: nothing to compare
+      logging.warning("%s/%s in %s was built before builds recorded their inputs: reused unverified "
+                      "(--overwrite rebuilds it)", task, name, data_dir)
     if differ:
       raise StaleDataError(
         f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "

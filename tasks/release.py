@@ -150,16 +150,18 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[
 
 def source_fingerprint(task: str, release_dir: str, with_audio: bool) -> str:
   """A hash of what a build reads from the release: the jsonl's bytes and, when the wavs are decoded, each wav's
-  name, size and modification time (hashing every recording on each prepare would cost more than the check)."""
+  name and bytes (contents, not times: a copied release is the same release)."""
   jsonl, audio_dir = task_paths(task, release_dir)
   _require(jsonl)
   digest = hashlib.sha256()
   with open(jsonl, "rb") as f:
     digest.update(f.read())
   if with_audio and os.path.isdir(audio_dir):
-    with os.scandir(audio_dir) as entries:
-      wavs = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.name.endswith(".wav"))
-    digest.update(repr(wavs).encode())
+    for name in sorted(n for n in os.listdir(audio_dir) if n.endswith(".wav")):
+      digest.update(name.encode())
+      with open(os.path.join(audio_dir, name), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          digest.update(block)
   return digest.hexdigest()[:16]
 
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from tasks.audio.base import load_audio
-from tasks.importer import import_all, read_stories, rewrite_question
+from tasks.importer import import_all, read_stories, rewrite_question, write_task
 from tasks.release import TASKS, read_questions
 
 REALDATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "realdata")
@@ -122,3 +122,20 @@ def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
   stories, _ = _sources(tmp_path, first, "水在标准大气压下（）沸腾")  # without speech: relinked from the cache
   assert import_all(out, stories, [], None, speech=False)["sstorycloze"]["wavs"] == 4
   assert _same_audio(read_questions("sstorycloze", out)[0].audio_paths[0], " ".join(first), "en", tmp_path)
+
+
+def test_reimporting_a_replica_made_without_a_speech_cache_keeps_its_matching_audio(tmp_path):
+  # an earlier importer wrote <uttid>.wav files and no cache: their texts are in the old jsonl
+  files = TASKS["sstorycloze"]
+  audio_dir = tmp_path / files.audio_dir
+  audio_dir.mkdir(parents=True)
+  old = [{"uttid": 0, "first": "A story.", "last": "Good end."}, {"uttid": 1, "first": "A story.", "last": "Bad."},
+         {"uttid": 2, "first": "Another.", "last": "End."}, {"uttid": 3, "first": "Another.", "last": "No."}]
+  (tmp_path / files.jsonl).write_text("".join(json.dumps(line) + "\n" for line in old))
+  for uttid in range(4):
+    (audio_dir / f"{uttid}.wav").write_bytes(b"speech of story %d" % (uttid // 2))
+  new = old[:2] + [dict(old[2], first="Changed."), dict(old[3], first="Changed.")]
+  report = write_task(str(tmp_path), "sstorycloze", new, speech=False, workers=1)
+  assert report["wavs"] == 2  # story 1's text changed: its audio no longer stands for any line
+  assert [(audio_dir / f"{u}.wav").read_bytes() for u in (0, 1)] == [b"speech of story 0"] * 2
+  assert not (audio_dir / "2.wav").exists() and not (audio_dir / "3.wav").exists()
