@@ -11,6 +11,7 @@ ends with all rows' numbers and process 0 can write them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -181,8 +182,15 @@ class Scorer:
                                         sharding=self._batch_shardings[name]) for name, value in local.items()}
     params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
                           abstract_params(self.config, param_dtype), self.param_shardings)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with self._mesh_context():
       return self._step.trace(params, batch).lower(lowering_platforms=platforms)
+
+  @contextlib.contextmanager
+  def _mesh_context(self):
+    """What the step is traced under: the mesh (jax.set_mesh, which the decoder's activation constraints and the
+    flash kernel's shard_map read; the deprecated `with mesh:` reaches neither) and the logical axis rules."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      yield
 
   def compiled_count(self) -> int:
     """How many times the step has been compiled (one per row shape)."""
@@ -215,7 +223,7 @@ class Scorer:
     nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
     n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
     meter = Progress(num_rows) if progress else None
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with self._mesh_context():
       for step in range(steps):
         local = self._local_batch(rows, mine[step * self.local_batch : (step + 1) * self.local_batch])
         out = self._step(params, self._globalize(local))

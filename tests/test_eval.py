@@ -166,11 +166,20 @@ def test_two_processes_write_what_one_process_writes(setup, tmp_path):
   two = str(tmp_path / "two")
 
   def two_processes(out_of):
+    logs = [tmp_path / f"process-{p}.log" for p in range(2)]
     procs = [subprocess.Popen(command(out_of(p), "--distributed", f"--coordinator_address=127.0.0.1:{port}",
                                       "--num_processes=2", f"--process_id={p}", "--cpu_collectives=gloo"),
-                              env=env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=env(4), stdout=open(logs[p], "w"), stderr=subprocess.STDOUT)
              for p in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    deadline = time.time() + 300
+    while time.time() < deadline and any(p.poll() is None for p in procs):
+      if any(p.poll() not in (None, 0) for p in procs):  # one failed: the other would wait on it until timeout
+        break
+      time.sleep(0.2)
+    for p in procs:
+      p.kill()
+      p.wait()
+    outputs = [log.read_text() for log in logs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     return outputs
 
@@ -208,8 +217,11 @@ def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tok
   shared = _run(setup, str(tmp_path / "shared"), tasks=["sstorycloze"], modalities=["text"])
   separate = s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", setup["data_dir"], str(tmp_path / "sep"),
                           "data:-1", 4, jnp.float32, 1024, 4, variants=Variants(share_prefix=False))
-  assert load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024,
-                        Variants(share_prefix=False)).metadata["share_prefix"] is False
+  unshared_data = load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024, Variants(share_prefix=False))
+  shared_data = load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024)
+  assert unshared_data.metadata["share_prefix"] is False and unshared_data.fingerprint != shared_data.fingerprint
+  identity = json.load(open(os.path.join(tmp_path, "sep", "chunks", "ckpt-100", "sstorycloze-text", "identity.json")))
+  assert identity["data"] == unshared_data.fingerprint  # the run scored the -noshare rows
   for key in ("positive_loss", "negative_loss", "accuracy"):
     assert separate[0]["tasks"]["sstorycloze"]["text"][key] == pytest.approx(
       shared[0]["tasks"]["sstorycloze"]["text"][key], abs=1e-5)
@@ -219,3 +231,38 @@ def test_bad_flags_fail_before_anything_loads():
   for flag in ("--batch_size=0", "--chunk_rows=-1", "--row_length=0"):
     failed = subprocess.run([sys.executable, "-m", "s2sjax.eval", flag], capture_output=True, text=True, timeout=120)
     assert failed.returncode != 0 and f"flag {flag}" in failed.stderr, failed.stderr[-2000:]
+
+
+def test_a_chunk_that_lost_candidates_is_never_saved(setup, tmp_path, monkeypatch):
+  from s2sjax.scoring import Scorer
+
+  real = Scorer.score
+
+  def losing_a_candidate(self, params, rows, progress=True):
+    nll_sum, n_tokens = real(self, params, rows, progress)
+    n_tokens[0, 0] = 0
+    return nll_sum, n_tokens
+
+  monkeypatch.setattr(Scorer, "score", losing_a_candidate)
+  out = tmp_path / "out"
+  with pytest.raises(EvalError, match=r"sstorycloze/text rows 0-\d+: 1 laid candidates scored no tokens; nothing was"):
+    _run(setup, str(out), tasks=["sstorycloze"], modalities=["text"])
+  assert not list(out.rglob("*.npz"))
+
+
+def test_chunk_stores_refuse_other_rows_and_resume_chunks_saved_before_identities():
+  import tempfile
+
+  import numpy as np
+
+  from s2sjax import results
+
+  with tempfile.TemporaryDirectory() as root:
+    identity = {"checkpoint": "/ckpt/step_1", "dtype": "float32", "chunk_rows": 4, "data": "0123"}
+    store = results.ChunkStore(os.path.join(root, "c"), identity)
+    assert store.mismatch() is None
+    store.save(0, np.zeros((4, 2)), np.ones((4, 2), np.int64))
+    rebuilt = results.ChunkStore(os.path.join(root, "c"), {**identity, "data": "4567"})
+    assert "(data: '0123' there, '4567' now)" in rebuilt.mismatch()
+    os.remove(os.path.join(root, "c", "identity.json"))  # what versions before identities left behind
+    assert rebuilt.mismatch() is None and rebuilt.done(0)
