@@ -11,8 +11,8 @@ from the device kind (TPU v4/v5e/v5p/v6e, H100, H200) unless given.
 
 Each configuration prints its line as soon as it is done (and `--output` is rewritten), so a long run shows
 progress, and one that runs out of memory or fails is reported as such (with the error's first line) while the
-others still run. `flash` is measured on TPU
-only: elsewhere it runs in Pallas interpret mode, which checks numbers, not speed. `--compile_only` compiles each
+others still run. `flash` is measured on TPU only: elsewhere it runs in Pallas interpret mode, which checks numbers,
+not speed. `--compile_only` compiles each
 configuration for abstract weights and prints XLA's memory analysis per device instead: what fits, before any
 accelerator time is spent. Run it on the target: XLA:CPU computes bf16 matmuls in fp32 and keeps fp32 copies of
 the weights, so a CPU compile of a bf16 model overstates its memory (7B, 8 rows: 52 GiB on CPU; the planner

@@ -124,11 +124,11 @@ def score_resumable(evaluator: Evaluator, params, td: TaskData, store: results.C
   nll_sum, n_tokens = [], []
   scorer = evaluator.scorer(td)
   for i, (start, stop) in enumerate(chunks):
-    rows = {k: v[start:stop] for k, v in td.rows.items()}
     if done[i]:
       empty = (np.zeros((stop - start, td.shape.max_slots)), np.zeros((stop - start, td.shape.max_slots), np.int64))
       part = tuple(_from_process_0(x) for x in (store.load(i) if jax.process_index() == 0 else empty))
     else:
+      rows = {k: v[start:stop] for k, v in td.rows.items()}
       part = scorer.score(evaluator.params_adapter(params), rows, progress=False)
       unscored = (rows["slot_item"] >= 0) & (part[1] == 0)
       if unscored.any():  # never save (and so resume from) a chunk that lost candidates

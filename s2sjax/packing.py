@@ -123,9 +123,9 @@ def lays_shared(item: Item, shape: RowShape, share_prefix: bool) -> bool:
 
 
 def _truncation(index: int, item: Item, shape: RowShape, share: bool, policy: str) -> int:
-  """How many prefix tokens to drop from the left so the item fits an empty row (0 if it fits)."""
+  """How many prefix tokens to drop from the left so the item, laid shared or not (`lays_shared`), fits an empty
+  row (0 if it fits)."""
   name = item.name or f"item {index}"
-  share = lays_shared(item, shape, share)
   longest = required_length(item, share) - len(item.prefix)
   if longest > shape.max_targets:
     raise PackingError(f"{name}: a candidate of {longest} tokens exceeds a row's {shape.max_targets} targets")
@@ -146,7 +146,7 @@ def check_item(item: Item, shape: RowShape, share_prefix: bool = True, overlong:
   """Raises the PackingError (naming the item) that `pack` would raise for this item: a builder's per-question
   check, so that a question that cannot be packed is named or skipped where it is read."""
   _validate(0, item, shape.num_codebooks)
-  _truncation(0, item, shape, share_prefix, overlong)
+  _truncation(0, item, shape, lays_shared(item, shape, share_prefix), overlong)
 
 
 def pack(

@@ -122,7 +122,7 @@ class Progress:
       self.log(f"scored {self.rows}/{self.total_rows} rows, {rate:,.0f} tokens/s, ETA {eta:,.0f}s")
 
 
-def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_size: int, mesh_spec) -> None:
+def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_size: int) -> None:
   """Every process feeds its own rows, so no batch shard may span two processes: a model axis across hosts, or
   data x fsdp smaller than the process count, would silently mix different rows into one replicated shard."""
   owners: dict[int, set[int]] = {}
@@ -131,7 +131,7 @@ def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_si
   shared = sorted(start for start, processes in owners.items() if len(processes) > 1)
   if shared:
     raise ValueError(
-      f"mesh {dict(mesh_spec)} puts a batch shard on devices of {len(owners[shared[0]])} processes: give data x fsdp "
+      f"mesh {dict(batch_sharding.mesh.shape)} puts a batch shard on devices of {len(owners[shared[0]])} processes: give data x fsdp "
       f"a multiple of the {jax.process_count()} processes and keep the model axis within a host "
       "(e.g. --mesh=data:-1,model:N with N at most the devices per host)"
     )
@@ -161,7 +161,7 @@ class Scorer:
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
     ndim = {"row_id": 1, "audio_codes": 3}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
-    _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size, mesh_spec=self.mesh.shape)
+    _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size)
 
     def step(params, batch):  # row ids ride along so every process can place the replicated results
       out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention)

@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 
+from tasks.audio.base import folder_digest
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskFiles:
@@ -157,11 +159,7 @@ def source_fingerprint(task: str, release_dir: str, with_audio: bool) -> str:
   with open(jsonl, "rb") as f:
     digest.update(f.read())
   if with_audio and os.path.isdir(audio_dir):
-    for name in sorted(n for n in os.listdir(audio_dir) if n.endswith(".wav")):
-      digest.update(name.encode())
-      with open(os.path.join(audio_dir, name), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-          digest.update(block)
+    digest.update(folder_digest(audio_dir, ".wav").encode())
   return digest.hexdigest()[:16]
 
 

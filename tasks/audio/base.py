@@ -60,5 +60,19 @@ class AudioTokenizer(abc.ABC):
     return hashlib.sha256(repr(sorted(self.identity().items())).encode()).hexdigest()[:16]
 
 
+def folder_digest(directory: str, suffix: str) -> str:
+  """A hash of the names and bytes of every `*suffix` file in `directory`: contents, not times, so a copied folder
+  hashes the same and a file rewritten in place does not."""
+  import os
+
+  digest = hashlib.sha256()
+  for name in sorted(n for n in os.listdir(directory) if n.endswith(suffix)):
+    digest.update(name.encode() + b"\0")
+    with open(os.path.join(directory, name), "rb") as f:
+      for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+  return digest.hexdigest()[:16]
+
+
 def hash_array(array: np.ndarray) -> str:
   return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
 
-from tasks.audio.base import AudioError, AudioTokenizer
+from tasks.audio.base import AudioError, AudioTokenizer, folder_digest
 
 
 class PrecomputedTokenizer(AudioTokenizer):
@@ -39,11 +38,7 @@ class PrecomputedTokenizer(AudioTokenizer):
   def identity(self) -> dict:
     """Hashes every code file's name and bytes: codes rewritten in place under the same names change it too."""
     if self._identity is None:
-      names = sorted(n for n in os.listdir(self.codes_dir) if n.endswith(".npy"))
-      digest = hashlib.sha256()
-      for name in names:
-        with open(os.path.join(self.codes_dir, name), "rb") as f:
-          digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
-      self._identity = {"type": "precomputed", "codebook_sizes": list(self.codebook_sizes), "files": len(names),
-                        "codes_sha": digest.hexdigest()[:16]}
+      files = sum(n.endswith(".npy") for n in os.listdir(self.codes_dir))
+      self._identity = {"type": "precomputed", "codebook_sizes": list(self.codebook_sizes), "files": files,
+                        "codes_sha": folder_digest(self.codes_dir, ".npy")}
     return self._identity
