@@ -1,7 +1,12 @@
 r"""Converts a PyTorch / GGUF checkpoint into an s2sjax (orbax) checkpoint.
 
   python -m checkpoints_conversion.convert --source=DIR_OR_GGUF --output=DIR \
-      [--family=auto|qwen2|llama|glm4|baichuan_audio] [--dtype=float32|bfloat16] [--verify]
+      [--family=auto|FAMILY|LAYOUT] [--dtype=float32|bfloat16] [--verify]
+
+The source's config.json `model_type` picks the family layout that reads it (`s2sjax.families`). `--family`
+only checks that choice: `auto` takes any; a family name (qwen2, llama, glm4) any of that family's layouts; a
+vendor layout name (baichuan_audio, chatglm) that layout only. The values are the registry's, so a family
+registered through $S2SJAX_PLUGINS is accepted too.
 
 Every key and shape is checked against the abstract target tree before anything is written; tensors are then
 read, transformed and written one leaf at a time.
@@ -20,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from checkpoints_conversion import layouts
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax import checkpoint
-from s2sjax.model.config import ModelConfig, from_hf_config
+from s2sjax import checkpoint, families
+from s2sjax.cli import one_line_errors
+from s2sjax.families.keymap import Rule
+from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
 
-FAMILY_CHOICES = ("auto",) + tuple(layouts.LAYOUT_MODEL_TYPES)
 TOKENIZER_FILES = (
   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
   "tokenizer.model", "added_tokens.json",
@@ -41,32 +46,37 @@ class ConversionError(ValueError):
 class Plan:
   source: TensorSource
   model_type: str
+  layout: families.Layout
   config: ModelConfig
-  rules: list[layouts.Rule]
+  rules: list[Rule]
   kept: list[str]
   skipped: list[str]
 
 
-def _model_type(source: TensorSource, family: str) -> str:
+def family_choices() -> tuple[str, ...]:
+  """--family's values: auto, then the registry's families and vendor layouts."""
+  return ("auto",) + families.layout_choices()
+
+
+def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
+  """The source's model_type and the layout that reads it, checked against --family."""
   model_type = source.config.get("model_type")
-  accepted = layouts.LAYOUT_MODEL_TYPES.get(family) if family != "auto" else sum(layouts.LAYOUT_MODEL_TYPES.values(), ())
-  if accepted is None:
-    raise ConversionError(f"unknown --family {family!r}; supported: {', '.join(FAMILY_CHOICES)}")
-  if model_type not in accepted:
-    known = ", ".join(f"{fam} ({'/'.join(types)})" for fam, types in layouts.LAYOUT_MODEL_TYPES.items())
+  if family not in family_choices():
+    raise ConversionError(f"unknown --family {family!r}; supported: {', '.join(family_choices())}")
+  if model_type not in families.model_types(None if family == "auto" else family):
     raise ConversionError(
       f"{source.description}: model_type {model_type!r} is not supported for --family={family}; "
-      f"supported families (config model_type): {known}"
+      f"supported families (config model_type): {families.describe()}"
     )
-  return model_type
+  return model_type, families.layout_for_model_type(model_type)
 
 
 def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: Sequence[str] = ()) -> Plan:
   """Checks every key and shape of the source against the target tree; raises ConversionError listing all
   missing, unexpected and mis-shaped keys. Reads no tensor data."""
-  model_type = _model_type(source, family)
-  config = from_hf_config(source.config)
-  rules = layouts.rules_for(config, model_type, extra=source.config)
+  model_type, layout = _source_layout(source, family)
+  config = layout.parse_config(source.config)
+  rules = layout.rules(config, source.config)
   abstract = dict(checkpoint.flatten(abstract_params(config)))
   problems = []
 
@@ -85,8 +95,8 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
           f"config.json implies {piece.source_shape}"
         )
   rest = sorted(available - used)
-  ignored = [k for k in rest if k.endswith(layouts.IGNORED_SUFFIXES)]
-  kept = [k for k in rest if k.startswith(layouts.KEPT_PREFIXES.get(model_type, ()))]
+  ignored = [k for k in rest if k.endswith(layout.ignored_suffixes)]
+  kept = [k for k in rest if k.startswith(layout.kept_prefixes)]
   skipped = [k for k in rest if skip_prefixes and k.startswith(tuple(skip_prefixes))]
   unexpected = sorted(set(rest) - set(ignored) - set(kept) - set(skipped))
   if unexpected:
@@ -96,8 +106,11 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
       f"deliberately):\n    {shown}"
     )
   if problems:
-    raise ConversionError(f"{source.description} does not fit a {model_type} target:\n  " + "\n  ".join(problems))
-  return Plan(source, model_type, config, rules, kept, skipped)
+    raise ConversionError(
+      f"{source.description} does not fit a {config.family} target ({layout.name} layout of model_type "
+      f"{model_type}):\n  " + "\n  ".join(problems)
+    )
+  return Plan(source, model_type, layout, config, rules, kept, skipped)
 
 
 def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
@@ -123,7 +136,9 @@ def _tokenizer_dir(source_path: str, vocab_size: int, staging: str) -> tuple[str
   else:
     present = [name for name in TOKENIZER_FILES if os.path.exists(os.path.join(source_path, name))]
     if not present:
-      return None, "none in the source"
+      logging.warning("%s has no tokenizer files: the checkpoint is written without tokenizer/, and evaluating it "
+                      "needs --tokenizer_dir (the tokenizer it was trained with)", source_path)
+      return None, "none in the source: evaluate with --tokenizer_dir"
     try:
       tokenizer = AutoTokenizer.from_pretrained(source_path)
     except Exception as e:  # custom tokenizer classes (ChatGLM's) need remote code: keep the files as they are
@@ -181,7 +196,8 @@ def define_flags() -> None:
   """Command-line flags, defined only when this module is the program (libraries import it freely)."""
   flags.DEFINE_string("source", None, "Hugging Face model directory (safetensors or pytorch_model*.bin) or a .gguf file.")
   flags.DEFINE_string("output", None, "Directory to write the s2sjax checkpoint to.")
-  flags.DEFINE_enum("family", "auto", FAMILY_CHOICES, "Source layout; auto reads config.json's model_type.")
+  flags.DEFINE_enum("family", "auto", family_choices(),
+                    "Model family or vendor layout the source must be; auto reads config.json's model_type.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype of the output (norms stay fp32).")
   flags.DEFINE_multi_string("skip_prefix", [], "Leave out source keys with this prefix (listed in the manifest).")
   flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
@@ -206,4 +222,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["source", "output"])
-  app.run(main)
+  app.run(one_line_errors(main))

@@ -1,4 +1,5 @@
-r"""s2sjax checkpoint -> Hugging Face safetensors (qwen2 and llama), so a model trained in JAX can be published.
+r"""s2sjax checkpoint -> Hugging Face safetensors, so a model trained in JAX can be published (families that declare
+an `export`: s2sjax.families).
 
   python -m checkpoints_conversion.export_hf --checkpoint=DIR --output=HF_DIR [--max_shard_gb=4]
 
@@ -14,47 +15,52 @@ import shutil
 import numpy as np
 from absl import app, flags
 
-from checkpoints_conversion import layouts, safetensors_io
-from s2sjax import checkpoint
+from checkpoints_conversion import safetensors_io
+from s2sjax import checkpoint, families
+from s2sjax.cli import one_line_errors
 from s2sjax.model.config import ModelConfig
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+
+class ExportError(ValueError):
+  """A model that has no transformers counterpart to be written as."""
+
+
+def _export(config: ModelConfig) -> families.HfExport:
+  export = families.get(config.family).export
+  if export is None:
+    exportable = [name for name in families.names() if families.get(name).export]
+    raise ExportError(
+      f"model family {config.family} has no transformers architecture to export to (exportable: "
+      f"{', '.join(exportable)}); keep the s2sjax checkpoint, or give the family an `export` in its module"
+    )
+  return export
 
 
 def hf_config(config: ModelConfig, source_config: dict | None, dtype: str) -> dict:
   """config.json for transformers: the source's own (token ids, templates) with the architecture from ours."""
-  out = dict(source_config or {}) if (source_config or {}).get("model_type") == config.family else {}
-  out.update(
-    architectures=[ARCHITECTURES[config.family]],
-    model_type=config.family,
-    vocab_size=config.vocab_size,
-    hidden_size=config.hidden_size,
-    intermediate_size=config.intermediate_size,
-    num_hidden_layers=config.num_layers,
-    num_attention_heads=config.num_heads,
-    num_key_value_heads=config.num_kv_heads,
-    head_dim=config.head_dim,
-    rms_norm_eps=config.rms_norm_eps,
-    rope_theta=config.rope_theta,
-    tie_word_embeddings=config.tie_embeddings,
-    torch_dtype=dtype,
-  )
-  out.pop("rope_parameters", None)
-  if config.family == "llama":
-    out.update(attention_bias=config.qkv_bias, mlp_bias=config.mlp_bias)
+  export = _export(config)
+  fields = export.config(config)
+  out = dict(source_config or {}) if (source_config or {}).get("model_type") == fields["model_type"] else {}
+  out.pop("rope_parameters", None)  # ours is written as top-level rope_theta
   out.pop("quantization_config", None)  # a GGUF source's: the export is plain tensors
+  out.update(fields, architectures=[export.architecture], torch_dtype=dtype)
   return out
 
 
 def hf_tensors(config: ModelConfig, params) -> dict[str, np.ndarray]:
-  """HF state dict (numpy) from s2sjax params, via the inverse of each conversion rule."""
-  if config.family not in ARCHITECTURES or config.audio_codebook_sizes:
-    raise ValueError(f"export to Hugging Face supports text-only {', '.join(ARCHITECTURES)} models, not {config.family}")
+  """HF state dict (numpy) from s2sjax params, via the inverse of each rule of the family's export layout."""
+  export = _export(config)
+  rules = families.get(config.family).layout(export.layout).rules(config, {})
   leaves = dict(checkpoint.flatten(params))
+  unplaced = sorted("/".join(path) for path in leaves.keys() - {rule.target for rule in rules})
+  if unplaced:  # audio tables, say: writing the rest would silently drop them
+    raise ExportError(f"{export.architecture} has no place for {', '.join(unplaced)}; only text decoders export")
   tensors = {}
-  for rule in layouts.rules_for(config, config.family):
+  for rule in rules:
     leaf = np.asarray(leaves[rule.target])
     for i, piece in enumerate(rule.pieces):
+      if piece.rows is not None or piece.normalize_rows:
+        raise ExportError(f"{piece.key} is a fused or normalised tensor: the export layout must store each leaf as is")
       tensors[piece.key] = np.ascontiguousarray(rule.to_source(leaf[i] if rule.stacked else leaf))
   return tensors
 
@@ -116,4 +122,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["checkpoint", "output"])
-  app.run(main)
+  app.run(one_line_errors(main))

@@ -1,6 +1,7 @@
 """Lazy readers for the checkpoint formats users bring: HF safetensors (sharded or not), `pytorch_model*.bin`,
-and GGUF. Every reader presents the same face: a Hugging Face `config.json` dict, key names in Hugging Face
-spelling, shapes without reading data, and one tensor at a time on `read`.
+and GGUF (of the families that declare how llama.cpp writes them). Every reader presents the same face: a Hugging
+Face `config.json` dict, key names in Hugging Face spelling, shapes without reading data, and one tensor at a time
+on `read`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Protocol
 import numpy as np
 
 from checkpoints_conversion import safetensors_io
+from s2sjax import families
+from s2sjax.model.config import ConfigError
 
 
 class SourceError(ValueError):
@@ -124,39 +127,11 @@ class TorchBinSource:
     return tensor.numpy()
 
 
-# GGUF tensor names -> Hugging Face names (llama.cpp's convert_hf_to_gguf tables, llama and qwen2 subset).
-_GGUF_GLOBAL = {
-  "token_embd.weight": "model.embed_tokens.weight",
-  "output_norm.weight": "model.norm.weight",
-  "output.weight": "lm_head.weight",
-}
-_GGUF_LAYER = {
-  "attn_norm": "input_layernorm",
-  "attn_q": "self_attn.q_proj",
-  "attn_k": "self_attn.k_proj",
-  "attn_v": "self_attn.v_proj",
-  "attn_output": "self_attn.o_proj",
-  "ffn_norm": "post_attention_layernorm",
-  "ffn_gate": "mlp.gate_proj",
-  "ffn_up": "mlp.up_proj",
-  "ffn_down": "mlp.down_proj",
-}
-
-
-def _gguf_to_hf_name(name: str) -> str:
-  if name in _GGUF_GLOBAL:
-    return _GGUF_GLOBAL[name]
-  parts = name.split(".")
-  if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER:
-    return f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[3]}"
-  return name  # unknown names surface as unexpected keys
-
-
 class GgufSource:
-  """A GGUF file (llama or qwen2), de-quantized tensor by tensor to fp32, under Hugging Face names.
+  """A GGUF file, de-quantized tensor by tensor to fp32, under Hugging Face names and config.json keys.
 
-  llama.cpp stores llama's q/k rows permuted for its interleaved rope; they are permuted back here exactly as
-  transformers' GGUF loader does. Qwen2 files are not permuted."""
+  The file's `general.architecture` picks the family that reads it (`s2sjax.families.gguf_layout`): it names
+  the tensors in HF spelling and undoes any reordering llama.cpp applied (llama's permuted q/k rows)."""
 
   def __init__(self, path: str):
     import gguf
@@ -168,9 +143,11 @@ class GgufSource:
     self.path = path
     self.description = f"{path} (GGUF)"
     self._arch = self._field("general.architecture")
-    if self._arch not in ("llama", "qwen2"):
-      raise SourceError(f"{path}: GGUF architecture {self._arch!r} is not supported (llama, qwen2)")
-    self._tensors = {_gguf_to_hf_name(t.name): t for t in self._reader.tensors}
+    try:
+      self._layout = families.gguf_layout(self._arch)
+    except ConfigError as e:
+      raise SourceError(f"{path}: {e}") from e
+    self._tensors = {self._layout.hf_key(t.name): t for t in self._reader.tensors}
     self.config = self._hf_config()
 
   def _field(self, name: str, default=None):
@@ -178,6 +155,7 @@ class GgufSource:
     return default if field is None else field.contents()
 
   def _hf_config(self) -> dict:
+    """llama.cpp's metadata (`<architecture>.<key>`) in transformers' config.json keys."""
     arch = self._arch
     if self._field(f"{arch}.rope.scaling.type", "none") not in ("none",):
       raise SourceError(f"{self.path}: scaled rope is not supported")
@@ -185,7 +163,7 @@ class GgufSource:
     heads = int(self._field(f"{arch}.attention.head_count"))
     hidden = int(self._field(f"{arch}.embedding_length"))
     return {
-      "model_type": arch,
+      "model_type": self._layout.model_type,
       "hidden_size": hidden,
       "intermediate_size": int(self._field(f"{arch}.feed_forward_length")),
       "num_hidden_layers": int(self._field(f"{arch}.block_count")),
@@ -211,11 +189,7 @@ class GgufSource:
 
     tensor = self._tensors[key]
     array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(self.shape(key))
-    if self._arch == "llama" and (".q_proj." in key or ".k_proj." in key):
-      heads = self.config["num_attention_heads" if ".q_proj." in key else "num_key_value_heads"]
-      array = array.reshape(heads, array.shape[0] // heads // 2, 2, *array.shape[1:])
-      array = array.swapaxes(1, 2).reshape(self.shape(key))
-    return array.astype(np.float32, copy=False)
+    return self._layout.restore(key, array, self.config).astype(np.float32, copy=False)
 
 
 def open_source(path: str) -> TensorSource:

@@ -1,4 +1,5 @@
-"""`--verify`: the converted model against the PyTorch (transformers) model on the same tokens."""
+"""`--verify`: the converted model against the PyTorch (transformers) model on the same tokens, for source layouts
+whose family declares them `verifiable` (s2sjax.families)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,8 @@ import os
 
 import numpy as np
 
-from s2sjax import checkpoint
+from s2sjax import checkpoint, families
 from s2sjax.model.decoder import sequence_log_probs
-
-# Source model types whose PyTorch implementation ships with transformers (others need the authors' remote code).
-VERIFIABLE = ("qwen2", "llama", "glm")
 
 
 def load_torch_model(source_path: str):
@@ -31,10 +29,11 @@ def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed:
   import torch
 
   model_type = checkpoint.load_manifest(ckpt_dir)["source_model_type"]
-  if model_type not in VERIFIABLE:
+  if not families.layout_for_model_type(model_type).verifiable:
+    verifiable = [t for _, layout in families.all_layouts() if layout.verifiable for t in layout.model_types]
     raise ValueError(
       f"--verify needs the PyTorch model in transformers; {model_type!r} checkpoints need their authors' remote "
-      f"code (verifiable: {', '.join(VERIFIABLE)})"
+      f"code (verifiable model_types: {', '.join(verifiable)})"
     )
   config = checkpoint.load_config(ckpt_dir)
   params = checkpoint.load_params(ckpt_dir, dtype=np.float32)

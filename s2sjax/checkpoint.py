@@ -5,19 +5,25 @@
                             layer at a time (`layers/<i>/...`), restacked on load
     DIR/extras/             orbax PyTree of tensors kept from the source but not used by the decoder (audio heads)
     DIR/tokenizer/          the tokenizer files, when the source had them
-    DIR/manifest.json       provenance (source, dtype, kept and skipped keys); written last
+    DIR/manifest.json       provenance (source, dtype, kept and skipped keys) and every leaf's checksum
+                            (s2sjax/checksums.py), verified on load; written last
 
 Leaves are written one at a time (orbax partial saves) and layers unstacked, so writing needs memory for about
 one layer's largest tensor, not the model.
-Everything goes to a temporary sibling directory that is renamed into place only when complete: a directory
-without `manifest.json` was never finished.
+Everything goes to a hidden sibling directory (named after the host and process writing it) that is renamed
+into place only when complete: a directory without `manifest.json` was never finished, and a later write removes
+the leftovers of writers that died. `overwrite` replaces only a finished checkpoint or an empty directory.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
+import os
 import shutil
+import socket
+import time
 import uuid
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -25,9 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
+from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax import sharding
+from s2sjax import checksums, sharding
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params, abstract_params, param_logical_axes
 
@@ -55,18 +62,18 @@ def _nest(path: LeafPath, value: Any) -> dict:
 
 def _save_leaves(
   directory: epath.Path, leaves: Iterable[tuple[LeafPath, np.ndarray]], batch_bytes: int = 256 << 20
-) -> dict[LeafPath, tuple]:
+) -> dict[LeafPath, tuple[tuple, str]]:
   """Saves leaves as they come, in partial saves of about `batch_bytes` (each save has a fixed cost, each byte
-  held costs memory); returns {path: shape} of what was written."""
+  held costs memory); returns {path: (shape, checksum)} of what was written."""
   from orbax.checkpoint.experimental.v1 import partial
 
-  written: dict[LeafPath, tuple] = {}
+  written: dict[LeafPath, tuple[tuple, str]] = {}
   batch: dict = {}
   held = 0
   for path, array in leaves:
     array = np.asarray(array)
     _merge(batch, _nest(path, array))
-    written[path] = array.shape
+    written[path] = (array.shape, checksums.host_checksum(array))
     held += array.nbytes
     del array
     if held >= batch_bytes:
@@ -105,6 +112,48 @@ def _check_shapes(expected: Mapping[LeafPath, tuple], given: Mapping[LeafPath, t
     raise CheckpointError("parameters do not fit the config:\n  " + "\n  ".join(problems))
 
 
+def _staging_dir(out_dir: epath.Path) -> epath.Path:
+  """A hidden sibling named after this host and process, so a later run can tell a dead writer's leftovers."""
+  return out_dir.parent / f".{out_dir.name}.partial-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _remove_stale_staging(out_dir: epath.Path) -> list[str]:
+  """Deletes staging directories of `out_dir` left by writers on this host that are no longer running (a kill
+  leaves them behind, possibly GBs); those of other hosts are left and named in the log."""
+  removed = []
+  for staging in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+    host, _, rest = staging.name.rpartition(".partial-")[2].partition("-")
+    pid = rest.partition("-")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+      logging.warning("%s: a staging directory of another host (or an older version) is left as it is", staging)
+      continue
+    try:
+      os.kill(int(pid), 0)
+      continue  # its writer is still running
+    except ProcessLookupError:
+      pass
+    except PermissionError:
+      continue
+    shutil.rmtree(str(staging), ignore_errors=True)
+    removed.append(staging.name)
+  if removed:
+    logging.info("removed %d stale staging directories of %s: %s", len(removed), out_dir, ", ".join(removed))
+  return removed
+
+
+def _check_replaceable(out_dir: epath.Path, overwrite: bool) -> None:
+  """An existing output is replaced only when asked, and only if it is a finished s2sjax checkpoint or empty."""
+  if not out_dir.exists():
+    return
+  if not overwrite:
+    raise CheckpointError(f"{out_dir} already exists (pass overwrite=True / --overwrite to replace it)")
+  if not out_dir.is_dir():
+    raise CheckpointError(f"{out_dir} is a file, not a checkpoint directory: --overwrite replaces only checkpoints")
+  if any(out_dir.iterdir()) and not ((out_dir / MANIFEST).exists() and (out_dir / "model_config.json").exists()):
+    raise CheckpointError(f"{out_dir} is neither an s2sjax checkpoint nor empty: --overwrite will not delete it "
+                          "(remove it yourself, or choose another --output)")
+
+
 def write_checkpoint(
   out_dir: str | epath.Path,
   config: ModelConfig,
@@ -115,21 +164,25 @@ def write_checkpoint(
   manifest: Mapping[str, Any] | None = None,
   overwrite: bool = False,
 ) -> epath.Path:
-  """Writes a checkpoint from lazily produced (path, array) leaves; returns its directory."""
+  """Writes a checkpoint from lazily produced (path, array) leaves; returns its directory. The manifest records
+  every leaf's checksum, which `load_params` verifies."""
   out_dir = epath.Path(out_dir)
-  if out_dir.exists() and not overwrite:
-    raise CheckpointError(f"{out_dir} already exists (pass overwrite=True / --overwrite to replace it)")
-  staging = out_dir.parent / f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}"
+  _check_replaceable(out_dir, overwrite)
+  _remove_stale_staging(out_dir)
+  staging = _staging_dir(out_dir)
   staging.mkdir(parents=True)
   try:
     (staging / "model_config.json").write_text(config.to_json())
     written = _save_leaves(staging / "params", leaves)
     expected = {path: leaf.shape for path, leaf in disk_layout(abstract_params(config)).items()}
-    _check_shapes(expected, written)
-    _save_leaves(staging / "extras", extras)
+    _check_shapes(expected, {path: shape for path, (shape, _) in written.items()})
+    written_extras = _save_leaves(staging / "extras", extras)
     if tokenizer_dir is not None:
       shutil.copytree(str(tokenizer_dir), str(staging / "tokenizer"))
-    (staging / MANIFEST).write_text(json.dumps(dict(manifest or {}), indent=2, sort_keys=True, default=str))
+    sums = {"params": {"/".join(p): c for p, (_, c) in sorted(written.items())},
+            "extras": {"/".join(p): c for p, (_, c) in sorted(written_extras.items())}}
+    (staging / MANIFEST).write_text(json.dumps(dict(manifest or {}, checksums=sums), indent=2, sort_keys=True,
+                                               default=str))
     if out_dir.exists():
       shutil.rmtree(str(out_dir))
     staging.rename(out_dir)
@@ -188,9 +241,11 @@ def load_manifest(ckpt_dir: str | epath.Path) -> dict:
   return json.loads((ckpt_dir / MANIFEST).read_text())
 
 
-def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None) -> Params:
+def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True) -> Params:
   """Restores the parameters onto `mesh` (default: every device, data-parallel), sharded by the logical rules,
-  optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with."""
+  optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
+  With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
+  the parameters), and a leaf that differs is refused by name."""
   from orbax.checkpoint.experimental import v1 as ocp
 
   ckpt_dir = epath.Path(ckpt_dir)
@@ -209,10 +264,12 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
     return whole if path[0] != "layers" else NamedSharding(mesh, PartitionSpec(*whole.spec[1:]))
 
   target = {}
-  for path, leaf in stored.items():
-    leaf_dtype = jnp.dtype(dtype) if dtype is not None else saved[path].dtype
-    _merge(target, _nest(path, jax.ShapeDtypeStruct(leaf.shape, leaf_dtype, sharding=layer_sharding(path))))
-  restored = ocp.load(ckpt_dir / "params", target)
+  for path, leaf in stored.items():  # restored as saved: the checksums are of the saved bits
+    _merge(target, _nest(path, jax.ShapeDtypeStruct(leaf.shape, saved[path].dtype, sharding=layer_sharding(path))))
+  try:
+    restored = ocp.load(ckpt_dir / "params", target)
+  except (ValueError, OSError, RuntimeError) as e:  # what unreadable (truncated, corrupted) files raise
+    raise CheckpointError(f"{ckpt_dir}/params cannot be read ({type(e).__name__}: {e}); re-convert it") from e
   per_layer = restored.pop("layers")
   layers = {}
   for path, _ in flatten(abstract["layers"]):
@@ -220,7 +277,77 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
     stack = jax.jit(lambda *xs: jnp.stack(xs), out_shardings=shardings[("layers",) + path])
     _merge(layers, _nest(path, stack(*slices)))
   restored["layers"] = layers
-  return restored
+  expected = load_manifest(ckpt_dir).get("checksums", {}).get("params")
+  if verify and expected is not None:
+    _verify(ckpt_dir, restored, expected)
+  if dtype is None:
+    return restored
+  cast = jax.jit(lambda tree: jax.tree.map(lambda leaf: leaf.astype(dtype), tree),  # one program for the tree
+                 out_shardings=jax.tree.map(lambda leaf: leaf.sharding, restored))
+  return cast(restored)
+
+
+def _verify(ckpt_dir: epath.Path, params: Params, expected: Mapping[str, str]) -> None:
+  """Raises CheckpointError naming every leaf whose checksum differs from the one written with it."""
+  start = time.time()
+  leaves = flatten(params)
+  stacked = [path[0] == "layers" for path, _ in leaves]
+  found = checksums.device_checksums([leaf for _, leaf in leaves], stacked)
+  differ = []
+  for (path, leaf), is_stacked, sums in zip(leaves, stacked, found):
+    names = (["/".join(("layers", str(i)) + path[1:]) for i in range(leaf.shape[0])] if is_stacked
+             else ["/".join(path)])
+    differ += [name for name, checksum in zip(names, sums) if expected.get(name) != checksum]
+  if differ:
+    shown = ", ".join(differ[:10]) + (f" and {len(differ) - 10} more" if len(differ) > 10 else "")
+    raise CheckpointError(f"{ckpt_dir}: {len(differ)} parameter leaf/leaves differ from the checksums written with "
+                          f"them (corrupted or replaced files): {shown}. Re-convert or restore the checkpoint.")
+  logging.info("%s: %d parameter leaves verified in %.2fs", ckpt_dir, len(expected), time.time() - start)
+
+
+def content_id(ckpt_dir: str | epath.Path) -> str:
+  """What the checkpoint holds, as a short hash: its config, every leaf's checksum and its tokenizer files. A
+  checkpoint replaced at the same path gets another id; a copy elsewhere the same one. Checkpoints written before
+  checksums were recorded are hashed from their files' bytes instead."""
+  ckpt_dir = epath.Path(ckpt_dir)
+  manifest = load_manifest(ckpt_dir)
+  digest = hashlib.sha256((ckpt_dir / "model_config.json").read_bytes())
+  if "checksums" in manifest:
+    digest.update(json.dumps(manifest["checksums"], sort_keys=True).encode())
+    folders = ["tokenizer"]
+  else:
+    folders = ["params", "extras", "tokenizer"]
+  for folder in folders:
+    for name, path in _files(ckpt_dir / folder):
+      digest.update(f"{folder}/{name}".encode() + b"\0" + path.read_bytes())
+  return digest.hexdigest()[:16]
+
+
+def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
+  """(relative name, path) of every file under `root`, sorted (epath has no recursive glob for buckets)."""
+  if not root.exists():
+    return []
+  found = []
+  for path in sorted(root.iterdir()):
+    name = f"{prefix}{path.name}"
+    found += _files(path, name + "/") if path.is_dir() else [(name, path)]
+  return found
+
+
+def load_tokenizer(ckpt_dir: str | epath.Path):
+  """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
+  local temporary folder first: transformers reads local folders only."""
+  import tempfile
+
+  from transformers import AutoTokenizer
+
+  tokenizer_dir = epath.Path(ckpt_dir) / "tokenizer"
+  if not tokenizer_dir.exists():
+    return None
+  with tempfile.TemporaryDirectory() as local:
+    for item in tokenizer_dir.iterdir():
+      (epath.Path(local) / item.name).write_bytes(item.read_bytes())
+    return AutoTokenizer.from_pretrained(local)
 
 
 def load_extras(ckpt_dir: str | epath.Path) -> dict[str, np.ndarray]:

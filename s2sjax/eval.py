@@ -11,200 +11,86 @@ does. Several checkpoints of one run (a glob or a list) give curves over steps. 
 --output_dir scores only what is missing, and refuses chunks another checkpoint, dtype, chunking or data made.
 --noshare_prefix, --reference_language_quirk and --overlong pick the build `tasks.prepare` made with those flags
 (flash attention needs rows without shared prefixes).
+
+This module is the command line and the wiring of the three packages (it builds the bundled sample through
+`tasks` and converts the default model through `checkpoints_conversion`); the work is done by `Evaluator`
+(scoring), `chunk_store` (resume) and `reports` (files).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import glob
 import os
-import re
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
-from etils import epath
-from jax.experimental import multihost_utils
 
-from s2sjax import checkpoint, default_model, metrics, results, sharding
-from s2sjax.evaluator import (EvalError, Evaluator, TaskData, Variants, check_fit, load_task_data, summarize,
-                              with_untrained_audio_tables)
-from s2sjax.scoring import CandidateScores, Progress, collect
+from s2sjax import benchmarks, checkpoint, checkpoint_paths, default_model, metrics, peers, reports, sharding
+from s2sjax.chunk_store import ChunkStore, score_resumable
+from s2sjax.cli import one_line_errors
+from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
+from s2sjax.output_dir import OutputError, RunLock
+from s2sjax.questions import QuestionScores
+from s2sjax.scoring import Progress
+from s2sjax.task_data import DataError, TaskData, Variants, load_task_data, tokenizer_identity
 
-TASKS = ("sstorycloze", "zh_sstorycloze", "scmmlu")
 FLAGS = flags.FLAGS
+DEMO_NAME = "SmolLM2-135M (demo)"
 
 
-def resolve_checkpoints(spec: str | None) -> list[str]:
-  """Paths from a comma-separated list of paths and globs, in step order; the default model when empty."""
-  if not spec:
-    return [default_model.default_checkpoint()]
-  paths = []
-  for part in filter(None, (p.strip() for p in spec.split(","))):
-    part = os.path.expanduser(part)  # "--checkpoint=~/x" reaches us unexpanded
-    matches = _glob(part) if any(ch in part for ch in "*?[") else [part]
-    if not matches:
-      raise EvalError(f"--checkpoint pattern {part!r} matches nothing")
-    paths += matches
-  return sorted(dict.fromkeys(paths), key=lambda p: (step_of(p) is None, step_of(p) or 0, p))
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Everything one `run` needs. `scoring` is what an in-training `Evaluator` takes too."""
+
+  tasks: tuple[str, ...]
+  modalities: tuple[str, ...] = ("text", "speech")
+  checkpoints: str | None = None  # dirs, globs, comma-separated; None: the embedded default model
+  spec: str = "demo"
+  data_dir: str | None = None  # None: the default cache (with the bundled sample built on first use)
+  output_dir: str = "outputs/eval"
+  mesh: str = "data:-1"
+  row_length: int = 1024
+  chunk_rows: int = 32
+  variants: Variants = Variants()
+  tensorboard: bool = False
+  scoring: ScoringOptions = ScoringOptions(attention="auto")
+  tokenizer_dir: str | None = None  # for a checkpoint without tokenizer/ (one with its own may use it too)
+  verify_checkpoint: bool = True  # hold every parameter leaf against the checksum written with it
+  break_lock: bool = False  # take the output directory from a run that died on another host
+
+  @property
+  def is_default(self) -> bool:
+    """The embedded default: no checkpoint, the demo spec, the default data (built on first use)."""
+    return not self.checkpoints and self.spec == "demo" and self.data_dir is None
 
 
-def _glob(pattern: str) -> list[str]:
-  """Local or gs:// glob (the pattern in the last path component for buckets)."""
-  if "://" not in pattern:
-    return sorted(glob.glob(pattern))
-  parent, _, name = pattern.rstrip("/").rpartition("/")
-  return sorted(str(p) for p in epath.Path(parent).glob(name))
-
-
-def step_of(path: str) -> int | None:
-  numbers = re.findall(r"\d+", os.path.basename(os.path.normpath(path)))
-  return int(numbers[-1]) if numbers else None
-
-
-def ensure_data(data_dir: str, task: str, modality: str, spec: str, row_length: int, tokenizer_dir: str,
-                is_default: bool, variants: Variants = Variants()) -> TaskData:
+def ensure_data(cfg: EvalConfig, data_dir: str, task: str, modality: str, tokenizer_dir: str) -> TaskData:
   try:
-    return load_task_data(data_dir, task, modality, spec, row_length, variants)
-  except ValueError:
-    if not is_default:
+    return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, cfg.variants)
+  except DataError:
+    if not cfg.is_default:
       raise
   from tasks.prepare import prepare  # the embedded default builds the bundled sample on first use
 
   logging.info("building the bundled sample: %s %s", task, modality)
-  prepare(task, spec, modality, row_length, data_dir, tokenizer_dir=tokenizer_dir, **dataclasses.asdict(variants))
-  return load_task_data(data_dir, task, modality, spec, row_length, variants)
+  prepare(task, cfg.spec, modality, cfg.row_length, data_dir, variants=cfg.variants, tokenizer_dir=tokenizer_dir)
+  return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, cfg.variants)
 
 
-def load_model(path: str, data: list[TaskData], mesh, dtype):
-  """Config and params of one checkpoint, fitted to the data's spec (the demo's untrained audio table)."""
+def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True):
+  """Config and params of one checkpoint (checksums verified), fitted to the data's spec (the demo's untrained
+  audio table)."""
   config = checkpoint.load_config(path)
-  params = checkpoint.load_params(path, mesh=mesh, dtype=dtype)
+  params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify)
   speech = [td for td in data if td.modality == "speech"]
   if speech and not config.audio_codebook_sizes and speech[0].metadata["spec"]["name"] == "demo":
     spec = speech[0].metadata["spec"]
-    config, params = with_untrained_audio_tables(config, params, tuple(spec["codebook_sizes"]),
-                                                 speech[0].metadata["audio_ids"]["placeholder"])
+    config, params = default_model.with_untrained_audio_tables(
+      config, params, tuple(spec["codebook_sizes"]), speech[0].metadata["audio_ids"]["placeholder"])
   return config, params
-
-
-def _tokenizer_identity(path: str) -> dict | None:
-  """The checkpoint's tokenizer identity (copied locally first when the checkpoint is in a bucket)."""
-  import tempfile
-
-  from transformers import AutoTokenizer
-
-  from tasks.tfds_builder import tokenizer_identity
-
-  tokenizer_dir = epath.Path(path) / "tokenizer"
-  if not tokenizer_dir.exists():
-    return None
-  with tempfile.TemporaryDirectory() as local:
-    for item in tokenizer_dir.iterdir():
-      (epath.Path(local) / item.name).write_bytes(item.read_bytes())
-    return tokenizer_identity(AutoTokenizer.from_pretrained(local))
-
-
-def score_resumable(evaluator: Evaluator, params, td: TaskData, store: results.ChunkStore, chunk_rows: int,
-                    progress: Progress) -> CandidateScores:
-  """Scores `td` chunk by chunk, reusing finished chunks of the same run. Only process 0 reads and writes the
-  store (an output directory local to worker 0 works too); every process gets its decisions and arrays."""
-  num_rows = len(td.rows["tokens"])
-  chunks = [(start, min(start + chunk_rows, num_rows)) for start in range(0, num_rows, chunk_rows)]
-  mismatch = store.mismatch() if jax.process_index() == 0 else None
-  if _from_process_0(np.array(mismatch is not None)):
-    raise EvalError(mismatch or "process 0 refused the output directory (see its log)")
-  done = _from_process_0(np.array([jax.process_index() == 0 and store.done(i) for i in range(len(chunks))]))
-  todo_rows = sum(stop - start for (start, stop), d in zip(chunks, done) if not d)
-  if done.any():
-    logging.info("%s/%s: resuming, %d of %d chunks done, scoring %d rows", td.task, td.modality, int(done.sum()),
-                 len(chunks), todo_rows)
-  nll_sum, n_tokens = [], []
-  scorer = evaluator.scorer(td)
-  for i, (start, stop) in enumerate(chunks):
-    if done[i]:
-      empty = (np.zeros((stop - start, td.shape.max_slots)), np.zeros((stop - start, td.shape.max_slots), np.int64))
-      part = tuple(_from_process_0(x) for x in (store.load(i) if jax.process_index() == 0 else empty))
-    else:
-      rows = {k: v[start:stop] for k, v in td.rows.items()}
-      part = scorer.score(evaluator.params_adapter(params), rows, progress=False)
-      unscored = (rows["slot_item"] >= 0) & (part[1] == 0)
-      if unscored.any():  # never save (and so resume from) a chunk that lost candidates
-        raise EvalError(f"{td.task}/{td.modality} rows {start}-{stop - 1}: {int(unscored.sum())} laid candidates "
-                        "scored no tokens; nothing was saved")
-      if jax.process_index() == 0:
-        store.save(i, *part)
-      progress.update(stop - start, int((rows["segment_ids"] > 0).sum()))
-    nll_sum.append(part[0])
-    n_tokens.append(part[1])
-  return collect(td.rows, np.concatenate(nll_sum), np.concatenate(n_tokens), td.candidates_per_item)
-
-
-def _from_process_0(value: np.ndarray) -> np.ndarray:
-  return np.asarray(multihost_utils.broadcast_one_to_all(value)) if jax.process_count() > 1 else np.asarray(value)
-
-
-def run_names(paths: list[str]) -> list[str]:
-  """A readable, distinct name per checkpoint: its folder name, with as many parent folders as it takes to tell
-  apart checkpoints that share one (runA/ckpt-100, runB/ckpt-100)."""
-  parts = [os.path.normpath(p.split("://", 1)[-1]).split(os.sep) for p in paths]
-  for depth in range(1, max(map(len, parts)) + 1):
-    names = ["/".join(p[-depth:]) for p in parts]
-    if len(set(names)) == len(names):
-      return names
-  raise EvalError(f"--checkpoint lists the same checkpoint twice: {paths}")
-
-
-def run(task_names: list[str], modalities: list[str], checkpoints: str | None, spec: str, data_dir: str | None,
-        output_dir: str, mesh_spec: str, batch_size: int, dtype, row_length: int, chunk_rows: int,
-        attention: str = "auto", tensorboard: bool = False, variants: Variants = Variants()) -> list[dict]:
-  is_default = not checkpoints and spec == "demo" and data_dir is None
-  paths = resolve_checkpoints(checkpoints)
-  from tasks.prepare import default_data_dir
-
-  data_dir = data_dir or default_data_dir()
-  data = [ensure_data(data_dir, t, m, spec, row_length, os.path.join(paths[0], "tokenizer"), is_default, variants)
-          for t in task_names for m in modalities]
-  mesh = sharding.make_mesh(mesh_spec)
-  evaluator, runs = None, []
-  total_rows = len(paths) * sum(len(td.rows["tokens"]) for td in data)
-  progress = Progress(total_rows, log=lambda s: logging.info("%s", s))
-  for path, name in zip(paths, ["SmolLM2-135M (demo)"] if is_default else run_names(paths)):
-    full_path = path if "://" in path else os.path.abspath(path)
-    config, params = load_model(path, data, mesh, dtype)
-    identity = _tokenizer_identity(path)
-    for td in data:
-      check_fit(config, td, identity)
-    if evaluator is None or evaluator.config != config:
-      evaluator = Evaluator(config, data, mesh=mesh, batch_size=batch_size, dtype=dtype,
-                            attention=pick_attention(attention, data))
-    arrays = {}
-    for td in data:
-      store = results.ChunkStore(os.path.join(output_dir, "chunks", _safe(name), f"{td.task}-{td.modality}"), {
-        "checkpoint": full_path, "dtype": jnp.dtype(dtype).name, "chunk_rows": chunk_rows, "data": td.fingerprint})
-      start = time.time()
-      scores = score_resumable(evaluator, params, td, store, chunk_rows, progress)
-      arrays[(td.task, td.modality)] = metrics.question_arrays(td.questions, scores.nll_sum, scores.n_tokens)
-      m = metrics.task_metrics(td.kind, arrays[(td.task, td.modality)])
-      if jax.process_index() == 0:
-        print(f"{name} {td.task} {td.modality}: accuracy {100 * m['accuracy']:.1f}% "
-              f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
-              f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
-              flush=True)
-        results.write_jsonl(os.path.join(output_dir, _safe(name), f"{td.task}-{td.modality}.scores.jsonl"),
-                            results.scores_lines(td.questions, arrays[(td.task, td.modality)]))
-    summary = summarize(data, arrays)
-    runs.append({"name": name, "path": full_path,
-                 "step": step_of(path) if not is_default else None,
-                 "tasks": {k: v for k, v in summary.items() if k != "degradation"},
-                 "degradation": summary.get("degradation", {})})
-    if jax.process_index() == 0:
-      write_outputs(output_dir, runs, spec, row_length)
-      if tensorboard:
-        results.write_tensorboard(output_dir, runs[-1], runs[-1]["step"] if runs[-1]["step"] is not None else len(runs) - 1)
-  return runs
 
 
 def pick_attention(choice: str, data: list[TaskData]) -> str:
@@ -217,19 +103,98 @@ def pick_attention(choice: str, data: list[TaskData]) -> str:
   return "dot_product"
 
 
-def write_outputs(output_dir: str, runs: list[dict], spec: str, row_length: int) -> None:
-  """metrics.json, the Table 1 files and the curves, redrawn after every checkpoint."""
-  results.write_json(os.path.join(output_dir, "metrics.json"), {"spec": spec, "row_length": row_length, "runs": runs})
-  results.write_tables(output_dir, runs)
-  results.plot_curves(output_dir, runs)
+def run(cfg: EvalConfig) -> list[dict]:
+  """Scores every checkpoint on every task x modality, writing results as it goes. Returns what metrics.json
+  holds on process 0 (every checkpoint scored into the output directory, earlier runs' included), and this
+  invocation's checkpoints on the other processes."""
+  from tasks.prepare import default_data_dir
+
+  paths = [default_model.default_checkpoint()] if not cfg.checkpoints else checkpoint_paths.expand(cfg.checkpoints)
+  names = [DEMO_NAME] if cfg.is_default else checkpoint_paths.run_names(paths)
+  data_dir = cfg.data_dir or default_data_dir()
+  data = [ensure_data(cfg, data_dir, t, m, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
+          for t in cfg.tasks for m in cfg.modalities]
+  mesh = sharding.make_mesh(cfg.mesh)
+  options = dataclasses.replace(cfg.scoring, attention=pick_attention(cfg.scoring.attention, data))
+  with _output_lock(cfg):
+    evaluator, runs = None, []
+    progress = Progress(len(paths) * sum(len(td.rows["tokens"]) for td in data), log=lambda s: logging.info("%s", s))
+    for path, name in zip(paths, names):
+      identity = _tokenizer_identity(path, cfg.tokenizer_dir)
+      config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint)
+      for td in data:
+        check_fit(config, td, identity)
+      if evaluator is None or evaluator.config != config:
+        evaluator = Evaluator(config, data, options, mesh=mesh)
+      record = {"name": name, "path": path if "://" in path else os.path.abspath(path),
+                "step": None if cfg.is_default else checkpoint_paths.step_of(path), "spec": cfg.spec,
+                "row_length": cfg.row_length}
+      scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path), progress)
+      summary = summarize(scores)
+      runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
+                   "degradation": summary.get("degradation", {})})
+      if jax.process_index() == 0:
+        runs_so_far = reports.read_runs(cfg.output_dir)
+        reports.write_summaries(cfg.output_dir, runs_so_far)
+        if cfg.tensorboard:
+          step = record["step"] if record["step"] is not None else len(runs) - 1
+          reports.write_tensorboard(cfg.output_dir, runs[-1], step)
+  return runs_so_far if jax.process_index() == 0 else runs
 
 
-def _safe(name: str) -> str:
-  return re.sub(r"[^\w.\-]+", "_", name).strip("_")
+def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[TaskData], record: dict,
+                      content: str, progress: Progress) -> dict[tuple[str, str], QuestionScores]:
+  """Every task x modality of one checkpoint, resumable; each scores file is written as soon as it is done."""
+  folder = checkpoint_paths.safe_name(record["name"])
+  scores = {}
+  for td in data:
+    store = ChunkStore(os.path.join(cfg.output_dir, "chunks", folder, f"{td.task}-{td.modality}"),
+                       {"checkpoint": record["path"], "checkpoint_content": content,
+                        "dtype": evaluator.options.dtype, "chunk_rows": cfg.chunk_rows, "data": td.fingerprint})
+    start = time.time()
+    scores[(td.task, td.modality)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
+    if jax.process_index() == 0:
+      m = metrics.task_metrics(td.benchmark.decision, s)
+      print(f"{record['name']} {td.task} {td.modality}: accuracy {100 * m['accuracy']:.1f}% "
+            f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
+            f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
+            flush=True)
+      reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.modality): s})
+  return scores
+
+
+@contextlib.contextmanager
+def _output_lock(cfg: EvalConfig):
+  """The output directory is this run's while the block runs: process 0 takes the lock (and so finds out at once
+  whether it can write there), every process learns whether it got it."""
+  with contextlib.ExitStack() as stack:
+    refusal = None
+    if jax.process_index() == 0:
+      try:
+        stack.enter_context(RunLock(cfg.output_dir, cfg.break_lock))
+      except OutputError as e:
+        refusal = e
+    if sharding.from_process_0(np.array(refusal is not None)):
+      raise refusal or OutputError("process 0 could not take the output directory (see its log)")
+    yield
+
+
+def _tokenizer_identity(path: str, tokenizer_dir: str | None) -> dict:
+  """The identity of the tokenizer the checkpoint reads text with: its own, or --tokenizer_dir's. A checkpoint
+  without one is refused: data built for another vocabulary would be scored silently."""
+  if tokenizer_dir:
+    from transformers import AutoTokenizer
+
+    return tokenizer_identity(AutoTokenizer.from_pretrained(tokenizer_dir))
+  tokenizer = checkpoint.load_tokenizer(path)
+  if tokenizer is None:
+    raise EvalError(f"{path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
+                    "pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
+  return tokenizer_identity(tokenizer)
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum("task", "all", list(TASKS) + ["all"], "Benchmark task.")
+  flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Benchmark task.")
   flags.DEFINE_enum("modality", "both", ["text", "speech", "both"], "Prefix modality (both: with degradation).")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: demo).")
   flags.DEFINE_string("spec", "demo", "Speech-LLM spec the data was built with.")
@@ -246,11 +211,31 @@ def define_flags() -> None:
   flags.DEFINE_enum("attention", "auto", ["auto", "xla", "dot_product", "flash"],
                     "Attention kernel: auto = flash on TPU for -noshare data, else dot_product.")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
+  flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
+  flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "
+                    "--noverify_checkpoint skips it on a trusted bucket).")
+  flags.DEFINE_bool("break_lock", False, "Take the output directory from a run that died (its lock names it).")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
   flags.DEFINE_string("coordinator_address", None, "With --distributed off a managed cluster: host:port of process 0.")
   flags.DEFINE_integer("num_processes", None, "With --coordinator_address: how many processes.")
   flags.DEFINE_integer("process_id", None, "With --coordinator_address: this process's index.")
   flags.DEFINE_enum("cpu_collectives", None, ["gloo", "mpi"], "CPU collectives for multi-process runs on CPUs.")
+  flags.DEFINE_float("peer_timeout_s", 30.0, "With --distributed: a peer silent this long ends every process with "
+                     "an error (s2sjax/peers.py).", lower_bound=2.0)
+
+
+def config_from_flags() -> EvalConfig:
+  local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
+  return EvalConfig(
+    tasks=tuple(benchmarks.names() if FLAGS.task == "all" else [FLAGS.task]),
+    modalities=("text", "speech") if FLAGS.modality == "both" else (FLAGS.modality,),
+    checkpoints=FLAGS.checkpoint, spec=FLAGS.spec, data_dir=local(FLAGS.data_dir),
+    output_dir=local(FLAGS.output_dir), mesh=FLAGS.mesh, row_length=FLAGS.row_length, chunk_rows=FLAGS.chunk_rows,
+    variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong),
+    tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
+    verify_checkpoint=FLAGS.verify_checkpoint, break_lock=FLAGS.break_lock,
+    scoring=ScoringOptions(batch_size=FLAGS.batch_size, dtype=FLAGS.dtype, attention=FLAGS.attention),
+  )
 
 
 def main(argv):
@@ -258,14 +243,10 @@ def main(argv):
   if FLAGS.cpu_collectives:
     jax.config.update("jax_cpu_collectives_implementation", FLAGS.cpu_collectives)
   if FLAGS.distributed:  # TPU VMs and managed clusters find their peers; elsewhere name the coordinator
-    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  tasks = list(TASKS) if FLAGS.task == "all" else [FLAGS.task]
-  modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
-  local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
-  variants = Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong)
-  runs = run(tasks, modalities, FLAGS.checkpoint, FLAGS.spec, local(FLAGS.data_dir), local(FLAGS.output_dir),
-             FLAGS.mesh, FLAGS.batch_size, jnp.dtype(FLAGS.dtype), FLAGS.row_length, FLAGS.chunk_rows, FLAGS.attention,
-             FLAGS.tensorboard, variants)
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                               heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
+    peers.PeerWatch(FLAGS.peer_timeout_s).start()
+  runs = run(config_from_flags())
   if jax.process_index() != 0:
     return
   for run_ in runs:
@@ -278,4 +259,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(one_line_errors(main))

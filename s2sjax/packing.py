@@ -1,6 +1,6 @@
 """Packs benchmark items (a prefix and the candidate continuations that follow it) into fixed-length rows.
 
-Row format (DESIGN.md "Packed rows"), every row the same shape so the scoring step compiles once:
+Row format (docs/architecture.md, "Packed rows"), every row the same shape so the scoring step compiles once:
 
   tokens, segment_ids, branch_ids, positions   [L]      segment 0 = padding; branch 0 = the item's prefix,
                                                          branch c + 1 = candidate c's own tokens

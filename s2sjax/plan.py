@@ -15,6 +15,8 @@ import math
 
 from absl import app, flags
 
+from s2sjax import benchmarks, families
+from s2sjax.cli import one_line_errors
 from s2sjax.model.config import ModelConfig
 
 TARGET_CHUNK = 256
@@ -37,29 +39,10 @@ TOPOLOGIES = {
 }
 
 
-def _qwen(hidden, inter, layers, heads, kv, vocab, tied) -> ModelConfig:
-  return ModelConfig(family="qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-                     num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads, rope_theta=1e6,
-                     rotary_dim=hidden // heads, rope_interleaved=False, rms_norm_eps=1e-6, qkv_bias=True,
-                     o_bias=False, mlp_bias=False, tie_embeddings=tied)
+# Architectures of the published checkpoints, for planning without the weights: every family's.
+MODELS = families.planner_shapes()
 
-
-# Architectures of the published checkpoints (their config.json), for planning without the weights.
-MODELS = {
-  "qwen2.5-0.5b": _qwen(896, 4864, 24, 14, 2, 151936, True),
-  "qwen2.5-1.5b": _qwen(1536, 8960, 28, 12, 2, 151936, True),
-  "qwen2.5-7b": _qwen(3584, 18944, 28, 28, 4, 152064, False),
-  "glm-4-9b": dataclasses.replace(_qwen(4096, 13696, 40, 32, 2, 151552, False), family="glm4", rotary_dim=64,
-                                  rope_interleaved=True),
-}
-
-# Benchmark sizes (S2SBench README) and typical lengths: text tokens of a prefix and of one candidate, seconds of
-# spoken prefix.
-BENCHMARK = {
-  "sstorycloze": dict(questions=1871, candidates=2, prefix_tokens=60, candidate_tokens=12, seconds=9.0),
-  "zh_sstorycloze": dict(questions=1871, candidates=2, prefix_tokens=60, candidate_tokens=14, seconds=12.0),
-  "scmmlu": dict(questions=4743, candidates=4, prefix_tokens=25, candidate_tokens=6, seconds=5.0),
-}
+# Tokens of S2SBench's spoken-prefix instruction; the tasks' own sizes are their records in s2sjax.benchmarks.
 INSTRUCTION_TOKENS = 14
 
 
@@ -100,13 +83,15 @@ def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, pac
   """FLOPs of every task x modality: tokens computed (shared prefixes, packed at `packing`, each attending over
   the whole row as the step computes it) and the head at the candidate tokens."""
   out = {}
-  for task, b in BENCHMARK.items():
-    candidates = b["candidates"] * b["candidate_tokens"]
-    text = b["prefix_tokens"] + candidates
-    speech = INSTRUCTION_TOKENS + 2 + b["seconds"] * frame_rate + candidates
+  for task in benchmarks.names():
+    record = benchmarks.get(task)
+    sizes = record.sizes
+    candidates = record.candidates * sizes.candidate_tokens
+    text = sizes.prefix_tokens + candidates
+    speech = INSTRUCTION_TOKENS + 2 + sizes.seconds * frame_rate + candidates
     for modality, tokens in (("text", text), ("speech", speech)):
-      out[f"{task}/{modality}"] = forward_flops(config, b["questions"] * tokens / packing, row_length,
-                                                b["questions"] * candidates)
+      out[f"{task}/{modality}"] = forward_flops(config, sizes.questions * tokens / packing, row_length,
+                                                sizes.questions * candidates)
   return out
 
 
@@ -171,4 +156,4 @@ if __name__ == "__main__":
                      lower_bound=0.1)
   flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the time estimate.", lower_bound=0.01,
                      upper_bound=1.0)
-  app.run(main)
+  app.run(one_line_errors(main))

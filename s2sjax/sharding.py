@@ -86,3 +86,13 @@ def logical_to_sharding(logical_specs: Any, abstract: Any, mesh: Mesh, rules=LOG
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def from_process_0(value: np.ndarray) -> np.ndarray:
+  """Process 0's `value` on every process (a no-op with one process): where only process 0 reads files, the others
+  learn what it found."""
+  if jax.process_count() == 1:
+    return np.asarray(value)
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.broadcast_one_to_all(value))

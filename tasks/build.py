@@ -16,9 +16,10 @@ import numpy as np
 from absl import logging
 
 from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
+from s2sjax.questions import QuestionTable
+from s2sjax.spec import AudioIds, Spec, resolve_audio_ids
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.release import Problems, Question
-from tasks.spec import AudioIds, Spec, resolve_audio_ids
 
 MODALITIES = ("text", "speech")
 
@@ -123,7 +124,7 @@ def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
 
 
 def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool,
-                skip_bad: bool, overlong: str = "error") -> tuple[list[Item], list[dict], BuildStats]:
+                skip_bad: bool, overlong: str = "error") -> tuple[list[Item], QuestionTable, BuildStats]:
   """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
   missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
   overlong="error", a row's targets exceeded, a candidate too long even with the prefix truncated, an empty
@@ -132,7 +133,7 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
   stats = BuildStats()
   start = time.time()
   items: list[Item] = []
-  table: list[dict] = []
+  table: list[dict] = []  # QuestionTable records
   problems = Problems()
   for question in questions:
     try:
@@ -168,11 +169,11 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
   stats.seconds = time.time() - start
   if problems:
     logging.warning("left out %d question(s):\n  %s", len(problems.entries), problems.text())
-  return items, table, stats
+  return items, QuestionTable.from_records(table), stats
 
 
 def build_rows(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool = True,
-               skip_bad: bool = False, overlong: str = "error") -> tuple[dict[str, np.ndarray], list[dict], dict]:
+               skip_bad: bool = False, overlong: str = "error") -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
   """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput)."""
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong)
   if not items:

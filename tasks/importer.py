@@ -3,7 +3,7 @@ r"""Builds a local S2SBench replica, in the release layout, from the public raw 
   python -m tasks.importer --output=DIR \
       --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
       --xstorycloze_zh=spring2016.val.zh.tsv.split_20_80_train.tsv,spring2016.val.zh.tsv.split_20_80_eval.tsv \
-      --cmmlu_dir=CMMLU/data/test [--workers=2] [--limit=N] [--no_speech]
+      --cmmlu_dir=CMMLU/data/test [--workers=CPUS] [--limit=N] [--nospeech]
 
 * sStoryCloze: StoryCloze Spring 2016 test (CSV) -> uttid 2k = the four sentences + the right ending
   (`AnswerRightEnding`), 2k+1 = the same + the wrong one.
@@ -33,7 +33,9 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
-from tasks.release import OPTIONS, TASKS
+from s2sjax import benchmarks
+from s2sjax.cli import one_line_errors
+from tasks.release import OPTIONS
 
 # The blank markers CMMLU questions use, in the order they are tried.
 BLANKS = ("（）", "（ ）", "()", "( )", "____", "___", "__")
@@ -203,24 +205,24 @@ def _cache_previous_audio(output: str, jsonl: str, audio_dir: str, language: str
 def write_task(output: str, task: str, lines: list[dict], speech: bool, workers: int) -> dict:
   """Writes one task's jsonl and wavs; lines sharing their `first` share one clip. Without speech, wavs already in
   the output are relinked to the cached clips of the new texts, and removed where there is none."""
-  files = TASKS[task]
-  jsonl = os.path.join(output, files.jsonl)
-  audio_dir = os.path.join(output, files.audio_dir)
-  _cache_previous_audio(output, jsonl, audio_dir, files.language)
+  record = benchmarks.get(task)
+  jsonl = os.path.join(output, record.release_jsonl)
+  audio_dir = os.path.join(output, record.release_audio_dir)
+  _cache_previous_audio(output, jsonl, audio_dir, record.language)
   os.makedirs(os.path.dirname(jsonl), exist_ok=True)
   with open(jsonl, "w", encoding="utf-8") as f:
     f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
   report = {"lines": len(lines)}
   if not speech:
     if os.path.isdir(audio_dir):
-      report["wavs"], report["stale_wavs_removed"] = _link_audio(output, audio_dir, lines, files.language)
+      report["wavs"], report["stale_wavs_removed"] = _link_audio(output, audio_dir, lines, record.language)
     return report
   os.makedirs(audio_dir, exist_ok=True)
   os.makedirs(os.path.join(output, SPEECH_CACHE), exist_ok=True)
-  clips = {clip_path(output, files.language, line["first"]): line["first"] for line in lines}
-  durations, synthesized = synthesize([(text, files.language, clip) for clip, text in clips.items()], workers)
-  linked, removed = _link_audio(output, audio_dir, lines, files.language)
-  seconds = np.array([durations[clip_path(output, files.language, line["first"])] for line in lines])
+  clips = {clip_path(output, record.language, line["first"]): line["first"] for line in lines}
+  durations, synthesized = synthesize([(text, record.language, clip) for clip, text in clips.items()], workers)
+  linked, removed = _link_audio(output, audio_dir, lines, record.language)
+  seconds = np.array([durations[clip_path(output, record.language, line["first"])] for line in lines])
   chars = np.array([len(line["first"]) for line in lines])
   report.update(wavs=linked, stale_wavs_removed=removed, distinct_utterances=len(clips), synthesized=synthesized,
                 audio_hours=round(float(seconds.sum()) / 3600, 3),
@@ -270,4 +272,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("speech", True, "Synthesize the spoken first halves (espeak-ng, sox).")
   flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2)), "Parallel speech synthesis processes.")
   flags.DEFINE_integer("limit", None, "Only the first N stories / questions of each task (for a quick look).")
-  app.run(main)
+  app.run(one_line_errors(main))

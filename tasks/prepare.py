@@ -19,8 +19,10 @@ import os
 import tensorflow_datasets as tfds
 from absl import app, flags, logging
 
-from tasks.release import TASKS
-from tasks.tfds_builder import config_name, make_config, resolve_manual_dir
+from s2sjax import benchmarks
+from s2sjax.cli import one_line_errors
+from s2sjax.task_data import Variants, config_name
+from tasks.tfds_builder import make_config, resolve_manual_dir
 
 FLAGS = flags.FLAGS
 INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
@@ -36,16 +38,17 @@ def default_data_dir() -> str:
 
 
 def builder_class(task: str):
-  return importlib.import_module(f"tasks.{task}.{task}_dataset_builder").Builder
+  """The task's TFDS builder, from its record's `builder` ("module:Class")."""
+  module, _, name = benchmarks.get(task).builder_path.partition(":")
+  return getattr(importlib.import_module(module), name)
 
 
 def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str, manual_dir: str | None = None,
-            overwrite: bool = False, share_prefix: bool = True, reference_language_quirk: bool = False,
-            overlong: str = "error", **builder_kwargs) -> dict:
+            overwrite: bool = False, variants: Variants = Variants(), **builder_kwargs) -> dict:
   """Builds one task/config, or reuses it when it was built from the same inputs; returns its metadata.
   builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad."""
   manual_dir = resolve_manual_dir(manual_dir)
-  config = make_config(spec, modality, row_length, share_prefix, reference_language_quirk, overlong)
+  config = make_config(spec, modality, row_length, variants)
   name = config.name
   if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
     config = name  # TFDS refuses a custom config named like a predefined one; names say everything
@@ -70,18 +73,22 @@ def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str,
 
 def main(argv):
   del argv
-  tasks = list(TASKS) if FLAGS.task == "all" else [FLAGS.task]
+  tasks = benchmarks.names() if FLAGS.task == "all" else [FLAGS.task]
   modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
+  variants = Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong)
+  tokenizer_dir = FLAGS.tokenizer_dir
+  if tokenizer_dir is None and FLAGS.spec == "demo":  # the embedded default model's (converted on first use)
+    from s2sjax import default_model
+
+    tokenizer_dir = os.path.join(default_model.default_checkpoint(), "tokenizer")
   for task in tasks:
     for modality in modalities:
       metadata = prepare(
         task, FLAGS.spec, modality, FLAGS.row_length, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir,
-        FLAGS.overwrite, share_prefix=FLAGS.share_prefix, tokenizer_dir=FLAGS.tokenizer_dir,
-        audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
-        reference_language_quirk=FLAGS.reference_language_quirk, overlong=FLAGS.overlong,
+        FLAGS.overwrite, variants, tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir,
+        skip_bad=FLAGS.skip_bad,
       )
-      name = config_name(FLAGS.spec, modality, FLAGS.row_length, FLAGS.share_prefix, FLAGS.reference_language_quirk,
-                         FLAGS.overlong)
+      name = config_name(FLAGS.spec, modality, FLAGS.row_length, variants)
       report = {k: v for k, v in metadata["report"].items() if k not in ("skipped_questions", "file_problems")}
       file_problems = metadata["report"]["file_problems"]
       print(f"{task} {name}: {json.dumps(dict(report, file_problems=len(file_problems)))}")
@@ -92,13 +99,15 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.DEFINE_enum("task", "all", list(TASKS) + ["all"], "Task to build.")
+  flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Task to build.")
   flags.DEFINE_string("spec", "demo", "Speech-LLM spec preset or YAML path.")
   flags.DEFINE_enum("modality", "both", ["text", "speech", "both"], "Prefix modality.")
   flags.DEFINE_integer("row_length", 1024, "Packed row length.")
   flags.DEFINE_string("data_dir", None, "Where built datasets go (default: ~/.cache/s2sjax/data).")
   flags.DEFINE_string("manual_dir", None, "The S2SBench release directory (default: the bundled sample).")
-  flags.DEFINE_string("tokenizer_dir", None, "Text tokenizer directory (default: see tasks/tfds_builder.py).")
+  flags.DEFINE_string("tokenizer_dir", None,
+                      "Text tokenizer directory (default: the default model's for --spec=demo, else "
+                      "MANUAL_DIR/tokenizer).")
   flags.DEFINE_string("audio_tokenizer_dir", None, "Files of the audio tokenizer (precomputed codes, HuBERT, Mimi).")
   flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
   flags.DEFINE_bool("share_prefix", True, "Lay each prefix once for all its candidates.")
@@ -106,4 +115,4 @@ if __name__ == "__main__":
   flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"],
                     "Items longer than the row: fail (naming them), or drop prefix tokens from the left (counted).")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
-  app.run(main)
+  app.run(one_line_errors(main))

@@ -1,12 +1,14 @@
 """Reads the S2SBench release layout (as users download it) into benchmark questions, checking everything.
 
+Where each task's files are and which format they hold is its record in `s2sjax.benchmarks`; S2SBench's own:
+
     StoryCloze/sStory_s2t.jsonl   + StoryCloze/s-story-firstspeech/<uttid>.wav     sstorycloze     (en)
     StoryCloze/zh_story.jsonl     + StoryCloze/zh_story/<uttid>.wav                zh_sstorycloze  (zh)
     cmmlu/cmmlu_rewrite_4.jsonl   + cmmlu/cmmlu_rewrite/<uttid>.wav                scmmlu          (zh)
 
-Story lines carry `uttid, first, last`: uttid 2k holds the right ending and 2k+1 the wrong one of the same story; a
-uttid is an int or a string whose part before the first `_` is that int. sCMMLU lines carry `uttid, first, A, B,
-C, D, answer`. The audio is the spoken `first`; candidates are text.
+`story_pairs` lines carry `uttid, first, last`: uttid 2k holds the right ending and 2k+1 the wrong one of the same
+story; a uttid is an int or a string whose part before the first `_` is that int. `multiple_choice` lines carry
+`uttid, first, A, B, C, D, answer`. The audio is the spoken `first`; candidates are text.
 """
 
 from __future__ import annotations
@@ -17,22 +19,9 @@ import hashlib
 import json
 import os
 
+from s2sjax import benchmarks
 from tasks.audio.base import folder_digest
 
-
-@dataclasses.dataclass(frozen=True)
-class TaskFiles:
-  jsonl: str
-  audio_dir: str
-  language: str
-  kind: str  # "story" | "cmmlu"
-
-
-TASKS = {
-  "sstorycloze": TaskFiles("StoryCloze/sStory_s2t.jsonl", "StoryCloze/s-story-firstspeech", "en", "story"),
-  "zh_sstorycloze": TaskFiles("StoryCloze/zh_story.jsonl", "StoryCloze/zh_story", "zh", "story"),
-  "scmmlu": TaskFiles("cmmlu/cmmlu_rewrite_4.jsonl", "cmmlu/cmmlu_rewrite", "zh", "cmmlu"),
-}
 OPTIONS = ("A", "B", "C", "D")
 
 
@@ -56,14 +45,22 @@ class Question:
 @dataclasses.dataclass
 class Problems:
   """Problems found while reading or building; raised together, or (with skip_bad) listed. `entries` are lines or
-  questions left out; `file_entries` concern a file as a whole and leave nothing out by themselves (the lines they
-  affect are entries too), so they are counted apart."""
+  questions left out, `questions` the questions they leave out where a line says which (a line that is not JSON
+  cannot; its partner's broken pair then does); `file_entries` concern a file as a whole and leave nothing out by
+  themselves (the lines they affect are entries too), so they are counted apart."""
 
   entries: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+  attributed: list[str] = dataclasses.field(default_factory=list)  # the question of each entry that names one
   file_entries: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
-  def add(self, where: str, why: str) -> None:
+  def add(self, where: str, why: str, question: str | None = None) -> None:
     self.entries.append((where, why))
+    if question is not None:
+      self.attributed.append(question)
+
+  @property
+  def questions(self) -> set[str]:
+    return set(self.attributed)
 
   def add_file(self, where: str, why: str) -> None:
     self.file_entries.append((where, why))
@@ -82,10 +79,12 @@ class Problems:
 
 
 def task_paths(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None) -> tuple[str, str]:
-  if task not in TASKS:
-    raise ReleaseError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
-  files = TASKS[task]
-  return jsonl or os.path.join(release_dir, files.jsonl), audio_dir or os.path.join(release_dir, files.audio_dir)
+  try:
+    record = benchmarks.get(task)
+  except KeyError as e:
+    raise ReleaseError(e.args[0]) from None
+  return (jsonl or os.path.join(release_dir, record.release_jsonl),
+          audio_dir or os.path.join(release_dir, record.release_audio_dir))
 
 
 def _require(path: str) -> None:
@@ -97,17 +96,23 @@ def _at(record: dict) -> str:
   return f"{record['where']} uttid {record['uttid']}"
 
 
-def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[dict]:
-  """Valid lines as dicts (with `key`, the uttid's number, and `where`, file:line); every other line is a problem.
-  Lines sharing an uttid are all left out: which copy is right cannot be told."""
+def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question_of) -> list[dict]:
+  """Valid lines as dicts (with `key`, the uttid's number, and `where`, file:line); every other line is a problem,
+  counted against its question (`question_of(record)`) where the line says which. Lines sharing an uttid are all
+  left out: which copy is right cannot be told."""
   _require(path)
   text_fields = [k for k in fields if k not in ("uttid", "answer")]
   records, lines_of = [], collections.defaultdict(list)
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
+  with open(path, "rb") as f:  # decoded line by line: one bad line is a problem of that line, not of the file
+    for number, raw in enumerate(f, 1):
+      where = f"{os.path.basename(path)}:{number}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        problems.add(where, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+        continue
       if not line.strip():
         continue
-      where = f"{os.path.basename(path)}:{number}"
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
@@ -133,18 +138,18 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems) -> list[
       record = dict(record, uttid=uttid, key=key, where=where)
       not_text = {k: record[k] for k in text_fields if not isinstance(record[k], str)}
       if not_text:
-        problems.add(_at(record), f"not text: {json.dumps(not_text, ensure_ascii=False)}")
+        problems.add(_at(record), f"not text: {json.dumps(not_text, ensure_ascii=False)}", question_of(record))
         continue
       empty = [k for k in text_fields if not record[k].strip()]
       if empty:
-        problems.add(_at(record), f"empty text in {empty}")
+        problems.add(_at(record), f"empty text in {empty}", question_of(record))
         continue
       records.append(record)
   kept = []
   for record in records:
     if len(lines_of[record["uttid"]]) > 1:
       problems.add(_at(record), f"duplicate uttid {record['uttid']} (lines {lines_of[record['uttid']]}): "
-                                "every copy left out")
+                                "every copy left out", question_of(record))
     else:
       kept.append(record)
   return kept
@@ -163,54 +168,70 @@ def source_fingerprint(task: str, release_dir: str, with_audio: bool) -> str:
   return digest.hexdigest()[:16]
 
 
+def _story_pairs(jsonl: str, wav, language: str, collect: Problems) -> list[Question]:
+  """Lines 2k (right ending) and 2k+1 (wrong ending) of the same story make one question."""
+  story = lambda record: f"story {record['key'] // 2}"
+  records = _read_lines(jsonl, ("uttid", "first", "last"), collect, story)
+  lines_of = collections.defaultdict(list)
+  for r in records:
+    lines_of[r["key"]].append(r)
+  by_key = {}
+  for key, shared in lines_of.items():
+    if len(shared) == 1:
+      by_key[key] = shared[0]
+      continue
+    for r in shared:  # which of them is the story's line cannot be told: all are left out
+      collect.add(_at(r), f"its number {key} is shared by uttids {[s['uttid'] for s in shared]}: all left out",
+                  story(r))
+  if len(records) % 2:
+    collect.add_file(os.path.basename(jsonl),
+                     f"odd number of story lines ({len(records)}): every story needs 2k and 2k+1")
+  questions = []
+  for key in sorted(by_key):
+    partner = key + 1 if key % 2 == 0 else key - 1
+    if partner not in by_key:
+      role = "wrong ending 2k+1" if key % 2 == 0 else "right ending 2k"
+      collect.add(_at(by_key[key]), f"has no partner {partner} ({role}): broken pair", story(by_key[key]))
+      continue
+    if key % 2:
+      continue
+    right, wrong = by_key[key], by_key[partner]
+    questions.append(Question(
+      id=right["uttid"], language=language, uttids=(right["uttid"], wrong["uttid"]),
+      prefixes=(right["first"], wrong["first"]), audio_paths=(wav(right["uttid"]), wav(wrong["uttid"])),
+      candidates=(right["last"], wrong["last"]), correct=0,
+    ))
+  return questions
+
+
+def _multiple_choice(jsonl: str, wav, language: str, collect: Problems) -> list[Question]:
+  """One line per question: a prefix, options A-D and the answer's letter."""
+  questions = []
+  for r in _read_lines(jsonl, ("uttid", "first") + OPTIONS + ("answer",), collect, lambda record: record["uttid"]):
+    answer = str(r["answer"]).strip().upper()
+    if answer not in OPTIONS:
+      collect.add(_at(r), f"answer {r['answer']!r} is not one of A, B, C, D", r["uttid"])
+      continue
+    questions.append(Question(
+      id=r["uttid"], language=language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
+      audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(r[o] for o in OPTIONS),
+      correct=OPTIONS.index(answer),
+    ))
+  return questions
+
+
+# One reader per `release_format` of s2sjax.benchmarks.
+READERS = {"story_pairs": _story_pairs, "multiple_choice": _multiple_choice}
+
+
 def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None,
                    problems: Problems | None = None) -> list[Question]:
   """Questions of one task. Problems go to `problems` when given (the caller decides), else raise at once."""
-  files = TASKS.get(task)
   jsonl, audio_dir = task_paths(task, release_dir, jsonl, audio_dir)
+  record = benchmarks.get(task)
   collect = problems if problems is not None else Problems()
-  wav = lambda uttid: os.path.join(audio_dir, f"{uttid}.wav")
-  questions = []
-  if files.kind == "story":
-    records = _read_lines(jsonl, ("uttid", "first", "last"), collect)
-    lines_of = collections.defaultdict(list)
-    for r in records:
-      lines_of[r["key"]].append(r)
-    by_key = {}
-    for key, shared in lines_of.items():
-      if len(shared) == 1:
-        by_key[key] = shared[0]
-        continue
-      for r in shared:  # which of them is the story's line cannot be told: all are left out
-        collect.add(_at(r), f"its number {key} is shared by uttids {[s['uttid'] for s in shared]}: all left out")
-    if len(records) % 2:
-      collect.add_file(os.path.basename(jsonl),
-                       f"odd number of story lines ({len(records)}): every story needs 2k and 2k+1")
-    for key in sorted(by_key):
-      partner = key + 1 if key % 2 == 0 else key - 1
-      if partner not in by_key:
-        role = "wrong ending 2k+1" if key % 2 == 0 else "right ending 2k"
-        collect.add(_at(by_key[key]), f"has no partner {partner} ({role}): broken pair")
-        continue
-      if key % 2:
-        continue
-      right, wrong = by_key[key], by_key[partner]
-      questions.append(Question(
-        id=right["uttid"], language=files.language, uttids=(right["uttid"], wrong["uttid"]),
-        prefixes=(right["first"], wrong["first"]), audio_paths=(wav(right["uttid"]), wav(wrong["uttid"])),
-        candidates=(right["last"], wrong["last"]), correct=0,
-      ))
-  else:
-    for r in _read_lines(jsonl, ("uttid", "first") + OPTIONS + ("answer",), collect):
-      answer = str(r["answer"]).strip().upper()
-      if answer not in OPTIONS:
-        collect.add(_at(r), f"answer {r['answer']!r} is not one of A, B, C, D")
-        continue
-      questions.append(Question(
-        id=r["uttid"], language=files.language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
-        audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(r[o] for o in OPTIONS),
-        correct=OPTIONS.index(answer),
-      ))
+  questions = READERS[record.release_format](jsonl, lambda uttid: os.path.join(audio_dir, f"{uttid}.wav"),
+                                             record.language, collect)
   if problems is None and collect:
     raise ReleaseError(f"{jsonl} has {len(collect)} problem(s):\n  {collect.text()}")
   return questions

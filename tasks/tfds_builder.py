@@ -1,35 +1,37 @@
-"""The TFDS builder shared by the three tasks: pre-tokenized, packed rows written as array_record.
+"""The TFDS builder every task shares: pre-tokenized, packed rows written as array_record.
 
-One BuilderConfig per spec x modality x row length (`demo-speech-1024`, ...). The split `test` holds the packed
-rows (DESIGN.md's row format plus a `row` index); `metadata.json` holds the question table (which slots make each
-question, which candidate is right), counts, packing efficiency, truncations and skips, the text tokenizer's
-identity and the audio tokenizer's fingerprint. Neither building nor reading needs TensorFlow.
+A task's builder file (`tasks/<task>/<task>_dataset_builder.py`) only names its task; what the task is (release
+files and format, language) comes from its record in `s2sjax.benchmarks`. One BuilderConfig per spec x modality x
+row length x variant (`demo-speech-1024`, ...; names from `s2sjax.task_data.config_name`). The split `test` holds
+the packed rows (docs/architecture.md's row format plus a `row` index); `metadata.json` holds the question table
+(which slots make each question, which candidate is right), counts, packing efficiency, truncations and skips,
+the text tokenizer's identity and the audio tokenizer's fingerprint. Neither building nor reading needs TensorFlow.
 
 Inputs: the S2SBench release under TFDS's manual_dir (default: the bundled sample; a manual_dir that does not
-exist is an error), the text tokenizer (`tokenizer_dir`; default: the embedded default model's for the `demo` spec,
-else `<manual_dir>/tokenizer`), and for audio tokenizers with files, `audio_tokenizer_dir`. A fingerprint of all of
-them (`inputs` in the metadata) lets `tasks.prepare` refuse to reuse rows built from other inputs.
+exist is an error), the text tokenizer (`tokenizer_dir`, default `<manual_dir>/tokenizer`; `tasks.prepare` gives
+the embedded default model's for the `demo` spec), and for audio tokenizers with files, `audio_tokenizer_dir`.
+A fingerprint of all of them (`inputs` in the metadata) lets `tasks.prepare` refuse to reuse rows built from
+other inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import re
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
 from s2sjax.packing import RowShape
+from s2sjax.spec import Spec, available_specs, load_spec
+from s2sjax.task_data import DATA_VERSION, Variants, config_name, spec_label, tokenizer_identity
 from tasks import audio
 from tasks.build import MODALITIES, PrefixEncoder, build_rows
 from tasks.release import Problems, ReleaseError, read_questions, source_fingerprint
-from tasks.spec import Spec, available_specs, is_spec_path, load_spec
 
 ROW_LENGTHS = (1024, 2048)
-VERSION = tfds.core.Version("1.0.0")
+VERSION = tfds.core.Version(DATA_VERSION)
 
 
 @dataclasses.dataclass(eq=False)
@@ -38,8 +40,8 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
   modality: str = "text"
   row_length: int = 1024
   share_prefix: bool = True
-  reference_language_quirk: bool = False  # S2SBench's code applies the last dataset's language (zh) to all
-  overlong: str = "error"  # or "truncate_prefix": drop prefix tokens of items longer than the row (counted)
+  reference_language_quirk: bool = False  # see s2sjax.task_data.Variants
+  overlong: str = "error"
 
   @property
   def row_shape(self) -> RowShape:
@@ -48,29 +50,10 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
     return RowShape.for_length(self.row_length, codebooks)
 
 
-def spec_label(spec: str) -> str:
-  """A preset's name; for a YAML path, the spec's own name and a hash of its resolved contents (a path would put
-  slashes in the config name, and two files may carry one name)."""
-  if not is_spec_path(spec):
-    return spec
-  loaded = load_spec(spec)
-  return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', loaded.name)}-{loaded.digest()[:8]}"
-
-
-def config_name(spec: str, modality: str, row_length: int, share_prefix: bool = True,
-                reference_language_quirk: bool = False, overlong: str = "error") -> str:
-  """`demo-speech-1024` (`mine-1a2b3c4d-speech-1024` for a YAML spec); variants that change the rows say so:
-  `-noshare`, `-zhquirk`, `-truncate`."""
-  return (f"{spec_label(spec)}-{modality}-{row_length}" + ("" if share_prefix else "-noshare")
-          + ("-zhquirk" if reference_language_quirk else "") + ("-truncate" if overlong == "truncate_prefix" else ""))
-
-
-def make_config(spec: str, modality: str, row_length: int, share_prefix: bool = True,
-                reference_language_quirk: bool = False, overlong: str = "error") -> S2SBenchConfig:
+def make_config(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> S2SBenchConfig:
   return S2SBenchConfig(
-    name=config_name(spec, modality, row_length, share_prefix, reference_language_quirk, overlong), version=VERSION,
-    spec=spec, modality=modality, row_length=row_length, share_prefix=share_prefix,
-    reference_language_quirk=reference_language_quirk, overlong=overlong,
+    name=config_name(spec, modality, row_length, variants), version=VERSION, spec=spec, modality=modality,
+    row_length=row_length, **dataclasses.asdict(variants),
     description=f"{spec_label(spec)} spec, {modality} prefix, rows of {row_length}")
 
 
@@ -80,23 +63,12 @@ def _default_configs() -> list[S2SBenchConfig]:
           if modality == "text" or load_spec(spec).has_speech]
 
 
-def tokenizer_identity(tokenizer) -> dict:
-  vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-  digest = hashlib.sha256("\n".join(token for token, _ in vocab).encode()).hexdigest()[:16]
-  return {"class": type(tokenizer).__name__, "name_or_path": os.path.basename(str(tokenizer.name_or_path)),
-          "size": len(tokenizer), "vocab_sha": digest}
-
-
-def resolve_tokenizer_dir(tokenizer_dir: str | None, spec: str, manual_dir: str) -> str:
+def resolve_tokenizer_dir(tokenizer_dir: str | None, manual_dir: str) -> str:
   """The text tokenizer's local directory; one that does not exist is an error (transformers would try the hub)."""
   if tokenizer_dir:
     path, why = tokenizer_dir, "--tokenizer_dir"
-  elif spec == "demo":
-    from s2sjax import default_model
-
-    path, why = os.path.join(default_model.default_checkpoint(), "tokenizer"), "the default model's tokenizer"
   else:
-    path, why = os.path.join(manual_dir, "tokenizer"), f"the default for spec {spec}: <manual_dir>/tokenizer"
+    path, why = os.path.join(manual_dir, "tokenizer"), "the default: <manual_dir>/tokenizer"
   if not os.path.isdir(path):
     raise FileNotFoundError(f"text tokenizer directory {path} ({why}) does not exist: pass --tokenizer_dir")
   return path
@@ -126,7 +98,7 @@ class BuildInputs:
 
 
 class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Base of the three task builders; subclasses set TASK.
+  """Base of every task's builder; subclasses set TASK (a name in s2sjax.benchmarks).
 
   Build inputs that do not change what the rows mean (where the tokenizers live, whether bad questions are
   skipped) are constructor arguments, not config fields, so a config name always says what its rows are."""
@@ -171,7 +143,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
       config = self.builder_config
       spec = load_spec(config.spec)
-      tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, config.spec, manual_dir))
+      tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir))
       audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
                          if config.modality == "speech" else None)
       identity = tokenizer_identity(tokenizer)
@@ -201,9 +173,12 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                             language_override="zh" if config.reference_language_quirk else None)
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
                                       config.overlong)
+    # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
+    summary["unreadable_lines"] = len(problems.entries) - len(problems.attributed) if problems else 0
     if problems:
-      summary["skipped"] += len(problems.entries)
-      summary["skipped_questions"] = [{"where": w, "why": y} for w, y in problems.entries] + summary["skipped_questions"]
+      summary["skipped"] += len(problems.questions)  # questions, not problems: a story's two lines are one
+      summary["skipped_questions"] = ([{"where": w, "why": y} for w, y in problems.entries]
+                                      + summary["skipped_questions"])
     summary["file_problems"] = [{"where": w, "why": y} for w, y in (problems.file_entries if problems else [])]
     self.info.metadata.update({
       "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
@@ -213,7 +188,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                           if audio_tokenizer else None),
       "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
       "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
-      "inputs": inputs.fingerprint, "report": summary, "questions": table,
+      "inputs": inputs.fingerprint, "report": summary, "questions": table.to_records(),
     })
     return {"test": self._generate_examples(rows, config.row_shape.num_codebooks)}
 
@@ -221,18 +196,3 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     for r in range(len(rows["tokens"])):
       example = {name: rows[name][r] for name in rows if name != "audio_codes" or num_codebooks}
       yield r, dict(example, row=r)
-
-
-def load_rows(data_dir: str, task: str, config: str) -> tuple[dict[str, np.ndarray], dict]:
-  """All packed rows of a built task/config, in row order, and its metadata (no TensorFlow needed)."""
-  path = os.path.join(str(data_dir), task, config, str(VERSION))
-  if not epath.Path(path).exists():
-    raise ReleaseError(f"no built data at {path}: run python -m tasks.prepare --task={task} "
-                       f"--config={config} --data_dir={data_dir}")
-  builder = tfds.builder_from_directory(path)
-  source = builder.as_data_source(split="test")
-  examples = sorted((source[i] for i in range(len(source))), key=lambda e: int(e["row"]))
-  rows = {name: np.stack([np.asarray(e[name]) for e in examples]) for name in examples[0] if name != "row"}
-  if "audio_codes" not in rows:
-    rows["audio_codes"] = np.zeros(rows["tokens"].shape + (0,), np.int32)
-  return rows, dict(builder.info.metadata)

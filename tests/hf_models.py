@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import torch
@@ -96,3 +97,35 @@ def fold_norm_head(model) -> None:
   with torch.no_grad():
     head = model.lm_head.weight
     head.copy_(head / head.norm(dim=-1, keepdim=True))
+
+
+# The toy family's names for transformers' Llama keys, written out here independently of the plugin's KeyNames.
+TOY_KEYS = (
+  (r"^model\.embed_tokens\.", "tok_emb."),
+  (r"^model\.norm\.", "final_ln."),
+  (r"^lm_head\.", "unembed."),
+  (r"^model\.layers\.(\d+)\.input_layernorm\.", r"blocks.\1.ln_attn."),
+  (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"blocks.\1.ln_mlp."),
+  (r"^model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.", r"blocks.\1.attn.w\2."),
+  (r"^model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.", r"blocks.\1.mlp.w_\2."),
+)
+
+
+def _toy_key(hf_key: str) -> str:
+  for pattern, replacement in TOY_KEYS:
+    key, found = re.subn(pattern, replacement, hf_key)
+    if found:
+      return key
+  raise AssertionError(f"no toy name for {hf_key}")
+
+
+def toy_family_checkpoint(model, directory: str) -> str:
+  """The model's weights under the toy family's (tests/plugins/toy_family.py) tensor names, with a config.json in
+  the toy's own spelling."""
+  c = model.config
+  config = {
+    "model_type": "toyllama", "width": c.hidden_size, "ffn_width": c.intermediate_size, "depth": c.num_hidden_layers,
+    "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads, "vocab": c.vocab_size,
+    "norm_eps": c.rms_norm_eps, "rope_base": c.rope_parameters["rope_theta"], "tied": c.tie_word_embeddings,
+  }
+  return write_raw_checkpoint(directory, config, {_toy_key(k): v for k, v in state_numpy(model).items()})

@@ -9,13 +9,15 @@ import subprocess
 import sys
 import time
 
-import jax.numpy as jnp
 import pytest
 
 pytest.importorskip("torch")
 
-from s2sjax import checkpoint, eval as s2s_eval  # noqa: E402
-from s2sjax.evaluator import EvalError, Evaluator, Variants, load_task_data, with_untrained_audio_tables  # noqa: E402
+from s2sjax import checkpoint, checkpoint_paths, eval as s2s_eval  # noqa: E402
+from s2sjax.default_model import with_untrained_audio_tables  # noqa: E402
+from s2sjax.eval import EvalConfig  # noqa: E402
+from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions  # noqa: E402
+from s2sjax.task_data import DataError, Variants, load_task_data  # noqa: E402
 from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint  # noqa: E402
 
 ALL_TASKS = ["sstorycloze", "zh_sstorycloze", "scmmlu"]
@@ -30,9 +32,10 @@ def setup(tmp_path_factory, qwen_tokenizer_dir):
   return {"root": root, "ckpt": ckpt, "data_dir": data_dir}
 
 
-def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("text", "speech"), chunk_rows=4):
-  return s2s_eval.run(list(tasks), list(modalities), checkpoints or setup["ckpt"], "demo", setup["data_dir"], out,
-                      "data:-1", 4, jnp.float32, 1024, chunk_rows)
+def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("text", "speech"), chunk_rows=4, **config):
+  config = {"checkpoints": checkpoints or setup["ckpt"], "data_dir": setup["data_dir"], "output_dir": out,
+            "chunk_rows": chunk_rows, "scoring": ScoringOptions(batch_size=4, attention="auto"), **config}
+  return s2s_eval.run(EvalConfig(tuple(tasks), tuple(modalities), **config))
 
 
 def test_every_task_and_modality_end_to_end(setup, tmp_path):
@@ -76,8 +79,7 @@ def test_three_checkpoints_give_curves(setup, tmp_path):
   paths = [setup["ckpt"]] + later_steps(setup["ckpt"], (200, 300))
   out = str(tmp_path / "out")
   pattern = os.path.join(os.path.dirname(setup["ckpt"]), "ckpt-*")
-  runs = s2s_eval.run(["sstorycloze"], ["text"], pattern, "demo", setup["data_dir"], out, "data:-1", 4, jnp.float32,
-                      1024, 4, tensorboard=True)
+  runs = _run(setup, out, checkpoints=pattern, tasks=["sstorycloze"], modalities=["text"], tensorboard=True)
   assert [r["step"] for r in runs] == [100, 200, 300] and [r["path"] for r in runs] == [os.path.abspath(p) for p in paths]
   for name in ("curves_accuracy.png", "curves_loss.png"):
     assert os.path.getsize(os.path.join(out, name)) > 10_000
@@ -89,23 +91,22 @@ def test_three_checkpoints_give_curves(setup, tmp_path):
 
 
 def test_killed_run_resumes_to_identical_files(setup, tmp_path):
+  """Killed (SIGKILL, as a preempted VM) right after its third chunk is saved; the rerun scores only the rest."""
+  from s2sjax.chunk_store import KILL_AFTER_CHUNKS
+
   reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
   _run(setup, reference, tasks=["scmmlu"], modalities=["speech"], chunk_rows=1)
   command = [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=speech", f"--checkpoint={setup['ckpt']}",
              f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=4", "--chunk_rows=1"]
+  killed = subprocess.run(command, env={**os.environ, KILL_AFTER_CHUNKS: "3"}, capture_output=True, timeout=300)
+  assert killed.returncode == -signal.SIGKILL
   chunk_dir = os.path.join(resumed, "chunks", "ckpt-100", "scmmlu-speech")
-  process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-  deadline = time.time() + 240
-  while time.time() < deadline and not (os.path.isdir(chunk_dir) and any(f.endswith(".done") for f in os.listdir(chunk_dir))):
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
   total = len(load_task_data(setup["data_dir"], "scmmlu", "speech", "demo", 1024).rows["tokens"])
-  done_before = sum(f.endswith(".done") for f in os.listdir(chunk_dir))
-  assert 1 <= done_before < total and not os.path.exists(os.path.join(resumed, "metrics.json"))
+  assert sorted(f for f in os.listdir(chunk_dir) if f.startswith("chunk-")) == [f"chunk-0000{i}.npz" for i in range(3)]
+  assert total > 3 and not os.path.exists(os.path.join(resumed, "metrics.json"))
   finished = subprocess.run(command + ["--verbosity=0"], capture_output=True, text=True, timeout=300)
   assert finished.returncode == 0, finished.stdout + finished.stderr
-  assert f"resuming, {done_before} of {total} chunks done, scoring {total - done_before} rows" in finished.stderr
+  assert f"resuming, 3 of {total} chunks done, scoring {total - 3} rows" in finished.stderr
   assert same_tree(reference, resumed) == []
 
 
@@ -113,7 +114,7 @@ def test_evaluate_three_times_compiles_once(setup):
   config, params = checkpoint.load_config(setup["ckpt"]), checkpoint.load_params(setup["ckpt"])
   data = [load_task_data(setup["data_dir"], t, "speech", "demo", 1024) for t in ("sstorycloze", "scmmlu")]
   config, params = with_untrained_audio_tables(config, params, (256,), data[0].metadata["audio_ids"]["placeholder"])
-  evaluator = Evaluator(config, data, batch_size=4)
+  evaluator = Evaluator(config, data, ScoringOptions(batch_size=4))
   first = evaluator.evaluate(params, step=0)
   for step in (1, 2):
     evaluator.evaluate({**params, "final_norm": {"scale": params["final_norm"]["scale"] * (1 + 0.1 * step)}}, step)
@@ -124,16 +125,15 @@ def test_evaluate_three_times_compiles_once(setup):
   foreign = {"model": {"decoder": params["layers"], "tok": params["embed"], "rest": {
     k: v for k, v in params.items() if k not in ("layers", "embed")}}}
   adapter = lambda p: {"layers": p["model"]["decoder"], "embed": p["model"]["tok"], **p["model"]["rest"]}
-  mapped = Evaluator(config, data, batch_size=4, params_adapter=adapter).evaluate(foreign, step=0)
+  mapped = Evaluator(config, data, ScoringOptions(batch_size=4), params_adapter=adapter).evaluate(foreign, step=0)
   assert mapped["sstorycloze"] == first["sstorycloze"] and mapped["scmmlu"] == first["scmmlu"]
 
 
 def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
-  with pytest.raises(EvalError, match=r"--checkpoint pattern .* matches nothing"):
+  with pytest.raises(checkpoint_paths.CheckpointListError, match=r"--checkpoint pattern .* matches nothing"):
     _run(setup, str(tmp_path / "o"), checkpoints=str(tmp_path / "nothing-*"))
-  with pytest.raises(ValueError, match=r"no built data at .*: run python -m tasks.prepare --task=sstorycloze"):
-    s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", str(tmp_path / "empty"), str(tmp_path / "o"),
-                 "data:-1", 4, jnp.float32, 1024, 4)
+  with pytest.raises(DataError, match=r"no built data at .*: build it with python -m tasks.prepare --task=sstorycloze"):
+    _run(setup, str(tmp_path / "o"), tasks=["sstorycloze"], modalities=["text"], data_dir=str(tmp_path / "empty"))
   config = checkpoint.load_config(setup["ckpt"])
   speech = load_task_data(setup["data_dir"], "scmmlu", "speech", "demo", 1024)
   with pytest.raises(EvalError, match=r"spec demo needs 1 audio codebook tables of sizes \(256,\); the checkpoint has none"):
@@ -141,7 +141,7 @@ def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
   other = load_task_data(setup["data_dir"], "scmmlu", "text", "demo", 1024)
   other.metadata = dict(other.metadata, tokenizer=dict(other.metadata["tokenizer"], vocab_sha="0" * 16))
   from s2sjax.evaluator import check_fit
-  from tasks.tfds_builder import tokenizer_identity
+  from s2sjax.task_data import tokenizer_identity
   from transformers import AutoTokenizer
 
   with pytest.raises(EvalError, match=r"was built with tokenizer .* rebuild it with python -m tasks.prepare"):
@@ -198,13 +198,12 @@ def test_a_rerun_never_resumes_from_another_runs_chunks(setup, tmp_path):
   out = str(tmp_path / "out")
   _run(setup, out, tasks=["sstorycloze"], modalities=["text"])
   with pytest.raises(EvalError, match=r"holds results of another run \(dtype: 'float32' there, 'bfloat16' now\)"):
-    s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", setup["data_dir"], out, "data:-1", 4,
-                 jnp.bfloat16, 1024, 4)
+    _run(setup, out, tasks=["sstorycloze"], modalities=["text"], scoring=ScoringOptions(batch_size=4, dtype="bfloat16"))
   with pytest.raises(EvalError, match=r"\(chunk_rows: 4 there, 2 now\)"):
     _run(setup, out, tasks=["sstorycloze"], modalities=["text"], chunk_rows=2)
   # same folder name, another run's checkpoint: named apart, so it does not land in ckpt-100's chunks either
-  assert s2s_eval.run_names(["/r/a/ckpt-100", "/r/b/ckpt-100", "/r/b/ckpt-200"]) == ["a/ckpt-100", "b/ckpt-100",
-                                                                                     "b/ckpt-200"]
+  assert checkpoint_paths.run_names(["/r/a/ckpt-100", "/r/b/ckpt-100", "/r/b/ckpt-200"]) == [
+    "a/ckpt-100", "b/ckpt-100", "b/ckpt-200"]
   other = later_steps(setup["ckpt"], (100,), root=str(tmp_path / "runB"))[0]
   with pytest.raises(EvalError, match=r"checkpoint: '.*ckpt-100' there, '.*runB.*ckpt-100' now"):
     _run(setup, out, checkpoints=other, tasks=["sstorycloze"], modalities=["text"])
@@ -213,10 +212,11 @@ def test_a_rerun_never_resumes_from_another_runs_chunks(setup, tmp_path):
 def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tokenizer_dir):
   from tasks.prepare import prepare
 
-  prepare("sstorycloze", "demo", "text", 1024, setup["data_dir"], tokenizer_dir=qwen_tokenizer_dir, share_prefix=False)
+  prepare("sstorycloze", "demo", "text", 1024, setup["data_dir"], variants=Variants(share_prefix=False),
+          tokenizer_dir=qwen_tokenizer_dir)
   shared = _run(setup, str(tmp_path / "shared"), tasks=["sstorycloze"], modalities=["text"])
-  separate = s2s_eval.run(["sstorycloze"], ["text"], setup["ckpt"], "demo", setup["data_dir"], str(tmp_path / "sep"),
-                          "data:-1", 4, jnp.float32, 1024, 4, variants=Variants(share_prefix=False))
+  separate = _run(setup, str(tmp_path / "sep"), tasks=["sstorycloze"], modalities=["text"],
+                  variants=Variants(share_prefix=False))
   unshared_data = load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024, Variants(share_prefix=False))
   shared_data = load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024)
   assert unshared_data.metadata["share_prefix"] is False and unshared_data.fingerprint != shared_data.fingerprint
@@ -250,19 +250,24 @@ def test_a_chunk_that_lost_candidates_is_never_saved(setup, tmp_path, monkeypatc
   assert not list(out.rglob("*.npz"))
 
 
-def test_chunk_stores_refuse_other_rows_and_resume_chunks_saved_before_identities():
-  import tempfile
-
+def test_chunk_stores_refuse_other_rows_and_rescore_replaced_checkpoints_and_chunks_of_unknown_origin(tmp_path):
   import numpy as np
 
-  from s2sjax import results
+  from s2sjax.chunk_store import ChunkStore
 
-  with tempfile.TemporaryDirectory() as root:
-    identity = {"checkpoint": "/ckpt/step_1", "dtype": "float32", "chunk_rows": 4, "data": "0123"}
-    store = results.ChunkStore(os.path.join(root, "c"), identity)
-    assert store.mismatch() is None
-    store.save(0, np.zeros((4, 2)), np.ones((4, 2), np.int64))
-    rebuilt = results.ChunkStore(os.path.join(root, "c"), {**identity, "data": "4567"})
-    assert "(data: '0123' there, '4567' now)" in rebuilt.mismatch()
-    os.remove(os.path.join(root, "c", "identity.json"))  # what versions before identities left behind
-    assert rebuilt.mismatch() is None and rebuilt.done(0)
+  identity = {"checkpoint": "/ckpt/step_1", "checkpoint_content": "aaaa", "dtype": "float32", "chunk_rows": 4,
+              "data": "0123"}
+  store = ChunkStore(tmp_path / "c", identity)
+  store.open()
+  store.save(0, np.zeros((4, 2)), np.ones((4, 2), np.int64))
+  with pytest.raises(EvalError, match=r"\(data: '0123' there, '4567' now\)"):
+    ChunkStore(tmp_path / "c", {**identity, "data": "4567"}).open()
+  ChunkStore(tmp_path / "c", identity).open()
+  assert store.done(0)  # the same run resumes
+  replaced = ChunkStore(tmp_path / "c", {**identity, "checkpoint_content": "bbbb"})
+  replaced.open()  # the same path now holds other weights: its chunks are scored again
+  assert not replaced.done(0)
+  replaced.save(0, np.zeros((4, 2)), np.ones((4, 2), np.int64))
+  os.remove(tmp_path / "c" / "identity.json")  # what versions before identities left behind: unverifiable
+  replaced.open()
+  assert not replaced.done(0)

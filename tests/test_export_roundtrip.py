@@ -36,3 +36,19 @@ def test_roundtrip_is_bit_identical_and_loads_in_transformers(tmp_path, family, 
   params32 = jax.tree.map(lambda x: x.astype(jnp.float32), params)
   np.testing.assert_allclose(
     np.asarray(sequence_log_probs(config, params32, ids)), torch_log_probs(hf, ids), atol=1e-4)
+
+
+def test_what_transformers_cannot_hold_is_refused_not_dropped():
+  import dataclasses
+
+  import jax
+
+  from checkpoints_conversion.export_hf import ExportError, hf_tensors
+
+  glm = from_hf_config(tiny_model("glm").config.to_dict())
+  with pytest.raises(ExportError, match=r"model family glm4 has no transformers architecture to export to"):
+    hf_tensors(glm, init_params(glm, jax.random.PRNGKey(0)))
+  qwen = from_hf_config(tiny_model("qwen2").config.to_dict())
+  with_tables = dataclasses.replace(qwen, audio_codebook_sizes=(9, 9), audio_placeholder_id=3)
+  with pytest.raises(ExportError, match=r"Qwen2ForCausalLM has no place for audio_embed_0/embedding, audio_embed_1"):
+    hf_tensors(with_tables, init_params(with_tables, jax.random.PRNGKey(0)))

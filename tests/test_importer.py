@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
+from s2sjax import benchmarks
 from tasks.audio.base import load_audio
 from tasks.importer import import_all, read_stories, rewrite_question, write_task
-from tasks.release import TASKS, read_questions
+from tasks.release import read_questions
 
 REALDATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "realdata")
 STORYCLOZE = os.path.join(REALDATA, "storycloze", "cloze_test_test__spring2016 - cloze_test_ALL_test.csv")
@@ -115,10 +116,10 @@ def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
   for task in ("sstorycloze", "scmmlu"):
     for question in read_questions(task, out):
       for path, text in zip(question.audio_paths, question.prefixes):
-        assert _same_audio(path, text, TASKS[task].language, tmp_path), (path, text)
+        assert _same_audio(path, text, benchmarks.get(task).language, tmp_path), (path, text)
   story = read_questions("sstorycloze", out)[0]
   assert story.prefixes[0] == " ".join(changed)
-  assert sorted(os.listdir(os.path.join(out, TASKS["scmmlu"].audio_dir))) == ["0.wav", "1.wav"]
+  assert sorted(os.listdir(os.path.join(out, benchmarks.get("scmmlu").release_audio_dir))) == ["0.wav", "1.wav"]
   stories, _ = _sources(tmp_path, first, "水在标准大气压下（）沸腾")  # without speech: relinked from the cache
   assert import_all(out, stories, [], None, speech=False)["sstorycloze"]["wavs"] == 4
   assert _same_audio(read_questions("sstorycloze", out)[0].audio_paths[0], " ".join(first), "en", tmp_path)
@@ -126,12 +127,12 @@ def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
 
 def test_reimporting_a_replica_made_without_a_speech_cache_keeps_its_matching_audio(tmp_path):
   # an earlier importer wrote <uttid>.wav files and no cache: their texts are in the old jsonl
-  files = TASKS["sstorycloze"]
-  audio_dir = tmp_path / files.audio_dir
+  record = benchmarks.get("sstorycloze")
+  audio_dir = tmp_path / record.release_audio_dir
   audio_dir.mkdir(parents=True)
   old = [{"uttid": 0, "first": "A story.", "last": "Good end."}, {"uttid": 1, "first": "A story.", "last": "Bad."},
          {"uttid": 2, "first": "Another.", "last": "End."}, {"uttid": 3, "first": "Another.", "last": "No."}]
-  (tmp_path / files.jsonl).write_text("".join(json.dumps(line) + "\n" for line in old))
+  (tmp_path / record.release_jsonl).write_text("".join(json.dumps(line) + "\n" for line in old))
   for uttid in range(4):
     (audio_dir / f"{uttid}.wav").write_bytes(b"speech of story %d" % (uttid // 2))
   new = old[:2] + [dict(old[2], first="Changed."), dict(old[3], first="Changed.")]

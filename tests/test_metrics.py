@@ -4,6 +4,21 @@ import numpy as np
 import pytest
 
 from s2sjax import metrics
+from s2sjax.questions import QuestionScores, QuestionTable
+
+
+def _scores(questions: list[dict], nll_sum: np.ndarray, n_tokens: np.ndarray) -> QuestionScores:
+  """Per-question scores through the question table's slots, as the evaluator makes them."""
+  records = [dict(q, id=str(n), uttids=[f"{n}-{c}" for c in range(len(q["candidates"]))],
+                  n_tokens=[1] * len(q["candidates"])) for n, q in enumerate(questions)]
+  return QuestionTable.from_records(records).scores(nll_sum, n_tokens)
+
+
+def _from_loss(loss: np.ndarray, correct: np.ndarray) -> QuestionScores:
+  """Scores whose mean NLL is `loss` (one token per candidate)."""
+  n, c = loss.shape
+  return QuestionScores(tuple(map(str, range(n))), (("u",) * c,) * n, (("x",) * c,) * n, np.asarray(correct),
+                        np.asarray(loss, float), np.ones((n, c), np.int64))
 
 
 def reference_story_accuracy(lines: list[dict]) -> float:
@@ -51,9 +66,9 @@ def test_story_accuracy_equals_reference_on_random_score_files(seed):
               {"uttid": f"{2 * k + 1}_s", "loss": sums[1] / tokens[1], "sum": sums[1], "tokens": tokens[1]}]
   rng.shuffle(lines)
   questions, sums, counts = _questions_from_story_lines(lines)
-  arrays = metrics.question_arrays(questions, sums, counts)
-  assert (arrays["loss"][:, 0] == arrays["loss"][:, 1]).sum() >= 5  # ties are exercised
-  assert metrics.task_metrics("story", arrays)["accuracy"] == pytest.approx(reference_story_accuracy(lines))
+  arrays = _scores(questions, sums, counts)
+  assert (arrays.loss[:, 0] == arrays.loss[:, 1]).sum() >= 5  # ties are exercised
+  assert metrics.task_metrics("pair", arrays)["accuracy"] == pytest.approx(reference_story_accuracy(lines))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -64,20 +79,20 @@ def test_cmmlu_accuracy_equals_reference_on_random_score_files(seed):
   questions = [{"correct": "ABCD".index(l["answer"]), "slots": [[i, j] for j in range(4)],
                 "candidates": ["x", "y", "z", "w"]} for i, l in enumerate(lines)]
   sums = np.array([[l["loss"][k] for k in "ABCD"] for l in lines])
-  arrays = metrics.question_arrays(questions, sums, np.ones_like(sums, dtype=np.int64))
-  result = metrics.task_metrics("cmmlu", arrays)
+  arrays = _scores(questions, sums, np.ones_like(sums, dtype=np.int64))
+  result = metrics.task_metrics("answer_vs_distractors", arrays)
   assert result["accuracy"] == pytest.approx(reference_cmmlu_accuracy(lines)) and result["comparisons"] == 900
 
 
 def test_hand_built_cases_with_ties():
   # stories: a tie is wrong (strict); cmmlu: a tie is right (non-strict)
-  story = metrics.question_arrays([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a", "b"]},
+  story = _scores([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a", "b"]},
                                    {"correct": 0, "slots": [[1, 0], [1, 1]], "candidates": ["a", "b"]}],
                                   np.array([[2.0, 2.0], [1.0, 3.0]]), np.ones((2, 2), np.int64))
-  assert metrics.task_metrics("story", story)["accuracy"] == 0.5
-  cmmlu = metrics.question_arrays([{"correct": 2, "slots": [[0, j] for j in range(4)], "candidates": list("abcd")}],
+  assert metrics.task_metrics("pair", story)["accuracy"] == 0.5
+  cmmlu = _scores([{"correct": 2, "slots": [[0, j] for j in range(4)], "candidates": list("abcd")}],
                                   np.array([[1.0, 2.0, 1.0, 0.5]]), np.ones((1, 4), np.int64))
-  result = metrics.task_metrics("cmmlu", cmmlu)
+  result = metrics.task_metrics("answer_vs_distractors", cmmlu)
   assert result["accuracy"] == pytest.approx(2 / 3)  # ties with A (right), beats B, loses to D
   assert result["argmin_accuracy"] == 0.0 and result["positive_loss"] == 1.0
   assert result["negative_loss"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
@@ -86,9 +101,9 @@ def test_hand_built_cases_with_ties():
 
 def test_acc_norm_divides_by_candidate_bytes():
   # summed NLL favours the short wrong candidate; per byte, the long right one wins
-  arrays = metrics.question_arrays([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a long ending", "no"]}],
+  arrays = _scores([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a long ending", "no"]}],
                                    np.array([[6.5, 2.0]]), np.array([[4, 1]]))
-  result = metrics.task_metrics("story", arrays)
+  result = metrics.task_metrics("pair", arrays)
   assert result["acc"] == 0.0 and result["acc_norm"] == 1.0
 
 
@@ -98,8 +113,8 @@ def test_mcnemar_exact_and_degradation():
   b, c, p = metrics.mcnemar_p(text, speech)
   assert (b, c) == (7, 2) and p == pytest.approx(2 * sum(__import__("math").comb(9, k) for k in range(3)) / 2**9)
   assert metrics.mcnemar_p(text, text)[2] == 1.0
-  arrays = lambda right: {"loss": np.where(right[:, None], [[1.0, 2.0]], [[2.0, 1.0]]), "correct": np.zeros(12, int)}
-  report = metrics.degradation("story", arrays(text), arrays(speech))
+  arrays = lambda right: _from_loss(np.where(right[:, None], [[1.0, 2.0]], [[2.0, 1.0]]), np.zeros(12, int))
+  report = metrics.degradation("pair", arrays(text), arrays(speech))
   assert report["degradation"] == pytest.approx(10 / 12 - 5 / 12) and report["ratio"] == pytest.approx(0.5)
   low, high = report["degradation_ci95"]
   assert low < report["degradation"] < high
@@ -118,7 +133,7 @@ def test_cmmlu_degradation_tests_questions_not_their_three_comparisons():
   flipped = loss.copy()
   flipped[:4, 0] = 2.0
   correct = np.zeros(12, int)
-  report = metrics.degradation("cmmlu", {"loss": loss, "correct": correct}, {"loss": flipped, "correct": correct})
+  report = metrics.degradation("answer_vs_distractors", _from_loss(loss, correct), _from_loss(flipped, correct))
   assert report["mcnemar"] == {"questions": 12, "text_only_right": 4, "speech_only_right": 0, "p_value": 0.125}
   assert report["degradation"] == pytest.approx(4 / 12)
 

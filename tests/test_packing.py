@@ -1,4 +1,4 @@
-"""The packer lays items out exactly as DESIGN.md's row format says, and refuses or truncates long items."""
+"""The packer lays items out exactly as docs/architecture.md's row format says, and refuses or truncates long items."""
 
 import numpy as np
 import pytest

@@ -12,14 +12,14 @@ import pytest
 import tensorflow_datasets as tfds
 from transformers import AutoTokenizer
 
-from s2sjax.evaluator import load_task_data
-from tasks import spec as spec_module
+from s2sjax import benchmarks
+from s2sjax.task_data import config_name, load_rows, load_task_data
+from s2sjax import spec as spec_module
 from tasks.audio.precomputed import PrecomputedTokenizer
 from tasks.prepare import StaleDataError, builder_class, prepare
-from tasks.release import TASKS, ReleaseError
+from tasks.release import ReleaseError
 from tasks.sample import RELEASE_DIR
-from tasks.spec import load_spec
-from tasks.tfds_builder import config_name, load_rows
+from s2sjax.spec import load_spec
 
 CMMLU_LINES = [{"uttid": k, "first": "水的沸点是", "A": "一百度。", "B": "十度。", "C": "零度。", "D": "五度。", "answer": "A"}
                for k in range(2)]
@@ -27,7 +27,7 @@ CMMLU_LINES = [{"uttid": k, "first": "水的沸点是", "A": "一百度。", "B"
 
 def _release(root, lines=CMMLU_LINES):
   """An sCMMLU release (text only: these builds are text or read precomputed codes)."""
-  jsonl = os.path.join(root, TASKS["scmmlu"].jsonl)
+  jsonl = os.path.join(root, benchmarks.get("scmmlu").release_jsonl)
   os.makedirs(os.path.dirname(jsonl), exist_ok=True)
   with open(jsonl, "w", encoding="utf-8") as f:
     f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
@@ -119,7 +119,7 @@ def test_a_yaml_spec_names_its_config_and_precomputed_codes_are_fingerprinted_by
     build()
   build(overwrite=True)
   rows = load_task_data(data_dir, "scmmlu", "speech", yaml_path, 1024).rows
-  item = data.questions[0]["slots"][0][0]
+  item = data.questions.slots[0, 0, 0]
   r = np.argwhere(rows["slot_item"] == item)[0][0]
   segment = rows["segment_ids"][r][rows["target_pos"][r][rows["target_slot"][r] == 0][0]]
   audio = (rows["segment_ids"][r] == segment) & (rows["audio_codes"][r][:, 0] >= 0)
@@ -132,5 +132,6 @@ def test_a_missing_tokenizer_directory_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match=rf"text tokenizer directory {re.escape(missing)} \(--tokenizer_dir\)"):
     prepare("scmmlu", "demo", "text", 1024, str(tmp_path / "data"), manual_dir=root, tokenizer_dir=missing)
   default = re.escape(os.path.join(root, "tokenizer"))
-  with pytest.raises(FileNotFoundError, match=rf"text tokenizer directory {default} \(the default for spec qwen2.5"):
+  with pytest.raises(FileNotFoundError,
+                     match=rf"text tokenizer directory {default} \(the default: <manual_dir>/tokenizer\)"):
     prepare("scmmlu", "qwen2.5", "text", 1024, str(tmp_path / "data"), manual_dir=root)

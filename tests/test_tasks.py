@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from s2sjax import benchmarks
 from s2sjax.packing import PackingError, RowShape
 from tasks.audio.base import AudioError, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.build import PrefixEncoder, build_rows
 from tasks.prepare import prepare
-from tasks.release import TASKS, Problems, Question, ReleaseError, read_questions
+from tasks.release import Problems, Question, ReleaseError, read_questions
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
-from tasks.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids
-from tasks.tfds_builder import load_rows
+from s2sjax.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids
+from s2sjax.task_data import load_rows
 
 
 def _slot_targets(rows, item, candidate):
@@ -27,11 +28,11 @@ def _slot_targets(rows, item, candidate):
 
 
 def _source_lines(task):
-  with open(os.path.join(RELEASE_DIR, TASKS[task].jsonl), encoding="utf-8") as f:
+  with open(os.path.join(RELEASE_DIR, benchmarks.get(task).release_jsonl), encoding="utf-8") as f:
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", benchmarks.names())
 @pytest.mark.parametrize("modality", ["text", "speech"])
 def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality, qwen_tokenizer_dir):
   data_dir = str(tmp_path_factory.getbasetemp() / "data")
@@ -41,11 +42,12 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
   assert metadata["report"]["rows"] >= 1 and metadata["tokenizer"]["size"] > 150_000
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   lines = {str(line["uttid"]): line for line in _source_lines(task)}
-  separator = " " if (modality == "text" and TASKS[task].language == "en") else ""
+  separator = " " if (modality == "text" and benchmarks.get(task).language == "en") else ""
   for question in metadata["questions"]:
     for c, (item, j) in enumerate(question["slots"]):
       assert tokenizer.decode(_slot_targets(rows, item, j)) == separator + question["candidates"][c]
-    if TASKS[task].kind == "story":  # 2k is right, 2k+1 wrong, and each candidate is its own line's ending
+    # stories: 2k is right, 2k+1 wrong, and each candidate is its own line's ending
+    if benchmarks.get(task).release_format == "story_pairs":
       right, wrong = (lines[u] for u in question["uttids"])
       assert question["correct"] == 0 and question["candidates"] == [right["last"], wrong["last"]]
       assert int(question["uttids"][1].split("_")[0]) == int(question["uttids"][0].split("_")[0]) + 1
@@ -59,7 +61,7 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
     r, s = np.argwhere(rows["slot_item"] == item)[0]
     segment = rows["segment_ids"][r][rows["target_pos"][r][rows["target_slot"][r] == s][0]]
     audio = (rows["segment_ids"][r] == segment) & (rows["audio_codes"][r][:, 0] >= 0)
-    wav = os.path.join(RELEASE_DIR, TASKS[task].audio_dir, f"{question['uttids'][0]}.wav")
+    wav = os.path.join(RELEASE_DIR, benchmarks.get(task).release_audio_dir, f"{question['uttids'][0]}.wav")
     expected = audio_tokenizer.encode(load_audio(wav, 16000), question["uttids"][0])
     np.testing.assert_array_equal(rows["audio_codes"][r][audio], expected)
     assert metadata["audio_tokenizer"]["fingerprint"] == audio_tokenizer.fingerprint()
@@ -88,16 +90,16 @@ def test_tokenization_boundary_rule(qwen_tokenizer_dir):
 
 def _write_release(root, stories=None, cmmlu=None, wav_from=None):
   """A release-layout fixture with real speech copied from the bundled sample."""
-  wav_from = wav_from or os.path.join(RELEASE_DIR, TASKS["sstorycloze"].audio_dir, "0.wav")
+  wav_from = wav_from or os.path.join(RELEASE_DIR, benchmarks.get("sstorycloze").release_audio_dir, "0.wav")
   for task, lines in (("sstorycloze", stories), ("scmmlu", cmmlu)):
     if lines is None:
       continue
-    files = TASKS[task]
-    os.makedirs(os.path.join(root, files.audio_dir), exist_ok=True)
-    with open(os.path.join(root, files.jsonl), "w", encoding="utf-8") as f:
+    record = benchmarks.get(task)
+    os.makedirs(os.path.join(root, record.release_audio_dir), exist_ok=True)
+    with open(os.path.join(root, record.release_jsonl), "w", encoding="utf-8") as f:
       f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
     for line in lines:
-      shutil.copy(wav_from, os.path.join(root, files.audio_dir, f"{line['uttid']}.wav"))
+      shutil.copy(wav_from, os.path.join(root, record.release_audio_dir, f"{line['uttid']}.wav"))
   return root
 
 
@@ -141,7 +143,7 @@ def test_answer_outside_a_to_d(tmp_path):
 
 def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
   root = _write_release(str(tmp_path), stories=_stories(4))
-  audio_dir = os.path.join(root, TASKS["sstorycloze"].audio_dir)
+  audio_dir = os.path.join(root, benchmarks.get("sstorycloze").release_audio_dir)
   os.remove(os.path.join(audio_dir, "2_x.wav"))
   with open(os.path.join(audio_dir, "4_x.wav"), "wb") as f:
     f.write(b"RIFF not really a wav")
@@ -159,11 +161,11 @@ def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
   with pytest.raises(ValueError, match=r"question 6_x: \d+ prefix \+ \d+ candidate tokens exceed the row length 1024"):
     build_rows(questions[3:], encoder, shape)
   rows, table, report = build_rows(questions, encoder, shape, skip_bad=True)
-  assert [q["id"] for q in table] == ["0_x"] and report["skipped"] == 3
+  assert list(table.ids) == ["0_x"] and report["skipped"] == 3
   assert [s["where"] for s in report["skipped_questions"]] == ["question 2_x", "question 4_x", "question 6_x"]
   # or keep the long one, its spoken prefix cut from the left to fit, and say so
   rows, table, report = build_rows([questions[0], questions[3]], encoder, shape, overlong="truncate_prefix")
-  assert [q["id"] for q in table] == ["0_x", "6_x"] and report["truncated_items"] == 1
+  assert list(table.ids) == ["0_x", "6_x"] and report["truncated_items"] == 1
   assert report["truncated_prefix_tokens"] > 500 and report["skipped"] == 0
 
 
@@ -201,7 +203,7 @@ def test_a_shared_story_number_leaves_out_every_line_that_shares_it(tmp_path):
 
 def test_lines_that_are_not_objects_or_not_text_are_named_by_file_and_line(tmp_path):
   root = _write_release(str(tmp_path), stories=_stories(4))
-  jsonl = os.path.join(root, TASKS["sstorycloze"].jsonl)
+  jsonl = os.path.join(root, benchmarks.get("sstorycloze").release_jsonl)
   lines = open(jsonl, encoding="utf-8").read().splitlines()
   lines[1] = "5"
   lines[2] = json.dumps(dict(_stories()[2], first=None))
@@ -278,14 +280,14 @@ def test_questions_the_packer_cannot_fit_are_named_or_skipped(qwen_tokenizer_dir
   with pytest.raises(PackingError, match=r"question wordy: .*exceeds? a row's 16 targets"):
     build_rows([good, wordy], encoder, narrow)
   rows, table, report = build_rows([good, wordy], encoder, narrow, skip_bad=True)
-  assert [q["id"] for q in table] == ["good"] and report["skipped"] == 1
+  assert list(table.ids) == ["good"] and report["skipped"] == 1
   assert report["skipped_questions"][0]["where"] == "question wordy"
   short = RowShape(length=24, max_targets=64, max_slots=4)
   alone = r"question wordy: its .*candidates? alone \(\d+ tokens\) does? not fit a row of 24"
   with pytest.raises(PackingError, match=alone):
     build_rows([good, wordy], encoder, short, overlong="truncate_prefix")
   rows, table, report = build_rows([good, wordy], encoder, short, skip_bad=True, overlong="truncate_prefix")
-  assert [q["id"] for q in table] == ["good"]
+  assert list(table.ids) == ["good"]
   assert [s["where"] for s in report["skipped_questions"]] == ["question wordy"]
   assert report["rows"] == 1 and (rows["slot_item"] >= 0).sum() == 2
 

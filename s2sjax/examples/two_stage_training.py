@@ -19,28 +19,29 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from s2sjax import results
-from s2sjax.evaluator import Evaluator, TaskData, load_task_data
+from s2sjax import benchmarks, reports
+from s2sjax.evaluator import Evaluator, ScoringOptions
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import Item, RowShape, pack
 from s2sjax.scoring import score_batch
+from s2sjax.task_data import TaskData, load_task_data
 
 SHAPE = RowShape.for_length(1024, num_codebooks=1)
 
 
 def alignment_rows(tokenizer, spec_name: str = "demo") -> dict[str, np.ndarray]:
   """Packed rows of (spoken first half -> its transcript) for every question of the bundled sample."""
+  from s2sjax.spec import load_spec
   from tasks.audio import from_spec
   from tasks.build import PrefixEncoder
-  from tasks.release import TASKS, read_questions
+  from tasks.release import read_questions
   from tasks.sample import RELEASE_DIR
-  from tasks.spec import load_spec
 
   spec = load_spec(spec_name)
   encoder = PrefixEncoder(spec, "speech", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
   items = []
-  for task in TASKS:
+  for task in benchmarks.names():
     for question in read_questions(task, RELEASE_DIR):
       ids, codes, _ = encoder.prefix(question, 0)
       transcript = encoder.text_ids(question.prefixes[0], special=False)
@@ -98,7 +99,7 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
       data.append(load_task_data(data_dir, task, modality, "demo", SHAPE.length))
   config = tiny_config(len(tokenizer), data[1].metadata["audio_ids"]["placeholder"])
   params = init_params(config, jax.random.PRNGKey(0))
-  evaluator = Evaluator(config, data, batch_size=4)
+  evaluator = Evaluator(config, data, ScoringOptions(batch_size=4))
   rows = alignment_rows(tokenizer)
   fields = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes", "target_pos", "target_ids", "target_slot")
   os.makedirs(output_dir, exist_ok=True)
@@ -118,13 +119,13 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
         evaluator.evaluate(params, step)
         runs = [{"step": h["step"], "tasks": {k: v for k, v in h.items() if k not in ("step", "degradation")}}
                 for h in evaluator.history]
-        results.plot_curves(output_dir, runs)
+        reports.plot_curves(output_dir, runs)
         print(f"step {step} (stage {stage}): train loss {float(loss):.3f}; " + ", ".join(
           f"{t} {m} {100 * h[t][m]['accuracy']:.0f}%" for h in evaluator.history[-1:] for t in ("sstorycloze", "scmmlu")
           for m in ("text", "speech")), flush=True)
     after_stage.append(params)
   summary = {"train_log": log, "history": evaluator.history, "compilations": evaluator.compiled_count()}
-  results.write_json(os.path.join(output_dir, "training_history.json"), summary)
+  reports.write_json(os.path.join(output_dir, "training_history.json"), summary)
   return dict(summary, config=config, params_after_stage=after_stage)
 
 

@@ -1,6 +1,6 @@
 """Pure functions for the decoder's math: RMSNorm, rotary embeddings, masked grouped-query attention.
 
-Precision rules (DESIGN.md, "Pitfalls"): the RMSNorm variance, the rotary angles, the softmax and every logsumexp
+Precision rules (docs/architecture.md, "Numbers"): the RMSNorm variance, the rotary angles, the softmax and every logsumexp
 are computed in fp32 whatever the compute dtype.
 """
 

@@ -14,9 +14,10 @@ import tempfile
 import numpy as np
 from absl import app, flags
 
+from s2sjax import benchmarks
 from tasks.audio import mel_kmeans
 from tasks.audio.base import load_audio
-from tasks.release import OPTIONS, TASKS
+from tasks.release import OPTIONS
 from tasks.sample import SAMPLE_DIR
 
 VOICES = {"en": "en", "zh": "cmn"}
@@ -31,9 +32,9 @@ def speak(text: str, language: str, path: str) -> None:
 
 
 def release_lines(task: str, source: list[dict]) -> list[dict]:
-  if TASKS[task].kind == "story":
+  if benchmarks.get(task).release_format == "story_pairs":
     # uttids: plain ints for English, "<int>_zh" strings for Chinese (both forms occur in the release)
-    suffix = "_zh" if TASKS[task].language == "zh" else ""
+    suffix = "_zh" if benchmarks.get(task).language == "zh" else ""
     lines = []
     for k, story in enumerate(source):
       lines.append({"uttid": f"{2 * k}{suffix}" if suffix else 2 * k, "first": story["first"], "last": story["right"]})
@@ -50,15 +51,15 @@ def main(argv):
   for task, name in sources.items():
     with open(os.path.join(SAMPLE_DIR, "source", name), encoding="utf-8") as f:
       lines = release_lines(task, json.load(f))
-    files = TASKS[task]
-    jsonl = os.path.join(out, "release", files.jsonl)
-    audio_dir = os.path.join(out, "release", files.audio_dir)
+    record = benchmarks.get(task)
+    jsonl = os.path.join(out, "release", record.release_jsonl)
+    audio_dir = os.path.join(out, "release", record.release_audio_dir)
     os.makedirs(audio_dir, exist_ok=True)
     with open(jsonl, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
     for line in lines:
       path = os.path.join(audio_dir, f"{line['uttid']}.wav")
-      speak(line["first"], files.language, path)
+      speak(line["first"], record.language, path)
       waves.append(load_audio(path, mel_kmeans.SAMPLE_RATE))
     print(f"{task}: {len(lines)} lines -> {jsonl}")
   features = np.concatenate([mel_kmeans.log_mel(w) for w in waves])

@@ -1,14 +1,15 @@
-"""Result files a person can read: per-candidate scores, metrics, the paper's Table 1 layout, curves over steps;
-and the chunk store that makes an evaluation resumable after preemption.
+"""Result files a person can read: per-candidate scores, metrics, the paper's Table 1 layout, curves over steps,
+TensorBoard scalars.
 
-    OUT/chunks/<checkpoint>/<task>-<modality>/chunk-00003.npz (+ .done)   rows [start, stop) of one run
+    OUT/<checkpoint>/run.json                                           the checkpoint's name, path, step, spec
     OUT/<checkpoint>/<task>-<modality>.scores.jsonl                     one line per candidate
     OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality
     OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints)
 
-A chunk is written to a temporary name, renamed, then marked done; a rerun reuses every marked chunk and scores
-only the rest, so the final files equal an uninterrupted run's. Paths go through etils `epath`, so OUT may be a
-`gs://` bucket (as orbax and TFDS allow for checkpoints and data).
+The summaries (metrics.json, the tables, the curves) are recomputed from every completed scores file in OUT
+(`read_runs`), so a later run of another task, modality or checkpoint adds to them and never drops what is there.
+Every file is written whole or not at all (`output_dir.write_atomic`). Paths go through etils `epath`, so OUT
+may be a `gs://` bucket.
 """
 
 from __future__ import annotations
@@ -20,70 +21,48 @@ import json
 import numpy as np
 from etils import epath
 
+from s2sjax import benchmarks
+from s2sjax.evaluator import summarize
+from s2sjax.output_dir import write_atomic
+from s2sjax.questions import QuestionScores
 
-class ChunkStore:
-  """Resumable per-row results of one (checkpoint, task, modality). `identity.json` records what produced them
-  (checkpoint, dtype, chunking, a hash of the rows), so a rerun resumes only from its own chunks."""
-
-  def __init__(self, directory, identity: dict):
-    self.directory = epath.Path(directory)
-    self.identity = identity
-
-  def mismatch(self) -> str | None:
-    """Why the chunks here are not this run's (None if they are, or if there are none)."""
-    path = self.directory / "identity.json"
-    if not path.exists():  # nothing saved yet, or chunks of a version that recorded no identity: resumed unverified
-      return None
-    saved = json.loads(path.read_text())
-    differ = [f"{key}: {saved.get(key)!r} there, {value!r} now" for key, value in self.identity.items()
-              if saved.get(key) != value]
-    if not differ:
-      return None
-    return (f"{self.directory} holds results of another run ({'; '.join(differ)}): use another --output_dir, or "
-            "delete that folder to score again")
-
-  def _path(self, index: int) -> epath.Path:
-    return self.directory / f"chunk-{index:05d}.npz"
-
-  def _marker(self, index: int) -> epath.Path:
-    return self.directory / f"chunk-{index:05d}.npz.done"
-
-  def done(self, index: int) -> bool:
-    return self._marker(index).exists()
-
-  def save(self, index: int, nll_sum: np.ndarray, n_tokens: np.ndarray) -> None:
-    self.directory.mkdir(parents=True, exist_ok=True)
-    if not (self.directory / "identity.json").exists():
-      (self.directory / "identity.json").write_text(json.dumps(self.identity, indent=2))
-    buffer = io.BytesIO()
-    np.savez(buffer, nll_sum=nll_sum, n_tokens=n_tokens)
-    tmp = self.directory / f"chunk-{index:05d}.tmp"
-    tmp.write_bytes(buffer.getvalue())
-    tmp.rename(self._path(index))
-    self._marker(index).write_text("")
-
-  def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(io.BytesIO(self._path(index).read_bytes())) as f:
-      return f["nll_sum"], f["n_tokens"]
-
-
-def scores_lines(questions: list[dict], arrays: dict[str, np.ndarray]) -> list[dict]:
-  lines = []
-  for q, question in enumerate(questions):
-    for c, text in enumerate(question["candidates"]):
-      mean = float(arrays["loss"][q, c])
-      lines.append({
-        "question": question["id"], "uttid": question["uttids"][c], "candidate": c, "text": text,
-        "correct": c == question["correct"], "nll_sum": round(float(arrays["nll_sum"][q, c]), 6),
-        "n_tokens": int(arrays["n_tokens"][q, c]), "mean_nll": round(mean, 6), "ppl": round(float(np.exp(mean)), 6),
-      })
-  return lines
+RUN_RECORD = "run.json"
+SCORES_SUFFIX = ".scores.jsonl"
 
 
 def _write_text(path, text: str) -> None:
-  path = epath.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(text, encoding="utf-8")
+  write_atomic(path, text.encode("utf-8"))
+
+
+def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScores]) -> None:
+  """One checkpoint's files: its record and a scores file per task x modality scored now."""
+  write_json(epath.Path(run_dir) / RUN_RECORD, record)
+  for (task, modality), s in scores.items():
+    write_jsonl(epath.Path(run_dir) / f"{task}-{modality}{SCORES_SUFFIX}", s.to_lines())
+
+
+def read_runs(out_dir) -> list[dict]:
+  """Every checkpoint with completed scores in OUT, in step order: its record, and the metrics and degradation
+  reports of everything it has scored (what metrics.json holds)."""
+  runs = []
+  for record_path in sorted(epath.Path(out_dir).glob(f"*/{RUN_RECORD}")):
+    record = json.loads(record_path.read_text())
+    scores = {}
+    for path in sorted(record_path.parent.glob(f"*{SCORES_SUFFIX}")):
+      task, _, modality = path.name[: -len(SCORES_SUFFIX)].rpartition("-")
+      lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+      scores[(task, modality)] = QuestionScores.from_lines(lines, where=str(path))
+    summary = summarize(scores)
+    runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
+                 "degradation": summary.get("degradation", {})})
+  return sorted(runs, key=lambda r: (r["step"] is None, r["step"] or 0, r["name"]))
+
+
+def write_summaries(out_dir, runs: list[dict]) -> None:
+  """metrics.json, the Table 1 files and the curves."""
+  write_json(epath.Path(out_dir) / "metrics.json", {"runs": runs})
+  write_tables(out_dir, runs)
+  plot_curves(out_dir, runs)
 
 
 def write_jsonl(path, lines: list[dict]) -> None:
@@ -94,14 +73,13 @@ def write_json(path, value) -> None:
   _write_text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-TASK_TITLES = {"sstorycloze": "sStoryCloze", "zh_sstorycloze": "zh-sStoryCloze", "scmmlu": "sCMMLU"}
 MODALITY_TITLES = {"text": "T→T", "speech": "S→T"}
 
 
 def table_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
   """Paper Table 1 layout: a row per model x modality, a column per task (accuracy, %)."""
-  tasks = [t for t in TASK_TITLES if any(t in r["tasks"] for r in runs)]
-  header = ["model", "modality"] + [TASK_TITLES[t] for t in tasks]
+  tasks = [t for t in benchmarks.names() if any(t in r["tasks"] for r in runs)]
+  header = ["model", "modality"] + [benchmarks.get(t).title for t in tasks]
   rows = []
   for run in runs:
     for modality in ("text", "speech"):
@@ -141,7 +119,7 @@ def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
       for key in keys:
         ys = [h["tasks"].get(task, {}).get(modality, {}).get(key, np.nan) for h in points]
         style = "--" if key == "negative_loss" else "-"
-        label = f"{TASK_TITLES[task]} {MODALITY_TITLES[modality]}" + (f" {key.split('_')[0]}" if len(keys) > 1 else "")
+        label = f"{benchmarks.get(task).title} {MODALITY_TITLES[modality]}" + (f" {key.split('_')[0]}" if len(keys) > 1 else "")
         ax.plot(steps, [100 * y if name == "accuracy" else y for y in ys], style, marker="o", label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel("accuracy (%)" if name == "accuracy" else "mean NLL (nats/token)")
@@ -152,7 +130,7 @@ def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
-    path.write_bytes(image.getvalue())
+    write_atomic(path, image.getvalue())
     paths.append(path)
   return paths
 

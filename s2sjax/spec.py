@@ -1,6 +1,6 @@
 """The speech-LLM spec: everything that differs between speech LLMs when their benchmark rows are built.
 
-A spec is a small YAML (presets in `tasks/specs/`): how audio enters the model (`none`, `extended_vocab`: unit k
+A spec is a small YAML (presets in `s2sjax/specs/`): how audio enters the model (`none`, `extended_vocab`: unit k
 is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token), which audio tokenizer makes
 the units, the special tokens around audio, and the prompt templates. The templates default to S2SBench's:
 
@@ -18,8 +18,10 @@ from typing import Any
 
 import yaml
 
+from s2sjax.families.family import AUDIO_INPUTS
+
 SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
-AUDIO_MODES = ("none", "extended_vocab", "codebook_tables")
+AUDIO_MODES = ("none",) + AUDIO_INPUTS  # no audio, or one of the ways a family takes audio tokens
 
 # S2SBench's s2t prompt (s2t_infer_ppl.py) and t2t separator (t2t_infer_ppl.py).
 SPEECH_INSTRUCTION = {

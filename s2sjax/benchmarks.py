@@ -1,0 +1,89 @@
+"""The task registry: one record per benchmark, read by everything that needs to know a task.
+
+The release reader and the TFDS builder (`tasks`), the metrics (the decision rule), the result tables (titles),
+the planner (sizes), the command lines (`--task` choices) and the sample maker all look a task up here; none of
+them lists tasks. Adding a benchmark is one `register(Benchmark(...))` plus its builder file (see
+docs/architecture.md, "Adding a task"); a module of your own that registers one is found through `S2SJAX_PLUGINS`
+(s2sjax/plugins.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from s2sjax import plugins
+
+# How the release's jsonl lines become questions (tasks/release.py reads each format):
+#   story_pairs:     `uttid, first, last`; uttid 2k holds the right ending, 2k+1 the wrong one of the same story
+#   multiple_choice: `uttid, first, A, B, C, D, answer`; one prefix, four options
+RELEASE_FORMATS = ("story_pairs", "multiple_choice")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerSizes:
+  """Typical sizes, for planning a run before any data is built (s2sjax.plan)."""
+
+  questions: int
+  prefix_tokens: int  # text tokens of a prefix
+  candidate_tokens: int  # text tokens of one candidate
+  seconds: float  # spoken prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+  name: str  # the --task value and the builder's folder
+  title: str  # in tables and curves
+  language: str  # picks the spec's templates (instruction, separator) and the TTS voice
+  release_format: str  # one of RELEASE_FORMATS
+  release_jsonl: str  # relative to the release directory
+  release_audio_dir: str  # <uttid>.wav of each spoken prefix, relative to the release directory
+  decision: str  # a key of s2sjax.metrics.DECISIONS: how losses become right/wrong
+  candidates: int  # per question
+  sizes: PlannerSizes
+  builder: str = ""  # "module:Class" of the TFDS builder; default tasks.<name>.<name>_dataset_builder:Builder
+
+  def __post_init__(self):
+    if self.release_format not in RELEASE_FORMATS:
+      raise ValueError(f"task {self.name}: release_format {self.release_format!r} is not one of {RELEASE_FORMATS}")
+
+  @property
+  def builder_path(self) -> str:
+    return self.builder or f"tasks.{self.name}.{self.name}_dataset_builder:Builder"
+
+
+_REGISTRY: dict[str, Benchmark] = {}
+
+
+def register(benchmark: Benchmark) -> Benchmark:
+  """Adds a task; registering the same name twice with another record is an error."""
+  known = _REGISTRY.get(benchmark.name)
+  if known is not None and known != benchmark:
+    raise ValueError(f"task {benchmark.name!r} is already registered with another record")
+  _REGISTRY[benchmark.name] = benchmark
+  return benchmark
+
+
+def names() -> list[str]:
+  """Every registered task, in registration order (the package's three first)."""
+  plugins.load_plugins()
+  return list(_REGISTRY)
+
+
+def get(name: str) -> Benchmark:
+  plugins.load_plugins()
+  if name not in _REGISTRY:
+    raise KeyError(f"unknown task {name!r}; tasks: {', '.join(_REGISTRY)} (your own: see S2SJAX_PLUGINS)")
+  return _REGISTRY[name]
+
+
+# S2SBench's three tasks: release files as the release ships them, sizes from its README (S2SBench's own
+# sCMMLU selection of 4,743), typical lengths measured on the bundled sample and the replica.
+register(Benchmark(
+  "sstorycloze", "sStoryCloze", "en", "story_pairs", "StoryCloze/sStory_s2t.jsonl", "StoryCloze/s-story-firstspeech",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
+register(Benchmark(
+  "zh_sstorycloze", "zh-sStoryCloze", "zh", "story_pairs", "StoryCloze/zh_story.jsonl", "StoryCloze/zh_story",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 14, 12.0)))
+register(Benchmark(
+  "scmmlu", "sCMMLU", "zh", "multiple_choice", "cmmlu/cmmlu_rewrite_4.jsonl", "cmmlu/cmmlu_rewrite",
+  decision="answer_vs_distractors", candidates=4, sizes=PlannerSizes(4743, 25, 6, 5.0)))

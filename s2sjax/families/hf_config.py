@@ -1,0 +1,74 @@
+"""Reading and writing transformers' config.json spelling: the helpers every family's parser and exporter share.
+
+Every switch comes from the checkpoint; a key is defaulted only where transformers itself derives it from the
+others. Both the transformers v4 (top-level `rope_theta`) and v5 (`rope_parameters`) spellings are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from s2sjax.model.config import ConfigError, ModelConfig
+
+
+def require(cfg: Mapping[str, Any], *keys: str) -> Any:
+  """The first of `keys` config.json gives (aliases of one setting), or a ConfigError naming them all."""
+  for key in keys:
+    if key in cfg and cfg[key] is not None:
+      return cfg[key]
+  raise ConfigError(f"config.json has none of {list(keys)}")
+
+
+def rope(cfg: Mapping[str, Any]) -> tuple[float, float | None]:
+  """(theta, partial_rotary_factor or None) from either transformers v4 or v5 spelling; rejects scaled ropes."""
+  params = dict(cfg.get("rope_parameters") or {})
+  scaling = cfg.get("rope_scaling") or {}
+  rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+  if rope_type != "default":
+    raise ConfigError(f"rope_type {rope_type!r} is not supported (only unscaled 'default' rope)")
+  theta = params.get("rope_theta", cfg.get("rope_theta"))
+  if theta is None:
+    raise ConfigError("config.json gives no rope_theta")
+  factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+  return float(theta), None if factor is None else float(factor)
+
+
+def whole_head_rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int:
+  """head_dim, for families whose transformers rope rotates whole heads whatever partial_rotary_factor says."""
+  _, factor = rope(cfg)
+  if factor not in (None, 1.0):
+    raise ConfigError(f"partial_rotary_factor={factor} is not supported for model_type {cfg.get('model_type')!r}")
+  return head_dim
+
+
+def decoder_fields(cfg: Mapping[str, Any], *, head_dim: int, num_kv_heads: int, rotary_dim: int) -> dict[str, Any]:
+  """The ModelConfig fields transformers' decoder configs spell alike; the family works out the rest."""
+  return dict(
+    vocab_size=require(cfg, "vocab_size"),
+    hidden_size=require(cfg, "hidden_size"),
+    intermediate_size=require(cfg, "intermediate_size"),
+    num_layers=require(cfg, "num_hidden_layers"),
+    num_heads=require(cfg, "num_attention_heads"),
+    num_kv_heads=num_kv_heads,
+    head_dim=head_dim,
+    rope_theta=rope(cfg)[0],
+    rotary_dim=rotary_dim,
+    rms_norm_eps=float(require(cfg, "rms_norm_eps")),
+    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),  # every family's transformers default
+  )
+
+
+def export_fields(config: ModelConfig) -> dict[str, Any]:
+  """The inverse of `decoder_fields`: a ModelConfig's architecture in transformers' spelling."""
+  return dict(
+    vocab_size=config.vocab_size,
+    hidden_size=config.hidden_size,
+    intermediate_size=config.intermediate_size,
+    num_hidden_layers=config.num_layers,
+    num_attention_heads=config.num_heads,
+    num_key_value_heads=config.num_kv_heads,
+    head_dim=config.head_dim,
+    rms_norm_eps=config.rms_norm_eps,
+    rope_theta=config.rope_theta,
+    tie_word_embeddings=config.tie_embeddings,
+  )

@@ -1,0 +1,89 @@
+"""Qwen2 / Qwen2.5: q/k/v biases, whole-head rotate-half rope. Layouts: transformers' (`hf`, also read from GGUF)
+and Baichuan-Audio's (`baichuan_audio`, `OmniForCausalLM`): a Qwen2.5 decoder with fused `W_pack` attention, a
+NormHead, and K RVQ embedding tables summed at an audio placeholder token."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from s2sjax.families import hf_config, keymap
+from s2sjax.families.family import HF, Family, GgufLayout, HfExport, Layout
+from s2sjax.families.registry import register
+from s2sjax.model.config import ConfigError, ModelConfig
+
+NAME = "qwen2"
+
+
+def parse_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
+  if cfg.get("use_sliding_window"):
+    raise ConfigError("Qwen2 sliding-window attention (config.json use_sliding_window=true) is not supported")
+  require = hf_config.require
+  head_dim = cfg.get("head_dim") or require(cfg, "hidden_size") // require(cfg, "num_attention_heads")
+  # Qwen2Config's fallback of 32 kv heads is one model's value, not the checkpoint's: required.
+  fields = hf_config.decoder_fields(
+    cfg, head_dim=head_dim, num_kv_heads=require(cfg, "num_key_value_heads"),
+    rotary_dim=hf_config.whole_head_rotary_dim(cfg, head_dim),
+  )
+  return ModelConfig(family=NAME, rope_interleaved=False, qkv_bias=True, o_bias=False, mlp_bias=False, **fields)
+
+
+def parse_baichuan_audio_config(cfg: Mapping[str, Any]) -> ModelConfig:
+  """The text decoder as in `hf`, with its own rope and bias keys, and one table per codebook, each one row longer
+  than the codebook for the end-of-audio code."""
+  audio = cfg.get("audio_config") or {}
+  sizes = (audio.get("vq_config") or {}).get("codebook_sizes")
+  if not sizes or audio.get("audio_pad_token_id") is None:
+    raise ConfigError(
+      "Baichuan-Audio config.json lacks audio_config.vq_config.codebook_sizes or audio_config.audio_pad_token_id"
+    )
+  text = parse_hf_config(dict(cfg, rope_theta=cfg.get("rotary_emb_base", cfg.get("rope_theta"))))
+  return dataclasses.replace(
+    text,
+    qkv_bias=bool(cfg.get("attention_qkv_bias", False)),
+    audio_codebook_sizes=tuple(int(n) + 1 for n in sizes),
+    audio_placeholder_id=int(audio["audio_pad_token_id"]),
+  )
+
+
+BAICHUAN_AUDIO_NAMES = dataclasses.replace(
+  keymap.HF_NAMES, q=None, k=None, v=None, qkv="model.layers.{i}.self_attn.W_pack"
+)
+
+
+def baichuan_audio_rules(config: ModelConfig, cfg: Mapping[str, Any]) -> list[keymap.Rule]:
+  # NormHead L2-normalises lm_head's rows at every forward; the converter does it once.
+  rules = keymap.decoder_rules(config, BAICHUAN_AUDIO_NAMES, normalize_head=bool(cfg.get("use_norm_head", True)))
+  for k, size in enumerate(config.audio_codebook_sizes):
+    rules.append(keymap.copy_rule((f"audio_embed_{k}", "embedding"), f"model.audio_embed_layers.{k}.weight",
+                                  (size, config.hidden_size)))
+  return rules
+
+
+def export_config(config: ModelConfig) -> dict[str, Any]:
+  return dict(hf_config.export_fields(config), model_type="qwen2")
+
+
+def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool) -> dict:
+  return dict(model_type="qwen2", hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+              num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab, tie_word_embeddings=tied,
+              rope_theta=1e6, rms_norm_eps=1e-6)
+
+
+FAMILY = register(Family(
+  name=NAME,
+  layouts=(
+    Layout(HF, ("qwen2",), parse_hf_config, keymap.rules_in(keymap.HF_NAMES),
+           ignored_suffixes=keymap.HF_IGNORED_SUFFIXES, verifiable=True),
+    Layout("baichuan_audio", ("omni",), parse_baichuan_audio_config, baichuan_audio_rules,
+           kept_prefixes=("audio_head.",), ignored_suffixes=keymap.HF_IGNORED_SUFFIXES),
+  ),
+  audio_inputs=("codebook_tables", "extended_vocab"),
+  export=HfExport("Qwen2ForCausalLM", HF, export_config),
+  gguf=GgufLayout("qwen2", "qwen2", keymap.llama_cpp_to_hf_key),  # llama.cpp stores qwen2's q/k rows unpermuted
+  planner_shapes={
+    "qwen2.5-0.5b": _qwen25(896, 4864, 24, 14, 2, 151936, True),
+    "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, 151936, True),
+    "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, 152064, False),
+  },
+))

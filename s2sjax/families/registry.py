@@ -1,0 +1,121 @@
+"""Where families are found. A family module calls `register` when imported (the built-ins are imported by
+`s2sjax.families`, a user's own through $S2SJAX_PLUGINS); the config parser, converter, GGUF reader, exporter,
+verifier and planner look families and layouts up here, by name, by config.json `model_type` or by GGUF
+architecture, and never list them themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from s2sjax import plugins
+from s2sjax.families.family import AUDIO_INPUTS, HF, Family, GgufLayout, Layout
+from s2sjax.model.config import ConfigError, ModelConfig
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+  """Adds a family; refuses one whose name, model_types, layout names, GGUF architecture or planner shapes clash
+  with a registered family's, since every lookup must have one answer."""
+  problems = _clashes(family)
+  if problems:
+    raise ValueError(f"cannot register model family {family.name!r}: " + "; ".join(problems))
+  _FAMILIES[family.name] = family
+  return family
+
+
+def _clashes(new: Family) -> list[str]:
+  problems = [f"a family named {new.name!r} is registered already"] if new.name in _FAMILIES else []
+  readers = {t: f"{f.name}/{l.name}" for f in _FAMILIES.values() for l in f.layouts for t in l.model_types}
+  names = set(_FAMILIES) | {l.name for f in _FAMILIES.values() for l in f.layouts if l.name != HF}
+  seen = {new.name}
+  for layout in new.layouts:
+    problems += [f"model_type {t!r} is read by {readers[t]} already" for t in layout.model_types if t in readers]
+    if layout.name != HF:
+      if layout.name in names | seen:
+        problems.append(f"layout name {layout.name!r} is taken (family and layout names must differ)")
+      seen.add(layout.name)
+  problems += [f"unknown audio input {a!r} (known: {', '.join(AUDIO_INPUTS)})" for a in new.audio_inputs
+               if a not in AUDIO_INPUTS]
+  if new.export and new.export.layout not in {l.name for l in new.layouts}:
+    problems.append(f"export.layout {new.export.layout!r} is not one of the family's layouts")
+  if new.gguf and any(f.gguf and f.gguf.architecture == new.gguf.architecture for f in _FAMILIES.values()):
+    problems.append(f"GGUF architecture {new.gguf.architecture!r} is read by another family already")
+  problems += [f"planner shape {n!r} is another family's" for n in new.planner_shapes if n in _planner_shape_names()]
+  return problems
+
+
+def _planner_shape_names() -> set[str]:
+  return {name for f in _FAMILIES.values() for name in f.planner_shapes}
+
+
+def _registered() -> dict[str, Family]:
+  plugins.load_plugins()  # a user's family modules register themselves before any lookup
+  return _FAMILIES
+
+
+def names() -> tuple[str, ...]:
+  """Registered family names, in registration order."""
+  return tuple(_registered())
+
+
+def get(name: str) -> Family:
+  families = _registered()
+  if name not in families:
+    raise ConfigError(
+      f"unknown model family {name!r}; registered: {', '.join(families)}. A family of your own registers when "
+      f"its module is imported: name that module in ${plugins.ENV}"
+    )
+  return families[name]
+
+
+def all_layouts() -> Iterator[tuple[Family, Layout]]:
+  for family in _registered().values():
+    for layout in family.layouts:
+      yield family, layout
+
+
+def layout_for_model_type(model_type: str | None) -> Layout:
+  """The layout that reads a config.json stating this `model_type`."""
+  for _, layout in all_layouts():
+    if model_type in layout.model_types:
+      return layout
+  raise ConfigError(f"config.json model_type {model_type!r} is not supported; supported: {describe()}")
+
+
+def layout_choices() -> tuple[str, ...]:
+  """What a converter's --family may name besides auto: a family (any of its layouts), or a vendor layout."""
+  vendor = tuple(layout.name for _, layout in all_layouts() if layout.name != HF)
+  return names() + vendor
+
+
+def model_types(choice: str | None = None) -> tuple[str, ...]:
+  """config.json model_types read by a family's layouts or by one named vendor layout; all of them for None."""
+  return tuple(
+    t for family, layout in all_layouts() if choice in (None, family.name, layout.name) for t in layout.model_types
+  )
+
+
+def describe() -> str:
+  """Every family and vendor layout with the config.json model_types it reads, for error messages."""
+  listed = [f"{name} ({', '.join(model_types(name))})" for name in names()]
+  vendor = [f"{l.name} ({', '.join(l.model_types)})" for _, l in all_layouts() if l.name != HF]
+  return ", ".join(listed) + (f"; vendor layouts: {', '.join(vendor)}" if vendor else "")
+
+
+def gguf_layout(architecture: str) -> GgufLayout:
+  """How llama.cpp files of this `general.architecture` are read."""
+  readable = {f.gguf.architecture: f.gguf for f in _registered().values() if f.gguf}
+  if architecture not in readable:
+    raise ConfigError(f"GGUF architecture {architecture!r} is not supported (supported: {', '.join(readable)})")
+  return readable[architecture]
+
+
+def planner_shapes() -> dict[str, ModelConfig]:
+  """Every family's published architectures by name, each parsed from its config.json sizes."""
+  return {
+    name: layout_for_model_type(cfg.get("model_type")).parse_config(cfg)
+    for family in _registered().values()
+    for name, cfg in family.planner_shapes.items()
+  }
