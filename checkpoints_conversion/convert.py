@@ -1,7 +1,7 @@
 r"""Converts a PyTorch / GGUF checkpoint into an s2sjax (orbax) checkpoint.
 
   python -m checkpoints_conversion.convert --source=DIR_OR_GGUF --output=DIR \
-      [--family=auto|FAMILY|LAYOUT] [--dtype=float32|bfloat16] [--verify]
+      [--family=auto|FAMILY|LAYOUT] [--dtype=float32|bfloat16] [--trust_remote_code] [--verify]
 
 The source's config.json `model_type` picks the family layout that reads it (`s2sjax.families`). `--family`
 only checks that choice: `auto` takes any; a family name (qwen2, llama, glm4) any of that family's layouts; a
@@ -9,12 +9,17 @@ vendor layout name (baichuan_audio, chatglm) that layout only. The values are th
 registered through $S2SJAX_PLUGINS is accepted too.
 
 Every key and shape is checked against the abstract target tree before anything is written; tensors are then
-read, transformed and written one leaf at a time.
+read, transformed and written one leaf at a time. Modules a layout knows scoring never runs (Baichuan-Audio's
+audio tokenizer, vision towers) are left out without flags and listed.
+
+A tokenizer that is remote code (tokenizer_config.json's `auto_map`, as GLM-4's `ChatGLM4Tokenizer`) is run only
+with --trust_remote_code; its code and model files are then copied with the checkpoint, as the source ships them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -23,11 +28,10 @@ from typing import Iterator, Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax import checkpoint, families
-from s2sjax.cli import one_line_errors
+from s2sjax import checkpoint, cli, families
 from s2sjax.families.keymap import Rule
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
@@ -50,7 +54,8 @@ class Plan:
   config: ModelConfig
   rules: list[Rule]
   kept: list[str]
-  skipped: list[str]
+  skipped: list[str]  # by --skip_prefix and by the layout's own skipped_prefixes
+  skipped_modules: dict[str, int]  # the layout's skipped prefixes found in the source: how many keys each
 
 
 def family_choices() -> tuple[str, ...]:
@@ -97,7 +102,8 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
   rest = sorted(available - used)
   ignored = [k for k in rest if k.endswith(layout.ignored_suffixes)]
   kept = [k for k in rest if k.startswith(layout.kept_prefixes)]
-  skipped = [k for k in rest if skip_prefixes and k.startswith(tuple(skip_prefixes))]
+  skipped = [k for k in rest if k.startswith(tuple(skip_prefixes) + layout.skipped_prefixes)]
+  modules = {p: sum(k.startswith(p) for k in skipped) for p in layout.skipped_prefixes}
   unexpected = sorted(set(rest) - set(ignored) - set(kept) - set(skipped))
   if unexpected:
     shown = "\n    ".join(unexpected[:50]) + ("\n    ..." if len(unexpected) > 50 else "")
@@ -110,7 +116,7 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
       f"{source.description} does not fit a {config.family} target ({layout.name} layout of model_type "
       f"{model_type}):\n  " + "\n  ".join(problems)
     )
-  return Plan(source, model_type, layout, config, rules, kept, skipped)
+  return Plan(source, model_type, layout, config, rules, kept, skipped, {p: n for p, n in modules.items() if n})
 
 
 def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
@@ -126,33 +132,63 @@ def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray
       yield path, rule.to_target(plan.source.read(piece.key), piece, layer_shape).astype(target.dtype)
 
 
-def _tokenizer_dir(source_path: str, vocab_size: int, staging: str) -> tuple[str | None, str]:
-  """A directory with the source's tokenizer (re-saved by transformers), or None; checks it fits the embedding."""
+def remote_code_files(directory: str) -> list[str]:
+  """The Python files a tokenizer's tokenizer_config.json `auto_map` names ("tokenization_chatglm.ChatGLM4Tokenizer"
+  -> tokenization_chatglm.py); empty for tokenizers transformers ships."""
+  path = os.path.join(directory, "tokenizer_config.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    auto_map = json.load(f).get("auto_map") or {}
+  classes = auto_map.get("AutoTokenizer") or []
+  classes = [classes] if isinstance(classes, str) else classes
+  # An entry may name another repository ("org/repo--module.Class"): only this folder's files are copied.
+  return sorted({f"{c.split('--')[-1].rsplit('.', 1)[0]}.py" for c in classes if c})
+
+
+def _tokenizer_dir(source_path: str, vocab_size: int, staging: str,
+                   trust_remote_code: bool = False) -> tuple[str | None, dict]:
+  """A directory with the source's tokenizer, or None, and what the manifest records of it; checks the tokenizer
+  fits the embedding. Transformers' own classes are re-saved; remote code is copied file for file."""
   from transformers import AutoTokenizer
 
   out = os.path.join(staging, "tokenizer")
   if os.path.isfile(source_path):  # GGUF carries its tokenizer in its metadata
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(source_path), gguf_file=os.path.basename(source_path))
+    code = []
   else:
     present = [name for name in TOKENIZER_FILES if os.path.exists(os.path.join(source_path, name))]
     if not present:
       logging.warning("%s has no tokenizer files: the checkpoint is written without tokenizer/, and evaluating it "
                       "needs --tokenizer_dir (the tokenizer it was trained with)", source_path)
-      return None, "none in the source: evaluate with --tokenizer_dir"
-    try:
-      tokenizer = AutoTokenizer.from_pretrained(source_path)
-    except Exception as e:  # custom tokenizer classes (ChatGLM's) need remote code: keep the files as they are
-      os.makedirs(out)
-      for name in present:
-        shutil.copy(os.path.join(source_path, name), out)
-      return out, f"copied without checking its size ({type(e).__name__}: {e})"
+      return None, {"note": "none in the source: evaluate with --tokenizer_dir"}
+    code = remote_code_files(source_path)
+    if code and not trust_remote_code:
+      raise ConversionError(
+        f"{source_path}: the tokenizer is remote code ({', '.join(code)}, named by tokenizer_config.json's auto_map); "
+        "pass --trust_remote_code to run it (its code is copied with the checkpoint, and evaluating needs the flag "
+        "too), after reading that code"
+      )
+    missing = [name for name in code if not os.path.exists(os.path.join(source_path, name))]
+    if missing:
+      raise ConversionError(f"{source_path}: tokenizer_config.json's auto_map names {missing}, which the folder lacks")
+    tokenizer = AutoTokenizer.from_pretrained(source_path, trust_remote_code=trust_remote_code)
   if len(tokenizer) > vocab_size:
     raise ConversionError(
       f"the tokenizer has {len(tokenizer)} tokens but the embedding table only {vocab_size} rows: "
       "ids beyond the table would be silently clamped"
     )
-  tokenizer.save_pretrained(out)
-  return out, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"
+  record = {"class": type(tokenizer).__name__, "size": len(tokenizer), "remote_code": code}
+  if code:  # the class's own save may not write its code: the folder is copied as the source ships it
+    vocab_files = list(getattr(tokenizer, "vocab_files_names", {}).values())
+    names = sorted(set(present + code + [n for n in vocab_files if os.path.exists(os.path.join(source_path, n))]))
+    os.makedirs(out)
+    for name in names:
+      shutil.copy(os.path.join(source_path, name), out)
+    record["files"] = names
+  else:
+    tokenizer.save_pretrained(out)
+  return out, record
 
 
 def convert(
@@ -162,6 +198,7 @@ def convert(
   dtype: str = "float32",
   skip_prefixes: Sequence[str] = (),
   overwrite: bool = False,
+  trust_remote_code: bool = False,
 ) -> dict:
   """Converts and writes; returns the manifest (what was read, kept, skipped)."""
   start = time.time()
@@ -169,7 +206,7 @@ def convert(
   plan = plan_conversion(source, family, skip_prefixes)
   target_dtype = jnp.dtype(dtype)
   with tempfile.TemporaryDirectory() as staging:
-    tokenizer_dir, tokenizer_note = _tokenizer_dir(source_path, plan.config.vocab_size, staging)
+    tokenizer_dir, tokenizer_record = _tokenizer_dir(source_path, plan.config.vocab_size, staging, trust_remote_code)
     manifest = {
       "source": os.path.abspath(source_path),
       "source_description": source.description,
@@ -178,13 +215,18 @@ def convert(
       "dtype": str(target_dtype),
       "kept_as_extras": plan.kept,
       "skipped": plan.skipped,
-      "tokenizer": tokenizer_note,
+      "skipped_modules": plan.skipped_modules,
+      "tokenizer": tokenizer_record,
+      "trust_remote_code": trust_remote_code,
     }
     extras = ((tuple(key.split(".")), np.asarray(source.read(key))) for key in plan.kept)
     checkpoint.write_checkpoint(
       output, plan.config, iter_leaves(plan, target_dtype), extras=extras, tokenizer_dir=tokenizer_dir,
       manifest=manifest, overwrite=overwrite,
     )
+  for prefix, count in plan.skipped_modules.items():
+    logging.info("left out %s* (%d keys): a module of the %s release that scoring does not run", prefix, count,
+                 plan.layout.name)
   logging.info("wrote %s in %.1fs (%d kept, %d skipped)", output, time.time() - start, len(plan.kept), len(plan.skipped))
   return manifest
 
@@ -201,13 +243,16 @@ def define_flags() -> None:
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter dtype of the output (norms stay fp32).")
   flags.DEFINE_multi_string("skip_prefix", [], "Leave out source keys with this prefix (listed in the manifest).")
   flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
+  flags.DEFINE_bool("trust_remote_code", False,
+                    "Run a tokenizer shipped as code (tokenizer_config.json auto_map); its code is copied along.")
   flags.DEFINE_bool("verify", False, "Compare per-token log-probs with the PyTorch model (needs torch).")
   flags.DEFINE_integer("verify_length", 512, "Tokens in the --verify comparison.")
 
 
 def main(argv):
   del argv
-  manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite)
+  manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite,
+                     FLAGS.trust_remote_code)
   print(f"converted {manifest['source_description']} -> {FLAGS.output} ({manifest['dtype']})")
   if FLAGS.verify:
     from checkpoints_conversion import verify
@@ -222,4 +267,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["source", "output"])
-  app.run(one_line_errors(main))
+  cli.run(main)

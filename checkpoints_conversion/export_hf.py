@@ -13,11 +13,10 @@ import os
 import shutil
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from checkpoints_conversion import safetensors_io
-from s2sjax import checkpoint, families
-from s2sjax.cli import one_line_errors
+from s2sjax import checkpoint, cli, families
 from s2sjax.model.config import ModelConfig
 
 
@@ -122,4 +121,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["checkpoint", "output"])
-  app.run(one_line_errors(main))
+  cli.run(main)

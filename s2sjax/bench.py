@@ -1,16 +1,21 @@
 r"""Benchmark: the PyTorch reference protocol against s2sjax without and with prefix sharing, in one run.
 
   python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=1024]
+  python -m s2sjax.bench --workload=storycloze --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
+      --items=1871 --protocols=shared,local   (the real StoryCloze test stories, T->T)
   python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
 
 For the same model and items it prints, side by side: tokens computed and wall time of
   * reference: S2SBench's `generate_batch_response` protocol in transformers — every prefix + candidate its own
     sequence, batched with padding, full logits, mean cross-entropy over the candidate;
   * s2sjax, no sharing: packed rows, every prefix + candidate its own segment;
-  * s2sjax, shared: packed rows, each prefix laid once and every candidate branching from it;
-with packing efficiency, achieved FLOP/s and the largest disagreement in mean NLL. Workloads: `stories` (text
-prefix of about 60 tokens, two endings) and `speech` (about 200 audio-unit tokens, four options), on the model's
-own vocabulary. The default model is the embedded SmolLM2-135M.
+  * s2sjax, shared: packed rows, each prefix laid once and every candidate branching from it (dense attention);
+  * s2sjax, shared, item-local: the same rows, each query block attending over its item's keys only (the default);
+with packing efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
+largest disagreement in mean NLL. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
+(about 200 audio-unit tokens, four options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
+stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
+The default model is the embedded SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ WORKLOADS = {
   "stories": dict(prefix=(60, 8), options=2, candidate=(6, 18)),
   "speech": dict(prefix=(200, 20), options=4, candidate=(5, 15)),
 }
+STORYCLOZE = "storycloze"
+# The s2sjax protocols: flag name -> (table name, share prefixes, item-local attention).
+PROTOCOLS = {
+  "noshare": ("s2sjax, no sharing", False, False),
+  "shared": ("s2sjax, shared", True, False),
+  "local": ("s2sjax, shared, item-local", True, True),
+}
 
 
 def make_items(workload: str, count: int, vocab: int, seed: int = 0) -> list[Item]:
@@ -46,6 +58,27 @@ def make_items(workload: str, count: int, vocab: int, seed: int = 0) -> list[Ite
     prefix_len = max(8, int(rng.normal(*spec["prefix"])))
     candidates = tuple(rng.integers(0, vocab, rng.integers(*spec["candidate"])) for _ in range(spec["options"]))
     items.append(Item(rng.integers(0, vocab, prefix_len), candidates, name=f"{workload}-{i}"))
+  return items
+
+
+def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:
+  """The first `count` StoryCloze stories as T->T items (the four sentences, then the right and wrong endings),
+  tokenized by the checkpoint's tokenizer under the demo spec's rule (tasks.build.PrefixEncoder)."""
+  from s2sjax.spec import load_spec
+  from tasks.build import PrefixEncoder
+  from tasks.importer import read_stories
+  from tasks.release import Question
+
+  tokenizer = checkpoint.load_tokenizer(ckpt)
+  if tokenizer is None:
+    raise ValueError(f"{ckpt} holds no tokenizer/ to tokenize the stories with")
+  encoder = PrefixEncoder(load_spec("demo"), "text", tokenizer, None)
+  items = []
+  for story in read_stories(csv_path, ",")[:count]:
+    first = " ".join(story["sentences"])
+    question = Question(story["id"], "en", ("", ""), (first, first), ("", ""), (story["right"], story["wrong"]), 0)
+    items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate_ids(question, ending)
+                                                              for ending in question.candidates), name=story["id"]))
   return items
 
 
@@ -80,9 +113,10 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
 
 
 def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowShape, share: bool, batch_size: int,
-                    dtype, attention: str = "dot_product") -> dict:
+                    dtype, attention: str = "dot_product", local: bool = False) -> dict:
   rows, report = pack(items, shape, share_prefix=share)
-  scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype, attention=attention)
+  shape = shape.holding(report.longest_item)  # as the builder records it
+  scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype, attention=attention, local_attention=local)
   start = time.time()
   scorer.score(params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)  # compile + warm up
   compile_s = time.time() - start
@@ -92,27 +126,35 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   scores = collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items])
   computed = math.ceil(report.rows / scorer.batch_size) * scorer.batch_size * shape.length
   targets = int(n_tokens.sum())
-  flops = plan.forward_flops(config, computed, shape.length, targets)  # executed: every row position
+  # executed: every row position, attending over the row or its item window
+  flops = plan.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
   return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
               efficiency=report.efficiency, rows=report.rows)
 
 
 def run_workload(workload: str, ckpt: str, count: int, row_length: int, batch_size: int, ref_batch_size: int,
-                 dtype, attention: str = "dot_product") -> dict:
+                 dtype, attention: str = "dot_product", protocols=tuple(PROTOCOLS),
+                 storycloze_csv: str | None = None) -> dict:
   from checkpoints_conversion.verify import load_torch_model
 
   config = checkpoint.load_config(ckpt)
   params = checkpoint.load_params(ckpt, dtype=dtype)
-  items = make_items(workload, count, config.vocab_size)
+  if workload == STORYCLOZE:
+    if not storycloze_csv:
+      raise ValueError("--workload=storycloze needs --storycloze_csv (StoryCloze Spring 2016 test CSV)")
+    items = storycloze_items(storycloze_csv, count, ckpt)
+  else:
+    items = make_items(workload, count, config.vocab_size)
   torch_model = load_torch_model(checkpoint.load_manifest(ckpt)["source"])
   start = time.time()
   ref_nll, ref_computed, ref_flops = reference_protocol(torch_model, config, items, ref_batch_size)
   ref_seconds = time.time() - start
   shape = RowShape.for_length(row_length)
   results = {"reference": dict(mean_nll=ref_nll, computed=ref_computed, seconds=ref_seconds, flops=ref_flops)}
-  results["s2sjax, no sharing"] = s2sjax_protocol(config, params, items, shape, False, batch_size, dtype, attention)
-  results["s2sjax, shared"] = s2sjax_protocol(config, params, items, shape, True, batch_size, dtype, attention)
-  return {"workload": workload, "items": count, "candidates": sum(len(it.candidates) for it in items),
+  for protocol in protocols:
+    name, share, local = PROTOCOLS[protocol]
+    results[name] = s2sjax_protocol(config, params, items, shape, share, batch_size, dtype, attention, local)
+  return {"workload": workload, "items": len(items), "candidates": sum(len(it.candidates) for it in items),
           "real_tokens": sum(len(it.prefix) * len(it.candidates) + sum(map(len, it.candidates)) for it in items),
           "results": results}
 
@@ -122,15 +164,17 @@ def format_table(run: dict) -> str:
   lines = [
     f"### {run['workload']}: {run['items']} items, {run['candidates']} candidates",
     "",
-    "| protocol | tokens computed | vs reference | wall s | vs reference | packing eff. | GFLOP/s | max abs diff of mean NLL vs ref |",
-    "|---|---|---|---|---|---|---|---|",
+    "| protocol | tokens computed | vs reference | wall s | vs reference | tokens/s | packing eff. | GFLOP/s "
+    "| max abs diff of mean NLL vs ref |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for name, r in run["results"].items():
     diff = np.nanmax(np.abs(r["mean_nll"] - reference["mean_nll"]))
     eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
     lines.append(
       f"| {name} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | {r['seconds']:.1f} | "
-      f"{r['seconds'] / reference['seconds']:.2f}x | {eff} | {r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
+      f"{r['seconds'] / reference['seconds']:.2f}x | {r['computed'] / r['seconds']:,.0f} | {eff} | "
+      f"{r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
     )
   return "\n".join(lines)
 
@@ -147,8 +191,10 @@ def define_flags() -> None:
                     "accelerator mode: print XLA's per-device memory analysis of each configuration, run nothing.")
   flags.DEFINE_float("peak_tflops", None, "accelerator mode: peak bf16 TFLOP/s per device (default: by device kind).")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (default: the embedded SmolLM2-135M).")
-  flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS)}.")
-  flags.DEFINE_integer("items", 48, "Items per workload.")
+  flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS) + [STORYCLOZE]}.")
+  flags.DEFINE_integer("items", 48, "Items per workload (storycloze: the first this many stories).")
+  flags.DEFINE_string("storycloze_csv", None, "StoryCloze Spring 2016 test CSV, for --workload=storycloze.")
+  flags.DEFINE_list("protocols", list(PROTOCOLS), f"s2sjax protocols next to the reference: any of {list(PROTOCOLS)}.")
   flags.DEFINE_integer("row_length", 1024, "Packed row length L.")
   flags.DEFINE_integer("batch_size", 2, "Rows per s2sjax step.")
   flags.DEFINE_integer("ref_batch_size", 8, "Sequences per reference batch.")
@@ -168,7 +214,7 @@ def main(argv):
   runs = []
   for workload in FLAGS.workload:
     run = run_workload(workload, ckpt, FLAGS.items, FLAGS.row_length, FLAGS.batch_size, FLAGS.ref_batch_size,
-                       jnp.dtype(FLAGS.dtype), FLAGS.attention[0])
+                       jnp.dtype(FLAGS.dtype), FLAGS.attention[0], FLAGS.protocols, FLAGS.storycloze_csv)
     print(format_table(run), "\n", flush=True)
     runs.append(run)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {ckpt}")

@@ -334,9 +334,10 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
   return found
 
 
-def load_tokenizer(ckpt_dir: str | epath.Path):
+def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False):
   """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
-  local temporary folder first: transformers reads local folders only."""
+  local temporary folder first: transformers reads local folders only. A tokenizer shipped as code (GLM-4's
+  `tokenization_chatglm.py`) runs only with `trust_remote_code`."""
   import tempfile
 
   from transformers import AutoTokenizer
@@ -347,7 +348,7 @@ def load_tokenizer(ckpt_dir: str | epath.Path):
   with tempfile.TemporaryDirectory() as local:
     for item in tokenizer_dir.iterdir():
       (epath.Path(local) / item.name).write_bytes(item.read_bytes())
-    return AutoTokenizer.from_pretrained(local)
+    return AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
 
 
 def load_extras(ckpt_dir: str | epath.Path) -> dict[str, np.ndarray]:

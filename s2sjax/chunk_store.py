@@ -14,6 +14,7 @@ import io
 import json
 import os
 import signal
+import sys
 
 import jax
 import numpy as np
@@ -25,7 +26,8 @@ from s2sjax.evaluator import EvalError, Evaluator
 from s2sjax.model.decoder import Params
 from s2sjax.output_dir import OutputError, write_atomic
 from s2sjax.questions import QuestionScores
-from s2sjax.scoring import Progress, collect
+from s2sjax.progress import Progress
+from s2sjax.scoring import collect
 from s2sjax.task_data import TaskData
 
 
@@ -108,15 +110,16 @@ def score_resumable(evaluator: Evaluator, params: Params, td: TaskData, store: C
     raise refusal or EvalError("process 0 refused the output directory (see its log)")
   done = sharding.from_process_0(np.array([jax.process_index() == 0 and store.done(i) for i in range(len(chunks))]))
   todo_rows = sum(stop - start for (start, stop), d in zip(chunks, done) if not d)
-  if done.any():
-    logging.info("%s/%s: resuming, %d of %d chunks done, scoring %d rows", td.task, td.modality, int(done.sum()),
-                 len(chunks), todo_rows)
+  if done.any():  # on every process: each one's log says what it resumed
+    print(f"{td.task}/{td.modality}: resuming, {int(done.sum())} of {len(chunks)} chunks done, scoring {todo_rows} "
+          "rows", file=sys.stderr, flush=True)
   nll_sum, n_tokens = [], []
   scorer = evaluator.scorer(td)
   for i, (start, stop) in enumerate(chunks):
     if done[i]:
       empty = (np.zeros((stop - start, td.shape.max_slots)), np.zeros((stop - start, td.shape.max_slots), np.int64))
       part = tuple(sharding.from_process_0(x) for x in (store.load(i) if jax.process_index() == 0 else empty))
+      progress.update(stop - start)
     else:
       rows = {k: v[start:stop] for k, v in td.rows.items()}
       part = scorer.score(evaluator.params_adapter(params), rows, progress=False)

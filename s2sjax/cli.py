@@ -1,24 +1,41 @@
-"""What every command line shares: a user's mistake (a bad path, data that does not fit, a refused checkpoint) is
-printed as its message, not as a 40-line traceback, and the program exits non-zero; `--verbosity=1` (absl's flag)
-shows the traceback too."""
+"""What every command line shares (`cli.run(main)` in place of absl's `app.run(main)`):
+
+- a quiet console: third-party INFO records (orbax's partial saves, TFDS, transformers) are hidden unless
+  `--verbosity` is given; warnings and errors are always shown;
+- a user's mistake (a bad path, data that does not fit, a refused checkpoint) is printed as its message, not as a
+  40-line traceback, and the program exits 1; `--verbosity=1` shows the traceback too.
+"""
 
 from __future__ import annotations
 
 import functools
+import logging as std_logging
 import sys
 
-from absl import flags
+from absl import app, flags, logging
 
 # What our code raises for bad input: ValueError subclasses (EvalError, DataError, CheckpointError, ...), missing
 # files, unknown names.
 USER_ERRORS = (ValueError, OSError, KeyError)
 
 
-def one_line_errors(main):
-  """Wraps an absl `main(argv)`."""
+def _quiet() -> None:
+  if flags.FLAGS["verbosity"].present:
+    return
+  logging.set_verbosity(logging.WARNING)
+  std_logging.getLogger().setLevel(std_logging.WARNING)
+  import tensorflow_datasets as tfds
+  import transformers
 
+  transformers.utils.logging.set_verbosity_error()
+  transformers.utils.logging.disable_progress_bar()  # its GGUF loader draws bars of its own
+  tfds.disable_progress_bar()  # a build reports its own throughput
+
+
+def _one_line_errors(main):
   @functools.wraps(main)
   def wrapped(argv):
+    _quiet()
     try:
       return main(argv)
     except USER_ERRORS as e:
@@ -29,3 +46,8 @@ def one_line_errors(main):
       sys.exit(1)
 
   return wrapped
+
+
+def run(main) -> None:
+  """absl's app.run with the console and error handling above."""
+  app.run(_one_line_errors(main))

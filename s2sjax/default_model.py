@@ -12,10 +12,9 @@ import os
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
-from s2sjax import checkpoint
-from s2sjax.cli import one_line_errors
+from s2sjax import checkpoint, cli
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
 
@@ -75,4 +74,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_bool("verify", False, "Compare with transformers' own GGUF load (needs torch).")
-  app.run(one_line_errors(main))
+  cli.run(main)

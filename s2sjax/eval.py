@@ -26,15 +26,15 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
-from s2sjax import benchmarks, checkpoint, checkpoint_paths, default_model, metrics, peers, reports, sharding
+from s2sjax import (benchmarks, checkpoint, checkpoint_paths, cli, default_model, flips, metrics, peers, reports,
+                    sharding)
 from s2sjax.chunk_store import ChunkStore, score_resumable
-from s2sjax.cli import one_line_errors
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
 from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
-from s2sjax.scoring import Progress
+from s2sjax.progress import Progress
 from s2sjax.task_data import DataError, TaskData, Variants, load_task_data, tokenizer_identity
 
 FLAGS = flags.FLAGS
@@ -60,6 +60,7 @@ class EvalConfig:
   tokenizer_dir: str | None = None  # for a checkpoint without tokenizer/ (one with its own may use it too)
   verify_checkpoint: bool = True  # hold every parameter leaf against the checksum written with it
   break_lock: bool = False  # take the output directory from a run that died on another host
+  trust_remote_code: bool = False  # run a tokenizer shipped as code (GLM-4's)
 
   @property
   def is_default(self) -> bool:
@@ -118,9 +119,8 @@ def run(cfg: EvalConfig) -> list[dict]:
   options = dataclasses.replace(cfg.scoring, attention=pick_attention(cfg.scoring.attention, data))
   with _output_lock(cfg):
     evaluator, runs = None, []
-    progress = Progress(len(paths) * sum(len(td.rows["tokens"]) for td in data), log=lambda s: logging.info("%s", s))
     for path, name in zip(paths, names):
-      identity = _tokenizer_identity(path, cfg.tokenizer_dir)
+      identity = _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code)
       config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint)
       for td in data:
         check_fit(config, td, identity)
@@ -129,7 +129,9 @@ def run(cfg: EvalConfig) -> list[dict]:
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path),
                 "step": None if cfg.is_default else checkpoint_paths.step_of(path), "spec": cfg.spec,
                 "row_length": cfg.row_length}
-      scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path), progress)
+      scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path))
+      if jax.process_index() == 0:
+        _write_flips(cfg, data, record, scores)
       summary = summarize(scores)
       runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                    "degradation": summary.get("degradation", {})})
@@ -143,8 +145,9 @@ def run(cfg: EvalConfig) -> list[dict]:
 
 
 def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[TaskData], record: dict,
-                      content: str, progress: Progress) -> dict[tuple[str, str], QuestionScores]:
-  """Every task x modality of one checkpoint, resumable; each scores file is written as soon as it is done."""
+                      content: str) -> dict[tuple[str, str], QuestionScores]:
+  """Every task x modality of one checkpoint, resumable, each with its progress bar; each scores file is written
+  as soon as it is done."""
   folder = checkpoint_paths.safe_name(record["name"])
   scores = {}
   for td in data:
@@ -152,6 +155,7 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
                        {"checkpoint": record["path"], "checkpoint_content": content,
                         "dtype": evaluator.options.dtype, "chunk_rows": cfg.chunk_rows, "data": td.fingerprint})
     start = time.time()
+    progress = Progress(len(td.rows["tokens"]), f"{record['name']} {td.task} {td.modality}")
     scores[(td.task, td.modality)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     if jax.process_index() == 0:
       m = metrics.task_metrics(td.benchmark.decision, s)
@@ -161,6 +165,23 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
             flush=True)
       reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.modality): s})
   return scores
+
+
+def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
+                 scores: dict[tuple[str, str], QuestionScores]) -> None:
+  """Per task scored in both modalities now: the questions they decide differently, with texts and recordings."""
+  by_key = {(td.task, td.modality): td for td in data}
+  for task in dict.fromkeys(task for task, _ in scores):
+    if (task, "text") not in scores or (task, "speech") not in scores:
+      continue
+    text_data, speech_data = by_key[(task, "text")], by_key[(task, "speech")]
+    table, benchmark = text_data.questions, text_data.benchmark
+    prefixes = dict(zip(table.ids, table.prefixes))
+    audio_dir = os.path.join(str(speech_data.metadata["source"]), benchmark.release_audio_dir)
+    audio = {q: os.path.join(audio_dir, f"{uttids[0]}.wav") for q, uttids in zip(table.ids, table.uttids)}
+    found = flips.find_flips(benchmark.decision, scores[(task, "text")], scores[(task, "speech")])
+    flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
+                      benchmark.title, found, prefixes, audio)
 
 
 @contextlib.contextmanager
@@ -179,14 +200,18 @@ def _output_lock(cfg: EvalConfig):
     yield
 
 
-def _tokenizer_identity(path: str, tokenizer_dir: str | None) -> dict:
+def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code: bool) -> dict:
   """The identity of the tokenizer the checkpoint reads text with: its own, or --tokenizer_dir's. A checkpoint
-  without one is refused: data built for another vocabulary would be scored silently."""
+  without one is refused: data built for another vocabulary would be scored silently. A tokenizer shipped as code
+  runs only when the user says they trust it."""
+  if checkpoint.load_manifest(path).get("trust_remote_code") and not trust_remote_code:
+    raise EvalError(f"{path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then pass "
+                    "--trust_remote_code")
   if tokenizer_dir:
     from transformers import AutoTokenizer
 
-    return tokenizer_identity(AutoTokenizer.from_pretrained(tokenizer_dir))
-  tokenizer = checkpoint.load_tokenizer(path)
+    return tokenizer_identity(AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code))
+  tokenizer = checkpoint.load_tokenizer(path, trust_remote_code)
   if tokenizer is None:
     raise EvalError(f"{path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
                     "pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
@@ -214,6 +239,7 @@ def define_flags() -> None:
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "
                     "--noverify_checkpoint skips it on a trusted bucket).")
+  flags.DEFINE_bool("trust_remote_code", False, "Run a tokenizer shipped as code (GLM-4-Voice's); read it first.")
   flags.DEFINE_bool("break_lock", False, "Take the output directory from a run that died (its lock names it).")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
   flags.DEFINE_string("coordinator_address", None, "With --distributed off a managed cluster: host:port of process 0.")
@@ -234,6 +260,7 @@ def config_from_flags() -> EvalConfig:
     variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong),
     tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
     verify_checkpoint=FLAGS.verify_checkpoint, break_lock=FLAGS.break_lock,
+    trust_remote_code=FLAGS.trust_remote_code,
     scoring=ScoringOptions(batch_size=FLAGS.batch_size, dtype=FLAGS.dtype, attention=FLAGS.attention),
   )
 
@@ -246,7 +273,8 @@ def main(argv):
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
-  runs = run(config_from_flags())
+  config = config_from_flags()
+  runs = run(config)
   if jax.process_index() != 0:
     return
   for run_ in runs:
@@ -254,9 +282,10 @@ def main(argv):
       print(f"{run_['name']} {task}: T→T {100 * report['text_accuracy']:.1f}% vs S→T "
             f"{100 * report['speech_accuracy']:.1f}%: degradation {100 * report['degradation']:.1f} points "
             f"(McNemar p = {report['mcnemar']['p_value']:.3g})")
-  print(f"results in {FLAGS.output_dir}: metrics.json, table.md, table.csv, <checkpoint>/*.scores.jsonl")
+  print(f"results in {FLAGS.output_dir}: metrics.json, table.md, table.csv, <checkpoint>/*.scores.jsonl"
+        + (", <checkpoint>/<task>.flips.md|html" if len(config.modalities) > 1 else ""))
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(one_line_errors(main))
+  cli.run(main)

@@ -61,6 +61,16 @@ def check_fit(config: ModelConfig, data: TaskData, tokenizer_identity: dict | No
         f"spec {spec['name']} needs {len(sizes)} audio codebook tables of sizes {sizes}; the checkpoint has "
         f"{config.audio_codebook_sizes or 'none'} (convert it with its audio tables, or use a spec that fits)"
       )
+    # Codes reach the model only at the checkpoint's placeholder id: at any other id every S->T NLL would be the
+    # model reading N copies of one text token, and the run would finish normally.
+    placeholder = (data.metadata.get("audio_ids") or {}).get("placeholder")
+    if placeholder != config.audio_placeholder_id:
+      raise EvalError(
+        f"{data.task}/{data.modality}: the data lays audio at placeholder id {placeholder} (spec {spec['name']}'s "
+        f"{spec.get('placeholder_token')!r} in the data's tokenizer), the checkpoint's config reads codes at "
+        f"audio_placeholder_id {config.audio_placeholder_id}: rebuild the data with the checkpoint's tokenizer "
+        "(--tokenizer_dir=CHECKPOINT/tokenizer) or use the spec whose placeholder is that id"
+      )
 
 
 class Evaluator:

@@ -42,18 +42,28 @@ class Item:
   name: str = ""  # for error messages (e.g. the uttid)
 
 
+# Item bounds are rounded up to this, so that tasks with similar items share one compiled step.
+ITEM_BUCKET = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class RowShape:
   length: int  # L: tokens per row
   max_targets: int  # M: scored tokens per row
   max_slots: int  # C: candidate slots per row
   num_codebooks: int = 0  # K
+  max_item: int = 0  # no item (prefix and its candidates, as laid) spans more tokens; 0 = unknown (dense attention)
 
   @classmethod
   def for_length(cls, length: int, num_codebooks: int = 0) -> "RowShape":
     """Defaults that fit S2SBench's items: candidates take at most half a row (they are short next to their
     prefix, but sCMMLU's text rows are mostly options), and items are rarely shorter than 4 tokens a slot."""
     return cls(length, max(length // 2, 1), max(length // 4, 4), num_codebooks)
+
+  def holding(self, longest_item: int) -> "RowShape":
+    """This shape, recording that its rows hold items of at most `longest_item` tokens (rounded up to
+    ITEM_BUCKET): what lets the scoring step attend within items (model/layers.local_window)."""
+    return dataclasses.replace(self, max_item=min(-(-longest_item // ITEM_BUCKET) * ITEM_BUCKET, self.length))
 
 
 @dataclasses.dataclass
@@ -66,6 +76,7 @@ class PackReport:
   truncated_items: list[str] = dataclasses.field(default_factory=list)
   truncated_tokens: int = 0
   unshared_items: int = 0  # with sharing on, items too long to lay shared (laid a prefix copy per candidate)
+  longest_item: int = 0  # tokens of the longest unit laid contiguously (a prefix and its candidates)
 
   @property
   def efficiency(self) -> float:
@@ -76,7 +87,7 @@ class PackReport:
       "items": self.items, "rows": self.rows, "real_tokens": self.real_tokens, "capacity": self.capacity,
       "packing_efficiency": round(self.efficiency, 6), "tokens_saved_by_sharing": self.tokens_saved_by_sharing,
       "truncated_items": len(self.truncated_items), "truncated_prefix_tokens": self.truncated_tokens,
-      "unshared_items": self.unshared_items,
+      "unshared_items": self.unshared_items, "longest_item": self.longest_item,
     }
 
 
@@ -201,9 +212,22 @@ def pack(
   for r, row_units in enumerate(rows):
     _lay_row(arrays, r, row_units, items, drops)
   report.rows = len(rows)
+  report.longest_item = max((unit.tokens for unit in units), default=0)
   report.real_tokens = int((arrays["segment_ids"] > 0).sum())
   report.capacity = len(rows) * shape.length
   return arrays, report
+
+
+def longest_item(segment_ids: np.ndarray) -> int:
+  """The most tokens any segment of these rows [R, L] spans, first to last token (0 for padding only)."""
+  rows, length = segment_ids.shape
+  real = segment_ids > 0
+  key = (np.arange(rows)[:, None] * (length + 1) + segment_ids)[real]
+  index = np.broadcast_to(np.arange(length), segment_ids.shape)[real]
+  first, last = np.full(rows * (length + 1), length), np.full(rows * (length + 1), -1)
+  np.minimum.at(first, key, index)
+  np.maximum.at(last, key, index)
+  return int(max((last - first + 1).max(initial=0), 0))
 
 
 def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:

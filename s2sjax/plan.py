@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from absl import app, flags
+from absl import flags
 
-from s2sjax import benchmarks, families
-from s2sjax.cli import one_line_errors
+from s2sjax import benchmarks, cli, families
 from s2sjax.model.config import ModelConfig
 
 TARGET_CHUNK = 256
@@ -156,4 +155,4 @@ if __name__ == "__main__":
                      lower_bound=0.1)
   flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation for the time estimate.", lower_bound=0.01,
                      upper_bound=1.0)
-  app.run(one_line_errors(main))
+  cli.run(main)

@@ -24,6 +24,7 @@ class QuestionTable:
   correct: np.ndarray  # [N] index of the right candidate
   slots: np.ndarray  # [N, C, 2] (packed item index, candidate index within the item)
   n_tokens: np.ndarray  # [N, C] tokens of each candidate
+  prefixes: tuple[str, ...] = ()  # [N] the prefix text (`first`); empty for builds that did not record it
 
   def __len__(self) -> int:
     return len(self.ids)
@@ -42,12 +43,13 @@ class QuestionTable:
       correct=np.array([r["correct"] for r in records], np.int64),
       slots=np.array([r["slots"] for r in records], np.int64).reshape(len(records), width, 2),
       n_tokens=np.array([r["n_tokens"] for r in records], np.int64).reshape(len(records), width),
+      prefixes=tuple(r.get("prefix", "") for r in records),
     )
 
   def to_records(self) -> list[dict]:
     return [{"id": self.ids[q], "uttids": list(self.uttids[q]), "correct": int(self.correct[q]),
              "candidates": list(self.candidates[q]), "slots": self.slots[q].tolist(),
-             "n_tokens": self.n_tokens[q].tolist()} for q in range(len(self))]
+             "n_tokens": self.n_tokens[q].tolist(), "prefix": self.prefixes[q]} for q in range(len(self))]
 
   def candidates_per_item(self) -> list[int]:
     """How many candidates each packed item holds: what the rows must hold."""

@@ -14,14 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
-from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -29,20 +26,23 @@ from s2sjax import sharding
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
-from s2sjax.packing import RowShape, empty_rows
+from s2sjax.packing import RowShape, empty_rows, longest_item
+from s2sjax.progress import Progress
 
 STEP_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
                "target_pos", "target_ids", "target_slot", "row_id")
 
 
 def score_batch(
-  config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla"
+  config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
+  window: layers.LocalWindow | None = None,
 ) -> dict:
-  """Per-slot NLL sums and token counts [B, C] for one batch of packed rows (pure; jitted by `Scorer`)."""
-  model = Decoder(config, dtype=dtype, attention=attention)
-  mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+  """Per-slot NLL sums and token counts [B, C] for one batch of packed rows (pure; jitted by `Scorer`). With a
+  `window`, attention is item-local (no [L, L] mask is built)."""
+  model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
+  mask = None if window else layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
-                       batch["segment_ids"])
+                       batch["segment_ids"], batch["branch_ids"])
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
   def target_nll(chunk):
@@ -99,29 +99,6 @@ def _has_shared_prefixes(rows: dict[str, np.ndarray]) -> bool:
   return False
 
 
-@dataclasses.dataclass
-class Progress:
-  """Logs rows done, tokens/s and ETA at most every `every_s` seconds."""
-
-  total_rows: int
-  every_s: float = 10.0
-  log: Callable[[str], None] = logging.info
-
-  def __post_init__(self):
-    self.start = self.last = time.time()
-    self.rows = self.tokens = 0
-
-  def update(self, rows: int, tokens: int) -> None:
-    self.rows += rows
-    self.tokens += tokens
-    now = time.time()
-    if now - self.last >= self.every_s or self.rows >= self.total_rows:
-      self.last = now
-      rate = self.tokens / max(now - self.start, 1e-9)
-      eta = (self.total_rows - self.rows) * (now - self.start) / max(self.rows, 1)
-      self.log(f"scored {self.rows}/{self.total_rows} rows, {rate:,.0f} tokens/s, ETA {eta:,.0f}s")
-
-
 def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_size: int) -> None:
   """Every process feeds its own rows, so no batch shard may span two processes: a model axis across hosts, or
   data x fsdp smaller than the process count, would silently mix different rows into one replicated shard."""
@@ -149,9 +126,15 @@ class Scorer:
     dtype=jnp.float32,
     target_chunk: int = 256,
     attention: str = "xla",
+    local_attention: bool = True,
   ):
-    """attention: xla | dot_product | flash (see model/layers.attention); flash needs rows without sharing."""
+    """attention: xla | dot_product | flash (see model/layers.attention); flash needs rows without sharing.
+    local_attention: with xla or dot_product and a shape that records its longest item (`RowShape.max_item`),
+    each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
+    without the record, keeps the dense [L, L] mask (the reference)."""
     self.config, self.shape, self.attention = config, shape, attention
+    local = local_attention and attention != "flash"
+    self.window = layers.local_window(shape.max_item, shape.length) if local else None
     self.mesh = mesh or sharding.make_mesh()
     data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     # Every step's batch is a multiple of the data-parallel devices (and so of the processes).
@@ -164,7 +147,7 @@ class Scorer:
     _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size)
 
     def step(params, batch):  # row ids ride along so every process can place the replicated results
-      out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention)
+      out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention, self.window)
       return {**out, "row_id": batch["row_id"]}
 
     self._step = jax.jit(
@@ -214,6 +197,10 @@ class Scorer:
     if self.attention == "flash" and _has_shared_prefixes(rows):
       raise ValueError("flash attention cannot express prefix-shared branches: build the rows without sharing "
                        "(--noshare_prefix, configs ending in -noshare) or use --attention=xla")
+    if self.window and longest_item(rows["segment_ids"]) > self.shape.max_item:
+      raise ValueError(f"the rows hold an item of {longest_item(rows['segment_ids'])} tokens, beyond the "
+                       f"{self.shape.max_item} their shape records: item-local attention would drop keys (pack them "
+                       "with this shape, or score with local_attention=False)")
     num_rows = len(rows["tokens"])
     self._agree_across_processes(num_rows)
     params = jax.device_put(params, self.param_shardings)

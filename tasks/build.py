@@ -159,7 +159,7 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
     items.extend(new_items)
     table.append({
       "id": question.id, "uttids": list(question.uttids), "correct": question.correct,
-      "candidates": list(question.candidates),
+      "candidates": list(question.candidates), "prefix": question.prefixes[0],
       "slots": [[item, j] for _, item, j in sorted(slots)],  # per candidate: (item index, candidate in item)
       "n_tokens": [int(len(c)) for c in candidates],
     })

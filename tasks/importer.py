@@ -31,10 +31,9 @@ import shutil
 import time
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
-from s2sjax import benchmarks
-from s2sjax.cli import one_line_errors
+from s2sjax import benchmarks, cli
 from tasks.release import OPTIONS
 
 # The blank markers CMMLU questions use, in the order they are tried.
@@ -272,4 +271,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("speech", True, "Synthesize the spoken first halves (espeak-ng, sox).")
   flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2)), "Parallel speech synthesis processes.")
   flags.DEFINE_integer("limit", None, "Only the first N stories / questions of each task (for a quick look).")
-  app.run(one_line_errors(main))
+  cli.run(main)

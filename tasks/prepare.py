@@ -17,10 +17,9 @@ import json
 import os
 
 import tensorflow_datasets as tfds
-from absl import app, flags, logging
+from absl import flags, logging
 
-from s2sjax import benchmarks
-from s2sjax.cli import one_line_errors
+from s2sjax import benchmarks, cli
 from s2sjax.task_data import Variants, config_name
 from tasks.tfds_builder import make_config, resolve_manual_dir
 
@@ -46,7 +45,7 @@ def builder_class(task: str):
 def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str, manual_dir: str | None = None,
             overwrite: bool = False, variants: Variants = Variants(), **builder_kwargs) -> dict:
   """Builds one task/config, or reuses it when it was built from the same inputs; returns its metadata.
-  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad."""
+  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
   manual_dir = resolve_manual_dir(manual_dir)
   config = make_config(spec, modality, row_length, variants)
   name = config.name
@@ -86,7 +85,7 @@ def main(argv):
       metadata = prepare(
         task, FLAGS.spec, modality, FLAGS.row_length, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir,
         FLAGS.overwrite, variants, tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir,
-        skip_bad=FLAGS.skip_bad,
+        skip_bad=FLAGS.skip_bad, trust_remote_code=FLAGS.trust_remote_code,
       )
       name = config_name(FLAGS.spec, modality, FLAGS.row_length, variants)
       report = {k: v for k, v in metadata["report"].items() if k not in ("skipped_questions", "file_problems")}
@@ -108,6 +107,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("tokenizer_dir", None,
                       "Text tokenizer directory (default: the default model's for --spec=demo, else "
                       "MANUAL_DIR/tokenizer).")
+  flags.DEFINE_bool("trust_remote_code", False, "Run a text tokenizer shipped as code (GLM-4-Voice's); read it first.")
   flags.DEFINE_string("audio_tokenizer_dir", None, "Files of the audio tokenizer (precomputed codes, HuBERT, Mimi).")
   flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
   flags.DEFINE_bool("share_prefix", True, "Lay each prefix once for all its candidates.")
@@ -115,4 +115,4 @@ if __name__ == "__main__":
   flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"],
                     "Items longer than the row: fail (naming them), or drop prefix tokens from the left (counted).")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
-  app.run(one_line_errors(main))
+  cli.run(main)

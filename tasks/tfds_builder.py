@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 from etils import epath
 
 from s2sjax.packing import RowShape
@@ -113,11 +114,19 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   )
 
   def __init__(self, *, tokenizer_dir: str | None = None, audio_tokenizer_dir: str | None = None,
-               skip_bad: bool = False, **kwargs):
+               skip_bad: bool = False, trust_remote_code: bool = False, **kwargs):
     self.tokenizer_dir, self.audio_tokenizer_dir, self.skip_bad = tokenizer_dir, audio_tokenizer_dir, skip_bad
+    self.trust_remote_code = trust_remote_code  # a tokenizer shipped as code (GLM-4's) runs only when trusted
     self._inputs: BuildInputs | None = None
     kwargs.setdefault("file_format", "array_record")  # random access, and no TensorFlow to write or read
     super().__init__(**kwargs)
+
+  # TFDS prints these to stdout unconditionally; `tasks.prepare` prints its own report of every build.
+  def _log_download_bytes(self) -> None:
+    logging.info("building %s/%s in %s", self.name, self.builder_config.name, self.data_dir)
+
+  def _log_download_done(self) -> None:
+    logging.info("built %s/%s in %s", self.name, self.builder_config.name, self.data_dir)
 
   def _info(self) -> tfds.core.DatasetInfo:
     shape = self.builder_config.row_shape
@@ -143,7 +152,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
       config = self.builder_config
       spec = load_spec(config.spec)
-      tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir))
+      tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir),
+                                                trust_remote_code=self.trust_remote_code)
       audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
                          if config.modality == "speech" else None)
       identity = tokenizer_identity(tokenizer)
@@ -182,7 +192,9 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     summary["file_problems"] = [{"where": w, "why": y} for w, y in (problems.file_entries if problems else [])]
     self.info.metadata.update({
       "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
-      "row_shape": dataclasses.asdict(config.row_shape), "share_prefix": config.share_prefix,
+      # the longest item laid: what lets the scoring step attend within items (s2sjax.packing.RowShape.max_item)
+      "row_shape": dataclasses.asdict(config.row_shape.holding(summary["longest_item"])),
+      "share_prefix": config.share_prefix,
       "tokenizer": inputs.tokenizer_identity,
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
                           if audio_tokenizer else None),

@@ -61,9 +61,37 @@ def torch_log_probs(model, ids: np.ndarray, **kwargs) -> np.ndarray:
   return torch.log_softmax(out.logits.float(), -1).numpy()
 
 
-def baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder):
+# The non-decoder modules of the real Baichuan-Audio release, one small tensor each, under the names modeling_omni.py
+# gives them: OmniForCausalLM.audio_tokenizer (OmniAudioTokenizer: audio_model, audio_bridge_model, audio_decoder,
+# audio_flow_matching_decoder), OmniForCausalLM.audio_head (OmniAudioHead: transformer_layers, headnorm, heads),
+# OmniModel.visual_model / visual_bridge_model (present when visual_config.enable).
+BAICHUAN_RELEASE_SKIPPED = (
+  "audio_tokenizer.audio_model.conv1.weight", "audio_tokenizer.audio_model.layers.0.self_attn.k_proj.weight",
+  "audio_tokenizer.audio_bridge_model.vq.codebook.embed", "audio_tokenizer.audio_decoder.dconv1.weight",
+  "audio_tokenizer.audio_flow_matching_decoder.flow.estimator.time_mlp.linear_1.weight",
+  "model.visual_model.blocks.0.attn.qkv.weight", "model.visual_bridge_model.mlp.0.weight",
+)
+BAICHUAN_RELEASE_KEPT = (
+  "audio_head.transformer_layers.0.linear1.weight", "audio_head.headnorm.weight",
+)
+
+
+def baichuan_release_config(codebook_sizes, placeholder) -> dict:
+  """configuration_omni.py's sub-configs with the fields modeling_omni.py reads, scaled down."""
+  return dict(
+    position_embedding_type="rope", sparse_attention_layers=[], sparse_attention_heads=None,
+    attention_qkv_pack=True, hidden_act="silu",
+    audio_config={"vq_config": {"codebook_sizes": list(codebook_sizes)}, "audio_pad_token_id": placeholder,
+                  "audio_start_token_id": placeholder + 1, "audio_end_token_id": placeholder + 2,
+                  "audio_head_transformer_layers": 1, "d_model": 16},
+    visual_config={"enable": True, "image_pad_token_id": placeholder + 3},
+    video_config={"enable": False}, vocoder_config={"enable": True}, flow_matching_config={"enable": True},
+  )
+
+
+def baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder, release=False):
   """Baichuan-Audio's layout of a Qwen2 model: fused W_pack, 8-style RVQ tables (size + 1 rows), NormHead,
-  and an audio head that is kept, not used."""
+  and an audio head that is kept, not used. `release` adds the real release's other modules and config fields."""
   sd, c = state_numpy(model), model.config
   rng = np.random.default_rng(5)
   out = {k: v for k, v in sd.items() if ".self_attn.q_proj" not in k and ".self_attn.k_proj" not in k and ".self_attn.v_proj" not in k}
@@ -79,6 +107,11 @@ def baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder):
     audio_config={"vq_config": {"codebook_sizes": list(codebook_sizes)}, "audio_pad_token_id": placeholder},
   )
   config["rope_theta"] = c.rope_parameters["rope_theta"]
+  if release:
+    config.update(baichuan_release_config(codebook_sizes, placeholder))
+    config["rotary_emb_base"] = config.pop("rope_theta")  # OmniConfig.get_rotary_base reads this one first
+    config.pop("rope_parameters", None)  # transformers v5's spelling; OmniConfig has none
+    out.update({k: rng.normal(size=(4, 4)).astype(np.float32) for k in BAICHUAN_RELEASE_SKIPPED + BAICHUAN_RELEASE_KEPT})
   return write_raw_checkpoint(directory, config, out), tables, out["audio_head.heads.0.weight"]
 
 
@@ -129,3 +162,43 @@ def toy_family_checkpoint(model, directory: str) -> str:
     "norm_eps": c.rms_norm_eps, "rope_base": c.rope_parameters["rope_theta"], "tied": c.tie_word_embeddings,
   }
   return write_raw_checkpoint(directory, config, {_toy_key(k): v for k, v in state_numpy(model).items()})
+
+
+SMALL_HEADS = 4  # as many kv heads as heads: what a ChatGLM config without multi_query_attention means
+
+
+def per_head_qkv(q, k, v, heads):
+  """[heads * hd, ...] q, k, v -> the per-head fused layout: head h's q rows, then its k rows, then its v rows."""
+  split = lambda x: x.reshape(heads, -1, *x.shape[1:])
+  return np.concatenate([split(q), split(k), split(v)], axis=1).reshape(-1, *q.shape[1:])
+
+
+def chatglm_per_head_checkpoint(model, directory):
+  """A Glm model saved as a THUDM ChatGLM checkpoint without multi-query attention: fused q/k/v laid out per head."""
+  sd, c = state_numpy(model), model.config
+  out = {
+    "transformer.embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],
+    "transformer.encoder.final_layernorm.weight": sd["model.norm.weight"],
+    "transformer.output_layer.weight": sd["lm_head.weight"],
+  }
+  for i in range(c.num_hidden_layers):
+    src, dst = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
+    qkv = {part: [sd[f"{src}.self_attn.{n}_proj.{part}"] for n in "qkv"] for part in ("weight", "bias")}
+    out.update({
+      f"{dst}.input_layernorm.weight": sd[f"{src}.input_layernorm.weight"],
+      f"{dst}.post_attention_layernorm.weight": sd[f"{src}.post_attention_layernorm.weight"],
+      f"{dst}.self_attention.query_key_value.weight": per_head_qkv(*qkv["weight"], c.num_attention_heads),
+      f"{dst}.self_attention.query_key_value.bias": per_head_qkv(*qkv["bias"], c.num_attention_heads),
+      f"{dst}.self_attention.dense.weight": sd[f"{src}.self_attn.o_proj.weight"],
+      f"{dst}.mlp.dense_h_to_4h.weight": sd[f"{src}.mlp.gate_up_proj.weight"],
+      f"{dst}.mlp.dense_4h_to_h.weight": sd[f"{src}.mlp.down_proj.weight"],
+    })
+  config = {
+    "model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": c.num_hidden_layers,
+    "padded_vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "ffn_hidden_size": c.intermediate_size,
+    "kv_channels": c.head_dim, "num_attention_heads": c.num_attention_heads, "multi_query_attention": False,
+    "layernorm_epsilon": c.rms_norm_eps, "rope_ratio": c.rope_parameters["rope_theta"] / 10000.0,
+    "add_qkv_bias": True, "add_bias_linear": False, "rmsnorm": True, "original_rope": True,
+    "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
+  }
+  return write_raw_checkpoint(directory, config, out)

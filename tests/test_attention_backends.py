@@ -78,3 +78,54 @@ def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, monkeypatch):
                   dtype=jnp.bfloat16)
   text = scorer.lower_abstract(jnp.bfloat16, platforms=("tpu",)).as_text()
   assert "tpu_custom_call" in text
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("implementation", ["xla", "dot_product"])
+def test_item_local_attention_equals_the_dense_mask(implementation, share):
+  rows, report = pack(random_items(12, 512, seed=1), RowShape(512, 256, 32), share_prefix=share)
+  window = layers.local_window(RowShape(512, 256, 32).holding(report.longest_item).max_item, 512)
+  assert window is not None and window.reach >= report.longest_item - 1 and window.span < 512
+  segments, branches = jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"])
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  batch = len(rows["tokens"])
+  q = jax.random.normal(keys[0], (batch, 512, 4, 16))
+  k, v = (jax.random.normal(key, (batch, 512, 2, 16)) for key in keys[1:])
+  real = rows["segment_ids"] > 0  # padding queries see nothing either way; no real token reads them
+  dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
+  local = layers.attention(q, k, v, None, jax.lax.Precision.HIGHEST, implementation, segments, branches, window)
+  np.testing.assert_allclose(np.asarray(local)[real], np.asarray(dense)[real], atol=1e-5)
+
+
+def test_the_window_is_the_narrowest_exact_one_or_none():
+  assert layers.local_window(0, 1024) is None  # no recorded longest item: dense
+  assert layers.local_window(150, 1024) == layers.LocalWindow(block=64, reach=192)  # keys back to 149 before
+  assert layers.local_window(65, 1024) == layers.LocalWindow(block=64, reach=64)
+  assert layers.local_window(500, 512) is None and layers.local_window(100, 1000) is None  # no narrower; no block
+
+
+@pytest.mark.parametrize("attention", ["xla", "dot_product"])
+def test_item_local_scorer_equals_dense_on_every_mesh(attention):
+  params = init_params(CONFIG, jax.random.PRNGKey(0))
+  items = random_items(20, 512, seed=4)
+  rows, report = pack(items, RowShape(512, 256, 32))
+  shape = RowShape(512, 256, 32).holding(report.longest_item)
+  one = sharding.make_mesh("data:1", jax.devices()[:1])
+  dense = collect(rows, *Scorer(CONFIG, shape, mesh=one, batch_size=2, attention="xla",
+                                local_attention=False).score(params, rows, progress=False)).mean_nll
+  for mesh in ["data:8", "data:4,model:2", "data:2,model:4"]:
+    scorer = Scorer(CONFIG, shape, mesh=sharding.make_mesh(mesh), batch_size=8, attention=attention)
+    assert scorer.window is not None
+    local = collect(rows, *scorer.score(params, rows, progress=False)).mean_nll
+    np.testing.assert_allclose(local, dense, atol=1e-5, equal_nan=True, err_msg=mesh)
+  # no [L, L] mask in the item-local step: its widest attention buffer is a query block's window
+  text = Scorer(CONFIG, shape, mesh=one, batch_size=1, attention=attention).lower_abstract().as_text()
+  assert "512x512" not in text
+
+
+def test_item_local_scoring_refuses_rows_with_longer_items_than_recorded():
+  rows, report = pack(random_items(6, 512, seed=3), RowShape(512, 256, 32))
+  shape = RowShape(512, 256, 32, max_item=64)
+  assert report.longest_item > 64
+  with pytest.raises(ValueError, match=f"an item of {report.longest_item} tokens, beyond the 64"):
+    Scorer(CONFIG, shape, attention="xla").score(init_params(CONFIG, jax.random.PRNGKey(0)), rows, progress=False)

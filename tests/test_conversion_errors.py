@@ -9,13 +9,11 @@ import struct
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from checkpoints_conversion import safetensors_io, sources  # noqa: E402
-from checkpoints_conversion.convert import ConversionError, convert  # noqa: E402
-from s2sjax import checkpoint  # noqa: E402
-from s2sjax.model.config import ConfigError  # noqa: E402
-from tests.hf_models import save_hf, tiny_model, write_raw_checkpoint  # noqa: E402
+from checkpoints_conversion import safetensors_io, sources
+from checkpoints_conversion.convert import ConversionError, convert
+from s2sjax import checkpoint
+from s2sjax.model.config import ConfigError
+from tests.hf_models import save_hf, tiny_model, write_raw_checkpoint
 
 
 @pytest.fixture

@@ -3,14 +3,12 @@
 import os
 
 import numpy as np
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import checkpoint  # noqa: E402
-from s2sjax.model.decoder import sequence_log_probs  # noqa: E402
-from tests.hf_models import (  # noqa: E402
+from checkpoints_conversion.convert import convert
+from s2sjax import checkpoint
+from s2sjax.model.decoder import sequence_log_probs
+from tests.hf_models import (
   audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint)
 
 

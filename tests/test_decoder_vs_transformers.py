@@ -3,16 +3,14 @@
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import checkpoint  # noqa: E402
-from s2sjax.model import layers  # noqa: E402
-from s2sjax.model.decoder import Decoder, sequence_log_probs  # noqa: E402
-from tests.hf_models import save_hf, tiny_model, torch_log_probs  # noqa: E402
+from checkpoints_conversion.convert import convert
+from s2sjax import checkpoint
+from s2sjax.model import layers
+from s2sjax.model.decoder import Decoder, sequence_log_probs
+from tests.hf_models import save_hf, tiny_model, torch_log_probs
 
 LENGTH = 600  # rope errors hide on short inputs
 

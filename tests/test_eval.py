@@ -11,14 +11,15 @@ import time
 
 import pytest
 
-pytest.importorskip("torch")
+from s2sjax import checkpoint, checkpoint_paths, eval as s2s_eval
+from s2sjax.default_model import with_untrained_audio_tables
+from s2sjax.eval import EvalConfig
+from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
+from s2sjax.task_data import DataError, Variants, load_task_data
+from tasks.sample import RELEASE_DIR
+from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint
 
-from s2sjax import checkpoint, checkpoint_paths, eval as s2s_eval  # noqa: E402
-from s2sjax.default_model import with_untrained_audio_tables  # noqa: E402
-from s2sjax.eval import EvalConfig  # noqa: E402
-from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions  # noqa: E402
-from s2sjax.task_data import DataError, Variants, load_task_data  # noqa: E402
-from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint  # noqa: E402
+pytestmark = pytest.mark.slow  # builds every task of the sample and runs whole evaluations, some as subprocesses
 
 ALL_TASKS = ["sstorycloze", "zh_sstorycloze", "scmmlu"]
 
@@ -38,22 +39,59 @@ def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("text", "spe
   return s2s_eval.run(EvalConfig(tuple(tasks), tuple(modalities), **config))
 
 
-def test_every_task_and_modality_end_to_end(setup, tmp_path):
+def test_every_task_and_modality_end_to_end(setup, tmp_path, qwen_tokenizer_dir):
   out = str(tmp_path / "out")
-  runs = _run(setup, out)
-  saved = json.load(open(os.path.join(out, "metrics.json")))
-  assert saved["runs"] == json.loads(json.dumps(runs))
+  _run(setup, out)
+  saved = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
   for task in ALL_TASKS:
     for modality in ("text", "speech"):
-      m = runs[0]["tasks"][task][modality]
-      assert m["questions"] == 24 and 0 <= m["accuracy"] <= 1
-      lines = [json.loads(l) for l in open(os.path.join(out, "ckpt-100", f"{task}-{modality}.scores.jsonl"))]
-      assert len(lines) == 24 * (4 if task == "scmmlu" else 2)
-      assert all(l["mean_nll"] == pytest.approx(l["nll_sum"] / l["n_tokens"], abs=1e-5) for l in lines)
-      assert sum(l["correct"] for l in lines) == 24
-    assert set(runs[0]["degradation"][task]) >= {"text_accuracy", "speech_accuracy", "degradation", "mcnemar"}
+      path = os.path.join(out, "ckpt-100", f"{task}-{modality}.scores.jsonl")
+      lines = [json.loads(line) for line in open(path)]
+      assert len(lines) == 24 * (4 if task == "scmmlu" else 2) and sum(line["correct"] for line in lines) == 24
+      comparisons = [c for q in _comparisons(path, strict=task != "scmmlu").values() for c in q]
+      m = saved["tasks"][task][modality]  # metrics.json against S2SBench's arithmetic over the scores file
+      assert m["questions"] == 24 and m["accuracy"] == pytest.approx(sum(comparisons) / len(comparisons))
+    text, speech = (saved["tasks"][task][m]["accuracy"] for m in ("text", "speech"))
+    assert saved["degradation"][task]["degradation"] == pytest.approx(text - speech)
+  # the scored NLLs against transformers on the same weights, prefix + " " + ending as S2SBench's T->T
+  import torch
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  model = AutoModelForCausalLM.from_pretrained(os.path.join(setup["root"], "hf"), dtype=torch.float32).eval()
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  release = {str(line["uttid"]): line for line in map(json.loads, open(os.path.join(
+    RELEASE_DIR, "StoryCloze", "sStory_s2t.jsonl")))}
+  for line in [json.loads(line) for line in open(os.path.join(out, "ckpt-100", "sstorycloze-text.scores.jsonl"))][:4]:
+    prefix = tokenizer(release[line["uttid"]]["first"])["input_ids"]
+    ending = tokenizer(" " + release[line["uttid"]]["last"], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+      log_probs = torch.log_softmax(model(torch.tensor([prefix + ending])).logits[0], -1)
+    reference = -sum(float(log_probs[len(prefix) - 1 + j, t]) for j, t in enumerate(ending))
+    assert line["n_tokens"] == len(ending) and abs(line["nll_sum"] - reference) / len(ending) <= 1e-4
   table = open(os.path.join(out, "table.md")).read().splitlines()
   assert table[0] == "| model | modality | sStoryCloze | zh-sStoryCloze | sCMMLU |" and len(table) == 4
+  for task in ALL_TASKS:  # flips.md lists exactly the questions the two modalities decide differently
+    right = {m: {q: all(c) for q, c in _comparisons(os.path.join(out, "ckpt-100", f"{task}-{m}.scores.jsonl"),
+                                                       strict=task != "scmmlu").items()}
+             for m in ("text", "speech")}
+    expected = {q for q in right["text"] if right["text"][q] != right["speech"][q]}
+    listed = [line.split(" | ")[0][2:] for line in open(os.path.join(out, "ckpt-100", f"{task}.flips.md"))
+              if line.startswith("| ") and not line.startswith("| question")]
+    assert sorted(listed) == sorted(expected) and len(listed) == len(set(listed))
+
+
+def _comparisons(path, strict):
+  """S2SBench's comparisons per question from a scores file: the right candidate's mean NLL against every other
+  one's, strictly lower for stories, <= for sCMMLU (eval_story.py, eval_cmmlu4.py)."""
+  by_question = {}
+  for line in map(json.loads, open(path)):
+    by_question.setdefault(line["question"], []).append(line)
+  beats = (lambda a, b: a < b) if strict else (lambda a, b: a <= b)
+  out = {}
+  for q, candidates in by_question.items():
+    right = next(c["nll_sum"] / c["n_tokens"] for c in candidates if c["correct"])
+    out[q] = [beats(right, c["nll_sum"] / c["n_tokens"]) for c in candidates if not c["correct"]]
+  return out
 
 
 def _tensorboard_scalars(directory):

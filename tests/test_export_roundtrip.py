@@ -2,15 +2,14 @@
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from checkpoints_conversion.convert import convert  # noqa: E402
-from checkpoints_conversion.export_hf import export  # noqa: E402
-from s2sjax import checkpoint  # noqa: E402
-from s2sjax.model.decoder import init_params, sequence_log_probs  # noqa: E402
-from s2sjax.model.config import from_hf_config  # noqa: E402
-from tests.hf_models import tiny_model, torch_log_probs  # noqa: E402
+from checkpoints_conversion.convert import convert
+from checkpoints_conversion.export_hf import export
+from s2sjax import checkpoint
+from s2sjax.model.decoder import init_params, sequence_log_probs
+from s2sjax.model.config import from_hf_config
+from tests.hf_models import tiny_model, torch_log_probs
 
 
 @pytest.mark.parametrize("family,tied,dtype", [("qwen2", False, "float32"), ("llama", True, "bfloat16")])

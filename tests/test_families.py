@@ -6,20 +6,17 @@ import ast
 import dataclasses
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import checkpoint, families, plugins  # noqa: E402
-from s2sjax.model.config import ConfigError, from_hf_config  # noqa: E402
-from s2sjax.model.decoder import sequence_log_probs  # noqa: E402
-from tests.hf_models import tiny_model, toy_family_checkpoint, torch_log_probs  # noqa: E402
+from checkpoints_conversion.convert import convert
+from s2sjax import checkpoint, families, plugins
+from s2sjax.model.config import ConfigError, from_hf_config
+from s2sjax.model.decoder import sequence_log_probs
+from tests.hf_models import tiny_model, toy_family_checkpoint, torch_log_probs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOY_PLUGIN = "tests.plugins.toy_family"

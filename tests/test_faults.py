@@ -24,6 +24,8 @@ from tasks.release import Problems, ReleaseError, read_questions
 from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint
 from tests.hf_models import save_hf, tiny_model
 
+pytestmark = pytest.mark.slow  # whole evaluations and conversions, some as multi-process subprocesses
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -209,7 +211,6 @@ def test_user_errors_are_one_line_and_a_non_zero_exit(tmp_path):
 
 
 
-@pytest.mark.slow
 def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(setup, tmp_path):
   """Process 1 of 2 is killed (SIGKILL) after its first chunk of two; process 0, waiting on it in a collective, must end
   with one line naming it within --peer_timeout_s and a little, not abort after the runtime's 100 s heartbeat."""

@@ -12,6 +12,8 @@ from tasks.audio.base import load_audio
 from tasks.importer import import_all, read_stories, rewrite_question, write_task
 from tasks.release import read_questions
 
+pytestmark = pytest.mark.slow  # speech synthesis and the real public files
+
 REALDATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "realdata")
 STORYCLOZE = os.path.join(REALDATA, "storycloze", "cloze_test_test__spring2016 - cloze_test_ALL_test.csv")
 XSTORYCLOZE = [os.path.join(REALDATA, "xstorycloze", f"spring2016.val.zh.tsv.split_20_80_{s}.tsv") for s in ("train", "eval")]

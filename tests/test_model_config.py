@@ -7,7 +7,7 @@ import pytest
 from s2sjax.model.config import ConfigError, ModelConfig, from_hf_config
 from s2sjax.model.decoder import abstract_params, param_count
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 SMALL = dict(
   vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

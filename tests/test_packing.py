@@ -89,3 +89,15 @@ def test_malformed_items_are_refused_by_name():
     pack([_item([], [2], [3], name="q10")], shape)
   with pytest.raises(PackingError, match="q11: its longest candidate alone \\(30 tokens\\)"):
     pack([_item([1, 2], list(range(30)), [5], name="q11")], RowShape(24, 48, 4), overlong="truncate_prefix")
+
+
+def test_the_longest_item_is_recorded_and_bounds_every_segment():
+  from s2sjax.packing import longest_item
+
+  items = [_item(list(range(1, 1 + n)), [7, 7], [8, 8, 8]) for n in (10, 2, 30)]
+  shared, shared_report = pack(items, RowShape(64, 32, 8))
+  unshared, unshared_report = pack(items, RowShape(64, 32, 8), share_prefix=False)
+  assert shared_report.longest_item == longest_item(shared["segment_ids"]) == 30 + 5
+  assert unshared_report.longest_item == longest_item(unshared["segment_ids"]) == 30 + 3
+  assert shared_report.as_dict()["longest_item"] == 35
+  assert RowShape(1024, 512, 64).holding(35).max_item == 64 and RowShape(48, 24, 4).holding(35).max_item == 48

