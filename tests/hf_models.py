@@ -173,13 +173,17 @@ def per_head_qkv(q, k, v, heads):
   return np.concatenate([split(q), split(k), split(v)], axis=1).reshape(-1, *q.shape[1:])
 
 
-def chatglm_per_head_checkpoint(model, directory):
-  """A Glm model saved as a THUDM ChatGLM checkpoint without multi-query attention: fused q/k/v laid out per head."""
+def chatglm_checkpoint(model, directory, multi_query: bool = True):
+  """The THUDM ChatGLM (GLM-4 / GLM-4-Voice) layout of a transformers Glm model: fused qkv, dense_h_to_4h. With
+  multi-query attention the fused q/k/v is `[q | k | v]`; without it (as many kv heads as heads) it is laid out
+  per head, as modeling_chatglm.py's SelfAttention views it: `[heads, 3 * head_dim]`."""
   sd, c = state_numpy(model), model.config
+  fuse = np.concatenate if multi_query else lambda qkv: per_head_qkv(*qkv, c.num_attention_heads)
   out = {
     "transformer.embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],
     "transformer.encoder.final_layernorm.weight": sd["model.norm.weight"],
     "transformer.output_layer.weight": sd["lm_head.weight"],
+    "transformer.rotary_pos_emb.inv_freq": np.ones(c.head_dim // 4, np.float32),  # a buffer ChatGLM saves
   }
   for i in range(c.num_hidden_layers):
     src, dst = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
@@ -187,8 +191,8 @@ def chatglm_per_head_checkpoint(model, directory):
     out.update({
       f"{dst}.input_layernorm.weight": sd[f"{src}.input_layernorm.weight"],
       f"{dst}.post_attention_layernorm.weight": sd[f"{src}.post_attention_layernorm.weight"],
-      f"{dst}.self_attention.query_key_value.weight": per_head_qkv(*qkv["weight"], c.num_attention_heads),
-      f"{dst}.self_attention.query_key_value.bias": per_head_qkv(*qkv["bias"], c.num_attention_heads),
+      f"{dst}.self_attention.query_key_value.weight": fuse(qkv["weight"]),
+      f"{dst}.self_attention.query_key_value.bias": fuse(qkv["bias"]),
       f"{dst}.self_attention.dense.weight": sd[f"{src}.self_attn.o_proj.weight"],
       f"{dst}.mlp.dense_h_to_4h.weight": sd[f"{src}.mlp.gate_up_proj.weight"],
       f"{dst}.mlp.dense_4h_to_h.weight": sd[f"{src}.mlp.down_proj.weight"],
@@ -196,9 +200,11 @@ def chatglm_per_head_checkpoint(model, directory):
   config = {
     "model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": c.num_hidden_layers,
     "padded_vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "ffn_hidden_size": c.intermediate_size,
-    "kv_channels": c.head_dim, "num_attention_heads": c.num_attention_heads, "multi_query_attention": False,
+    "kv_channels": c.head_dim, "num_attention_heads": c.num_attention_heads, "multi_query_attention": multi_query,
     "layernorm_epsilon": c.rms_norm_eps, "rope_ratio": c.rope_parameters["rope_theta"] / 10000.0,
     "add_qkv_bias": True, "add_bias_linear": False, "rmsnorm": True, "original_rope": True,
     "apply_residual_connection_post_layernorm": False, "post_layer_norm": True,
   }
+  if multi_query:
+    config["multi_query_group_num"] = c.num_key_value_heads
   return write_raw_checkpoint(directory, config, out)

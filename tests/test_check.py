@@ -14,7 +14,7 @@ from s2sjax import check, checkpoint
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.packing import Item, RowShape, pack
 from s2sjax.task_data import TaskData
-from tests.hf_models import SMALL_HEADS, baichuan_audio_checkpoint, chatglm_per_head_checkpoint, tiny_model
+from tests.hf_models import SMALL_HEADS, baichuan_audio_checkpoint, chatglm_checkpoint, tiny_model
 
 SIZES, PLACEHOLDER = (16, 8, 8), 500
 SPEC = {"name": "baichuan_audio", "audio_mode": "codebook_tables", "codebook_sizes": list(SIZES),
@@ -124,7 +124,8 @@ def _remote_code_tokenizer(directory):
 def test_remote_code_tokenizer_needs_the_flag_and_travels_with_the_checkpoint(tmp_path):
   from transformers import AutoTokenizer
 
-  source = chatglm_per_head_checkpoint(tiny_model("glm", num_key_value_heads=SMALL_HEADS), str(tmp_path / "glm"))
+  source = chatglm_checkpoint(tiny_model("glm", num_key_value_heads=SMALL_HEADS), str(tmp_path / "glm"),
+                              multi_query=False)
   _remote_code_tokenizer(source)
   with pytest.raises(ConversionError, match=r"tokenizer is remote code \(tokenization_toyglm\.py.*pass "
                                             r"--trust_remote_code"):

@@ -9,7 +9,8 @@ from checkpoints_conversion.convert import convert
 from s2sjax import checkpoint
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import (
-  audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint)
+  audio_inputs_embeds, baichuan_audio_checkpoint, chatglm_checkpoint, fold_norm_head, save_hf, tiny_model,
+  torch_log_probs)
 
 
 def _load(path):
@@ -23,42 +24,10 @@ def _assert_same_params(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg="/".join(path))
 
 
-def _chatglm_checkpoint(model, directory):
-  """The THUDM ChatGLM (GLM-4 / GLM-4-Voice) layout of a transformers Glm model: fused qkv, dense_h_to_4h."""
-  sd, c = state_numpy(model), model.config
-  out = {
-    "transformer.embedding.word_embeddings.weight": sd["model.embed_tokens.weight"],
-    "transformer.encoder.final_layernorm.weight": sd["model.norm.weight"],
-    "transformer.output_layer.weight": sd["lm_head.weight"],
-    "transformer.rotary_pos_emb.inv_freq": np.ones(c.head_dim // 4, np.float32),  # a buffer ChatGLM saves
-  }
-  for i in range(c.num_hidden_layers):
-    src, dst = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
-    attn = [sd[f"{src}.self_attn.{n}_proj.weight"] for n in "qkv"]
-    out.update({
-      f"{dst}.input_layernorm.weight": sd[f"{src}.input_layernorm.weight"],
-      f"{dst}.post_attention_layernorm.weight": sd[f"{src}.post_attention_layernorm.weight"],
-      f"{dst}.self_attention.query_key_value.weight": np.concatenate(attn),
-      f"{dst}.self_attention.query_key_value.bias": np.concatenate([sd[f"{src}.self_attn.{n}_proj.bias"] for n in "qkv"]),
-      f"{dst}.self_attention.dense.weight": sd[f"{src}.self_attn.o_proj.weight"],
-      f"{dst}.mlp.dense_h_to_4h.weight": sd[f"{src}.mlp.gate_up_proj.weight"],
-      f"{dst}.mlp.dense_4h_to_h.weight": sd[f"{src}.mlp.down_proj.weight"],
-    })
-  config = {
-    "model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": c.num_hidden_layers,
-    "padded_vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "ffn_hidden_size": c.intermediate_size,
-    "kv_channels": c.head_dim, "num_attention_heads": c.num_attention_heads, "multi_query_attention": True,
-    "multi_query_group_num": c.num_key_value_heads, "layernorm_epsilon": c.rms_norm_eps,
-    "rope_ratio": c.rope_parameters["rope_theta"] / 10000.0, "add_qkv_bias": True, "add_bias_linear": False,
-    "rmsnorm": True, "original_rope": True, "apply_residual_connection_post_layernorm": False,
-  }
-  return write_raw_checkpoint(directory, config, out)
-
-
 def test_chatglm_layout_equals_transformers_glm_layout(tmp_path):
   model = tiny_model("glm")
   convert(save_hf(model, str(tmp_path / "hf")), str(tmp_path / "from_hf"))
-  convert(_chatglm_checkpoint(model, str(tmp_path / "chatglm")), str(tmp_path / "from_chatglm"))
+  convert(chatglm_checkpoint(model, str(tmp_path / "chatglm")), str(tmp_path / "from_chatglm"))
   (config_hf, params_hf), (config_glm, params_glm) = _load(tmp_path / "from_hf"), _load(tmp_path / "from_chatglm")
   assert config_hf == config_glm
   _assert_same_params(params_hf, params_glm)

@@ -16,12 +16,12 @@ from s2sjax.model.config import ConfigError, from_hf_config
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import (
   BAICHUAN_RELEASE_KEPT, BAICHUAN_RELEASE_SKIPPED, SMALL_HEADS, audio_inputs_embeds, baichuan_audio_checkpoint,
-  baichuan_release_config, chatglm_per_head_checkpoint, fold_norm_head, tiny_model, torch_log_probs)
+  baichuan_release_config, chatglm_checkpoint, fold_norm_head, tiny_model, torch_log_probs)
 
 
 def test_chatglm_without_multi_query_attention_matches_transformers_glm(tmp_path):
   model = tiny_model("glm", num_key_value_heads=SMALL_HEADS)
-  convert(chatglm_per_head_checkpoint(model, str(tmp_path / "chatglm")), str(tmp_path / "ckpt"))
+  convert(chatglm_checkpoint(model, str(tmp_path / "chatglm"), multi_query=False), str(tmp_path / "ckpt"))
   config, params = checkpoint.load_config(tmp_path / "ckpt"), checkpoint.load_params(tmp_path / "ckpt")
   assert config.num_kv_heads == config.num_heads == SMALL_HEADS
   ids = np.random.default_rng(0).integers(0, config.vocab_size, size=(1, 520))
