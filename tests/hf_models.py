@@ -115,6 +115,16 @@ def baichuan_audio_checkpoint(model, directory, codebook_sizes, placeholder, rel
   return write_raw_checkpoint(directory, config, out), tables, out["audio_head.heads.0.weight"]
 
 
+def spoken_prefix(rng, length: int, audio: slice, placeholder: int, sizes) -> tuple[np.ndarray, np.ndarray]:
+  """Random text tokens [1, length] with a spoken stretch at `audio`: placeholder ids there, and one random code
+  per codebook (the extra end-of-audio row included, hence n + 1) where codes [1, length, K] are not -1."""
+  tokens = rng.integers(0, 400, size=(1, length))
+  tokens[0, audio] = placeholder
+  codes = np.full((1, length, len(sizes)), -1)
+  codes[0, audio] = np.stack([rng.integers(0, n + 1, audio.stop - audio.start) for n in sizes], -1)
+  return tokens, codes
+
+
 def audio_inputs_embeds(model, tokens, codes, tables) -> "torch.Tensor":
   """The reference's `inputs_embeds` for codebook-table audio: the text embedding, replaced at audio positions by
   the sum of the tables' rows (codes -1 = no audio)."""

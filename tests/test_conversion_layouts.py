@@ -9,8 +9,8 @@ from checkpoints_conversion.convert import convert
 from s2sjax import checkpoint
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import (
-  audio_inputs_embeds, baichuan_audio_checkpoint, chatglm_checkpoint, fold_norm_head, save_hf, tiny_model,
-  torch_log_probs)
+  audio_inputs_embeds, baichuan_audio_checkpoint, chatglm_checkpoint, fold_norm_head, save_hf, spoken_prefix,
+  tiny_model, torch_log_probs)
 
 
 def _load(path):
@@ -65,10 +65,7 @@ def test_codebook_tables_equal_transformers_fed_the_summed_embeddings(tmp_path):
 
   rng = np.random.default_rng(6)
   length, audio = 530, slice(20, 420)  # a spoken prefix of 400 frames inside text
-  tokens = rng.integers(0, 400, size=(1, length))
-  tokens[0, audio] = placeholder
-  codes = np.full((1, length, 3), -1)
-  codes[0, audio] = np.stack([rng.integers(0, n + 1, audio.stop - audio.start) for n in sizes], -1)
+  tokens, codes = spoken_prefix(rng, length, audio, placeholder, sizes)
 
   embeds = audio_inputs_embeds(model, tokens, codes, tables)
   fold_norm_head(model)

@@ -16,7 +16,7 @@ from s2sjax.model.config import ConfigError, from_hf_config
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import (
   BAICHUAN_RELEASE_KEPT, BAICHUAN_RELEASE_SKIPPED, SMALL_HEADS, audio_inputs_embeds, baichuan_audio_checkpoint,
-  baichuan_release_config, chatglm_checkpoint, fold_norm_head, tiny_model, torch_log_probs)
+  baichuan_release_config, chatglm_checkpoint, fold_norm_head, spoken_prefix, tiny_model, torch_log_probs)
 
 
 def test_chatglm_without_multi_query_attention_matches_transformers_glm(tmp_path):
@@ -67,10 +67,7 @@ def test_baichuan_release_converts_without_flags_and_scores_audio_like_the_refer
 
   rng = np.random.default_rng(7)
   length, audio = 540, slice(30, 430)
-  tokens = rng.integers(0, 400, size=(1, length))
-  tokens[0, audio] = placeholder
-  codes = np.full((1, length, len(sizes)), -1)
-  codes[0, audio] = np.stack([rng.integers(0, n + 1, audio.stop - audio.start) for n in sizes], -1)
+  tokens, codes = spoken_prefix(rng, length, audio, placeholder, sizes)
   # get_multimodal_embed: at placeholder positions the summed tables replace the text embedding.
   embeds = audio_inputs_embeds(model, tokens, codes, tables)
   fold_norm_head(model)
