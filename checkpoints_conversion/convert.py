@@ -30,8 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
+from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.sources import TensorSource, open_source
 from s2sjax import checkpoint, cli, families
+from s2sjax.families import moshi as moshi_family
 from s2sjax.families.keymap import Rule
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
@@ -58,9 +60,13 @@ class Plan:
   skipped_modules: dict[str, int]  # the layout's skipped prefixes found in the source: how many keys each
 
 
+# Parallel-stream families: their own parameter tree and checkpoint writer (s2sjax/families/moshi.py says why).
+STREAM_FAMILIES = (moshi_family.NAME,)
+
+
 def family_choices() -> tuple[str, ...]:
-  """--family's values: auto, then the registry's families and vendor layouts."""
-  return ("auto",) + families.layout_choices()
+  """--family's values: auto, then the registry's families and vendor layouts, then the stream families."""
+  return ("auto",) + families.layout_choices() + STREAM_FAMILIES
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
@@ -201,6 +207,8 @@ def convert(
   trust_remote_code: bool = False,
 ) -> dict:
   """Converts and writes; returns the manifest (what was read, kept, skipped)."""
+  if family in STREAM_FAMILIES:
+    return convert_moshi(source_path, output, dtype, overwrite)
   start = time.time()
   source = open_source(source_path)
   plan = plan_conversion(source, family, skip_prefixes)
@@ -228,6 +236,34 @@ def convert(
     logging.info("left out %s* (%d keys): a module of the %s release that scoring does not run", prefix, count,
                  plan.layout.name)
   logging.info("wrote %s in %.1fs (%d kept, %d skipped)", output, time.time() - start, len(plan.kept), len(plan.skipped))
+  return manifest
+
+
+def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
+  """A Moshi PyTorch release folder (config.json of LMModel arguments; the LM's safetensors named by its
+  `moshi_name`, default model.safetensors; Mimi's file beside it is not read) -> a Moshi checkpoint. Every key
+  and shape is checked before any tensor is read."""
+  config_path = os.path.join(source_path, "config.json")
+  if not os.path.exists(config_path):
+    raise ConversionError(f"{source_path} has no config.json (the LMModel arguments of the release)")
+  with open(config_path) as f:
+    source_config = json.load(f)
+  weights = os.path.join(source_path, source_config.get("moshi_name", moshi_family.MOSHI_NAME))
+  if not os.path.exists(weights):
+    raise ConversionError(f"{weights} (config.json's moshi_name) does not exist")
+  try:
+    config = moshi_family.parse_config(source_config)
+  except ValueError as e:
+    raise ConversionError(f"{source_path}: {e}") from e
+  source = safetensors_io.SafetensorsFile(weights)
+  ruled, problems, skipped = moshi_family.plan(config, {k: source.shape(k) for k in source.keys()})
+  if problems:
+    raise ConversionError(f"{weights} does not fit a moshi target:\n  " + "\n  ".join(problems))
+  manifest = {"source": os.path.abspath(source_path), "source_description": f"{weights} (Moshi release)",
+              "source_model_type": moshi_family.NAME, "source_config": source_config, "dtype": dtype,
+              "skipped": skipped}
+  leaves = moshi_family.convert_leaves(config, ruled, source.read, jnp.dtype(dtype))
+  moshi_family.write_checkpoint(output, config, leaves, manifest=manifest, overwrite=overwrite)
   return manifest
 
 

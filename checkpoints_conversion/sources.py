@@ -2,10 +2,14 @@
 and GGUF (of the families that declare how llama.cpp writes them). Every reader presents the same face: a Hugging
 Face `config.json` dict, key names in Hugging Face spelling, shapes without reading data, and one tensor at a time
 on `read`.
+
+A folder whose model wraps a transformers causal LM (SlamKit's `UnitLM`) is presented as the LM inside: its config
+and its keys without the wrapper's prefix (`WRAPPERS`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -192,8 +196,56 @@ class GgufSource:
     return self._layout.restore(key, array, self.config).astype(np.float32, copy=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class Wrapper:
+  """A model that holds a transformers causal LM as one of its modules, found by its config.json `model_type`."""
+
+  name: str
+  inner_config: str  # the config.json key holding the LM's own config (with its model_type)
+  prefix: str  # of the LM's tensor keys
+  outer_keys: tuple[str, ...]  # config.json keys that override the LM's config: the wrapper changes them
+
+
+WRAPPERS = {
+  # SlamKit (github.com/slp-rl/slamkit, slamkit/model/unit_lm.py): UnitLMConfig's model_type (line 33) keeps the
+  # LM's config as `base_config` (lines 63-73); UnitLM keeps the LM as `self.lm` (line 94) and resizes its
+  # embeddings to UnitLMConfig's own vocab_size (line 102), so base_config's may still be the base model's.
+  "speech_language_model": Wrapper("SlamKit UnitLM", "base_config", "lm.", ("vocab_size",)),
+}
+
+
+class WrappedSource:
+  """The LM inside a wrapper's checkpoint: its config with the wrapper's overrides, its keys without the prefix.
+  Keys outside the prefix keep their names, so they surface as unexpected."""
+
+  def __init__(self, outer: TensorSource, wrapper: Wrapper):
+    inner = outer.config.get(wrapper.inner_config)
+    if not isinstance(inner, dict) or "model_type" not in inner:
+      raise SourceError(f"{outer.description}: a {wrapper.name} config.json (model_type "
+                        f"{outer.config.get('model_type')!r}) needs `{wrapper.inner_config}` with its model_type")
+    self.config = dict(inner, **{key: outer.config[key] for key in wrapper.outer_keys if key in outer.config})
+    self.description = f"{outer.description}, the {inner['model_type']} LM of a {wrapper.name} under {wrapper.prefix!r}"
+    self._outer = outer
+    self._keys = {key.removeprefix(wrapper.prefix): key for key in outer.keys()}
+
+  def keys(self) -> list[str]:
+    return list(self._keys)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return self._outer.shape(self._keys[key])
+
+  def read(self, key: str) -> np.ndarray:
+    return self._outer.read(self._keys[key])
+
+
+def _unwrapped(source: TensorSource) -> TensorSource:
+  wrapper = WRAPPERS.get(source.config.get("model_type"))
+  return WrappedSource(source, wrapper) if wrapper else source
+
+
 def open_source(path: str) -> TensorSource:
-  """A GGUF file, or a directory of safetensors (preferred) or pytorch_model*.bin files with its config.json."""
+  """A GGUF file, or a directory of safetensors (preferred) or pytorch_model*.bin files with its config.json (read
+  as the LM inside when the config.json is a wrapper's)."""
   if os.path.isfile(path):
     if path.endswith(".gguf"):
       return GgufSource(path)
@@ -201,7 +253,7 @@ def open_source(path: str) -> TensorSource:
   if not os.path.isdir(path):
     raise SourceError(f"checkpoint source {path} does not exist")
   if glob.glob(os.path.join(path, "*.safetensors")):
-    return SafetensorsSource(path)
+    return _unwrapped(SafetensorsSource(path))
   if glob.glob(os.path.join(path, "pytorch_model*.bin")):
-    return TorchBinSource(path)
+    return _unwrapped(TorchBinSource(path))
   raise SourceError(f"{path} holds neither *.safetensors nor pytorch_model*.bin files")

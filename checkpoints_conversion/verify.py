@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from s2sjax import checkpoint, families
+from s2sjax.families import moshi as moshi_family
 from s2sjax.model.decoder import sequence_log_probs
 
 
@@ -29,6 +30,8 @@ def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed:
   import torch
 
   model_type = checkpoint.load_manifest(ckpt_dir)["source_model_type"]
+  if model_type == moshi_family.NAME:
+    return compare_moshi_with_torch(source_path, ckpt_dir, length, seed)
   if not families.layout_for_model_type(model_type).verifiable:
     verifiable = [t for _, layout in families.all_layouts() if layout.verifiable for t in layout.model_types]
     raise ValueError(
@@ -42,4 +45,41 @@ def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed:
     reference = torch.log_softmax(load_torch_model(source_path)(torch.from_numpy(tokens)).logits.float(), -1).numpy()
   ours = np.asarray(sequence_log_probs(config, params, tokens))
   diff = np.abs(ours - reference)
+  return {"tokens": length, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()), "dtype": "float32"}
+
+
+def load_moshi_lm(source_path: str):
+  """Kyutai's own `LMModel` (the `moshi` package) from a release folder, in fp32, through upstream's loader (its
+  load hook reads the fused `in_proj_weight` layout)."""
+  import json
+
+  import torch
+  from moshi.models import loaders
+
+  with open(os.path.join(source_path, "config.json")) as f:
+    config = json.load(f)
+  weights = os.path.join(source_path, config.get("moshi_name", moshi_family.MOSHI_NAME))
+  lm_kwargs = {k: v for k, v in config.items() if k not in moshi_family.LOADER_KEYS}
+  return loaders.get_moshi_lm(weights, lm_kwargs=lm_kwargs, device="cpu", dtype=torch.float32).eval()
+
+
+def compare_moshi_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed: int = 0) -> dict:
+  """Max and mean |log p_torch - log p_jax| over the text stream's and every predicted codebook's full
+  distribution at `length` random steps (some codes -1), where `LMModel.forward` marks them valid; fp32."""
+  import torch
+
+  from s2sjax.model.moshi import stream_log_probs
+
+  config, params = moshi_family.load_checkpoint(ckpt_dir)
+  rng = np.random.default_rng(seed)
+  codes = np.concatenate([rng.integers(0, config.text_card, (1, 1, length)),
+                          rng.integers(0, config.card, (1, config.n_q, length))], axis=1)
+  codes[:, :, rng.random(length) < 0.02] = -1  # upstream's zero token, embedded as nothing
+  with torch.no_grad():
+    out = load_moshi_lm(source_path)(torch.from_numpy(codes))
+  text, text_mask, audio, audio_mask = stream_log_probs(config, params, codes)
+  diffs = [np.abs(text - torch.log_softmax(out.text_logits.float(), -1).numpy()[:, 0])[text_mask]]
+  if audio is not None:
+    diffs.append(np.abs(audio - torch.log_softmax(out.logits.float(), -1).numpy())[audio_mask])
+  diff = np.concatenate([d.ravel() for d in diffs])
   return {"tokens": length, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()), "dtype": "float32"}

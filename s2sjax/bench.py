@@ -63,22 +63,22 @@ def make_items(workload: str, count: int, vocab: int, seed: int = 0) -> list[Ite
 
 def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:
   """The first `count` StoryCloze stories as T->T items (the four sentences, then the right and wrong endings),
-  tokenized by the checkpoint's tokenizer under the demo spec's rule (tasks.build.PrefixEncoder)."""
+  tokenized by the checkpoint's tokenizer under the demo spec's rule (tasks.build.QuestionEncoder)."""
   from s2sjax.spec import load_spec
-  from tasks.build import PrefixEncoder
+  from tasks.build import QuestionEncoder
   from tasks.importer import read_stories
   from tasks.release import Question
 
   tokenizer = checkpoint.load_tokenizer(ckpt)
   if tokenizer is None:
     raise ValueError(f"{ckpt} holds no tokenizer/ to tokenize the stories with")
-  encoder = PrefixEncoder(load_spec("demo"), "text", tokenizer, None)
+  encoder = QuestionEncoder(load_spec("demo"), "t2t", tokenizer, None)
   items = []
   for story in read_stories(csv_path, ",")[:count]:
     first = " ".join(story["sentences"])
     question = Question(story["id"], "en", ("", ""), (first, first), ("", ""), (story["right"], story["wrong"]), 0)
-    items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate_ids(question, ending)
-                                                              for ending in question.candidates), name=story["id"]))
+    items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate(question, c)[0] for c in range(2)),
+                      name=story["id"]))
   return items
 
 

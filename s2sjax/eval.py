@@ -1,13 +1,13 @@
-r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T and the degradation between them.
+r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the degradation between them.
 
-  python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=text|speech|both \
-      [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
+  python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=t2t,s2t,t2s,s2s|both|all \
+      [--protocol=s2sbench,utterance] [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
       [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=1024] [--chunk_rows=32] \
       [--attention=auto|xla|dot_product|flash] [--noshare_prefix] [--overlong=truncate_prefix]
 
 With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
 (converted on first use) with an untrained audio table, so its S->T shows what a text LM that never learned audio
-does. Several checkpoints of one run (a glob or a list) give curves over steps. Rerunning into the same
+does (its spoken candidates are units it never learned either). Several checkpoints of one run (a glob or a list) give curves over steps. Rerunning into the same
 --output_dir scores only what is missing, and refuses chunks another checkpoint, dtype, chunking or data made.
 --noshare_prefix, --reference_language_quirk and --overlong pick the build `tasks.prepare` made with those flags
 (flash attention needs rows without shared prefixes).
@@ -28,13 +28,14 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from s2sjax import (benchmarks, checkpoint, checkpoint_paths, cli, default_model, flips, metrics, peers, reports,
-                    sharding)
+from s2sjax import (benchmarks, checkpoint, checkpoint_paths, cli, default_model, flips, metrics, modalities, peers,
+                    reports, sharding)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
 from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
+from s2sjax.spec import load_spec
 from s2sjax.task_data import DataError, TaskData, Variants, load_task_data, tokenizer_identity
 
 FLAGS = flags.FLAGS
@@ -46,7 +47,8 @@ class EvalConfig:
   """Everything one `run` needs. `scoring` is what an in-training `Evaluator` takes too."""
 
   tasks: tuple[str, ...]
-  modalities: tuple[str, ...] = ("text", "speech")
+  modalities: tuple[str, ...] = ("t2t", "s2t")  # names of s2sjax.modalities
+  protocols: tuple[str, ...] = ("s2sbench",)  # how S->S is scored (tasks/build.py); the others are s2sbench's
   checkpoints: str | None = None  # dirs, globs, comma-separated; None: the embedded default model
   spec: str = "demo"
   data_dir: str | None = None  # None: the default cache (with the bundled sample built on first use)
@@ -68,29 +70,38 @@ class EvalConfig:
     return not self.checkpoints and self.spec == "demo" and self.data_dir is None
 
 
-def ensure_data(cfg: EvalConfig, data_dir: str, task: str, modality: str, tokenizer_dir: str) -> TaskData:
+def scored_sets(cfg: EvalConfig) -> list[tuple[str, str, Variants]]:
+  """(task, modality, build variants) of everything the run scores: every protocol for S->S, s2sbench's for the
+  rest."""
+  return [(task, modality, dataclasses.replace(cfg.variants, protocol=protocol))
+          for task in cfg.tasks for modality in cfg.modalities
+          for protocol in (cfg.protocols if modality == "s2s" else ("s2sbench",))]
+
+
+def ensure_data(cfg: EvalConfig, data_dir: str, task: str, modality: str, variants: Variants,
+                tokenizer_dir: str) -> TaskData:
   try:
-    return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, cfg.variants)
+    return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants)
   except DataError:
     if not cfg.is_default:
       raise
   from tasks.prepare import prepare  # the embedded default builds the bundled sample on first use
 
   logging.info("building the bundled sample: %s %s", task, modality)
-  prepare(task, cfg.spec, modality, cfg.row_length, data_dir, variants=cfg.variants, tokenizer_dir=tokenizer_dir)
-  return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, cfg.variants)
+  prepare(task, cfg.spec, modality, cfg.row_length, data_dir, variants=variants, tokenizer_dir=tokenizer_dir)
+  return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants)
 
 
 def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True):
-  """Config and params of one checkpoint (checksums verified), fitted to the data's spec (the demo's untrained
-  audio table)."""
+  """Config and params of one checkpoint (checksums verified), fitted to the data's spec: the demo spec's units
+  become untrained vocabulary rows of the embedded default model."""
   config = checkpoint.load_config(path)
   params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify)
-  speech = [td for td in data if td.modality == "speech"]
-  if speech and not config.audio_codebook_sizes and speech[0].metadata["spec"]["name"] == "demo":
-    spec = speech[0].metadata["spec"]
-    config, params = default_model.with_untrained_audio_tables(
-      config, params, tuple(spec["codebook_sizes"]), speech[0].metadata["audio_ids"]["placeholder"])
+  spec = data[0].metadata["spec"]
+  units = max((max(td.metadata["audio_ids"]["unit_ids"]) + 1 for td in data if td.metadata.get("audio_ids")),
+              default=0)
+  if spec["name"] == "demo" and units > config.vocab_size:
+    config, params = default_model.with_untrained_unit_rows(config, params, units)
   return config, params
 
 
@@ -113,14 +124,15 @@ def run(cfg: EvalConfig) -> list[dict]:
   paths = [default_model.default_checkpoint()] if not cfg.checkpoints else checkpoint_paths.expand(cfg.checkpoints)
   names = [DEMO_NAME] if cfg.is_default else checkpoint_paths.run_names(paths)
   data_dir = cfg.data_dir or default_data_dir()
-  data = [ensure_data(cfg, data_dir, t, m, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
-          for t in cfg.tasks for m in cfg.modalities]
+  data = [ensure_data(cfg, data_dir, t, m, v, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
+          for t, m, v in scored_sets(cfg)]
+  text_free = not load_spec(cfg.spec).text_vocabulary  # a unit LM: no text tokenizer to hold the data against
   mesh = sharding.make_mesh(cfg.mesh)
   options = dataclasses.replace(cfg.scoring, attention=pick_attention(cfg.scoring.attention, data))
   with _output_lock(cfg):
     evaluator, runs = None, []
     for path, name in zip(paths, names):
-      identity = _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code)
+      identity = None if text_free else _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code)
       config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint)
       for td in data:
         check_fit(config, td, identity)
@@ -151,37 +163,39 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
   folder = checkpoint_paths.safe_name(record["name"])
   scores = {}
   for td in data:
-    store = ChunkStore(os.path.join(cfg.output_dir, "chunks", folder, f"{td.task}-{td.modality}"),
+    store = ChunkStore(os.path.join(cfg.output_dir, "chunks", folder, f"{td.task}-{td.label}"),
                        {"checkpoint": record["path"], "checkpoint_content": content,
                         "dtype": evaluator.options.dtype, "chunk_rows": cfg.chunk_rows, "data": td.fingerprint})
     start = time.time()
-    progress = Progress(len(td.rows["tokens"]), f"{record['name']} {td.task} {td.modality}")
-    scores[(td.task, td.modality)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
+    title = modalities.title(td.label)
+    progress = Progress(len(td.rows["tokens"]), f"{record['name']} {td.task} {title}")
+    scores[(td.task, td.label)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     if jax.process_index() == 0:
       m = metrics.task_metrics(td.benchmark.decision, s)
-      print(f"{record['name']} {td.task} {td.modality}: accuracy {100 * m['accuracy']:.1f}% "
+      print(f"{record['name']} {td.task} {title}: accuracy {100 * m['accuracy']:.1f}% "
             f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
             f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
             flush=True)
-      reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.modality): s})
+      reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s})
   return scores
 
 
 def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
                  scores: dict[tuple[str, str], QuestionScores]) -> None:
-  """Per task scored in both modalities now: the questions they decide differently, with texts and recordings."""
-  by_key = {(td.task, td.modality): td for td in data}
+  """Per task and pair of modalities scored now (s2sjax.modalities.COMPARISONS): the questions they decide
+  differently, with texts and the spoken prefix's recording."""
+  by_key = {(td.task, td.label): td for td in data}
   for task in dict.fromkeys(task for task, _ in scores):
-    if (task, "text") not in scores or (task, "speech") not in scores:
-      continue
-    text_data, speech_data = by_key[(task, "text")], by_key[(task, "speech")]
-    table, benchmark = text_data.questions, text_data.benchmark
-    prefixes = dict(zip(table.ids, table.prefixes))
-    audio_dir = os.path.join(str(speech_data.metadata["source"]), benchmark.release_audio_dir)
-    audio = {q: os.path.join(audio_dir, f"{uttids[0]}.wav") for q, uttids in zip(table.ids, table.uttids)}
-    found = flips.find_flips(benchmark.decision, scores[(task, "text")], scores[(task, "speech")])
-    flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
-                      benchmark.title, found, prefixes, audio)
+    for reference, other in modalities.COMPARISONS:
+      if (task, reference) not in scores or (task, other) not in scores:
+        continue
+      table, benchmark = by_key[(task, reference)].questions, by_key[(task, reference)].benchmark
+      prefixes = dict(zip(table.ids, table.prefixes))
+      audio_dir = os.path.join(str(by_key[(task, other)].metadata["source"]), benchmark.release_audio_dir)
+      audio = {q: os.path.join(audio_dir, f"{uttids[0]}.wav") for q, uttids in zip(table.ids, table.uttids)}
+      found = flips.find_flips(benchmark.decision, scores[(task, reference)], scores[(task, other)])
+      flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
+                        benchmark.title, (reference, other), found, prefixes, audio)
 
 
 @contextlib.contextmanager
@@ -220,7 +234,10 @@ def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code:
 
 def define_flags() -> None:
   flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Benchmark task.")
-  flags.DEFINE_enum("modality", "both", ["text", "speech", "both"], "Prefix modality (both: with degradation).")
+  flags.DEFINE_string("modality", "both", "Modalities, prefix->candidate: any of t2t, s2t, t2s, s2s, comma-separated, "
+                      "or text (t2t), speech (s2t), both (t2t,s2t: S2SBench's pair), all.")
+  flags.DEFINE_list("protocol", ["s2sbench"], "How S->S is scored: s2sbench (prefix + candidate, the candidate's "
+                    "units), utterance (TWIST / SlamKit: the whole spoken story), or both, comma-separated.")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: demo).")
   flags.DEFINE_string("spec", "demo", "Speech-LLM spec the data was built with.")
   flags.DEFINE_string("data_dir", None, "Built datasets (default: ~/.cache/s2sjax/data, bundled sample).")
@@ -254,7 +271,7 @@ def config_from_flags() -> EvalConfig:
   local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
   return EvalConfig(
     tasks=tuple(benchmarks.names() if FLAGS.task == "all" else [FLAGS.task]),
-    modalities=("text", "speech") if FLAGS.modality == "both" else (FLAGS.modality,),
+    modalities=modalities.parse(FLAGS.modality), protocols=tuple(FLAGS.protocol),
     checkpoints=FLAGS.checkpoint, spec=FLAGS.spec, data_dir=local(FLAGS.data_dir),
     output_dir=local(FLAGS.output_dir), mesh=FLAGS.mesh, row_length=FLAGS.row_length, chunk_rows=FLAGS.chunk_rows,
     variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong),
@@ -278,12 +295,14 @@ def main(argv):
   if jax.process_index() != 0:
     return
   for run_ in runs:
-    for task, report in run_["degradation"].items():
-      print(f"{run_['name']} {task}: T→T {100 * report['text_accuracy']:.1f}% vs S→T "
-            f"{100 * report['speech_accuracy']:.1f}%: degradation {100 * report['degradation']:.1f} points "
-            f"(McNemar p = {report['mcnemar']['p_value']:.3g})")
+    for task, matrix in run_["degradation"].items():
+      for key, report in matrix.items():
+        other, _, reference = key.partition("_vs_")
+        print(f"{run_['name']} {task}: {modalities.title(reference)} {100 * report['reference_accuracy']:.1f}% vs "
+              f"{modalities.title(other)} {100 * report['accuracy']:.1f}%: degradation "
+              f"{100 * report['degradation']:.1f} points (McNemar p = {report['mcnemar']['p_value']:.3g})")
   print(f"results in {FLAGS.output_dir}: metrics.json, table.md, table.csv, <checkpoint>/*.scores.jsonl"
-        + (", <checkpoint>/<task>.flips.md|html" if len(config.modalities) > 1 else ""))
+        + (", <checkpoint>/<task>.<modality>_vs_<reference>.flips.md|html" if len(config.modalities) > 1 else ""))
 
 
 if __name__ == "__main__":

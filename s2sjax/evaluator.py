@@ -9,7 +9,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-from s2sjax import benchmarks, families, metrics
+from s2sjax import benchmarks, families, metrics, modalities
+from s2sjax.spec import SpecError, spec_from_dict
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
 from s2sjax.packing import RowShape
@@ -37,8 +38,8 @@ class ScoringOptions:
 
 def check_fit(config: ModelConfig, data: TaskData, tokenizer_identity: dict | None = None) -> None:
   """Refuses data that was built for another tokenizer or another audio input than the model's."""
-  built_with = data.metadata["tokenizer"]
-  if tokenizer_identity is not None and tokenizer_identity["vocab_sha"] != built_with["vocab_sha"]:
+  built_with = data.metadata["tokenizer"] or {"size": 0}  # None: a unit LM's data, no text tokenizer
+  if tokenizer_identity is not None and tokenizer_identity["vocab_sha"] != built_with.get("vocab_sha"):
     raise EvalError(
       f"{data.task}/{data.modality} was built with tokenizer {built_with['name_or_path']} "
       f"({built_with['size']} tokens), not the checkpoint's ({tokenizer_identity['size']} tokens): rebuild it with "
@@ -48,7 +49,12 @@ def check_fit(config: ModelConfig, data: TaskData, tokenizer_identity: dict | No
   if built_with["size"] > config.vocab_size:
     raise EvalError(f"the data's tokenizer has {built_with['size']} tokens, the model's embedding {config.vocab_size}")
   spec = data.metadata["spec"]
-  if data.modality != "speech":
+  modality = modalities.get(data.modality)
+  try:  # data built by a version that did not refuse it: the same words as the build's
+    spec_from_dict(spec).check_modality(modality)
+  except SpecError as e:
+    raise EvalError(f"{data.task}/{data.modality}: {e}") from None
+  if not modality.speaks:
     return
   accepted = families.get(config.family).audio_inputs
   if spec["audio_mode"] not in accepted:
@@ -109,23 +115,30 @@ class Evaluator:
     return td.questions.scores(candidates.nll_sum, candidates.n_tokens)
 
   def evaluate(self, params: Params, step: int | None = None) -> dict:
-    """{task: {modality: metrics}} plus {"degradation": {task: report}} where both modalities ran."""
-    result = summarize({(td.task, td.modality): self.score(params, td) for td in self.data})
+    """{task: {modality: metrics}} plus {"degradation": {task: {"s2t_vs_t2t": report, ...}}} for the pairs of
+    modalities that ran."""
+    result = summarize({(td.task, td.label): self.score(params, td) for td in self.data})
     self.history.append({"step": step, **result})
     return result
 
 
 def summarize(scores: dict[tuple[str, str], QuestionScores]) -> dict:
-  """Metrics of every (task, modality), and the degradation report of every task scored in both modalities, over
-  the questions both hold (--skip_bad may have left out different ones)."""
+  """Metrics of every (task, modality), and the degradation matrix of every task: each pair of
+  s2sjax.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones)."""
   result: dict = {}
   for (task, modality), s in scores.items():
     result.setdefault(task, {})[modality] = metrics.task_metrics(benchmarks.get(task).decision, s)
   for task in dict.fromkeys(task for task, _ in scores):
-    if (task, "text") in scores and (task, "speech") in scores:
-      text, speech = scores[(task, "text")], scores[(task, "speech")]
-      in_speech = set(speech.ids)
-      common = [i for i in text.ids if i in in_speech]
-      result.setdefault("degradation", {})[task] = metrics.degradation(
-        benchmarks.get(task).decision, text.select(common), speech.select(common))
+    for reference, other in modalities.COMPARISONS:
+      if (task, reference) in scores and (task, other) in scores:
+        first, second = common_questions(scores[(task, reference)], scores[(task, other)])
+        result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
+          metrics.degradation(benchmarks.get(task).decision, first, second))
   return result
+
+
+def common_questions(first: QuestionScores, second: QuestionScores) -> tuple[QuestionScores, QuestionScores]:
+  """Both on the questions both hold, in the first's order."""
+  in_second = set(second.ids)
+  common = [i for i in first.ids if i in in_second]
+  return first.select(common), second.select(common)

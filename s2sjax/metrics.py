@@ -6,9 +6,10 @@ rule (its registry record's `decision`, one of `DECISIONS`) turns losses into co
   * answer_vs_distractors (sCMMLU): the answer against each of the 3 distractors; right iff loss(answer) <=
     loss(distractor); the accuracy is over 3N comparisons, not a 4-way choice.
 Extras: 4-way argmin accuracy, lm-eval-style `acc` (summed log-prob) and `acc_norm` (per byte of the candidate
-text), the mean negative - positive loss gap, 95% bootstrap intervals, and the paired degradation report (T->T vs
-S->T): a paired bootstrap interval and an exact McNemar test, both over questions (sCMMLU's three comparisons of a
-question are not independent: McNemar counts a question right when its answer beats all three distractors).
+text), the mean negative - positive loss gap, 95% bootstrap intervals, and the paired degradation report of one
+modality against another (S->T against T->T, and the rest of s2sjax.modalities.COMPARISONS): a paired bootstrap
+interval and an exact McNemar test, both over questions (sCMMLU's three comparisons of a question are not
+independent: McNemar counts a question right when its answer beats all three distractors).
 """
 
 from __future__ import annotations
@@ -111,20 +112,20 @@ def question_decisions(decision: str, loss: np.ndarray, correct: np.ndarray) -> 
   return comparisons(decision, loss, correct).all(axis=1)
 
 
-def degradation(decision: str, text: QuestionScores, speech: QuestionScores) -> dict:
-  """T->T against S->T on the same questions: accuracies, difference (with a paired bootstrap interval over
-  questions), ratio, and McNemar on per-question decisions."""
-  if text.ids != speech.ids:
-    raise ValueError("the text and speech runs hold different questions")
-  t = s2sbench_decisions(decision, text.loss, text.correct)
-  s = s2sbench_decisions(decision, speech.loss, speech.correct)
-  questions = len(text)
-  b, c, p = mcnemar_p(question_decisions(decision, text.loss, text.correct),
-                      question_decisions(decision, speech.loss, speech.correct))
+def degradation(decision: str, reference: QuestionScores, other: QuestionScores) -> dict:
+  """A modality against a reference one (S->T against T->T) on the same questions: accuracies, the drop (with a
+  paired bootstrap interval over questions), ratio, and McNemar on per-question decisions."""
+  if reference.ids != other.ids:
+    raise ValueError("the two modalities' runs hold different questions")
+  r = s2sbench_decisions(decision, reference.loss, reference.correct)
+  o = s2sbench_decisions(decision, other.loss, other.correct)
+  questions = len(reference)
+  b, c, p = mcnemar_p(question_decisions(decision, reference.loss, reference.correct),
+                      question_decisions(decision, other.loss, other.correct))
   return {
-    "text_accuracy": float(t.mean()), "speech_accuracy": float(s.mean()),
-    "degradation": float(t.mean() - s.mean()),
-    "degradation_ci95": list(bootstrap_interval(t.astype(np.float64) - s.astype(np.float64), questions)),
-    "ratio": float(s.mean() / t.mean()) if t.mean() else None,
-    "mcnemar": {"questions": questions, "text_only_right": b, "speech_only_right": c, "p_value": p},
+    "reference_accuracy": float(r.mean()), "accuracy": float(o.mean()),
+    "degradation": float(r.mean() - o.mean()),
+    "degradation_ci95": list(bootstrap_interval(r.astype(np.float64) - o.astype(np.float64), questions)),
+    "ratio": float(o.mean() / r.mean()) if r.mean() else None,
+    "mcnemar": {"questions": questions, "reference_only_right": b, "other_only_right": c, "p_value": p},
   }

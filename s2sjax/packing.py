@@ -280,3 +280,200 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], items: S
       n_targets += n
       n_slots += 1
       cursor += n
+
+
+# ---- Parallel streams (Moshi): rows whose every position carries a text token and K codebook tokens ------------------
+#
+#   stream_tokens                   [L, S]   S = 1 + K stream ids per position (text first), in delayed step space
+#   segment_ids, branch_ids, positions [L]   as above; positions are step indices
+#   target_pos                      [M]      the position whose temporal output predicts a step
+#   target_frame                    [M, S]   that predicted step's tokens (the depformer reads its earlier streams)
+#   target_weight                   [M, S]   1 where the step's token of that stream is scored
+#   target_slot                     [M]      as above: one target per predicted step, up to S scored tokens
+#   slot_item, slot_candidate       [C]      as above
+#
+# Delays are applied here, once, when an item's rows are built (`delay_streams`): a candidate's steps then hold the
+# tail of the prefix's delayed streams, so they are built from prefix + candidate together; a delayed stream's
+# token is scored with the candidate it belongs to (its time, not its step, is the candidate's).
+
+
+def delay_streams(streams: np.ndarray, delays: Sequence[int], initial_ids: Sequence[int]) -> np.ndarray:
+  """Moshi's `_delay_sequence` with its initial step: time-aligned streams [T, S] -> steps [T + 1, S], where step 0
+  is every stream's initial token and step s + 1 of stream k holds streams[s - delays[k], k] (the initial token
+  while s < delays[k])."""
+  streams = np.asarray(streams)
+  if streams.ndim != 2 or streams.shape[1] != len(delays) or len(initial_ids) != len(delays):
+    raise PackingError(f"streams {streams.shape} do not match {len(delays)} delays and {len(initial_ids)} initial ids")
+  length = streams.shape[0]
+  steps = np.empty((length + 1, len(delays)), np.int32)
+  for k, (delay, initial) in enumerate(zip(delays, initial_ids)):
+    steps[: delay + 1, k] = initial
+    steps[delay + 1 :, k] = streams[: max(length - delay, 0), k]
+  return steps[: length + 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamLayout:
+  """How a parallel-stream model reads its streams: per stream (text first) its delay and initial token, and which
+  streams the model predicts (`predicted`: text and the depformer's codebooks; the rest, the user's audio in
+  Moshi, are only read)."""
+
+  delays: tuple[int, ...]
+  initial_ids: tuple[int, ...]
+  predicted: int  # streams 0..predicted-1 have a head
+
+  @property
+  def num_streams(self) -> int:
+    return len(self.delays)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamItem:
+  """One prefix and its candidates as time-aligned streams [T, S] (text first; -1 = no token, as upstream's zero
+  token), and which streams of a candidate are scored (`scored`, stream indices: (0,) the text stream, (1,) the
+  first codebook, ...). Tokens of -1 are never scored."""
+
+  prefix: np.ndarray
+  candidates: tuple[np.ndarray, ...]
+  scored: tuple[int, ...]
+  name: str = ""
+
+
+def _stream_unit_steps(item: StreamItem, layout: StreamLayout, flush: bool):
+  """(prefix steps [P + 1, S], per candidate (steps [n, S], weights [n, S])) in delayed step space. With `flush`,
+  each candidate runs max(delays) steps longer with -1 in every stream, so that its delayed streams' last tokens
+  are predicted too (upstream's forward leaves them out: the last `delay` steps of a delayed stream are masked)."""
+  prefix = np.asarray(item.prefix)
+  p = len(prefix)
+  extra = max(layout.delays) if flush else 0
+  delays = np.asarray(layout.delays)
+  prefix_steps = delay_streams(prefix, layout.delays, layout.initial_ids)
+  out = []
+  for candidate in item.candidates:
+    candidate = np.asarray(candidate)
+    tail = np.full((extra, layout.num_streams), -1, np.int32)
+    steps = delay_streams(np.concatenate([prefix, candidate, tail]), layout.delays, layout.initial_ids)[p + 1 :]
+    # step p + 1 + j holds stream k's token of time p + j - delay_k: the candidate's when that time is in [p, p + n)
+    time = np.arange(len(steps))[:, None] - delays[None, :]
+    weights = (time >= 0) & (time < len(candidate)) & (steps >= 0)
+    weights &= np.isin(np.arange(layout.num_streams), item.scored)[None, :]
+    out.append((steps, weights.astype(np.int32)))
+  return prefix_steps, out
+
+
+def _validate_stream_item(index: int, item: StreamItem, layout: StreamLayout) -> str:
+  name = item.name or f"item {index}"
+  if not item.candidates:
+    raise PackingError(f"{name}: has no candidates")
+  for what, streams in [("prefix", item.prefix)] + [(f"candidate {c}", x) for c, x in enumerate(item.candidates)]:
+    streams = np.asarray(streams)
+    if streams.ndim != 2 or streams.shape[1] != layout.num_streams:
+      raise PackingError(f"{name}: {what} must be [T, {layout.num_streams}] streams, got {streams.shape}")
+    if what != "prefix" and len(streams) == 0:
+      raise PackingError(f"{name}: {what} is empty")
+  bad = [k for k in item.scored if not 0 <= k < layout.predicted]
+  if bad or not item.scored:
+    raise PackingError(f"{name}: scored streams {list(item.scored)} must be among the {layout.predicted} streams the "
+                       "model predicts (0 = text, k = codebook k - 1)")
+  return name
+
+
+def pack_streams(
+  items: Sequence[StreamItem],
+  shape: RowShape,
+  layout: StreamLayout,
+  share_prefix: bool = True,
+  flush: bool = False,
+) -> tuple[dict[str, np.ndarray], PackReport]:
+  """First-fit-decreasing packing of parallel-stream items (as `pack`, one target per predicted step). An item
+  that does not fit a row is an error naming it (no truncation: a delayed prefix cannot lose steps cleanly)."""
+  report = PackReport(items=len(items))
+  units, built = [], []
+  for index, item in enumerate(items):
+    name = _validate_stream_item(index, item, layout)
+    prefix_steps, candidates = _stream_unit_steps(item, layout, flush)
+    built.append((prefix_steps, candidates))
+    lengths = [len(steps) for steps, _ in candidates]
+    p = len(prefix_steps)
+    if max(lengths) > shape.max_targets or p + max(lengths) > shape.length:
+      raise PackingError(f"{name}: {p} prefix + {max(lengths)} candidate steps exceed the row ({shape.length} "
+                         f"positions, {shape.max_targets} targets)")
+    share = (share_prefix and p + sum(lengths) <= shape.length and sum(lengths) <= shape.max_targets
+             and len(lengths) <= shape.max_slots)
+    report.unshared_items += share_prefix and not share
+    if share:
+      units.append(_Unit(index, tuple(range(len(lengths))), p, p + sum(lengths), sum(lengths)))
+      report.tokens_saved_by_sharing += (len(lengths) - 1) * p
+    else:
+      units.extend(_Unit(index, (c,), p, p + n, n) for c, n in enumerate(lengths))
+  order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))
+  rows: list[list[_Unit]] = []
+  free: list[list[int]] = []
+  for u in order:
+    unit = units[u]
+    need = (unit.tokens, unit.targets, len(unit.candidates))
+    for r, room in enumerate(free):
+      if room[0] >= need[0] and room[1] >= need[1] and room[2] >= need[2]:
+        break
+    else:
+      rows.append([])
+      free.append([shape.length, shape.max_targets, shape.max_slots])
+      r = len(rows) - 1
+    rows[r].append(unit)
+    free[r] = [free[r][0] - need[0], free[r][1] - need[1], free[r][2] - need[2]]
+  arrays = empty_stream_rows(len(rows), shape, layout.num_streams)
+  for r, row_units in enumerate(rows):
+    _lay_stream_row(arrays, r, row_units, built)
+  report.rows = len(rows)
+  report.longest_item = max((unit.tokens for unit in units), default=0)
+  report.real_tokens = int((arrays["segment_ids"] > 0).sum())
+  report.capacity = len(rows) * shape.length
+  return arrays, report
+
+
+def empty_stream_rows(count: int, shape: RowShape, num_streams: int) -> dict[str, np.ndarray]:
+  """`count` padding rows of parallel streams: they score nothing."""
+  L, M, C, S = shape.length, shape.max_targets, shape.max_slots, num_streams
+  return {
+    "stream_tokens": np.full((count, L, S), -1, np.int32),
+    "segment_ids": np.zeros((count, L), np.int32),
+    "branch_ids": np.zeros((count, L), np.int32),
+    "positions": np.zeros((count, L), np.int32),
+    "target_pos": np.zeros((count, M), np.int32),
+    "target_frame": np.full((count, M, S), -1, np.int32),
+    "target_weight": np.zeros((count, M, S), np.int32),
+    "target_slot": np.full((count, M), -1, np.int32),
+    "slot_item": np.full((count, C), -1, np.int32),
+    "slot_candidate": np.full((count, C), -1, np.int32),
+  }
+
+
+def _lay_stream_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], built) -> None:
+  cursor, n_targets, n_slots = 0, 0, 0
+  for segment, unit in enumerate(units, 1):
+    prefix_steps, candidates = built[unit.item]
+    p = len(prefix_steps)
+    span = slice(cursor, cursor + p)
+    arrays["stream_tokens"][r, span] = prefix_steps
+    arrays["segment_ids"][r, span] = segment
+    arrays["positions"][r, span] = np.arange(p)
+    last_prefix = cursor + p - 1
+    cursor += p
+    for c in unit.candidates:
+      steps, weights = candidates[c]
+      n = len(steps)
+      span = slice(cursor, cursor + n)
+      arrays["stream_tokens"][r, span] = steps
+      arrays["segment_ids"][r, span] = segment
+      arrays["branch_ids"][r, span] = c + 1
+      arrays["positions"][r, span] = p + np.arange(n)
+      targets = slice(n_targets, n_targets + n)
+      arrays["target_pos"][r, targets] = np.concatenate([[last_prefix], cursor + np.arange(n - 1)])
+      arrays["target_frame"][r, targets] = steps
+      arrays["target_weight"][r, targets] = weights
+      arrays["target_slot"][r, targets] = n_slots
+      arrays["slot_item"][r, n_slots] = unit.item
+      arrays["slot_candidate"][r, n_slots] = c
+      n_targets += n
+      n_slots += 1
+      cursor += n

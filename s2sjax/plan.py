@@ -88,7 +88,7 @@ def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, pac
     candidates = record.candidates * sizes.candidate_tokens
     text = sizes.prefix_tokens + candidates
     speech = INSTRUCTION_TOKENS + 2 + sizes.seconds * frame_rate + candidates
-    for modality, tokens in (("text", text), ("speech", speech)):
+    for modality, tokens in (("t2t", text), ("s2t", speech)):
       out[f"{task}/{modality}"] = forward_flops(config, sizes.questions * tokens / packing, row_length,
                                                 sizes.questions * candidates)
   return out

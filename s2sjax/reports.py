@@ -2,8 +2,10 @@
 TensorBoard scalars.
 
     OUT/<checkpoint>/run.json                                           the checkpoint's name, path, step, spec
-    OUT/<checkpoint>/<task>-<modality>.scores.jsonl                     one line per candidate
-    OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality
+    OUT/<checkpoint>/<task>-<modality>.scores.jsonl                     one line per candidate (modality: t2t,
+                                                                        s2t, t2s, s2s, s2s_utterance)
+    OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality; the
+                                                                        degradation matrix (metrics.json, table.md)
     OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints)
 
 The summaries (metrics.json, the tables, the curves) are recomputed from every completed scores file in OUT
@@ -21,7 +23,7 @@ import json
 import numpy as np
 from etils import epath
 
-from s2sjax import benchmarks
+from s2sjax import benchmarks, modalities
 from s2sjax.evaluator import summarize
 from s2sjax.output_dir import write_atomic
 from s2sjax.questions import QuestionScores
@@ -50,6 +52,7 @@ def read_runs(out_dir) -> list[dict]:
     scores = {}
     for path in sorted(record_path.parent.glob(f"*{SCORES_SUFFIX}")):
       task, _, modality = path.name[: -len(SCORES_SUFFIX)].rpartition("-")
+      modality = modalities.canonical(modality)  # earlier versions wrote text, speech
       lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
       scores[(task, modality)] = QuestionScores.from_lines(lines, where=str(path))
     summary = summarize(scores)
@@ -73,26 +76,46 @@ def write_json(path, value) -> None:
   _write_text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-MODALITY_TITLES = {"text": "T→T", "speech": "S→T"}
-
-
 def table_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
   """Paper Table 1 layout: a row per model x modality, a column per task (accuracy, %)."""
   tasks = [t for t in benchmarks.names() if any(t in r["tasks"] for r in runs)]
   header = ["model", "modality"] + [benchmarks.get(t).title for t in tasks]
   rows = []
   for run in runs:
-    for modality in ("text", "speech"):
+    for modality in sorted({m for t in run["tasks"].values() for m in t}, key=modalities.order):
       cells = [run["tasks"].get(t, {}).get(modality) for t in tasks]
+      rows.append([run["name"], modalities.title(modality)]
+                  + [f"{100 * c['accuracy']:.1f}" if c else "-" for c in cells])
+  return header, rows
+
+
+def degradation_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+  """The degradation matrix: a row per model x pair of modalities, a column per task (points of accuracy lost,
+  with the 95% interval)."""
+  tasks = [t for t in benchmarks.names() if any(t in r["degradation"] for r in runs)]
+  header = ["model", "degradation"] + [benchmarks.get(t).title for t in tasks]
+  rows = []
+  for run in runs:
+    for reference, other in modalities.COMPARISONS:
+      key = modalities.comparison_key(reference, other)
+      cells = [run["degradation"].get(t, {}).get(key) for t in tasks]
       if any(cells):
-        rows.append([run["name"], MODALITY_TITLES[modality]]
-                    + [f"{100 * c['accuracy']:.1f}" if c else "-" for c in cells])
+        rows.append([run["name"], f"{modalities.title(reference)} − {modalities.title(other)}"] + [
+          f"{100 * c['degradation']:+.1f} [{100 * c['degradation_ci95'][0]:+.1f}, {100 * c['degradation_ci95'][1]:+.1f}]"
+          if c else "-" for c in cells])
   return header, rows
 
 
 def write_tables(out_dir, runs: list[dict]) -> None:
+  """table.md: Table 1 (accuracy, %), then the degradation matrix; table.csv: Table 1."""
   header, rows = table_rows(runs)
-  markdown = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+  as_markdown = lambda head, body: (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                                    + ["| " + " | ".join(r) + " |" for r in body])
+  markdown = as_markdown(header, rows)
+  matrix_header, matrix_rows = degradation_rows(runs)
+  if matrix_rows:
+    markdown += ["", "Degradation (points of accuracy, 95% paired interval):", ""]
+    markdown += as_markdown(matrix_header, matrix_rows)
   _write_text(epath.Path(out_dir) / "table.md", "\n".join(markdown) + "\n")
   buffer = io.StringIO()
   csv.writer(buffer).writerows([header] + rows)
@@ -119,7 +142,7 @@ def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
       for key in keys:
         ys = [h["tasks"].get(task, {}).get(modality, {}).get(key, np.nan) for h in points]
         style = "--" if key == "negative_loss" else "-"
-        label = f"{benchmarks.get(task).title} {MODALITY_TITLES[modality]}" + (f" {key.split('_')[0]}" if len(keys) > 1 else "")
+        label = f"{benchmarks.get(task).title} {modalities.title(modality)}" + (f" {key.split('_')[0]}" if len(keys) > 1 else "")
         ax.plot(steps, [100 * y if name == "accuracy" else y for y in ys], style, marker="o", label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel("accuracy (%)" if name == "accuracy" else "mean NLL (nats/token)")
@@ -144,9 +167,10 @@ def write_tensorboard(out_dir, run: dict, step: int) -> None:
   from tensorboardX import SummaryWriter
 
   with SummaryWriter(str(epath.Path(out_dir) / "tensorboard")) as writer:
-    for task, modalities in run["tasks"].items():
-      for modality, values in modalities.items():
+    for task, by_modality in run["tasks"].items():
+      for modality, values in by_modality.items():
         for key in SCALARS:
           writer.add_scalar(f"{task}/{modality}/{key}", values[key], step)
-    for task, report in run["degradation"].items():
-      writer.add_scalar(f"{task}/degradation", report["degradation"], step)
+    for task, matrix in run["degradation"].items():
+      for pair, report in matrix.items():
+        writer.add_scalar(f"{task}/degradation/{pair}", report["degradation"], step)

@@ -283,3 +283,139 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
     raise ValueError(f"the packed rows do not hold every candidate exactly once: {listed}"
                      + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""))
   return CandidateScores(total, count)
+
+
+# ---- Parallel streams (Moshi) ----------------------------------------------------------------------------------------
+#
+# The same step for rows of parallel streams (`packing.pack_streams`): the temporal transformer over every position,
+# its outputs gathered at the targets, then at each target the text head and the depformer (conditioned on the
+# predicted step's earlier streams); fp32 `logsumexp - logit[target]` per stream, weighted by `target_weight`,
+# summed per slot. A target is one predicted step, so `n_tokens` counts the scored tokens of every stream.
+
+STREAM_FIELDS = ("stream_tokens", "segment_ids", "branch_ids", "positions", "target_pos", "target_frame",
+                 "target_weight", "target_slot", "row_id")
+
+
+def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict) -> dict:
+  """Per-slot NLL sums and token counts [B, C] for a batch of parallel-stream rows (pure; jitted by StreamScorer)."""
+  from s2sjax.model.moshi import MoshiLM, attention_mask
+
+  model = MoshiLM(config, dtype=dtype)
+  mask = attention_mask(batch["segment_ids"], batch["branch_ids"], batch["positions"], config.temporal.context)
+  hidden = model.apply({"params": params}, batch["stream_tokens"], batch["positions"], mask)
+  hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
+  predicted = 1 + config.dep_q
+
+  def nll_of(logits, ids):
+    ids = jnp.clip(ids, 0, logits.shape[-1] - 1)  # unscored entries (-1, initial tokens) weigh 0
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+
+  def target_nll(chunk):
+    h, frame, weight = chunk  # [B, c, D], [B, c, S], [B, c, S]
+    nll = [nll_of(model.apply({"params": params}, h, method=MoshiLM.text_logits), frame[..., 0])]
+    if config.dep_q:
+      flat = lambda x: x.reshape(-1, x.shape[-1])
+      audio = model.apply({"params": params}, flat(h), flat(frame), method=MoshiLM.audio_logits)
+      audio = audio.reshape(*h.shape[:2], config.dep_q, config.card)
+      nll += list(jnp.moveaxis(nll_of(audio, frame[..., 1:predicted]), -1, 0))
+    weight = weight[..., :predicted].astype(jnp.float32)
+    return (jnp.stack(nll, axis=-1) * weight).sum(-1), weight.sum(-1)
+
+  batch_size, num_targets = batch["target_slot"].shape
+  chunk = min(target_chunk, num_targets)
+  pad = -num_targets % chunk
+  padded = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+  split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
+  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
+  nll, count = jax.lax.map(target_nll, (split(padded(hidden)), split(padded(batch["target_frame"])),
+                                        split(padded(batch["target_weight"]))))
+  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
+  sums = lambda x: jnp.einsum("bm,bmc->bc", merge(x), onehot, precision=jax.lax.Precision.HIGHEST)
+  return {"nll_sum": sums(nll), "n_tokens": jnp.round(sums(count)).astype(jnp.int32)}
+
+
+def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
+  """Stream ids beyond their tables (or a scored code beyond the card) would be clamped silently by the gather:
+  refuse them, naming row, position and stream. -1 (no token) and each stream's initial token are ids too."""
+  tokens = rows["stream_tokens"]
+  if tokens.shape[-1] != config.num_streams:
+    raise ValueError(f"rows carry {tokens.shape[-1]} streams, the model reads {config.num_streams} (text + "
+                     f"{config.n_q} codebooks)")
+  limits = np.asarray(config.initial_ids)  # text_card for text, card for every codebook: the initial token
+  for field, values, top in (("stream_tokens", tokens, limits), ("target_frame", rows["target_frame"], limits)):
+    bad = np.argwhere((values < -1) | (values > top))
+    if len(bad):
+      r, pos, k = bad[0]
+      raise ValueError(f"{field}[row {r}, position {pos}, stream {k}] = {values[r, pos, k]} is outside the "
+                       f"{'text vocabulary' if k == 0 else 'codebook'} ({top[k]} ids and the initial token); "
+                       f"{len(bad)} such ids in all — were the codes made for another model?")
+  scored = rows["target_weight"] > 0
+  heads = np.asarray((config.text_card_out,) + (config.card,) * config.n_q)
+  bad = np.argwhere(scored & ((rows["target_frame"] < 0) | (rows["target_frame"] >= heads)))
+  if len(bad):
+    r, m, k = bad[0]
+    raise ValueError(f"target_frame[row {r}, target {m}, stream {k}] = {rows['target_frame'][r, m, k]} is scored but "
+                     f"not an id the model predicts (0..{heads[k] - 1})")
+  if (scored[..., 1 + config.dep_q :]).any():
+    raise ValueError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
+
+
+class StreamScorer:
+  """`Scorer` for parallel-stream rows: one compiled step per row shape over a mesh, rows split over processes."""
+
+  def __init__(self, config, shape: RowShape, mesh: Mesh | None = None, batch_size: int = 8, dtype=jnp.float32,
+               target_chunk: int = 256):
+    from s2sjax.model import moshi
+
+    self.config, self.shape = config, shape
+    self.mesh = mesh or sharding.make_mesh()
+    data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self.batch_size = math.ceil(batch_size / data_parallel) * data_parallel
+    self.local_batch = self.batch_size // jax.process_count()
+    self.param_shardings = sharding.logical_to_sharding(moshi.param_logical_axes(config),
+                                                        moshi.abstract_params(config), self.mesh)
+    ndim = {"row_id": 1, "stream_tokens": 3, "target_frame": 3, "target_weight": 3}
+    self._batch_shardings = {
+      name: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim.get(name, 2) - 1))))
+      for name in STREAM_FIELDS}
+    _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size)
+
+    def step(params, batch):
+      out = score_stream_batch(config, dtype, target_chunk, shape.max_slots, params, batch)
+      return {**out, "row_id": batch["row_id"]}
+
+    self._step = jax.jit(step, in_shardings=(self.param_shardings, self._batch_shardings),
+                         out_shardings=sharding.replicated(self.mesh))
+
+  def score(self, params: Params, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
+    from s2sjax.packing import empty_stream_rows
+
+    check_stream_ids(rows, self.config)
+    num_rows = len(rows["stream_tokens"])
+    if jax.process_count() > 1:
+      mine = np.array([num_rows, self.shape.length, self.shape.max_targets, self.shape.max_slots, self.batch_size])
+      everyone = np.asarray(multihost_utils.process_allgather(mine))
+      if not (everyone == mine).all():
+        raise ValueError(f"processes disagree on (rows, L, M, C, batch): {everyone.tolist()}")
+    params = jax.device_put(params, self.param_shardings)
+    count, index = jax.process_count(), jax.process_index()
+    mine = np.arange(index, num_rows, count)
+    steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
+    nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
+    n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      for step in range(steps):
+        indices = mine[step * self.local_batch : (step + 1) * self.local_batch]
+        batch = empty_stream_rows(self.local_batch, self.shape, self.config.num_streams)
+        batch["row_id"] = np.full(self.local_batch, -1, np.int32)
+        batch["row_id"][: len(indices)] = indices
+        for name in STREAM_FIELDS[:-1]:
+          batch[name][: len(indices)] = rows[name][indices]
+        out = self._step(params, {name: jax.make_array_from_process_local_data(self._batch_shardings[name], batch[name])
+                                  for name in STREAM_FIELDS})
+        row_id = np.asarray(out["row_id"].addressable_data(0))
+        real = row_id >= 0
+        nll_sum[row_id[real]] = np.asarray(out["nll_sum"].addressable_data(0))[real]
+        n_tokens[row_id[real]] = np.asarray(out["n_tokens"].addressable_data(0))[real]
+    return nll_sum, n_tokens

@@ -2,10 +2,17 @@
 
 A spec is a small YAML (presets in `s2sjax/specs/`): how audio enters the model (`none`, `extended_vocab`: unit k
 is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token), which audio tokenizer makes
-the units, the special tokens around audio, and the prompt templates. The templates default to S2SBench's:
+the units, the special tokens around audio, whether the model reads text at all (a unit LM does not), and the
+prompt templates. Per modality (s2sjax.modalities), the prefix, then the scored candidate:
 
-  S->T: instruction + [audio start] audio [audio end] + candidate     (instruction per language, below)
-  T->T: first + separator + candidate                                 (" " in English, "" in Chinese)
+  T->T: first + separator | candidate text                   (S2SBench's; separator " " in English, "" in Chinese)
+  S->T: instruction + [start] units(first) [end] | candidate text        (S2SBench's; instruction per language)
+  T->S: instruction + first + [start] | units(candidate)
+  S->S: instruction + [start] units(first) | units(candidate)            (the audio runs on: one spoken story)
+  S->S without text (unit LMs): [bos] units(first) | units(candidate)
+
+A spoken candidate is scored on its units only, as a text one on its tokens; no end token is scored. The
+`utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import yaml
 
 from s2sjax.families.family import AUDIO_INPUTS
+from s2sjax.modalities import SPEECH, Modality
 
 SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
 AUDIO_MODES = ("none",) + AUDIO_INPUTS  # no audio, or one of the ways a family takes audio tokens
@@ -46,6 +54,9 @@ class Spec:
   placeholder_token: str | None = None  # codebook_tables
   unit_token: str | None = None  # extended_vocab: format string of unit k's token, e.g. "<|audio_{}|>"
   unit_offset: int | None = None  # extended_vocab: or unit k is id offset + k
+  # False for unit LMs (TWIST, SLAM): no text tokenizer, no templates; only S->S can be asked of them.
+  text_vocabulary: bool = True
+  bos_id: int | None = None  # without a text vocabulary: the id that opens every sequence (SlamKit's 1)
   speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
   text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
 
@@ -59,10 +70,27 @@ class Spec:
         raise SpecError(f"spec {self.name}: extended_vocab needs one codebook and exactly one of unit_token, unit_offset")
     if self.audio_mode != "none" and not self.audio_tokenizer.get("type"):
       raise SpecError(f"spec {self.name}: audio_tokenizer.type is required with audio_mode {self.audio_mode}")
+    if not self.text_vocabulary and (self.audio_mode != "extended_vocab" or self.unit_offset is None
+                                     or self.bos_id is None):
+      raise SpecError(f"spec {self.name}: a spec without a text vocabulary is a unit LM: it needs audio_mode "
+                      "extended_vocab with unit_offset and bos_id (no token names to look up)")
 
   @property
   def has_speech(self) -> bool:
     return self.audio_mode != "none"
+
+  def check_modality(self, modality: Modality) -> None:
+    """Refuses, by name, a modality this spec's model cannot be asked."""
+    if modality.speaks and not self.has_speech:
+      raise SpecError(f"spec {self.name} is text-only: it has no audio units for {modality.name} ({modality.title})")
+    if modality.reads_text and not self.text_vocabulary:
+      raise SpecError(f"spec {self.name} is a unit LM without a text vocabulary: only s2s (S→S) can be asked of "
+                      f"it, not {modality.name} ({modality.title})")
+    if modality.candidate == SPEECH and self.audio_mode == "codebook_tables":
+      raise SpecError(
+        f"spec {self.name} feeds audio as codebook tables at a placeholder token: its audio is predicted by the "
+        f"checkpoint's own audio head (kept under extras/, not run by s2sjax), not by the text head, so spoken "
+        f"candidates ({modality.name}, {modality.title}) cannot be scored for it")
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -86,17 +114,22 @@ def load_spec(name_or_path: str) -> Spec:
   if not os.path.exists(path):
     raise SpecError(f"no spec {name_or_path!r}: presets are {', '.join(available_specs())}, or give a .yaml path")
   with open(path, encoding="utf-8") as f:
-    fields = yaml.safe_load(f) or {}
+    return spec_from_dict(yaml.safe_load(f) or {}, where=path)
+
+
+def spec_from_dict(fields: dict, where: str = "spec") -> Spec:
+  """A spec from its YAML or JSON form (a built dataset's metadata holds `as_dict()`), defaults filled in."""
+  fields = dict(fields)
   fields.setdefault("audio_tokenizer", {})
   fields["codebook_sizes"] = tuple(fields.get("codebook_sizes") or ())
   for key in ("speech_instruction", "text_separator"):
     fields[key] = {**(SPEECH_INSTRUCTION if key == "speech_instruction" else TEXT_SEPARATOR), **fields.get(key, {})}
   unknown = set(fields) - {f.name for f in dataclasses.fields(Spec)}
   if unknown:
-    raise SpecError(f"{path}: unknown keys {sorted(unknown)}")
+    raise SpecError(f"{where}: unknown keys {sorted(unknown)}")
   missing = [k for k in ("name", "audio_mode") if not fields.get(k)]
   if missing:
-    raise SpecError(f"{path}: missing keys {missing}")
+    raise SpecError(f"{where}: missing keys {missing}")
   return Spec(**fields)
 
 
@@ -111,7 +144,10 @@ class AudioIds:
 
 
 def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
-  """Looks every special token of the spec up in the tokenizer; a token it lacks is an error, not a guess."""
+  """Looks every special token of the spec up in the tokenizer; a token it lacks is an error, not a guess. A spec
+  without a text vocabulary has no tokenizer (None): its units are ids from `unit_offset`."""
+  if not spec.text_vocabulary:
+    return AudioIds(None, None, None, list(range(spec.unit_offset, spec.unit_offset + spec.codebook_sizes[0])))
   vocab = tokenizer.get_vocab()
 
   def lookup(token: str | None, role: str) -> int | None:
@@ -127,10 +163,12 @@ def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
     if spec.unit_token is not None:
       unit_ids = [lookup(spec.unit_token.format(k), "unit token") for k in range(units)]
     else:
-      size = len(tokenizer)
-      if spec.unit_offset < 0 or spec.unit_offset + units > size:
-        raise SpecError(f"spec {spec.name}: unit_offset {spec.unit_offset} + codebook_sizes[0] {units} = "
-                        f"{spec.unit_offset + units} does not fit the tokenizer's {size} tokens")
+      # Units are ids the tokenizer has, or ids past its end (rows the model added); never both, which would
+      # make some units text tokens. Ids past the model's own table are refused when scoring.
+      size, end = len(tokenizer), spec.unit_offset + units
+      if spec.unit_offset < 0 or spec.unit_offset < size < end:
+        raise SpecError(f"spec {spec.name}: units {spec.unit_offset}..{end - 1} straddle the end of the "
+                        f"tokenizer's {size} tokens: some would be text tokens")
       unit_ids = list(range(spec.unit_offset, spec.unit_offset + units))
   return AudioIds(lookup(spec.start_token, "start_token"), lookup(spec.end_token, "end_token"),
                   lookup(spec.placeholder_token, "placeholder_token"), unit_ids)

@@ -1,6 +1,6 @@
 """Built task data as the evaluator reads it: the packed rows, the question table and the build's metadata.
 
-`tasks.prepare` writes one TFDS config per task x spec x modality x row length x variant (`demo-speech-1024`,
+`tasks.prepare` writes one TFDS config per task x spec x modality x row length x variant (`demo-s2t-1024`,
 `-noshare`, ...) under `<data_dir>/<task>/<config>/<version>`; the names are made here, by `config_name`, so the
 build and the reader cannot disagree. Reading needs no TensorFlow (array_record through TFDS's data source).
 """
@@ -16,7 +16,7 @@ import re
 import numpy as np
 from etils import epath
 
-from s2sjax import benchmarks
+from s2sjax import benchmarks, modalities
 from s2sjax.packing import RowShape
 from s2sjax.questions import QuestionTable
 from s2sjax.spec import is_spec_path, load_spec
@@ -28,6 +28,10 @@ class DataError(ValueError):
   """Built data that is missing or does not fit; the message says what to run."""
 
 
+PROTOCOLS = ("s2sbench", "utterance")
+OVERLONG = ("error", "truncate_prefix")
+
+
 @dataclasses.dataclass(frozen=True)
 class Variants:
   """The build options that change the rows, and so name another built config."""
@@ -35,6 +39,15 @@ class Variants:
   share_prefix: bool = True
   reference_language_quirk: bool = False  # S2SBench's code applies the last dataset's language (zh) to all
   overlong: str = "error"  # or "truncate_prefix": drop prefix tokens of items longer than the row (counted)
+  # "s2sbench": prefix + candidate, the candidate's tokens scored; "utterance" (S->S only): TWIST / SlamKit's
+  # whole spoken story, every unit after bos scored (tasks/build.py)
+  protocol: str = "s2sbench"
+
+  def __post_init__(self):
+    if self.overlong not in OVERLONG:
+      raise ValueError(f"overlong must be one of {OVERLONG}, not {self.overlong!r}")
+    if self.protocol not in PROTOCOLS:
+      raise ValueError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
 
 
 def spec_label(spec: str) -> str:
@@ -47,11 +60,13 @@ def spec_label(spec: str) -> str:
 
 
 def config_name(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> str:
-  """`demo-speech-1024` (`mine-1a2b3c4d-speech-1024` for a YAML spec); variants that change the rows say so:
-  `-noshare`, `-zhquirk`, `-truncate`."""
-  return (f"{spec_label(spec)}-{modality}-{row_length}" + ("" if variants.share_prefix else "-noshare")
+  """`demo-s2t-1024` (`mine-1a2b3c4d-s2t-1024` for a YAML spec); variants that change the rows say so:
+  `-noshare`, `-zhquirk`, `-truncate`, `-utterance`."""
+  return (f"{spec_label(spec)}-{modalities.get(modality).name}-{row_length}"
+          + ("" if variants.share_prefix else "-noshare")
           + ("-zhquirk" if variants.reference_language_quirk else "")
-          + ("-truncate" if variants.overlong == "truncate_prefix" else ""))
+          + ("-truncate" if variants.overlong == "truncate_prefix" else "")
+          + ("-utterance" if variants.protocol == "utterance" else ""))
 
 
 def tokenizer_identity(tokenizer) -> dict:
@@ -87,6 +102,15 @@ class TaskData:
   metadata: dict
 
   @property
+  def protocol(self) -> str:
+    return self.metadata.get("protocol", "s2sbench")
+
+  @property
+  def label(self) -> str:
+    """What it is scored as, in file names and keys: `s2s`, or `s2s_utterance` for the other protocol."""
+    return modalities.label(self.modality, self.protocol)
+
+  @property
   def benchmark(self) -> benchmarks.Benchmark:
     return benchmarks.get(self.task)
 
@@ -110,4 +134,4 @@ class TaskData:
 def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int,
                    variants: Variants = Variants()) -> TaskData:
   rows, metadata = load_rows(data_dir, task, config_name(spec, modality, row_length, variants))
-  return TaskData(task, modality, rows, metadata)
+  return TaskData(task, modalities.get(modality).name, rows, metadata)

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 
 import numpy as np
 from absl import logging
 
+from s2sjax import modalities
+from s2sjax.modalities import SPEECH, TEXT
 from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
 from s2sjax.questions import QuestionTable
 from s2sjax.spec import AudioIds, Spec, resolve_audio_ids
+from s2sjax.task_data import PROTOCOLS
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
+from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Problems, Question
-
-MODALITIES = ("text", "speech")
-
 
 @dataclasses.dataclass
 class BuildStats:
@@ -41,22 +43,33 @@ class BuildStats:
     }
 
 
-class PrefixEncoder:
-  """Turns a question's prefix (text, or spoken audio) into ids [P] and codes [P, K] for one spec and modality."""
+class QuestionEncoder:
+  """Turns a question's prefix and candidates into ids (and, for codebook tables, codes) for one spec, modality
+  and protocol, by the templates of s2sjax/spec.py.
+
+  `s2sbench`: prefix + candidate, the candidate's own tokens scored. `utterance` (S->S only): SlamKit's modelling
+  metric (slamkit/metric/modelling_metric.py, slamkit/model/unit_lm.py): the whole spoken story, the prefix's audio
+  and the candidate's as one recording, tokenized as `<bos> units <eos>` (slamkit/tokeniser/unit_tokeniser.py's
+  template; bos = eos = 1 for unit LMs, the audio start / end tokens otherwise) and every token after the first
+  scored, the closing eos included."""
 
   def __init__(self, spec: Spec, modality: str, tokenizer, audio_tokenizer: AudioTokenizer | None,
-               language_override: str | None = None):
-    if modality not in MODALITIES:
-      raise ValueError(f"modality must be one of {MODALITIES}, not {modality!r}")
-    if modality == "speech" and not spec.has_speech:
-      raise ValueError(f"spec {spec.name} is text-only: build it with modality=text")
-    if modality == "speech" and audio_tokenizer is None:
-      raise ValueError("modality=speech needs an audio tokenizer")
-    self.spec, self.modality, self.tokenizer = spec, modality, tokenizer
+               language_override: str | None = None, protocol: str = "s2sbench"):
+    self.modality = modalities.get(modality)
+    spec.check_modality(self.modality)
+    if self.modality.speaks and audio_tokenizer is None:
+      raise ValueError(f"modality {self.modality.name} needs an audio tokenizer")
+    if protocol not in PROTOCOLS:
+      raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if protocol == "utterance" and self.modality.name != "s2s":
+      raise ValueError(f"the utterance protocol scores a spoken story as one recording: it is S→S only, not "
+                       f"{self.modality.name} ({self.modality.title})")
+    self.spec, self.tokenizer, self.protocol = spec, tokenizer, protocol
     self.audio_tokenizer = audio_tokenizer
     self.language_override = language_override
-    self.ids: AudioIds | None = resolve_audio_ids(spec, tokenizer) if modality == "speech" else None
-    self.num_codebooks = len(spec.codebook_sizes) if (modality == "speech" and spec.audio_mode == "codebook_tables") else 0
+    self.ids: AudioIds | None = resolve_audio_ids(spec, tokenizer) if self.modality.speaks else None
+    self.num_codebooks = (len(spec.codebook_sizes)
+                          if self.modality.prefix == SPEECH and spec.audio_mode == "codebook_tables" else 0)
     self._audio_cache: dict[str, tuple[np.ndarray, float]] = {}
 
   def language(self, question: Question) -> str:
@@ -66,45 +79,80 @@ class PrefixEncoder:
   def text_ids(self, text: str, special: bool) -> np.ndarray:
     return np.asarray(self.tokenizer(text, add_special_tokens=special)["input_ids"], np.int32)
 
-  def candidate_ids(self, question: Question, candidate: str) -> np.ndarray:
-    separator = self.spec.text_separator[self.language(question)] if self.modality == "text" else ""
-    return self.text_ids(separator + candidate, special=False)
-
-  def audio_codes(self, path: str, uttid: str) -> tuple[np.ndarray, float]:
-    """(codes [T, K], seconds of audio), once per distinct recording: story lines 2k and 2k+1 usually carry the
-    same audio in two files, which is tokenized once."""
-    key = _file_digest(path) if self.audio_tokenizer.reads_audio else uttid
+  def audio_codes(self, paths: tuple[str, ...], name: str) -> tuple[np.ndarray, float]:
+    """(codes [T, K], seconds of audio) of the recordings at `paths` heard as one (their waves joined), once per
+    distinct content: story lines 2k and 2k+1 usually carry the same prefix audio in two files. Precomputed codes
+    are read by `name` (`<uttid>`, `candidates/<uttid>`, joined by `+`)."""
+    tokenizer = self.audio_tokenizer
+    key = "+".join(_file_digest(p) for p in paths) if tokenizer.reads_audio else name
     if key not in self._audio_cache:
-      tokenizer = self.audio_tokenizer
       if not tokenizer.reads_audio:
-        codes, seconds = tokenizer.encode(None, uttid), 0.0
+        codes, seconds = np.concatenate([tokenizer.encode(None, part) for part in name.split("+")]), 0.0
       else:
-        wave = load_audio(path, tokenizer.sample_rate)
-        codes, seconds = tokenizer.encode(wave, uttid), len(wave) / tokenizer.sample_rate
+        wave = np.concatenate([load_audio(p, tokenizer.sample_rate) for p in paths])
+        codes, seconds = tokenizer.encode(wave, name), len(wave) / tokenizer.sample_rate
       if len(codes) == 0:
-        raise AudioError(f"uttid {uttid}: {path} gave no audio frames")
+        raise AudioError(f"{name}: {' + '.join(paths)} gave no audio frames")
       self._audio_cache[key] = (codes, seconds)
     return self._audio_cache[key]
 
+  def units(self, codes: np.ndarray) -> np.ndarray:
+    """extended_vocab: each frame's unit as its token id."""
+    return np.asarray(self.ids.unit_ids, np.int32)[codes[:, 0]]
+
+  def _opening(self, text: str) -> np.ndarray:
+    """What a sequence with audio opens with: bos for a unit LM, else `text` with the tokenizer's special tokens,
+    then the audio start token."""
+    if not self.spec.text_vocabulary:
+      return np.asarray([self.spec.bos_id], np.int32)
+    start = [self.ids.start] if self.ids.start is not None else []
+    return np.concatenate([self.text_ids(text, special=True), start]).astype(np.int32)
+
   def prefix(self, question: Question, c: int) -> tuple[np.ndarray, np.ndarray | None, float]:
     """(ids [P], codes [P, K] or None, audio seconds) of candidate c's prefix."""
-    if self.modality == "text":
+    m = self.modality
+    instruction = self.spec.speech_instruction[self.language(question)]
+    if self.protocol == "utterance":  # the recording is all candidate: only what opens a sequence precedes it
+      opening = self._opening("")
+      if len(opening) == 0 and self.tokenizer.bos_token_id is not None:
+        opening = np.asarray([self.tokenizer.bos_token_id], np.int32)
+      if len(opening) == 0:
+        raise ValueError(f"spec {self.spec.name}: the utterance protocol needs a token to open the recording with "
+                         "(the spec's start_token, or the tokenizer's bos), and there is none")
+      return opening, None, 0.0
+    if m.name == "t2t":
       return self.text_ids(question.prefixes[c], special=True), None, 0.0
-    codes, seconds = self.audio_codes(question.audio_paths[c], question.uttids[c])
-    instruction = self.text_ids(self.spec.speech_instruction[self.language(question)], special=True)
-    start = [self.ids.start] if self.ids.start is not None else []
-    end = [self.ids.end] if self.ids.end is not None else []
-    if self.spec.audio_mode == "extended_vocab":
-      audio = np.asarray(self.ids.unit_ids, np.int32)[codes[:, 0]]
-      audio_codes = None
-    else:
-      audio = np.full(len(codes), self.ids.placeholder, np.int32)
-      audio_codes = codes
-    ids = np.concatenate([instruction, start, audio, end]).astype(np.int32)
-    if audio_codes is not None:
+    if m.prefix == TEXT:  # t2s: the text, then the audio the candidate speaks
+      return self._opening(instruction + question.prefixes[c]), None, 0.0
+    codes, seconds = self.audio_codes((question.audio_paths[c],), question.uttids[c])
+    opening = self._opening(instruction)
+    if self.spec.audio_mode == "codebook_tables":  # the codes ride on placeholder ids, at their positions
       blank = lambda n: np.full((n, codes.shape[1]), -1, np.int32)
-      audio_codes = np.concatenate([blank(len(instruction) + len(start)), audio_codes, blank(len(end))])
-    return ids, audio_codes, seconds
+      end = [self.ids.end] if self.ids.end is not None else []
+      ids = np.concatenate([opening, np.full(len(codes), self.ids.placeholder, np.int32), end]).astype(np.int32)
+      return ids, np.concatenate([blank(len(opening)), codes, blank(len(end))]), seconds
+    # s2t closes the audio before the text candidate; s2s's candidate continues it
+    end = [self.ids.end] if (self.ids.end is not None and m.candidate == TEXT) else []
+    return np.concatenate([opening, self.units(codes), end]).astype(np.int32), None, seconds
+
+  def candidate(self, question: Question, c: int) -> tuple[np.ndarray, float]:
+    """(ids, audio seconds) of candidate c: exactly the tokens that are scored."""
+    if self.modality.candidate == TEXT:
+      separator = self.spec.text_separator[self.language(question)] if self.modality.prefix == TEXT else ""
+      return self.text_ids(separator + question.candidates[c], special=False), 0.0
+    spoken = _candidate_name(question, c)
+    if self.protocol == "utterance":
+      codes, seconds = self.audio_codes((question.audio_paths[c], question.candidate_audio_paths[c]),
+                                        f"{question.uttids[c]}+{spoken}")
+      eos = self.spec.bos_id if not self.spec.text_vocabulary else self.ids.end
+      return np.concatenate([self.units(codes), [eos] if eos is not None else []]).astype(np.int32), seconds
+    codes, seconds = self.audio_codes((question.candidate_audio_paths[c],), spoken)
+    return self.units(codes), seconds
+
+
+def _candidate_name(question: Question, c: int) -> str:
+  """How a spoken candidate is named to a precomputed tokenizer: `candidates/<its wav's name>`."""
+  return f"{CANDIDATES}/" + os.path.splitext(os.path.basename(question.candidate_audio_paths[c]))[0]
 
 
 def _file_digest(path: str) -> str:
@@ -123,7 +171,7 @@ def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
   return digest.hexdigest()
 
 
-def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool,
+def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool,
                 skip_bad: bool, overlong: str = "error") -> tuple[list[Item], QuestionTable, BuildStats]:
   """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
   missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
@@ -143,7 +191,11 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
         ids, codes, audio_seconds = encoder.prefix(question, c)
         seconds += audio_seconds if question.audio_paths[c] not in question.audio_paths[:c] else 0.0
         groups.setdefault(_key(ids, codes), (ids, codes, []))[2].append(c)
-      candidates = [encoder.candidate_ids(question, text) for text in question.candidates]
+      candidates = []
+      for c in range(len(question.candidates)):
+        ids, audio_seconds = encoder.candidate(question, c)
+        candidates.append(ids)
+        seconds += audio_seconds
       new_items = [Item(ids, tuple(candidates[c] for c in members), codes, name=f"question {question.id}")
                    for ids, codes, members in groups.values()]
       for item in new_items:  # here, where skip_bad can leave the question out, rather than in the final pack
@@ -172,7 +224,7 @@ def build_items(questions: list[Question], encoder: PrefixEncoder, shape: RowSha
   return items, QuestionTable.from_records(table), stats
 
 
-def build_rows(questions: list[Question], encoder: PrefixEncoder, shape: RowShape, share_prefix: bool = True,
+def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool = True,
                skip_bad: bool = False, overlong: str = "error") -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
   """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput)."""
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong)

@@ -1,7 +1,7 @@
 r"""Builds the packed rows of S2SBench tasks.
 
-  python -m tasks.prepare --task=sstorycloze|zh_sstorycloze|scmmlu|all --spec=demo --modality=text|speech|both \
-      [--row_length=1024] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
+  python -m tasks.prepare --task=sstorycloze|zh_sstorycloze|scmmlu|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
+      [--protocol=s2sbench,utterance] [--row_length=1024] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
       [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
@@ -12,6 +12,7 @@ refuses, unless --overwrite.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -19,7 +20,7 @@ import os
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
-from s2sjax import benchmarks, cli
+from s2sjax import benchmarks, cli, modalities
 from s2sjax.task_data import Variants, config_name
 from tasks.tfds_builder import make_config, resolve_manual_dir
 
@@ -73,15 +74,17 @@ def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str,
 def main(argv):
   del argv
   tasks = benchmarks.names() if FLAGS.task == "all" else [FLAGS.task]
-  modalities = ["text", "speech"] if FLAGS.modality == "both" else [FLAGS.modality]
   variants = Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong)
+  builds = [(modality, dataclasses.replace(variants, protocol=protocol))
+            for modality in modalities.parse(FLAGS.modality)
+            for protocol in (FLAGS.protocol if modality == "s2s" else ["s2sbench"])]
   tokenizer_dir = FLAGS.tokenizer_dir
   if tokenizer_dir is None and FLAGS.spec == "demo":  # the embedded default model's (converted on first use)
     from s2sjax import default_model
 
     tokenizer_dir = os.path.join(default_model.default_checkpoint(), "tokenizer")
   for task in tasks:
-    for modality in modalities:
+    for modality, variants in builds:
       metadata = prepare(
         task, FLAGS.spec, modality, FLAGS.row_length, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir,
         FLAGS.overwrite, variants, tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir,
@@ -100,7 +103,10 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Task to build.")
   flags.DEFINE_string("spec", "demo", "Speech-LLM spec preset or YAML path.")
-  flags.DEFINE_enum("modality", "both", ["text", "speech", "both"], "Prefix modality.")
+  flags.DEFINE_string("modality", "both", "Modalities, prefix->candidate: any of t2t, s2t, t2s, s2s, comma-separated, "
+                      "or text (t2t), speech (s2t), both (t2t,s2t), all.")
+  flags.DEFINE_list("protocol", ["s2sbench"], "How S->S is built: s2sbench, utterance (the whole spoken story), "
+                    "or both, comma-separated.")
   flags.DEFINE_integer("row_length", 1024, "Packed row length.")
   flags.DEFINE_string("data_dir", None, "Where built datasets go (default: ~/.cache/s2sjax/data).")
   flags.DEFINE_string("manual_dir", None, "The S2SBench release directory (default: the bundled sample).")

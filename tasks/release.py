@@ -8,7 +8,13 @@ Where each task's files are and which format they hold is its record in `s2sjax.
 
 `story_pairs` lines carry `uttid, first, last`: uttid 2k holds the right ending and 2k+1 the wrong one of the same
 story; a uttid is an int or a string whose part before the first `_` is that int. `multiple_choice` lines carry
-`uttid, first, A, B, C, D, answer`. The audio is the spoken `first`; candidates are text.
+`uttid, first, A, B, C, D, answer`. The audio is the spoken `first`.
+
+Spoken candidates (T->S, S->S) extend the layout, one folder per task beside the prefixes' (the record's
+`release_candidate_audio_dir`): `<uttid>.wav` speaks a story line's `last`, `<uttid>_<A|B|C|D>.wav` an option:
+
+    StoryCloze/s-story-lastspeech/<uttid>.wav    StoryCloze/zh_story_last/<uttid>.wav
+    cmmlu/cmmlu_rewrite_options/<uttid>_A.wav ... <uttid>_D.wav
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class Question:
   audio_paths: tuple[str, ...]  # per candidate: the spoken `first`
   candidates: tuple[str, ...]
   correct: int
+  candidate_audio_paths: tuple[str, ...] = ()  # per candidate: the spoken candidate (read only for T->S, S->S)
 
 
 @dataclasses.dataclass
@@ -85,6 +92,10 @@ def task_paths(task: str, release_dir: str, jsonl: str | None = None, audio_dir:
     raise ReleaseError(e.args[0]) from None
   return (jsonl or os.path.join(release_dir, record.release_jsonl),
           audio_dir or os.path.join(release_dir, record.release_audio_dir))
+
+
+def candidate_audio_dir(task: str, release_dir: str) -> str:
+  return os.path.join(release_dir, benchmarks.get(task).release_candidate_audio_dir)
 
 
 def _require(path: str) -> None:
@@ -155,20 +166,21 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question
   return kept
 
 
-def source_fingerprint(task: str, release_dir: str, with_audio: bool) -> str:
-  """A hash of what a build reads from the release: the jsonl's bytes and, when the wavs are decoded, each wav's
-  name and bytes (contents, not times: a copied release is the same release)."""
-  jsonl, audio_dir = task_paths(task, release_dir)
+def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] = ()) -> str:
+  """A hash of what a build reads from the release: the jsonl's bytes and, of the wav folders it decodes
+  (`audio_dirs`), each wav's name and bytes (contents, not times: a copied release is the same release)."""
+  jsonl, _ = task_paths(task, release_dir)
   _require(jsonl)
   digest = hashlib.sha256()
   with open(jsonl, "rb") as f:
     digest.update(f.read())
-  if with_audio and os.path.isdir(audio_dir):
-    digest.update(folder_digest(audio_dir, ".wav").encode())
+  for audio_dir in audio_dirs:
+    if os.path.isdir(audio_dir):
+      digest.update(folder_digest(audio_dir, ".wav").encode())
   return digest.hexdigest()[:16]
 
 
-def _story_pairs(jsonl: str, wav, language: str, collect: Problems) -> list[Question]:
+def _story_pairs(jsonl: str, wav, candidate_wav, language: str, collect: Problems) -> list[Question]:
   """Lines 2k (right ending) and 2k+1 (wrong ending) of the same story make one question."""
   story = lambda record: f"story {record['key'] // 2}"
   records = _read_lines(jsonl, ("uttid", "first", "last"), collect, story)
@@ -200,11 +212,12 @@ def _story_pairs(jsonl: str, wav, language: str, collect: Problems) -> list[Ques
       id=right["uttid"], language=language, uttids=(right["uttid"], wrong["uttid"]),
       prefixes=(right["first"], wrong["first"]), audio_paths=(wav(right["uttid"]), wav(wrong["uttid"])),
       candidates=(right["last"], wrong["last"]), correct=0,
+      candidate_audio_paths=(candidate_wav(right["uttid"]), candidate_wav(wrong["uttid"])),
     ))
   return questions
 
 
-def _multiple_choice(jsonl: str, wav, language: str, collect: Problems) -> list[Question]:
+def _multiple_choice(jsonl: str, wav, candidate_wav, language: str, collect: Problems) -> list[Question]:
   """One line per question: a prefix, options A-D and the answer's letter."""
   questions = []
   for r in _read_lines(jsonl, ("uttid", "first") + OPTIONS + ("answer",), collect, lambda record: record["uttid"]):
@@ -215,7 +228,7 @@ def _multiple_choice(jsonl: str, wav, language: str, collect: Problems) -> list[
     questions.append(Question(
       id=r["uttid"], language=language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
       audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(r[o] for o in OPTIONS),
-      correct=OPTIONS.index(answer),
+      correct=OPTIONS.index(answer), candidate_audio_paths=tuple(candidate_wav(f"{r['uttid']}_{o}") for o in OPTIONS),
     ))
   return questions
 
@@ -230,7 +243,9 @@ def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_
   jsonl, audio_dir = task_paths(task, release_dir, jsonl, audio_dir)
   record = benchmarks.get(task)
   collect = problems if problems is not None else Problems()
+  candidates_dir = candidate_audio_dir(task, release_dir)
   questions = READERS[record.release_format](jsonl, lambda uttid: os.path.join(audio_dir, f"{uttid}.wav"),
+                                             lambda name: os.path.join(candidates_dir, f"{name}.wav"),
                                              record.language, collect)
   if problems is None and collect:
     raise ReleaseError(f"{jsonl} has {len(collect)} problem(s):\n  {collect.text()}")

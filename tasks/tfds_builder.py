@@ -2,7 +2,7 @@
 
 A task's builder file (`tasks/<task>/<task>_dataset_builder.py`) only names its task; what the task is (release
 files and format, language) comes from its record in `s2sjax.benchmarks`. One BuilderConfig per spec x modality x
-row length x variant (`demo-speech-1024`, ...; names from `s2sjax.task_data.config_name`). The split `test` holds
+row length x variant (`demo-s2t-1024`, ...; names from `s2sjax.task_data.config_name`). The split `test` holds
 the packed rows (docs/architecture.md's row format plus a `row` index); `metadata.json` holds the question table
 (which slots make each question, which candidate is right), counts, packing efficiency, truncations and skips,
 the text tokenizer's identity and the audio tokenizer's fingerprint. Neither building nor reading needs TensorFlow.
@@ -24,12 +24,14 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from s2sjax import modalities
+from s2sjax.modalities import SPEECH
 from s2sjax.packing import RowShape
 from s2sjax.spec import Spec, available_specs, load_spec
 from s2sjax.task_data import DATA_VERSION, Variants, config_name, spec_label, tokenizer_identity
 from tasks import audio
-from tasks.build import MODALITIES, PrefixEncoder, build_rows
-from tasks.release import Problems, ReleaseError, read_questions, source_fingerprint
+from tasks.build import QuestionEncoder, build_rows
+from tasks.release import Problems, ReleaseError, candidate_audio_dir, read_questions, source_fingerprint, task_paths
 
 ROW_LENGTHS = (1024, 2048)
 VERSION = tfds.core.Version(DATA_VERSION)
@@ -38,30 +40,42 @@ VERSION = tfds.core.Version(DATA_VERSION)
 @dataclasses.dataclass(eq=False)
 class S2SBenchConfig(tfds.core.BuilderConfig):
   spec: str = "demo"
-  modality: str = "text"
+  modality: str = "t2t"  # a name of s2sjax.modalities
   row_length: int = 1024
   share_prefix: bool = True
   reference_language_quirk: bool = False  # see s2sjax.task_data.Variants
   overlong: str = "error"
+  protocol: str = "s2sbench"
 
   @property
   def row_shape(self) -> RowShape:
     spec = load_spec(self.spec)
-    codebooks = len(spec.codebook_sizes) if (self.modality == "speech" and spec.audio_mode == "codebook_tables") else 0
-    return RowShape.for_length(self.row_length, codebooks)
+    modality = modalities.get(self.modality)
+    codebooks = len(spec.codebook_sizes) if (modality.prefix == SPEECH and spec.audio_mode == "codebook_tables") else 0
+    shape = RowShape.for_length(self.row_length, codebooks)
+    # spoken candidates run to hundreds of units (a whole story, in the utterance protocol): any token may be scored
+    return dataclasses.replace(shape, max_targets=self.row_length) if modality.candidate == SPEECH else shape
 
 
 def make_config(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> S2SBenchConfig:
   return S2SBenchConfig(
     name=config_name(spec, modality, row_length, variants), version=VERSION, spec=spec, modality=modality,
     row_length=row_length, **dataclasses.asdict(variants),
-    description=f"{spec_label(spec)} spec, {modality} prefix, rows of {row_length}")
+    description=f"{spec_label(spec)} spec, {modalities.get(modality).title}, rows of {row_length}")
+
+
+def _askable(spec: str, modality: str) -> bool:
+  try:
+    load_spec(spec).check_modality(modalities.get(modality))
+    return True
+  except ValueError:
+    return False
 
 
 def _default_configs() -> list[S2SBenchConfig]:
   return [make_config(spec, modality, length)
-          for spec in available_specs() for modality in MODALITIES for length in ROW_LENGTHS
-          if modality == "text" or load_spec(spec).has_speech]
+          for spec in available_specs() for modality in modalities.NAMES for length in ROW_LENGTHS
+          if _askable(spec, modality)]
 
 
 def resolve_tokenizer_dir(tokenizer_dir: str | None, manual_dir: str) -> str:
@@ -152,15 +166,23 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
       config = self.builder_config
       spec = load_spec(config.spec)
-      tokenizer = AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir),
-                                                trust_remote_code=self.trust_remote_code)
+      modality = modalities.get(config.modality)
+      spec.check_modality(modality)  # before loading anything: what the spec cannot be asked, by name
+      tokenizer = (AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir),
+                                                 trust_remote_code=self.trust_remote_code)
+                   if spec.text_vocabulary else None)  # a unit LM has none
       audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
-                         if config.modality == "speech" else None)
-      identity = tokenizer_identity(tokenizer)
-      reads_wavs = audio_tokenizer is not None and audio_tokenizer.reads_audio
+                         if modality.speaks else None)
+      identity = tokenizer_identity(tokenizer) if tokenizer is not None else None
+      decoded = []  # the wav folders whose bytes make the rows
+      if audio_tokenizer is not None and audio_tokenizer.reads_audio:
+        if modality.prefix == SPEECH or config.protocol == "utterance":
+          decoded.append(task_paths(self.TASK, manual_dir)[1])
+        if modality.candidate == SPEECH:
+          decoded.append(candidate_audio_dir(self.TASK, manual_dir))
       fingerprint = {
-        "release": source_fingerprint(self.TASK, manual_dir, with_audio=reads_wavs), "spec": spec.digest(),
-        "text_tokenizer": identity["vocab_sha"],
+        "release": source_fingerprint(self.TASK, manual_dir, tuple(decoded)), "spec": spec.digest(),
+        "text_tokenizer": identity["vocab_sha"] if identity else None,
         "audio_tokenizer": audio_tokenizer.fingerprint() if audio_tokenizer else None,
       }
       self._inputs = BuildInputs(manual_dir, spec, tokenizer, identity, audio_tokenizer, fingerprint)
@@ -179,8 +201,9 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     spec, tokenizer, audio_tokenizer = inputs.spec, inputs.tokenizer, inputs.audio_tokenizer
     problems = Problems() if self.skip_bad else None
     questions = read_questions(self.TASK, inputs.manual_dir, problems=problems)
-    encoder = PrefixEncoder(spec, config.modality, tokenizer, audio_tokenizer,
-                            language_override="zh" if config.reference_language_quirk else None)
+    encoder = QuestionEncoder(spec, config.modality, tokenizer, audio_tokenizer,
+                              language_override="zh" if config.reference_language_quirk else None,
+                              protocol=config.protocol)
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
                                       config.overlong)
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
@@ -199,6 +222,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
                           if audio_tokenizer else None),
       "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
+      "protocol": config.protocol,
       "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
       "inputs": inputs.fingerprint, "report": summary, "questions": table.to_records(),
     })

@@ -39,7 +39,7 @@ def later_steps(first: str, steps: tuple[int, ...], root: str | None = None) -> 
 
 
 def build_sample(data_dir: str, tokenizer_dir: str, tasks=("sstorycloze", "zh_sstorycloze", "scmmlu"),
-                 modalities=("text", "speech")) -> None:
+                 modalities=("t2t", "s2t")) -> None:
   for task in tasks:
     for modality in modalities:
       prepare(task, "demo", modality, 1024, data_dir, tokenizer_dir=tokenizer_dir)

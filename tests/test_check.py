@@ -13,12 +13,12 @@ from checkpoints_conversion.convert import ConversionError, convert
 from s2sjax import check, checkpoint
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.packing import Item, RowShape, pack
+from s2sjax.spec import load_spec
 from s2sjax.task_data import TaskData
 from tests.hf_models import SMALL_HEADS, baichuan_audio_checkpoint, chatglm_checkpoint, tiny_model
 
 SIZES, PLACEHOLDER = (16, 8, 8), 500
-SPEC = {"name": "baichuan_audio", "audio_mode": "codebook_tables", "codebook_sizes": list(SIZES),
-        "placeholder_token": "<audio_pad_baichuan>"}
+SPEC = dict(load_spec("baichuan_audio").as_dict(), codebook_sizes=list(SIZES))
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def _speech_data(placeholder: int) -> TaskData:
   metadata = {"tokenizer": {"name_or_path": "tiny", "size": 512, "vocab_sha": "0" * 16}, "spec": SPEC,
               "row_shape": dataclasses.asdict(shape),
               "audio_ids": {"start": None, "end": None, "placeholder": placeholder, "unit_ids": None}}
-  return TaskData("scmmlu", "speech", rows, metadata)
+  return TaskData("scmmlu", "s2t", rows, metadata)
 
 
 def test_the_evaluator_refuses_a_placeholder_the_checkpoint_does_not_read(baichuan_ckpt):

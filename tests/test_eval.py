@@ -12,10 +12,10 @@ import time
 import pytest
 
 from s2sjax import checkpoint, checkpoint_paths, eval as s2s_eval
-from s2sjax.default_model import with_untrained_audio_tables
 from s2sjax.eval import EvalConfig
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
 from s2sjax.task_data import DataError, Variants, load_task_data
+from tasks.prepare import prepare
 from tasks.sample import RELEASE_DIR
 from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint
 
@@ -33,7 +33,7 @@ def setup(tmp_path_factory, qwen_tokenizer_dir):
   return {"root": root, "ckpt": ckpt, "data_dir": data_dir}
 
 
-def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("text", "speech"), chunk_rows=4, **config):
+def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("t2t", "s2t"), chunk_rows=4, **config):
   config = {"checkpoints": checkpoints or setup["ckpt"], "data_dir": setup["data_dir"], "output_dir": out,
             "chunk_rows": chunk_rows, "scoring": ScoringOptions(batch_size=4, attention="auto"), **config}
   return s2s_eval.run(EvalConfig(tuple(tasks), tuple(modalities), **config))
@@ -44,15 +44,15 @@ def test_every_task_and_modality_end_to_end(setup, tmp_path, qwen_tokenizer_dir)
   _run(setup, out)
   saved = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
   for task in ALL_TASKS:
-    for modality in ("text", "speech"):
+    for modality in ("t2t", "s2t"):
       path = os.path.join(out, "ckpt-100", f"{task}-{modality}.scores.jsonl")
       lines = [json.loads(line) for line in open(path)]
       assert len(lines) == 24 * (4 if task == "scmmlu" else 2) and sum(line["correct"] for line in lines) == 24
       comparisons = [c for q in _comparisons(path, strict=task != "scmmlu").values() for c in q]
       m = saved["tasks"][task][modality]  # metrics.json against S2SBench's arithmetic over the scores file
       assert m["questions"] == 24 and m["accuracy"] == pytest.approx(sum(comparisons) / len(comparisons))
-    text, speech = (saved["tasks"][task][m]["accuracy"] for m in ("text", "speech"))
-    assert saved["degradation"][task]["degradation"] == pytest.approx(text - speech)
+    text, speech = (saved["tasks"][task][m]["accuracy"] for m in ("t2t", "s2t"))
+    assert saved["degradation"][task]["s2t_vs_t2t"]["degradation"] == pytest.approx(text - speech)
   # the scored NLLs against transformers on the same weights, prefix + " " + ending as S2SBench's T->T
   import torch
   from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,7 +61,7 @@ def test_every_task_and_modality_end_to_end(setup, tmp_path, qwen_tokenizer_dir)
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   release = {str(line["uttid"]): line for line in map(json.loads, open(os.path.join(
     RELEASE_DIR, "StoryCloze", "sStory_s2t.jsonl")))}
-  for line in [json.loads(line) for line in open(os.path.join(out, "ckpt-100", "sstorycloze-text.scores.jsonl"))][:4]:
+  for line in [json.loads(line) for line in open(os.path.join(out, "ckpt-100", "sstorycloze-t2t.scores.jsonl"))][:4]:
     prefix = tokenizer(release[line["uttid"]]["first"])["input_ids"]
     ending = tokenizer(" " + release[line["uttid"]]["last"], add_special_tokens=False)["input_ids"]
     with torch.no_grad():
@@ -69,13 +69,14 @@ def test_every_task_and_modality_end_to_end(setup, tmp_path, qwen_tokenizer_dir)
     reference = -sum(float(log_probs[len(prefix) - 1 + j, t]) for j, t in enumerate(ending))
     assert line["n_tokens"] == len(ending) and abs(line["nll_sum"] - reference) / len(ending) <= 1e-4
   table = open(os.path.join(out, "table.md")).read().splitlines()
-  assert table[0] == "| model | modality | sStoryCloze | zh-sStoryCloze | sCMMLU |" and len(table) == 4
+  assert table[0] == "| model | modality | sStoryCloze | zh-sStoryCloze | sCMMLU |" and table[4] == ""
+  assert [row.split(" | ")[1] for row in table[2:4]] == ["T→T", "S→T"] and "T→T − S→T" in table[-1]
   for task in ALL_TASKS:  # flips.md lists exactly the questions the two modalities decide differently
     right = {m: {q: all(c) for q, c in _comparisons(os.path.join(out, "ckpt-100", f"{task}-{m}.scores.jsonl"),
                                                        strict=task != "scmmlu").items()}
-             for m in ("text", "speech")}
-    expected = {q for q in right["text"] if right["text"][q] != right["speech"][q]}
-    listed = [line.split(" | ")[0][2:] for line in open(os.path.join(out, "ckpt-100", f"{task}.flips.md"))
+             for m in ("t2t", "s2t")}
+    expected = {q for q in right["t2t"] if right["t2t"][q] != right["s2t"][q]}
+    listed = [line.split(" | ")[0][2:] for line in open(os.path.join(out, "ckpt-100", f"{task}.s2t_vs_t2t.flips.md"))
               if line.startswith("| ") and not line.startswith("| question")]
     assert sorted(listed) == sorted(expected) and len(listed) == len(set(listed))
 
@@ -117,15 +118,15 @@ def test_three_checkpoints_give_curves(setup, tmp_path):
   paths = [setup["ckpt"]] + later_steps(setup["ckpt"], (200, 300))
   out = str(tmp_path / "out")
   pattern = os.path.join(os.path.dirname(setup["ckpt"]), "ckpt-*")
-  runs = _run(setup, out, checkpoints=pattern, tasks=["sstorycloze"], modalities=["text"], tensorboard=True)
+  runs = _run(setup, out, checkpoints=pattern, tasks=["sstorycloze"], modalities=["t2t"], tensorboard=True)
   assert [r["step"] for r in runs] == [100, 200, 300] and [r["path"] for r in runs] == [os.path.abspath(p) for p in paths]
   for name in ("curves_accuracy.png", "curves_loss.png"):
     assert os.path.getsize(os.path.join(out, name)) > 10_000
-  accuracies = {r["tasks"]["sstorycloze"]["text"]["positive_loss"] for r in runs}
+  accuracies = {r["tasks"]["sstorycloze"]["t2t"]["positive_loss"] for r in runs}
   assert len(accuracies) == 3  # three different models were scored
   logged = [(step, value) for tag, value, step in _tensorboard_scalars(os.path.join(out, "tensorboard"))
             if tag == "sstorycloze/text/accuracy"]
-  assert logged == [(r["step"], pytest.approx(r["tasks"]["sstorycloze"]["text"]["accuracy"])) for r in runs]
+  assert logged == [(r["step"], pytest.approx(r["tasks"]["sstorycloze"]["t2t"]["accuracy"])) for r in runs]
 
 
 def test_killed_run_resumes_to_identical_files(setup, tmp_path):
@@ -133,13 +134,13 @@ def test_killed_run_resumes_to_identical_files(setup, tmp_path):
   from s2sjax.chunk_store import KILL_AFTER_CHUNKS
 
   reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
-  _run(setup, reference, tasks=["scmmlu"], modalities=["speech"], chunk_rows=1)
+  _run(setup, reference, tasks=["scmmlu"], modalities=["s2t"], chunk_rows=1)
   command = [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=speech", f"--checkpoint={setup['ckpt']}",
              f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=4", "--chunk_rows=1"]
   killed = subprocess.run(command, env={**os.environ, KILL_AFTER_CHUNKS: "3"}, capture_output=True, timeout=300)
   assert killed.returncode == -signal.SIGKILL
-  chunk_dir = os.path.join(resumed, "chunks", "ckpt-100", "scmmlu-speech")
-  total = len(load_task_data(setup["data_dir"], "scmmlu", "speech", "demo", 1024).rows["tokens"])
+  chunk_dir = os.path.join(resumed, "chunks", "ckpt-100", "scmmlu-s2t")
+  total = len(load_task_data(setup["data_dir"], "scmmlu", "s2t", "demo", 1024).rows["tokens"])
   assert sorted(f for f in os.listdir(chunk_dir) if f.startswith("chunk-")) == [f"chunk-0000{i}.npz" for i in range(3)]
   assert total > 3 and not os.path.exists(os.path.join(resumed, "metrics.json"))
   finished = subprocess.run(command + ["--verbosity=0"], capture_output=True, text=True, timeout=300)
@@ -150,8 +151,7 @@ def test_killed_run_resumes_to_identical_files(setup, tmp_path):
 
 def test_evaluate_three_times_compiles_once(setup):
   config, params = checkpoint.load_config(setup["ckpt"]), checkpoint.load_params(setup["ckpt"])
-  data = [load_task_data(setup["data_dir"], t, "speech", "demo", 1024) for t in ("sstorycloze", "scmmlu")]
-  config, params = with_untrained_audio_tables(config, params, (256,), data[0].metadata["audio_ids"]["placeholder"])
+  data = [load_task_data(setup["data_dir"], t, "s2t", "demo", 1024) for t in ("sstorycloze", "scmmlu")]
   evaluator = Evaluator(config, data, ScoringOptions(batch_size=4))
   first = evaluator.evaluate(params, step=0)
   for step in (1, 2):
@@ -171,12 +171,14 @@ def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
   with pytest.raises(checkpoint_paths.CheckpointListError, match=r"--checkpoint pattern .* matches nothing"):
     _run(setup, str(tmp_path / "o"), checkpoints=str(tmp_path / "nothing-*"))
   with pytest.raises(DataError, match=r"no built data at .*: build it with python -m tasks.prepare --task=sstorycloze"):
-    _run(setup, str(tmp_path / "o"), tasks=["sstorycloze"], modalities=["text"], data_dir=str(tmp_path / "empty"))
+    _run(setup, str(tmp_path / "o"), tasks=["sstorycloze"], modalities=["t2t"], data_dir=str(tmp_path / "empty"))
   config = checkpoint.load_config(setup["ckpt"])
-  speech = load_task_data(setup["data_dir"], "scmmlu", "speech", "demo", 1024)
-  with pytest.raises(EvalError, match=r"spec demo needs 1 audio codebook tables of sizes \(256,\); the checkpoint has none"):
-    Evaluator(config, [speech])
-  other = load_task_data(setup["data_dir"], "scmmlu", "text", "demo", 1024)
+  prepare("scmmlu", "demo_tables", "s2t", 1024, setup["data_dir"], tokenizer_dir=qwen_tokenizer_dir)
+  tables = load_task_data(setup["data_dir"], "scmmlu", "s2t", "demo_tables", 1024)
+  with pytest.raises(EvalError, match=r"spec demo_tables needs 1 audio codebook tables of sizes \(256,\); the checkpoint "
+                                      "has none"):
+    Evaluator(config, [tables])
+  other = load_task_data(setup["data_dir"], "scmmlu", "t2t", "demo", 1024)
   other.metadata = dict(other.metadata, tokenizer=dict(other.metadata["tokenizer"], vocab_sha="0" * 16))
   from s2sjax.evaluator import check_fit
   from s2sjax.task_data import tokenizer_identity
@@ -234,35 +236,35 @@ def test_two_processes_write_what_one_process_writes(setup, tmp_path):
 
 def test_a_rerun_never_resumes_from_another_runs_chunks(setup, tmp_path):
   out = str(tmp_path / "out")
-  _run(setup, out, tasks=["sstorycloze"], modalities=["text"])
+  _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"])
   with pytest.raises(EvalError, match=r"holds results of another run \(dtype: 'float32' there, 'bfloat16' now\)"):
-    _run(setup, out, tasks=["sstorycloze"], modalities=["text"], scoring=ScoringOptions(batch_size=4, dtype="bfloat16"))
+    _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"], scoring=ScoringOptions(batch_size=4, dtype="bfloat16"))
   with pytest.raises(EvalError, match=r"\(chunk_rows: 4 there, 2 now\)"):
-    _run(setup, out, tasks=["sstorycloze"], modalities=["text"], chunk_rows=2)
+    _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"], chunk_rows=2)
   # same folder name, another run's checkpoint: named apart, so it does not land in ckpt-100's chunks either
   assert checkpoint_paths.run_names(["/r/a/ckpt-100", "/r/b/ckpt-100", "/r/b/ckpt-200"]) == [
     "a/ckpt-100", "b/ckpt-100", "b/ckpt-200"]
   other = later_steps(setup["ckpt"], (100,), root=str(tmp_path / "runB"))[0]
   with pytest.raises(EvalError, match=r"checkpoint: '.*ckpt-100' there, '.*runB.*ckpt-100' now"):
-    _run(setup, out, checkpoints=other, tasks=["sstorycloze"], modalities=["text"])
+    _run(setup, out, checkpoints=other, tasks=["sstorycloze"], modalities=["t2t"])
 
 
 def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tokenizer_dir):
   from tasks.prepare import prepare
 
-  prepare("sstorycloze", "demo", "text", 1024, setup["data_dir"], variants=Variants(share_prefix=False),
+  prepare("sstorycloze", "demo", "t2t", 1024, setup["data_dir"], variants=Variants(share_prefix=False),
           tokenizer_dir=qwen_tokenizer_dir)
-  shared = _run(setup, str(tmp_path / "shared"), tasks=["sstorycloze"], modalities=["text"])
-  separate = _run(setup, str(tmp_path / "sep"), tasks=["sstorycloze"], modalities=["text"],
+  shared = _run(setup, str(tmp_path / "shared"), tasks=["sstorycloze"], modalities=["t2t"])
+  separate = _run(setup, str(tmp_path / "sep"), tasks=["sstorycloze"], modalities=["t2t"],
                   variants=Variants(share_prefix=False))
-  unshared_data = load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024, Variants(share_prefix=False))
-  shared_data = load_task_data(setup["data_dir"], "sstorycloze", "text", "demo", 1024)
+  unshared_data = load_task_data(setup["data_dir"], "sstorycloze", "t2t", "demo", 1024, Variants(share_prefix=False))
+  shared_data = load_task_data(setup["data_dir"], "sstorycloze", "t2t", "demo", 1024)
   assert unshared_data.metadata["share_prefix"] is False and unshared_data.fingerprint != shared_data.fingerprint
   identity = json.load(open(os.path.join(tmp_path, "sep", "chunks", "ckpt-100", "sstorycloze-text", "identity.json")))
   assert identity["data"] == unshared_data.fingerprint  # the run scored the -noshare rows
   for key in ("positive_loss", "negative_loss", "accuracy"):
-    assert separate[0]["tasks"]["sstorycloze"]["text"][key] == pytest.approx(
-      shared[0]["tasks"]["sstorycloze"]["text"][key], abs=1e-5)
+    assert separate[0]["tasks"]["sstorycloze"]["t2t"][key] == pytest.approx(
+      shared[0]["tasks"]["sstorycloze"]["t2t"][key], abs=1e-5)
 
 
 def test_bad_flags_fail_before_anything_loads():
@@ -284,7 +286,7 @@ def test_a_chunk_that_lost_candidates_is_never_saved(setup, tmp_path, monkeypatc
   monkeypatch.setattr(Scorer, "score", losing_a_candidate)
   out = tmp_path / "out"
   with pytest.raises(EvalError, match=r"sstorycloze/text rows 0-\d+: 1 laid candidates scored no tokens; nothing was"):
-    _run(setup, str(out), tasks=["sstorycloze"], modalities=["text"])
+    _run(setup, str(out), tasks=["sstorycloze"], modalities=["t2t"])
   assert not list(out.rglob("*.npz"))
 
 

@@ -60,7 +60,7 @@ def test_a_plugin_task_and_a_plugin_family_end_to_end(tmp_path, qwen_tokenizer_d
        f"--output_dir={out}", "--batch_size=4")
 
   assert json.load(open(ckpt / "model_config.json"))["family"] == "toyllama"
-  result = json.load(open(out / "metrics.json"))["runs"][0]["tasks"]["toy_cloze"]["text"]
+  result = json.load(open(out / "metrics.json"))["runs"][0]["tasks"]["toy_cloze"]["t2t"]
   assert result["questions"] == STORIES
   assert open(out / "table.md").readline().strip() == "| model | modality | ToyCloze |"
 

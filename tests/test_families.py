@@ -81,14 +81,16 @@ def test_the_evaluator_refuses_audio_inputs_the_family_does_not_take():
   from s2sjax.task_data import TaskData
 
   glm = families.planner_shapes()["glm-4-9b"]
-  spec = {"name": "baichuan_audio", "audio_mode": "codebook_tables", "codebook_sizes": [1025] * 8}
-  data = TaskData("scmmlu", "speech", rows={}, metadata={
+  from s2sjax.spec import load_spec
+
+  spec = dict(load_spec("baichuan_audio").as_dict(), codebook_sizes=[1025] * 8)
+  data = TaskData("scmmlu", "s2t", rows={}, metadata={
     "tokenizer": {"name_or_path": "qwen", "size": 151_000, "vocab_sha": "0" * 16}, "spec": spec,
     "row_shape": {"length": 1024, "max_targets": 512, "max_slots": 256, "num_codebooks": 8}})
   with pytest.raises(EvalError, match=r"spec baichuan_audio feeds audio as codebook_tables; the glm4 family takes "
                                       r"extended_vocab"):
     check_fit(glm, data)
-  check_fit(glm, dataclasses.replace(data, modality="text"))  # its text rows are fine
+  check_fit(glm, dataclasses.replace(data, modality="t2t"))  # its text rows are fine
 
 
 def test_unknown_family_names_the_registered_ones_and_the_plugin_variable():

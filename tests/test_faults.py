@@ -38,13 +38,13 @@ def setup(tmp_path_factory, qwen_tokenizer_dir):
   return {"root": root, "ckpt": ckpt, "data_dir": data_dir, "tokenizer": qwen_tokenizer_dir}
 
 
-def _run(setup, out, modalities=("text",), **config):
+def _run(setup, out, modalities=("t2t",), **config):
   config = {"checkpoints": setup["ckpt"], "data_dir": setup["data_dir"], "output_dir": str(out), "chunk_rows": 4,
             "scoring": ScoringOptions(batch_size=4), **config}
   return s2s_eval.run(EvalConfig(("sstorycloze",), tuple(modalities), **config))
 
 
-def _accuracy(out, modality="text"):
+def _accuracy(out, modality="t2t"):
   return json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["sstorycloze"][modality]
 
 
@@ -58,7 +58,7 @@ def test_a_checkpoint_replaced_at_the_same_path_is_scored_again(setup, tmp_path)
   _run(setup, tmp_path / "out", checkpoints=path)
   _run(setup, tmp_path / "fresh", checkpoints=other)
   assert _accuracy(tmp_path / "out") == _accuracy(tmp_path / "fresh")
-  scores = lambda out, name: open(tmp_path / out / name / "sstorycloze-text.scores.jsonl").read()
+  scores = lambda out, name: open(tmp_path / out / name / "sstorycloze-t2t.scores.jsonl").read()
   assert scores("out", "latest") == scores("fresh", "ckpt-7")
 
 
@@ -118,7 +118,7 @@ def test_a_kill_between_writing_and_renaming_a_chunk_resumes_to_identical_files(
   reference, resumed = tmp_path / "reference", tmp_path / "resumed"
   _run(setup, reference)
   _run(setup, resumed)
-  chunks = resumed / "chunks" / "ckpt-100" / "sstorycloze-text"
+  chunks = resumed / "chunks" / "ckpt-100" / "sstorycloze-t2t"
   first = chunks / "chunk-00000.npz"
   os.rename(first, chunks / f".{first.name}.tmp-{socket.gethostname()}-1")  # written, never renamed
   os.remove(resumed / "metrics.json")
@@ -128,11 +128,11 @@ def test_a_kill_between_writing_and_renaming_a_chunk_resumes_to_identical_files(
 
 def test_another_modality_into_the_same_directory_adds_to_the_summaries(setup, tmp_path):
   out = tmp_path / "out"
-  _run(setup, out, modalities=("text",))
-  _run(setup, out, modalities=("speech",))
+  _run(setup, out, modalities=("t2t",))
+  _run(setup, out, modalities=("s2t",))
   run = json.load(open(out / "metrics.json"))["runs"][0]
-  assert set(run["tasks"]["sstorycloze"]) == {"text", "speech"} and "sstorycloze" in run["degradation"]
-  assert [line.split(" | ")[1] for line in open(out / "table.md").read().splitlines()[2:]] == ["T→T", "S→T"]
+  assert set(run["tasks"]["sstorycloze"]) == {"t2t", "s2t"} and "s2t_vs_t2t" in run["degradation"]["sstorycloze"]
+  assert [line.split(" | ")[1] for line in open(out / "table.md").read().splitlines()[2:4]] == ["T→T", "S→T"]
 
 
 def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(setup, tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(setup, t
 
   monkeypatch.setattr(gpath.PosixGPath, "write_bytes", full_disk)
   with pytest.raises(OutputError, match=r"cannot write .*metrics\.json: No space left on device \(the previous "):
-    _run(setup, out, modalities=("text",), chunk_rows=4)
+    _run(setup, out, modalities=("t2t",), chunk_rows=4)
   assert open(out / "metrics.json", "rb").read() == before
   assert not [name for name in os.listdir(out) if ".tmp-" in name]
 

@@ -134,7 +134,7 @@ def test_cmmlu_degradation_tests_questions_not_their_three_comparisons():
   flipped[:4, 0] = 2.0
   correct = np.zeros(12, int)
   report = metrics.degradation("answer_vs_distractors", _from_loss(loss, correct), _from_loss(flipped, correct))
-  assert report["mcnemar"] == {"questions": 12, "text_only_right": 4, "speech_only_right": 0, "p_value": 0.125}
+  assert report["mcnemar"] == {"questions": 12, "reference_only_right": 4, "other_only_right": 0, "p_value": 0.125}
   assert report["degradation"] == pytest.approx(4 / 12)
 
 

@@ -39,12 +39,12 @@ def test_a_manual_dir_that_does_not_exist_is_an_error_not_the_sample(tmp_path, q
   with pytest.raises(ReleaseError, match=rf"--manual_dir {re.escape(missing)} does not exist"):
     prepare("scmmlu", "demo", "text", 1024, str(tmp_path / "data"), manual_dir=missing,
             tokenizer_dir=qwen_tokenizer_dir)
-  builder = builder_class("scmmlu")(config="demo-text-1024", data_dir=str(tmp_path / "data"),
+  builder = builder_class("scmmlu")(config="demo-t2t-1024", data_dir=str(tmp_path / "data"),
                                     tokenizer_dir=qwen_tokenizer_dir)  # TFDS's own entry point says the same
   with pytest.raises(ReleaseError, match=rf"--manual_dir {re.escape(missing)} does not exist"):
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=missing))
   assert not builder.is_prepared()
-  sample = builder_class("scmmlu")(config="demo-text-1024", data_dir=str(tmp_path / "data"),
+  sample = builder_class("scmmlu")(config="demo-t2t-1024", data_dir=str(tmp_path / "data"),
                                    tokenizer_dir=qwen_tokenizer_dir)
   sample.download_and_prepare()  # no manual_dir at all: the bundled sample
   assert sample.info.metadata["source"] == RELEASE_DIR
@@ -59,13 +59,13 @@ def test_data_built_from_other_release_files_or_tokenizer_is_refused_or_overwrit
   assert set(first["inputs"]) == {"release", "spec", "text_tokenizer", "audio_tokenizer"}
   assert build()["inputs"] == first["inputs"]  # same inputs: reused
   _release(tmp_path / "release", [dict(CMMLU_LINES[0], B="一千度。"), CMMLU_LINES[1]])
-  with pytest.raises(StaleDataError, match=rf"scmmlu/demo-text-1024 in {re.escape(data_dir)} was built from other "
+  with pytest.raises(StaleDataError, match=rf"scmmlu/demo-t2t-1024 in {re.escape(data_dir)} was built from other "
                                            r"inputs \(the release files changed; .*pass --overwrite"):
     build()
   rebuilt = build(overwrite=True)
   assert rebuilt["questions"][0]["candidates"][1] == "一千度。"
   assert rebuilt["inputs"]["release"] != first["inputs"]["release"]
-  _, stored = load_rows(data_dir, "scmmlu", "demo-text-1024")
+  _, stored = load_rows(data_dir, "scmmlu", "demo-t2t-1024")
   assert stored["questions"] == rebuilt["questions"] and build()["inputs"] == rebuilt["inputs"]
   other_tokenizer = str(tmp_path / "tokenizer")  # the same tokenizer with one more token
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
@@ -97,7 +97,7 @@ def test_a_yaml_spec_names_its_config_and_precomputed_codes_are_fingerprinted_by
     f.write("name: mydemo\naudio_mode: codebook_tables\naudio_tokenizer: {type: precomputed}\ncodebook_sizes: [16]\n"
             "placeholder_token: '<|endoftext|>'\n")
   name = config_name(yaml_path, "speech", 1024)
-  assert name == f"mydemo-{load_spec(yaml_path).digest()[:8]}-speech-1024"
+  assert name == f"mydemo-{load_spec(yaml_path).digest()[:8]}-s2t-1024"
   codes_dir = tmp_path / "codes"
   codes_dir.mkdir()
   rng = np.random.default_rng(0)

@@ -13,7 +13,7 @@ from s2sjax import benchmarks
 from s2sjax.packing import PackingError, RowShape
 from tasks.audio.base import AudioError, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
-from tasks.build import PrefixEncoder, build_rows
+from tasks.build import QuestionEncoder, build_rows
 from tasks.prepare import prepare
 from tasks.release import Problems, Question, ReleaseError, read_questions
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
@@ -32,8 +32,8 @@ def _source_lines(task):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("task", benchmarks.names())
-@pytest.mark.parametrize("modality", ["text", "speech"])
+@pytest.mark.parametrize("task, modality", [(task, modality) for task in benchmarks.names() for modality in ("t2t", "s2t")]
+                         + [("sstorycloze", "t2s"), ("scmmlu", "s2s")])
 def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality, qwen_tokenizer_dir):
   data_dir = str(tmp_path_factory.getbasetemp() / "data")
   metadata = prepare(task, "demo", modality, 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
@@ -42,10 +42,18 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
   assert metadata["report"]["rows"] >= 1 and metadata["tokenizer"]["size"] > 150_000
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   lines = {str(line["uttid"]): line for line in _source_lines(task)}
-  separator = " " if (modality == "text" and benchmarks.get(task).language == "en") else ""
+  separator = " " if (modality == "t2t" and benchmarks.get(task).language == "en") else ""
+  # the demo spec's units: mel k-means units of each recording, de-duplicated, as ids 49152 + k
+  units = lambda folder, name: 49152 + MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, True).encode(
+    load_audio(os.path.join(RELEASE_DIR, folder, f"{name}.wav"), 16000), name)[:, 0]
+  record = benchmarks.get(task)
   for question in metadata["questions"]:
     for c, (item, j) in enumerate(question["slots"]):
-      assert tokenizer.decode(_slot_targets(rows, item, j)) == separator + question["candidates"][c]
+      if modality.endswith("2t"):
+        assert tokenizer.decode(_slot_targets(rows, item, j)) == separator + question["candidates"][c]
+      elif question is metadata["questions"][0]:  # the spoken candidate's own units, exactly
+        name = question["uttids"][c] if task != "scmmlu" else f"{question['uttids'][c]}_{'ABCD'[c]}"
+        np.testing.assert_array_equal(_slot_targets(rows, item, j), units(record.release_candidate_audio_dir, name))
     # stories: 2k is right, 2k+1 wrong, and each candidate is its own line's ending
     if benchmarks.get(task).release_format == "story_pairs":
       right, wrong = (lines[u] for u in question["uttids"])
@@ -54,23 +62,22 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
     else:
       line = lines[question["id"]]
       assert question["candidates"] == [line[o] for o in "ABCD"] and "ABCD"[question["correct"]] == line["answer"]
-  if modality == "speech":  # the rows carry exactly the audio tokenizer's codes, at the placeholder positions
-    audio_tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
+  if modality.startswith("s"):  # the prefix carries exactly the recording's units, after the instruction
     question = metadata["questions"][3]
     item = question["slots"][0][0]
     r, s = np.argwhere(rows["slot_item"] == item)[0]
     segment = rows["segment_ids"][r][rows["target_pos"][r][rows["target_slot"][r] == s][0]]
-    audio = (rows["segment_ids"][r] == segment) & (rows["audio_codes"][r][:, 0] >= 0)
-    wav = os.path.join(RELEASE_DIR, benchmarks.get(task).release_audio_dir, f"{question['uttids'][0]}.wav")
-    expected = audio_tokenizer.encode(load_audio(wav, 16000), question["uttids"][0])
-    np.testing.assert_array_equal(rows["audio_codes"][r][audio], expected)
-    assert metadata["audio_tokenizer"]["fingerprint"] == audio_tokenizer.fingerprint()
+    prefix = rows["tokens"][r][(rows["segment_ids"][r] == segment) & (rows["branch_ids"][r] == 0)]
+    expected = units(record.release_audio_dir, question["uttids"][0])
+    np.testing.assert_array_equal(prefix[-len(expected):], expected)
+    assert metadata["audio_tokenizer"]["fingerprint"] == MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, True).fingerprint()
 
 
-def _encoder(qwen_tokenizer_dir, modality="text", spec="demo", quirk=False):
+def _encoder(qwen_tokenizer_dir, modality="t2t", spec="demo", quirk=False):
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
-  audio = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK) if modality == "speech" else None
-  return PrefixEncoder(load_spec(spec), modality, tokenizer, audio, "zh" if quirk else None), tokenizer
+  settings = load_spec(spec).audio_tokenizer
+  audio = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, settings["dedup"]) if modality != "t2t" else None
+  return QuestionEncoder(load_spec(spec), modality, tokenizer, audio, "zh" if quirk else None), tokenizer
 
 
 def test_tokenization_boundary_rule(qwen_tokenizer_dir):
@@ -78,14 +85,16 @@ def test_tokenization_boundary_rule(qwen_tokenizer_dir):
   encoder, tokenizer = _encoder(qwen_tokenizer_dir)
   question = read_questions("sstorycloze", RELEASE_DIR)[0]
   prefix, _, _ = encoder.prefix(question, 0)
-  candidate = encoder.candidate_ids(question, question.candidates[0])
+  candidate, _ = encoder.candidate(question, 0)
   assert tokenizer.decode(candidate) == " " + question.candidates[0]
   assert tokenizer.decode(np.concatenate([prefix, candidate])) == question.prefixes[0] + " " + question.candidates[0]
   quirky, _ = _encoder(qwen_tokenizer_dir, quirk=True)  # S2SBench's code: zh rules everywhere, so no space
-  assert tokenizer.decode(quirky.candidate_ids(question, question.candidates[0])) == question.candidates[0]
-  speech, _ = _encoder(qwen_tokenizer_dir, "speech", quirk=True)
+  assert tokenizer.decode(quirky.candidate(question, 0)[0]) == question.candidates[0]
+  speech, _ = _encoder(qwen_tokenizer_dir, "s2t", quirk=True)
   ids, codes, seconds = speech.prefix(question, 0)
-  assert tokenizer.decode(ids[: -len(codes[codes[:, 0] >= 0])]) == "下面是一段语音和文本交错的内容：" and seconds > 1
+  instruction = tokenizer("下面是一段语音和文本交错的内容：")["input_ids"]
+  assert ids[: len(instruction)].tolist() == instruction and codes is None and seconds > 1
+  assert (ids[len(instruction):] >= 49152).all() and (ids[len(instruction):] < 49152 + 256).all()
 
 
 def _write_release(root, stories=None, cmmlu=None, wav_from=None):
@@ -116,7 +125,7 @@ def _cmmlu(n=3):
 def test_release_fixture_builds_every_task_in_both_modalities(tmp_path, qwen_tokenizer_dir):
   root = _write_release(str(tmp_path), _stories(), _cmmlu())
   for task in ("sstorycloze", "scmmlu"):
-    for modality in ("text", "speech"):
+    for modality in ("t2t", "s2t"):
       metadata = prepare(task, "demo", modality, 1024, str(tmp_path / "data"), manual_dir=root,
                          tokenizer_dir=qwen_tokenizer_dir)
       assert metadata["report"]["questions"] == 3 and metadata["source"] == root
@@ -151,7 +160,7 @@ def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
   import soundfile
 
   soundfile.write(os.path.join(audio_dir, "6_x.wav"), long_wave, 16000)
-  encoder, _ = _encoder(qwen_tokenizer_dir, "speech")
+  encoder, _ = _encoder(qwen_tokenizer_dir, "s2t", spec="demo_tables")
   questions = read_questions("sstorycloze", root)
   shape = RowShape.for_length(1024, 1)
   with pytest.raises(AudioError, match=r"audio file .*2_x\.wav does not exist"):
@@ -253,7 +262,7 @@ def test_extended_vocab_rows_carry_the_unit_tokens(tmp_path, qwen_tokenizer_dir)
     np.save(codes_dir / f"{uttid}.npy", c)
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   tokenizer.add_tokens([f"<|audio_{k}|>" for k in range(16384)] + ["<|begin_of_audio|>", "<|end_of_audio|>"])
-  encoder = PrefixEncoder(load_spec("glm4_voice"), "speech", tokenizer, PrecomputedTokenizer(str(codes_dir), (16384,)))
+  encoder = QuestionEncoder(load_spec("glm4_voice"), "s2t", tokenizer, PrecomputedTokenizer(str(codes_dir), (16384,)))
   questions = read_questions("scmmlu", root)
   rows, table, report = build_rows(questions, encoder, RowShape.for_length(1024))
   assert rows["audio_codes"].shape[-1] == 0  # extended vocab: the units are ordinary tokens
@@ -292,12 +301,13 @@ def test_questions_the_packer_cannot_fit_are_named_or_skipped(qwen_tokenizer_dir
   assert report["rows"] == 1 and (rows["slot_item"] >= 0).sum() == 2
 
 
-def test_unit_offset_must_fit_the_tokenizer(qwen_tokenizer_dir):
+def test_units_are_tokenizer_ids_or_past_its_end_never_both(qwen_tokenizer_dir):
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   spec = lambda offset: Spec(name="units", audio_mode="extended_vocab", audio_tokenizer={"type": "precomputed"},
                              codebook_sizes=(500,), unit_offset=offset)
   size = len(tokenizer)
-  with pytest.raises(SpecError, match=rf"spec units: unit_offset {size - 499} \+ codebook_sizes\[0\] 500 = {size + 1} "
-                                      rf"does not fit the tokenizer's {size} tokens"):
+  with pytest.raises(SpecError, match=rf"spec units: units {size - 499}..{size} straddle the end of the tokenizer's "
+                                      rf"{size} tokens: some would be text tokens"):
     resolve_audio_ids(spec(size - 499), tokenizer)
-  assert resolve_audio_ids(spec(size - 500), tokenizer).unit_ids[-1] == size - 1
+  assert resolve_audio_ids(spec(size - 500), tokenizer).unit_ids[-1] == size - 1  # rows the tokenizer has
+  assert resolve_audio_ids(spec(size), tokenizer).unit_ids[0] == size  # rows the model added past the text ones

@@ -28,18 +28,19 @@ from s2sjax.scoring import score_batch
 from s2sjax.task_data import TaskData, load_task_data
 
 SHAPE = RowShape.for_length(1024, num_codebooks=1)
+SPEC = "demo_tables"  # audio as one codebook table at a placeholder: the table is what stage 1 trains
 
 
-def alignment_rows(tokenizer, spec_name: str = "demo") -> dict[str, np.ndarray]:
+def alignment_rows(tokenizer, spec_name: str = SPEC) -> dict[str, np.ndarray]:
   """Packed rows of (spoken first half -> its transcript) for every question of the bundled sample."""
   from s2sjax.spec import load_spec
   from tasks.audio import from_spec
-  from tasks.build import PrefixEncoder
+  from tasks.build import QuestionEncoder
   from tasks.release import read_questions
   from tasks.sample import RELEASE_DIR
 
   spec = load_spec(spec_name)
-  encoder = PrefixEncoder(spec, "speech", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
+  encoder = QuestionEncoder(spec, "s2t", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
   items = []
   for task in benchmarks.names():
     for question in read_questions(task, RELEASE_DIR):
@@ -94,9 +95,9 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
   tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
   data: list[TaskData] = []
   for task in ("sstorycloze", "scmmlu"):
-    for modality in ("text", "speech"):
-      prepare(task, "demo", modality, SHAPE.length, data_dir, tokenizer_dir=tokenizer_dir)
-      data.append(load_task_data(data_dir, task, modality, "demo", SHAPE.length))
+    for modality in ("t2t", "s2t"):
+      prepare(task, SPEC, modality, SHAPE.length, data_dir, tokenizer_dir=tokenizer_dir)
+      data.append(load_task_data(data_dir, task, modality, SPEC, SHAPE.length))
   config = tiny_config(len(tokenizer), data[1].metadata["audio_ids"]["placeholder"])
   params = init_params(config, jax.random.PRNGKey(0))
   evaluator = Evaluator(config, data, ScoringOptions(batch_size=4))
@@ -122,7 +123,7 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
         reports.plot_curves(output_dir, runs)
         print(f"step {step} (stage {stage}): train loss {float(loss):.3f}; " + ", ".join(
           f"{t} {m} {100 * h[t][m]['accuracy']:.0f}%" for h in evaluator.history[-1:] for t in ("sstorycloze", "scmmlu")
-          for m in ("text", "speech")), flush=True)
+          for m in ("t2t", "s2t")), flush=True)
     after_stage.append(params)
   summary = {"train_log": log, "history": evaluator.history, "compilations": evaluator.compiled_count()}
   reports.write_json(os.path.join(output_dir, "training_history.json"), summary)

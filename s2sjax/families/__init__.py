@@ -1,6 +1,6 @@
 """Model families, one module each, found by name.
 
-A family module (`qwen2.py`, `llama.py`, `glm4.py`) declares a `Family` (see `family.py`): how each layout of its
+A family module (`qwen2.py`, `llama.py`, `glm4.py`, `opt.py`) declares a `Family` (see `family.py`): how each layout of its
 checkpoints parses config.json and maps its tensor keys, how it exports back to transformers, how llama.cpp
 writes it, the audio inputs it accepts and its published architectures; then calls `register`. The decoder,
 converter, verifier, exporter and planner look families up through this package and never list them.
@@ -15,7 +15,7 @@ from s2sjax.families.registry import (
   names, planner_shapes, register)
 
 # The built-in families register on import, in the order their names are listed to users.
-from s2sjax.families import qwen2, llama, glm4  # noqa: E402,F401,I001
+from s2sjax.families import qwen2, llama, glm4, opt  # noqa: E402,F401,I001
 
 __all__ = [
   "AUDIO_INPUTS", "HF", "Family", "GgufLayout", "HfExport", "Layout", "all_layouts",

@@ -61,7 +61,9 @@ class Rule:
 class KeyNames:
   """Where one layout keeps each decoder tensor: module names, to which `.weight` / `.bias` is appended; per-layer
   names are format strings of the layer index `{i}`. Attention has q, k and v separately or one fused `qkv`; the
-  MLP has gate and up separately or one fused `gate_up`."""
+  MLP has gate and up separately or one fused `gate_up`, or only up for an MLP without a gate (OPT's fc1). The
+  modules only some decoders have (a learned position table, embedding projections) are named when the layout has
+  them."""
 
   embed: str
   final_norm: str
@@ -79,12 +81,16 @@ class KeyNames:
   gate_up: str | None = None
   # The fused qkv's rows are [heads, (q, k, v), head_dim] (ChatGLM without multi-query attention), not [q | k | v].
   qkv_per_head: bool = False
+  positions: str | None = None  # ModelConfig.position_embedding == "learned"
+  project_in: str | None = None  # ModelConfig.projects_embeddings
+  project_out: str | None = None
 
   def __post_init__(self):
-    for fused, separate in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
-      given = [getattr(self, name) is not None for name in separate]
-      if (getattr(self, fused) is not None) == any(given) or any(given) != all(given):
-        raise ValueError(f"KeyNames needs either {fused} or all of {', '.join(separate)}, not both or neither")
+    given = [getattr(self, name) is not None for name in ("q", "k", "v")]
+    if (self.qkv is not None) == any(given) or any(given) != all(given):
+      raise ValueError("KeyNames needs either qkv or all of q, k, v, not both or neither")
+    if (self.gate_up is not None) == (self.up is not None) or (self.gate is not None and self.up is None):
+      raise ValueError("KeyNames needs either gate_up or up (with gate for a gated MLP), not both or neither")
     if self.qkv_per_head and self.qkv is None:
       raise ValueError("KeyNames.qkv_per_head describes a fused qkv: give qkv")
 
@@ -143,10 +149,16 @@ def copy_rule(target: LeafPath, key: str, shape: tuple[int, ...]) -> Rule:
   return Rule(target, (Piece(key, shape),), "copy")
 
 
+def _require(names: KeyNames, name: str, needed_by: str) -> str:
+  if getattr(names, name) is None:
+    raise ValueError(f"KeyNames has no {name}, which the config's {needed_by} needs")
+  return getattr(names, name)
+
+
 def decoder_rules(config: ModelConfig, names: KeyNames, normalize_head: bool = False) -> list[Rule]:
   """Every text-decoder leaf's rule for a source spelled `names` (audio tables are the layout's own business)."""
   c = config
-  d, f, hd = c.hidden_size, c.intermediate_size, c.head_dim
+  d, e, f, hd = c.hidden_size, c.embed_dim, c.intermediate_size, c.head_dim
   q_rows, kv_rows = c.num_heads * hd, c.num_kv_heads * hd
 
   def stacked(part: _Rows, target: LeafPath, kind: str, suffix: str, columns=(), in_dims=1) -> Rule:
@@ -161,8 +173,22 @@ def decoder_rules(config: ModelConfig, names: KeyNames, normalize_head: bool = F
   else:
     attn = _projections(names.qkv, {"q": names.q, "k": names.k, "v": names.v},
                         {"q": q_rows, "k": kv_rows, "v": kv_rows})
-  mlp = _projections(names.gate_up, {"gate": names.gate, "up": names.up}, {"gate": f, "up": f})
-  rules = [copy_rule(("embed", "embedding"), f"{names.embed}.weight", (c.vocab_size, d))]
+  if c.mlp == "swiglu":
+    if names.gate_up is None:
+      _require(names, "gate", "swiglu MLP")
+    mlp = _projections(names.gate_up, {"gate": names.gate, "up": names.up}, {"gate": f, "up": f})
+  elif names.gate is not None or names.gate_up is not None:
+    raise ValueError(f"KeyNames has a gate, which a {c.mlp} MLP does not")
+  else:
+    mlp = {"up": _Rows(names.up, f)}
+  rules = [copy_rule(("embed", "embedding"), f"{names.embed}.weight", (c.vocab_size, e))]
+  if c.position_embedding == "learned":
+    table = f"{_require(names, 'positions', 'learned positions')}.weight"
+    rules.append(copy_rule(("position_embed", "embedding"), table, (c.max_positions + c.position_offset, d)))
+  if c.projects_embeddings:
+    for target, rows, columns in (("project_in", d, e), ("project_out", e, d)):
+      key = f"{_require(names, target, f'word_embed_dim={e}')}.weight"
+      rules.append(Rule((target, "kernel"), (Piece(key, (rows, columns)),), "linear"))
   for name, part in attn.items():
     rules.append(stacked(part, ("attn", name, "kernel"), "linear", "weight", (d,)))
     if c.qkv_bias:
@@ -175,11 +201,14 @@ def decoder_rules(config: ModelConfig, names: KeyNames, normalize_head: bool = F
     rules.append(stacked(part, ("mlp", name, "kernel"), "linear", "weight", (f if name == "down" else d,)))
     if c.mlp_bias:
       rules.append(stacked(part, ("mlp", name, "bias"), "copy", "bias"))
+  # A LayerNorm's bias is stored as `.bias` beside its `.weight` scale.
+  norm_parts = (("scale", "weight"), ("bias", "bias")) if c.norm == "layer" else (("scale", "weight"),)
   for norm, module in (("attn_norm", names.attn_norm), ("mlp_norm", names.mlp_norm)):
-    rules.append(stacked(_Rows(module, d), (norm, "scale"), "copy", "weight"))
-  rules.append(copy_rule(("final_norm", "scale"), f"{names.final_norm}.weight", (d,)))
+    rules += [stacked(_Rows(module, d), (norm, leaf), "copy", suffix) for leaf, suffix in norm_parts]
+  if c.final_norm:
+    rules += [copy_rule(("final_norm", leaf), f"{names.final_norm}.{suffix}", (d,)) for leaf, suffix in norm_parts]
   if not c.tie_embeddings:
-    head = Piece(f"{names.lm_head}.weight", (c.vocab_size, d), normalize_rows=normalize_head)
+    head = Piece(f"{names.lm_head}.weight", (c.vocab_size, e), normalize_rows=normalize_head)
     rules.append(Rule(("lm_head", "kernel"), (head,), "linear"))
   return rules
 

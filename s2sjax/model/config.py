@@ -1,8 +1,10 @@
 """The decoder's architecture (`ModelConfig`), read from a checkpoint's own `config.json`.
 
-Every switch (biases, rope theta and layout, norm eps, tied head) comes from the checkpoint; nothing is defaulted
-silently. How each config.json spelling is read is its family's business (`s2sjax.families`); `from_hf_config`
-finds the family by the config's `model_type`.
+Every switch (biases, rope theta and layout, norm kind and eps, positions, MLP kind, tied head) comes from the
+checkpoint; nothing is defaulted silently. The switches added for decoders unlike Llama (OPT's LayerNorm, post-norm
+residuals, ReLU MLP, learned positions, embedding projections) default to the Llama-style decoder, so configs
+written before they existed read as they did. How each config.json spelling is read is its family's business
+(`s2sjax.families`); `from_hf_config` finds the family by the config's `model_type`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from typing import Any, Mapping
 
 class ConfigError(ValueError):
   """A config.json this project cannot turn into a decoder."""
+
+
+NORMS = ("rms", "layer")
+MLPS = ("swiglu", "relu")
+POSITION_EMBEDDINGS = ("rope", "learned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +35,10 @@ class ModelConfig:
   num_heads: int
   num_kv_heads: int
   head_dim: int
-  rope_theta: float
-  rotary_dim: int  # leading dims of each head that are rotated; the rest pass through (GLM-4: head_dim / 2)
+  rope_theta: float  # 0 without rope
+  rotary_dim: int  # leading dims of each head that are rotated, the rest pass through (GLM-4: head_dim / 2); 0: no rope
   rope_interleaved: bool  # rotate (x0, x1), (x2, x3)... (GLM-4) instead of the two halves (Qwen2, Llama)
-  rms_norm_eps: float
+  rms_norm_eps: float  # every norm's epsilon (named for RMSNorm, the default `norm`)
   qkv_bias: bool
   o_bias: bool
   mlp_bias: bool
@@ -40,6 +47,18 @@ class ModelConfig:
   # positions of `audio_placeholder_id`. Empty for text-only and `extended_vocab` models.
   audio_codebook_sizes: tuple[int, ...] = ()
   audio_placeholder_id: int | None = None
+  norm: str = "rms"  # of NORMS: "rms" (RMSNorm, a scale) or "layer" (LayerNorm, a scale and a bias: OPT)
+  pre_norm: bool = True  # norm each block's input; False: norm after each residual sum (post-LN, OPT-350m)
+  final_norm: bool = True  # a norm after the last layer
+  mlp: str = "swiglu"  # of MLPS: "swiglu" (gate, up, down) or "relu" (up, relu, down: OPT's fc1 / fc2)
+  # Of POSITION_EMBEDDINGS: "rope", or "learned": a table of `max_positions + position_offset` rows added to the
+  # token embeddings, read at each token's position + `position_offset` (OPT keeps 2 unused rows in front).
+  position_embedding: str = "rope"
+  max_positions: int = 0
+  position_offset: int = 0
+  # Width of the token embeddings and the head when it is not hidden_size (OPT's word_embed_proj_dim): the decoder
+  # then projects the embeddings in (`project_in`) and its output back out (`project_out`), neither with a bias.
+  word_embed_dim: int | None = None
 
   def __post_init__(self):
     from s2sjax import families  # lazy: the registry's modules import this one
@@ -47,10 +66,26 @@ class ModelConfig:
     families.get(self.family)  # a ConfigError naming the registered families when unknown
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-    if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
-      raise ConfigError(f"rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
+    for name, known in (("norm", NORMS), ("mlp", MLPS), ("position_embedding", POSITION_EMBEDDINGS)):
+      if getattr(self, name) not in known:
+        raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {known}")
+    if self.position_embedding == "rope":
+      if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+        raise ConfigError(f"rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
+    elif self.rotary_dim or self.max_positions <= 0:
+      raise ConfigError(f"learned positions need rotary_dim=0 (got {self.rotary_dim}) and max_positions > 0 "
+                        f"(got {self.max_positions})")
     if self.audio_codebook_sizes and self.audio_placeholder_id is None:
       raise ConfigError("audio_codebook_sizes given without audio_placeholder_id")
+
+  @property
+  def embed_dim(self) -> int:
+    """Width of the token embeddings and of the head's input."""
+    return self.word_embed_dim or self.hidden_size
+
+  @property
+  def projects_embeddings(self) -> bool:
+    return self.embed_dim != self.hidden_size
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -65,13 +100,18 @@ class ModelConfig:
     return cls(**fields)
 
   def num_params(self) -> int:
-    """Parameter count of the text decoder (audio tables and heads excluded)."""
+    """Parameter count of the text decoder (audio tables excluded)."""
     d, f, h, kv, hd = self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads, self.head_dim
+    e, gated = self.embed_dim, self.mlp == "swiglu"
+    norm = d * (2 if self.norm == "layer" else 1)
     attn = d * hd * (2 * h + 2 * kv) + (hd * (h + 2 * kv) if self.qkv_bias else 0) + (d if self.o_bias else 0)
-    mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
-    layer = attn + mlp + 2 * d
-    head = 0 if self.tie_embeddings else self.vocab_size * d
-    return self.vocab_size * d + self.num_layers * layer + d + head
+    mlp = (3 if gated else 2) * d * f + ((2 if gated else 1) * f + d if self.mlp_bias else 0)
+    layer = attn + mlp + 2 * norm
+    head = 0 if self.tie_embeddings else self.vocab_size * e
+    positions = (self.max_positions + self.position_offset) * d if self.position_embedding == "learned" else 0
+    projections = 2 * e * d if self.projects_embeddings else 0
+    final = norm if self.final_norm else 0
+    return self.vocab_size * e + positions + projections + self.num_layers * layer + final + head
 
 
 def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:

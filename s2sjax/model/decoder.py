@@ -1,4 +1,5 @@
-"""The Flax decoder shared by the qwen2, llama and glm4 families.
+"""The Flax decoder shared by every family: Llama-style by default, with the switches of `ModelConfig` for the
+others (OPT's LayerNorm, post-norm residuals, ReLU MLP, learned positions and embedding projections).
 
 Parameters are a plain nested dict (layers stacked on a leading `layers` axis and run with `nn.scan`, so a 30-layer
 model compiles one layer), with a parallel tree of logical axis names (`param_logical_axes`) that the sharding rules
@@ -43,6 +44,22 @@ class RMSNorm(nn.Module):
     return layers.rms_norm(x, scale.astype(self.dtype), self.eps)
 
 
+class LayerNorm(nn.Module):
+  eps: float
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", _param_init(("norm",), nn.initializers.ones), (x.shape[-1],), jnp.float32)
+    bias = self.param("bias", _param_init(("norm",), nn.initializers.zeros), (x.shape[-1],), jnp.float32)
+    return layers.layer_norm(x, scale.astype(self.dtype), bias.astype(self.dtype), self.eps)
+
+
+def _norm(config: ModelConfig, dtype, name: str | None = None) -> nn.Module:
+  norm = LayerNorm if config.norm == "layer" else RMSNorm
+  return norm(config.rms_norm_eps, dtype, name=name)
+
+
 class HeadProjection(nn.Module):
   """`einsum(equation, x, kernel) + bias` with the heads kept as their own kernel dims (flax's DenseGeneral
   builds its kernel flat, and its logical-axis box then fails under a `jax.set_mesh` context)."""
@@ -84,8 +101,9 @@ class Attention(nn.Module):
     q = project("q", c.num_heads, "heads")
     k = project("k", c.num_kv_heads, "kv_heads")
     v = project("v", c.num_kv_heads, "kv_heads")
-    q = layers.apply_rotary(q, cos, sin, c.rope_interleaved)
-    k = layers.apply_rotary(k, cos, sin, c.rope_interleaved)
+    if c.position_embedding == "rope":
+      q = layers.apply_rotary(q, cos, sin, c.rope_interleaved)
+      k = layers.apply_rotary(k, cos, sin, c.rope_interleaved)
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
     out = layers.attention(q, k, v, mask, precision=_precision(self.dtype), implementation=self.implementation,
                            segment_ids=segment_ids, branch_ids=branch_ids, window=self.window)
@@ -115,8 +133,11 @@ class Mlp(nn.Module):
         name=name,
       )(inputs)
 
-    hidden = nn.silu(dense("gate", c.intermediate_size, ("embed", "mlp"), x))
-    hidden = hidden * dense("up", c.intermediate_size, ("embed", "mlp"), x)
+    if c.mlp == "relu":
+      hidden = nn.relu(dense("up", c.intermediate_size, ("embed", "mlp"), x))
+    else:
+      hidden = nn.silu(dense("gate", c.intermediate_size, ("embed", "mlp"), x))
+      hidden = hidden * dense("up", c.intermediate_size, ("embed", "mlp"), x)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     return dense("down", c.hidden_size, ("mlp", "embed"), hidden)
 
@@ -131,10 +152,15 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, cos, sin, mask, segment_ids, branch_ids):
     c = self.config
-    h = x + Attention(c, self.dtype, self.param_dtype, self.attention, self.window, name="attn")(
-      RMSNorm(c.rms_norm_eps, self.dtype, name="attn_norm")(x), cos, sin, mask, segment_ids, branch_ids
-    )
-    out = h + Mlp(c, self.dtype, self.param_dtype, name="mlp")(RMSNorm(c.rms_norm_eps, self.dtype, name="mlp_norm")(h))
+    attn = Attention(c, self.dtype, self.param_dtype, self.attention, self.window, name="attn")
+    mlp = Mlp(c, self.dtype, self.param_dtype, name="mlp")
+    attn_norm, mlp_norm = _norm(c, self.dtype, "attn_norm"), _norm(c, self.dtype, "mlp_norm")
+    if c.pre_norm:
+      h = x + attn(attn_norm(x), cos, sin, mask, segment_ids, branch_ids)
+      out = h + mlp(mlp_norm(h))
+    else:  # post-LN (OPT-350m): each residual sum is normed
+      h = attn_norm(x + attn(x, cos, sin, mask, segment_ids, branch_ids))
+      out = mlp_norm(h + mlp(h))
     return nn.with_logical_constraint(out, ("batch", "length", "embed")), None
 
 
@@ -150,11 +176,11 @@ class Decoder(nn.Module):
   def setup(self):
     c = self.config
     self.embed = nn.Embed(
-      c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+      c.vocab_size, c.embed_dim, dtype=self.dtype, param_dtype=self.param_dtype,
       embedding_init=_param_init(("vocab", "embed")),
     )
     self.audio_embed = [
-      nn.Embed(size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+      nn.Embed(size, c.embed_dim, dtype=self.dtype, param_dtype=self.param_dtype,
                embedding_init=_param_init(("audio_vocab", "embed")), name=f"audio_embed_{k}")
       for k, size in enumerate(c.audio_codebook_sizes)
     ]
@@ -166,12 +192,25 @@ class Decoder(nn.Module):
       length=c.num_layers,
       metadata_params={nn.PARTITION_NAME: "layers"},
     )(c, self.dtype, self.param_dtype, self.attention, self.attention_window)
-    self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+    if c.position_embedding == "learned":
+      self.position_embed = nn.Embed(
+        c.max_positions + c.position_offset, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+        embedding_init=_param_init(("positions", "embed")),
+      )
+    if c.projects_embeddings:
+      self.project_in = self._projection(c.hidden_size, ("word_embed", "embed"))
+      self.project_out = self._projection(c.embed_dim, ("embed", "word_embed"))
+    if c.final_norm:
+      self.final_norm = _norm(c, self.dtype)
     if not c.tie_embeddings:
       self.lm_head = nn.Dense(
         c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
         precision=_precision(self.dtype), kernel_init=_param_init(("embed", "vocab")),
       )
+
+  def _projection(self, features: int, axes: tuple[str, str]) -> nn.Dense:
+    return nn.Dense(features, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                    precision=_precision(self.dtype), kernel_init=_param_init(axes))
 
   def embed_inputs(self, tokens: jax.Array, audio_codes: jax.Array | None) -> jax.Array:
     """Text embeddings; in `codebook_tables` mode the K audio tables, summed, replace them at the placeholder."""
@@ -199,15 +238,25 @@ class Decoder(nn.Module):
     """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool (None with an
     `attention_window`: the mask is then built per window); audio_codes [batch, length, K] int (-1 where none);
     segment_ids, branch_ids [batch, length] (the flash kernel's and item-local attention's mask).
-    Returns the final-norm hidden states [batch, length, hidden]."""
+    Returns the hidden states the head reads [batch, length, embed_dim]: after the final norm and `project_out`,
+    where the model has them."""
     c = self.config
-    x = nn.with_logical_constraint(self.embed_inputs(tokens, audio_codes), ("batch", "length", "embed"))
-    cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta)
+    x = self.embed_inputs(tokens, audio_codes)
+    if c.projects_embeddings:
+      x = self.project_in(x)
+    cos = sin = None
+    if c.position_embedding == "rope":
+      cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta)
+    else:  # the packed rows' positions restart per item and continue a candidate from its prefix, as for rope
+      x = x + self.position_embed(positions + c.position_offset)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     x, _ = self.layers(x, cos, sin, attention_mask, segment_ids, branch_ids)
-    return self.final_norm(x)
+    if c.final_norm:
+      x = self.final_norm(x)
+    return self.project_out(x) if c.projects_embeddings else x
 
   def logits(self, hidden: jax.Array) -> jax.Array:
-    """Text-vocabulary logits in fp32 for hidden states [..., hidden]."""
+    """Text-vocabulary logits in fp32 for hidden states [..., embed_dim]."""
     if self.config.tie_embeddings:  # not Embed.attend: it takes no precision, and fp32 must mean fp32 on TPU
       table = self.embed.embedding.astype(self.dtype)
       return jnp.einsum("...d,vd->...v", hidden.astype(self.dtype), table, precision=_precision(self.dtype)

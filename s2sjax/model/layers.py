@@ -1,7 +1,7 @@
-"""Pure functions for the decoder's math: RMSNorm, rotary embeddings, masked grouped-query attention.
+"""Pure functions for the decoder's math: RMSNorm and LayerNorm, rotary embeddings, masked grouped-query attention.
 
-Precision rules (docs/architecture.md, "Numbers"): the RMSNorm variance, the rotary angles, the softmax and every logsumexp
-are computed in fp32 whatever the compute dtype.
+Precision rules (docs/architecture.md, "Numbers"): the norms' statistics, the rotary angles, the softmax and every
+logsumexp are computed in fp32 whatever the compute dtype.
 """
 
 from __future__ import annotations
@@ -25,6 +25,15 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
+  """torch's LayerNorm (OPT): mean and variance in fp32, normalised value cast back to the input dtype, then scaled
+  and shifted."""
+  x32 = x.astype(jnp.float32)
+  centered = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+  normed = centered * jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + eps)
+  return scale.astype(x.dtype) * normed.astype(x.dtype) + bias.astype(x.dtype)
 
 
 def rotary_angles(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

@@ -1,4 +1,5 @@
-"""Codes computed elsewhere (Baichuan-Audio's or GLM-4-Voice's own tokenizer): `<uttid>.npy` per utterance."""
+"""Codes computed elsewhere (Baichuan-Audio's or GLM-4-Voice's own tokenizer): `<uttid>.npy` per spoken prefix,
+and `candidates/<name>.npy` per spoken candidate (`name` as its wav in the release: `<uttid>`, `<uttid>_A`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import numpy as np
 
 from tasks.audio.base import AudioError, AudioTokenizer, folder_digest
+
+
+CANDIDATES = "candidates"
 
 
 class PrecomputedTokenizer(AudioTokenizer):
@@ -41,4 +45,7 @@ class PrecomputedTokenizer(AudioTokenizer):
       files = sum(n.endswith(".npy") for n in os.listdir(self.codes_dir))
       self._identity = {"type": "precomputed", "codebook_sizes": list(self.codebook_sizes), "files": files,
                         "codes_sha": folder_digest(self.codes_dir, ".npy")}
+      candidates = os.path.join(self.codes_dir, CANDIDATES)
+      if os.path.isdir(candidates):
+        self._identity["candidate_codes_sha"] = folder_digest(candidates, ".npy")
     return self._identity

@@ -1,7 +1,7 @@
 r"""Writes the bundled sample from `source/*.json`: release-layout jsonl files, espeak-ng speech of every `first`
-(16 kHz mono 16-bit), and the mel k-means codebook fitted on that speech.
+and of every candidate (16 kHz mono 16-bit), and the mel k-means codebook fitted on the prefixes' speech.
 
-  python -m tasks.sample.make_sample [--out=tasks/sample]
+  python -m tasks.sample.make_sample [--out=tasks/sample] [--nocodebook]
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ def release_lines(task: str, source: list[dict]) -> list[dict]:
   return [{"uttid": k, "first": q["first"], **{o: q[o] for o in OPTIONS}, "answer": q["answer"]} for k, q in enumerate(source)]
 
 
+def spoken_candidates(task: str, line: dict) -> dict[str, str]:
+  """{wav name: text} of a line's candidates, named as tasks/release.py reads them."""
+  if benchmarks.get(task).release_format == "story_pairs":
+    return {str(line["uttid"]): line["last"]}
+  return {f"{line['uttid']}_{o}": line[o] for o in OPTIONS}
+
+
 def main(argv):
   del argv
   out = flags.FLAGS.out
@@ -57,11 +64,17 @@ def main(argv):
     os.makedirs(audio_dir, exist_ok=True)
     with open(jsonl, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    candidate_dir = os.path.join(out, "release", record.release_candidate_audio_dir)
+    os.makedirs(candidate_dir, exist_ok=True)
     for line in lines:
       path = os.path.join(audio_dir, f"{line['uttid']}.wav")
       speak(line["first"], record.language, path)
       waves.append(load_audio(path, mel_kmeans.SAMPLE_RATE))
+      for name, text in spoken_candidates(task, line).items():
+        speak(text, record.language, os.path.join(candidate_dir, f"{name}.wav"))
     print(f"{task}: {len(lines)} lines -> {jsonl}")
+  if not flags.FLAGS.codebook:
+    return
   features = np.concatenate([mel_kmeans.log_mel(w) for w in waves])
   codebook = mel_kmeans.fit_codebook(features, clusters=256)
   np.save(os.path.join(out, "mel_kmeans_256.npy"), codebook)
@@ -70,4 +83,5 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_string("out", SAMPLE_DIR, "Where to write release/ and the codebook.")
+  flags.DEFINE_bool("codebook", True, "Refit the mel k-means codebook (changes every unit of the sample).")
   app.run(main)

@@ -4,7 +4,8 @@ from s2sjax import benchmarks
 from tasks.tfds_builder import S2SBenchBuilder
 
 TOY = benchmarks.register(benchmarks.Benchmark(
-  "toy_cloze", "ToyCloze", "en", "story_pairs", "Toy/toy_cloze.jsonl", "Toy/toy_cloze_wav", decision="pair",
+  "toy_cloze", "ToyCloze", "en", "story_pairs", "Toy/toy_cloze.jsonl", "Toy/toy_cloze_wav", "Toy/toy_cloze_last_wav",
+  decision="pair",
   candidates=2, sizes=benchmarks.PlannerSizes(questions=4, prefix_tokens=40, candidate_tokens=10, seconds=6.0),
   builder="tests.plugins.toy_task:Builder"))
 

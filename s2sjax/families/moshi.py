@@ -1,0 +1,439 @@
+"""Moshi (Kyutai's `LMModel`): a text stream and Mimi codebook streams read in parallel, a depth transformer per
+step (`s2sjax.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
+`LMModel` keyword arguments (plus the loader's file names) and `model.safetensors` in upstream's state-dict keys,
+attention stored fused as `in_proj_weight` / `out_proj.weight` (the depformer's per-step weight sets stacked in
+them, as `StreamingMultiheadAttention._load_hook` reads them back).
+
+Why this family is not a `Family` of the registry: that abstraction's layouts parse into the shared decoder's
+`ModelConfig` and the converter, checkpoint writer and scorer all build `s2sjax.model.decoder`. Moshi's parameters
+are another tree (stream tables, a depformer with per-step weights), its rows carry several ids per position, and
+its targets are whole steps. So the extension is kept here, the same shape: `parse_config` (refusing by name every
+switch the model does not implement), `rules` (every target leaf's source tensors), `MOSHI_NAME` (the weights file
+a release names), `check_spec` (a spec against the model) and a checkpoint writer and reader of the same directory
+format (`model_config.json` says `family: moshi`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from s2sjax.model.config import ConfigError
+from s2sjax.model.moshi import FAMILY, MoshiConfig, TransformerConfig, abstract_params
+
+NAME = FAMILY
+MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
+
+# config.json keys the loader (`CheckpointInfo.from_hf_repo`) reads for itself and never passes to LMModel.
+LOADER_KEYS = ("moshi_name", "mimi_name", "mimi_config_name", "tokenizer_name", "lora_name", "model_type",
+               "lm_gen_config", "tts_config", "stt_config", "model_id", "depformer_causal")
+# LMModel's and StreamingTransformer's defaults: what a config.json key left out means to upstream.
+DEFAULTS: dict[str, Any] = {
+  "delays": [0], "n_q": 8, "dep_q": 8, "card": 1024, "text_card": 32000, "text_card_out": None,
+  "demux_second_text_stream": False, "dim": 128, "num_heads": 8, "hidden_scale": 4, "norm": "layer_norm",
+  "norm_emb": False, "bias_proj": False, "depformer_dim": 256, "depformer_dim_feedforward": None,
+  "depformer_multi_linear": False, "depformer_weights_per_step": False, "depformer_weights_per_step_schedule": None,
+  "depformer_low_rank_embeddings": None, "depformer_pos_emb": "sin", "depformer_norm": None,
+  "existing_text_padding_id": 3, "existing_text_end_padding_id": 0, "extra_heads_num_heads": 0,
+  "extra_heads_dim": 6, "context": None, "causal": True, "quantize": False, "gradient_checkpointing": False,
+  # StreamingTransformer / StreamingTransformerLayer keyword arguments (the depformer inherits them unless a
+  # `depformer_` key overrides them)
+  "positional_embedding": "sin", "max_period": 10000, "positional_scale": 1.0, "layer_scale": None,
+  "gating": "none", "kv_repeat": 1, "cross_attention": False, "skip_self_attn": False, "betas": None,
+}
+# Switches this model does not implement: refused by name when set to anything but the value given.
+REFUSED = {
+  "demux_second_text_stream": False, "demux_second_stream": False, "norm_emb": False, "quantize": False,
+  "causal": True, "cross_attention": False, "skip_self_attn": False, "conditioners": None, "fuser": None,
+  "lora": False,
+}
+# Keys whose value does not change the model's outputs.
+INERT = ("existing_text_end_padding_id", "extra_heads_num_heads", "extra_heads_dim", "gradient_checkpointing",
+         "betas", "depformer_context", "lora_rank", "lora_scaling", "depformer_betas")
+# Moshiko / Moshika 7B (kyutai-labs/moshi configs/moshi_7b_202409.json = loaders._lm_kwargs): the published
+# architecture, for the planner and as what a release's config.json looks like.
+MOSHIKO_CONFIG: dict[str, Any] = {
+  "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8, "card": 2048,
+  "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125, "causal": True, "layer_scale": None, "context": 3000,
+  "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32", "positional_embedding": "rope",
+  "depformer_dim": 1024, "depformer_dim_feedforward": 4224, "depformer_num_heads": 16, "depformer_num_layers": 6,
+  "depformer_causal": True, "depformer_layer_scale": None, "depformer_multi_linear": True, "depformer_context": 8,
+  "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
+  "depformer_weights_per_step": True, "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+}
+# Release modules scoring never runs (extra heads; Mimi's keys when its file sits in the same folder).
+SKIPPED_PREFIXES = ("extra_heads.",)
+
+
+def _gating_hidden(dim: int, dim_feedforward: int) -> int:
+  """ActivationGating's hidden width."""
+  return (21 * dim) // 8 if dim_feedforward == 4 * dim else (2 * dim_feedforward) // 3
+
+
+def parse_config(cfg: Mapping[str, Any]) -> MoshiConfig:
+  """A release's config.json -> MoshiConfig; a ConfigError names every key it refuses."""
+  model_type = cfg.get("model_type", "moshi")
+  if model_type != "moshi":
+    raise ConfigError(f"config.json model_type {model_type!r}: only 'moshi' releases are read (the loader changes "
+                      f"{model_type} weights after loading them)")
+  cfg = {k: v for k, v in cfg.items() if k not in LOADER_KEYS}
+  known = set(DEFAULTS) | set(REFUSED) | set(INERT) | {
+    "num_layers", "depformer_num_heads", "depformer_num_layers", "depformer_layer_scale", "depformer_gating",
+    "depformer_max_period", "depformer_kv_repeat", "depformer_positional_scale"}
+  unknown = sorted(set(cfg) - known)
+  problems = [f"unknown config.json key {k!r}" for k in unknown]
+  for key, allowed in REFUSED.items():
+    if key in cfg and cfg[key] != allowed and not (allowed is None and not cfg[key]):
+      problems.append(f"{key}={cfg[key]!r} is not supported (only {allowed!r})")
+  get = lambda key: cfg.get(key, DEFAULTS.get(key))
+  if get("norm") not in ("rms_norm", "rms_norm_f32"):
+    problems.append(f"norm={get('norm')!r} is not supported (rms_norm, rms_norm_f32)")
+  if get("gating") != "silu":
+    problems.append(f"gating={get('gating')!r} is not supported (silu)")
+  if cfg.get("depformer_gating", get("gating")) != "silu":
+    problems.append(f"depformer_gating={cfg.get('depformer_gating')!r} is not supported (silu)")
+  if isinstance(get("depformer_dim_feedforward"), list):
+    problems.append("depformer_dim_feedforward as a list (one width per step) is not supported")
+  if "num_layers" not in cfg:
+    problems.append("num_layers is missing (StreamingTransformer has no default)")
+  if problems:
+    raise ConfigError("Moshi config.json: " + "; ".join(problems))
+
+  n_q, dep_q, dim = int(get("n_q")), int(get("dep_q")), int(get("dim"))
+  temporal = TransformerConfig(
+    dim=dim, num_heads=int(get("num_heads")), num_layers=int(cfg["num_layers"]), kv_repeat=int(get("kv_repeat")),
+    hidden=_gating_hidden(dim, int(get("hidden_scale") * dim)), activation=get("gating"), norm=get("norm"),
+    positional_embedding=get("positional_embedding"), max_period=float(get("max_period")),
+    positional_scale=float(get("positional_scale")), context=get("context"), layer_scale=get("layer_scale") is not None,
+  )
+  schedule = get("depformer_weights_per_step_schedule")
+  if schedule is not None and len(schedule) != dep_q:
+    raise ConfigError(f"depformer_weights_per_step_schedule has {len(schedule)} entries, dep_q={dep_q}")
+  schedule = tuple(schedule) if schedule is not None else tuple(range(dep_q))
+  depformer = None
+  if dep_q:
+    if "depformer_num_heads" not in cfg:
+      raise ConfigError("depformer_num_heads is missing (LMModel passes no num_heads to its depformer)")
+    ddim = int(get("depformer_dim"))
+    dff = get("depformer_dim_feedforward") or int(get("hidden_scale") * ddim)
+    per_step = bool(get("depformer_weights_per_step"))
+    depformer = TransformerConfig(
+      dim=ddim, num_heads=int(cfg["depformer_num_heads"]),
+      num_layers=int(cfg.get("depformer_num_layers", cfg["num_layers"])),
+      kv_repeat=int(cfg.get("depformer_kv_repeat", get("kv_repeat"))), hidden=_gating_hidden(ddim, int(dff)),
+      activation=cfg.get("depformer_gating", get("gating")), norm=get("norm"),
+      positional_embedding=get("depformer_pos_emb"),
+      max_period=float(cfg.get("depformer_max_period", get("max_period"))),
+      positional_scale=float(cfg.get("depformer_positional_scale", get("positional_scale"))),
+      context=None,  # LMModel sets the depformer's context to None whatever depformer_context says
+      layer_scale=cfg.get("depformer_layer_scale", get("layer_scale")) is not None,
+      weight_sets=(max(schedule) + 1) if per_step else 1,
+    )
+  return MoshiConfig(
+    n_q=n_q, dep_q=dep_q, card=int(get("card")), text_card=int(get("text_card")),
+    text_card_out=int(get("text_card_out") or get("text_card")), delays=tuple(int(d) for d in get("delays")),
+    temporal=temporal, depformer=depformer, depformer_multi_linear=bool(get("depformer_multi_linear")),
+    depformer_schedule=schedule, depformer_low_rank=get("depformer_low_rank_embeddings"),
+    depformer_norm=get("depformer_norm"), bias_proj=bool(get("bias_proj")),
+    existing_text_padding_id=int(get("existing_text_padding_id")),
+  )
+
+
+# ---- key map ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+  key: str
+  source_shape: tuple[int, ...]  # the shape the checkpoint must hold under `key`
+  rows: tuple[int, int] | None = None  # a [start, stop) row slice of a fused matrix
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A target leaf from its pieces, in order (layer-major, then weight set), each transformed ("copy" reshapes;
+  "linear" turns a PyTorch [out, in] weight into an [in, out] kernel) to the leaf's trailing shape, then stacked
+  over the leaf's `lead` leading dims."""
+
+  target: tuple[str, ...]
+  pieces: tuple[Piece, ...]
+  kind: str  # copy | linear
+  lead: int = 0
+
+  def assemble(self, arrays: list[np.ndarray], target_shape: tuple[int, ...]) -> np.ndarray:
+    item_shape = tuple(target_shape[self.lead :])
+    out = []
+    for piece, array in zip(self.pieces, arrays):
+      array = np.asarray(array)
+      if piece.rows is not None:
+        array = array[piece.rows[0] : piece.rows[1]]
+      out.append((array.T if self.kind == "linear" else array).reshape(item_shape))
+    return np.stack(out).reshape(target_shape) if self.lead else out[0]
+
+
+def _transformer_rules(t: TransformerConfig, target: tuple[str, ...], prefix: str, per_step: bool) -> list[Rule]:
+  """A StreamingTransformer's layers. Attention's in_proj rows are [q | k | v] per weight set, the sets stacked."""
+  d, kvd, h = t.dim, t.kv_heads * t.head_dim, t.hidden
+  out_rows = d + 2 * kvd
+  sets = range(t.weight_sets)
+  layer = lambda i: f"{prefix}.layers.{i}"
+  lead = 2 if per_step else 1
+  rules = []
+
+  def fused(name: str, key: str, total: int, start: int, size: int, kind: str = "linear") -> Rule:
+    pieces = tuple(Piece(f"{layer(i)}.{key}", (total * len(sets), d) if kind == "linear" else (total,),
+                         (s * total + start, s * total + start + size)) for i in range(t.num_layers) for s in sets)
+    return Rule((*target, "layers", name), pieces, kind, lead)
+
+  rules += [fused("q", "self_attn.in_proj_weight", out_rows, 0, d),
+            fused("k", "self_attn.in_proj_weight", out_rows, d, kvd),
+            fused("v", "self_attn.in_proj_weight", out_rows, d + kvd, kvd),
+            fused("o", "self_attn.out_proj.weight", d, 0, d)]
+  if per_step:  # the gating is a ModuleList, one per weight set
+    gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{s}.{part}.weight", shape)
+                                       for i in range(t.num_layers) for s in sets)
+  else:
+    gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{part}.weight", shape) for i in range(t.num_layers))
+  rules += [Rule((*target, "layers", "gate"), tuple(dataclasses.replace(p, rows=(0, h)) for p in
+                                                   gating("linear_in", (2 * h, d))), "linear", lead),
+            Rule((*target, "layers", "up"), tuple(dataclasses.replace(p, rows=(h, 2 * h)) for p in
+                                                 gating("linear_in", (2 * h, d))), "linear", lead),
+            Rule((*target, "layers", "down"), gating("linear_out", (d, h)), "linear", lead)]
+  per_layer = lambda key, shape: tuple(Piece(f"{layer(i)}.{key}", shape) for i in range(t.num_layers))
+  rules += [Rule((*target, "layers", "attn_norm", "scale"), per_layer("norm1.alpha", (1, 1, d)), "copy", 1),
+            Rule((*target, "layers", "mlp_norm", "scale"), per_layer("norm2.alpha", (1, 1, d)), "copy", 1)]
+  if t.layer_scale:
+    rules += [Rule((*target, "layers", "attn_scale"), per_layer("layer_scale_1.scale", (d,)), "copy", 1),
+              Rule((*target, "layers", "mlp_scale"), per_layer("layer_scale_2.scale", (d,)), "copy", 1)]
+  return rules
+
+
+def _embedding_rules(target: tuple[str, ...], key: str, rows: int, dim: int, low_rank: int | None) -> list[Rule]:
+  rules = [Rule((*target, "embedding"), (Piece(f"{key}.weight", (rows, low_rank or dim)),), "copy")]
+  if low_rank:
+    rules.append(Rule((*target, "low_rank"), (Piece(f"{key}.low_rank.weight", (dim, low_rank)),), "linear"))
+  return rules
+
+
+def rules(config: MoshiConfig) -> list[Rule]:
+  """Every leaf of `abstract_params(config)` from the release's state-dict keys."""
+  c, dim = config, config.temporal.dim
+  out = _embedding_rules(("text_emb",), "text_emb", c.text_card + 1, dim, None)
+  for k in range(c.n_q):
+    out += _embedding_rules((f"audio_emb_{k}",), f"emb.{k}", c.card + 1, dim, None)
+  out += _transformer_rules(c.temporal, ("transformer",), "transformer", per_step=False)
+  out.append(Rule(("out_norm", "scale"), (Piece("out_norm.alpha", (1, 1, dim)),), "copy"))
+  out.append(Rule(("text_head", "kernel"), (Piece("text_linear.weight", (c.text_card_out, dim)),), "linear"))
+  if c.bias_proj:
+    out.append(Rule(("text_head", "bias"), (Piece("text_linear.bias", (c.text_card_out,)),), "copy"))
+  if not c.dep_q:
+    return out
+  t = c.depformer
+  out.append(Rule(("depformer", "in_kernel"), tuple(Piece(f"depformer_in.{j}.weight", (t.dim, dim))
+                                                   for j in range(c.num_in_linears)), "linear", 1))
+  out += _embedding_rules(("depformer", "text_emb"), "depformer_text_emb", c.text_card + 1, t.dim, c.depformer_low_rank)
+  for k in range(c.dep_q - 1):
+    out += _embedding_rules(("depformer", f"audio_emb_{k}"), f"depformer_emb.{k}", c.card + 1, t.dim,
+                            c.depformer_low_rank)
+  out += _transformer_rules(t, ("depformer", "transformer"), "depformer", per_step=t.weight_sets > 1)
+  if c.depformer_norm is not None:
+    out.append(Rule(("depformer", "norm_scale"), tuple(Piece(f"depformer_norms.{k}.alpha", (1, 1, t.dim))
+                                                      for k in range(c.dep_q)), "copy", 1))
+  out.append(Rule(("depformer", "heads"), tuple(Piece(f"linears.{k}.weight", (c.card, t.dim))
+                                               for k in range(c.dep_q)), "linear", 1))
+  if c.bias_proj:
+    out.append(Rule(("depformer", "heads_bias"), tuple(Piece(f"linears.{k}.bias", (c.card,))
+                                                      for k in range(c.dep_q)), "copy", 1))
+  return out
+
+
+def flatten(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+  items = []
+  for key in sorted(tree):
+    value = tree[key]
+    items.extend(flatten(value, prefix + (key,)) if isinstance(value, Mapping) else [(prefix + (key,), value)])
+  return items
+
+
+def nest(leaves: Mapping[tuple[str, ...], Any]) -> dict:
+  tree: dict = {}
+  for path, value in leaves.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return tree
+
+
+def plan(config: MoshiConfig, keys: Mapping[str, tuple[int, ...]]) -> tuple[list[Rule], list[str], list[str]]:
+  """(rules, problems, skipped keys) of a source with these {key: shape}: every missing key (named with the leaf it
+  feeds), every mis-shaped one and every key no rule reads."""
+  abstract = dict(flatten(abstract_params(config)))
+  ruled = rules(config)
+  unruled = sorted(abstract.keys() - {r.target for r in ruled})
+  problems = [f"no conversion rule for target {'/'.join(p)}" for p in unruled]
+  used = set()
+  for rule in ruled:
+    for piece in rule.pieces:
+      used.add(piece.key)
+      if piece.key not in keys:
+        problems.append(f"missing key {piece.key} (for {'/'.join(rule.target)})")
+      elif tuple(keys[piece.key]) != piece.source_shape:
+        problems.append(f"shape mismatch at {piece.key}: checkpoint has {tuple(keys[piece.key])}, config.json implies "
+                        f"{piece.source_shape}")
+  rest = sorted(set(keys) - used)
+  skipped = [k for k in rest if k.startswith(SKIPPED_PREFIXES)]
+  unexpected = [k for k in rest if k not in skipped]
+  if unexpected:
+    problems.append(f"{len(unexpected)} unexpected key(s) that no rule uses: {', '.join(unexpected[:20])}")
+  return ruled, problems, skipped
+
+
+def convert_leaves(config: MoshiConfig, ruled: list[Rule], read, dtype=np.float32
+                   ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """(leaf path, array) for every rule, reading each rule's source tensors only (`read(key) -> array`)."""
+  abstract = dict(flatten(abstract_params(config)))
+  for rule in ruled:
+    target = abstract[rule.target]
+    arrays = [np.asarray(read(piece.key), np.float32) for piece in rule.pieces]
+    yield rule.target, rule.assemble(arrays, tuple(target.shape)).astype(dtype)
+
+
+# ---- checkpoint directory --------------------------------------------------------------------------------------------
+
+
+def write_checkpoint(out_dir: str, config: MoshiConfig, leaves, manifest: Mapping[str, Any] | None = None,
+                     overwrite: bool = False) -> str:
+  """The s2sjax checkpoint format (`model_config.json` with `family: moshi`, orbax `params/`, `manifest.json`
+  with every leaf's checksum, written last): the whole tree is checked against the config before it is saved."""
+  import shutil
+
+  from orbax.checkpoint.experimental import v1 as ocp
+
+  from s2sjax import checksums
+
+  if os.path.exists(out_dir):
+    if not overwrite:
+      raise FileExistsError(f"{out_dir} already exists (pass overwrite=True / --overwrite to replace it)")
+    shutil.rmtree(out_dir)
+  leaves = dict(leaves)
+  expected = {path: tuple(leaf.shape) for path, leaf in flatten(abstract_params(config))}
+  got = {path: tuple(np.shape(v)) for path, v in leaves.items()}
+  wrong = sorted(p for p in expected.keys() | got.keys() if expected.get(p) != got.get(p))
+  if wrong:
+    raise ValueError("parameters do not fit the config at: " + ", ".join(
+      f"{'/'.join(p)} (given {got.get(p)}, config implies {expected.get(p)})" for p in wrong[:10]))
+  os.makedirs(out_dir)
+  with open(os.path.join(out_dir, "model_config.json"), "w") as f:
+    f.write(config.to_json())
+  ocp.save(os.path.join(out_dir, "params"), nest(leaves))
+  sums = {"/".join(p): checksums.host_checksum(np.asarray(v)) for p, v in sorted(leaves.items())}
+  with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+    json.dump(dict(manifest or {}, checksums={"params": sums}), f, indent=2, sort_keys=True, default=str)
+  return out_dir
+
+
+def load_checkpoint(ckpt_dir: str) -> tuple[MoshiConfig, dict]:
+  """(config, params as numpy) of a Moshi checkpoint, every leaf's checksum verified."""
+  from orbax.checkpoint.experimental import v1 as ocp
+
+  from s2sjax import checksums
+
+  if not os.path.exists(os.path.join(ckpt_dir, "manifest.json")):
+    raise FileNotFoundError(f"{ckpt_dir} is not a finished s2sjax checkpoint (no manifest.json)")
+  with open(os.path.join(ckpt_dir, "model_config.json")) as f:
+    config = MoshiConfig.from_json(f.read())
+  with open(os.path.join(ckpt_dir, "manifest.json")) as f:
+    expected = json.load(f)["checksums"]["params"]
+  params = ocp.load(os.path.join(ckpt_dir, "params"))
+  params = jax_tree_to_numpy(params)
+  differ = ["/".join(k) for k, v in flatten(params) if expected.get("/".join(k)) != checksums.host_checksum(v)]
+  if differ:
+    raise ValueError(f"{ckpt_dir}: parameter leaves differ from their checksums: {', '.join(differ[:10])}")
+  return config, params
+
+
+def jax_tree_to_numpy(tree):
+  import jax
+
+  return jax.tree.map(np.asarray, tree)
+
+
+# ---- the spec's contract ---------------------------------------------------------------------------------------------
+
+
+def check_spec(config: MoshiConfig, codebooks: int, codebook_size: int) -> None:
+  """Refuses a spec whose audio does not fit the model: Moshi reads its own speech as dep_q codebook streams
+  (and, past them, the user's), each of `card` codes."""
+  if codebooks != config.dep_q:
+    raise ConfigError(f"the spec's audio tokenizer gives {codebooks} codebooks per frame, but the model predicts "
+                      f"dep_q={config.dep_q} (and reads n_q={config.n_q}: its own and the user's)")
+  if codebook_size != config.card:
+    raise ConfigError(f"the spec's codebooks have {codebook_size} codes, the model's card is {config.card}")
+
+
+# ---- what Moshi is scored on -----------------------------------------------------------------------------------------
+#
+# Moshi's streams: 0 = the text stream (its Inner Monologue: time-aligned text of *its own* speech), 1..dep_q = its
+# own speech's Mimi codebooks (1 = the semantic codebook), dep_q+1..n_q = the user's speech (read, never predicted).
+# A benchmark's audio is laid as Moshi's own speech, so that its codebooks are predicted; silent streams hold -1.
+#
+#   s2s  spoken prefix -> spoken candidate, scored on the semantic codebook (stream 1) of the candidate's frames:
+#        the likelihood of a spoken continuation as the textless spoken-LM benchmarks (sStoryCloze, tStoryCloze)
+#        define it, on the stream that carries the linguistic content (Mimi distils WavLM into codebook 0). The
+#        text stream is -1 throughout: scoring Moshi "textless". Whether Kyutai's paper scored the semantic codebook
+#        alone or every codebook, and with or without the text stream, is recorded in the issue's note; the packer
+#        takes any `scored` set, so `S2S_ALL_CODEBOOKS` scores all predicted codebooks.
+#   s2t  spoken prefix (audio streams, text -1) -> candidate text on the time-aligned text stream (audio -1 there):
+#        the text stream is Moshi's only text output, predicted per frame.
+#   t2t  text stream alone, audio streams -1 everywhere: Moshi's temporal transformer is Helium fine-tuned on
+#        aligned speech, and its text stream alone is a text LM over Helium's tokenizer; meaningful, though off the
+#        training distribution (text always came with audio), so it is reported next to s2t, not instead of it.
+#   t2s  text prefix -> spoken candidate: refused. Moshi's text stream is the transcript of the speech it carries,
+#        one frame at a time: a text prefix without its speech is not a prompt the model was trained to continue
+#        in audio, and no alignment of the two exists to build one.
+
+S2S_SEMANTIC = (1,)
+
+
+def scored_streams(protocol: str, config: MoshiConfig) -> tuple[int, ...]:
+  """Which streams of a candidate are scored under a protocol (stream 0 = text, k = codebook k - 1)."""
+  if protocol == "s2s":
+    return S2S_SEMANTIC
+  if protocol == "s2s_all_codebooks":
+    return tuple(range(1, 1 + config.dep_q))
+  if protocol in ("s2t", "t2t"):
+    return (0,)
+  if protocol == "t2s":
+    raise ConfigError("t2s is refused for Moshi: its text stream transcribes the speech it carries frame by frame, "
+                      "so a text prefix has no speech to continue (see s2sjax/families/moshi.py)")
+  raise ConfigError(f"unknown protocol {protocol!r} (s2s, s2s_all_codebooks, s2t, t2t)")
+
+
+def protocol_streams(protocol: str, config: MoshiConfig, prefix_text: np.ndarray | None,
+                     prefix_audio: np.ndarray | None, candidate_text: np.ndarray | None,
+                     candidate_audio: np.ndarray | None):
+  """(prefix [P, 1 + n_q], candidate [n, 1 + n_q]) time-aligned streams for a protocol: text ids [T] on stream 0,
+  Mimi codes [T, dep_q] on Moshi's own codebooks; every other stream -1. The user's streams stay silent."""
+  scored_streams(protocol, config)  # refuses t2s and unknown protocols by name
+
+  def lay(text, audio):
+    length = len(text) if text is not None else len(audio)
+    out = np.full((length, config.num_streams), -1, np.int32)
+    if text is not None:
+      out[:, 0] = text
+    if audio is not None:
+      audio = np.asarray(audio)
+      if audio.ndim != 2 or audio.shape[1] != config.dep_q:
+        raise ConfigError(f"audio codes must be [T, {config.dep_q}] (Moshi's own codebooks), got {audio.shape}")
+      out[:, 1 : 1 + config.dep_q] = audio
+    return out
+
+  speech_prefix, speech_candidate = protocol.startswith("s2"), protocol.endswith("2s") or "2s_" in protocol
+  prefix = lay(None if speech_prefix else prefix_text, prefix_audio if speech_prefix else None)
+  candidate = lay(None if speech_candidate else candidate_text, candidate_audio if speech_candidate else None)
+  return prefix, candidate

@@ -1,0 +1,266 @@
+"""Moshi's parallel multi-stream family against Kyutai's own PyTorch `LMModel` (`moshi` package, tiny random
+weights): a release-layout checkpoint converts, every stream's log-probs match `LMModel.forward`, packed
+prefix-shared rows score each candidate as a per-sequence `LMModel.forward` does, and what does not fit is named."""
+
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+lm = pytest.importorskip("moshi.models.lm")
+
+from checkpoints_conversion import convert, safetensors_io, verify  # noqa: E402
+from s2sjax import packing, scoring, sharding  # noqa: E402
+from s2sjax.families import moshi as moshi_family  # noqa: E402
+from s2sjax.model import moshi  # noqa: E402
+from s2sjax.model.config import ConfigError  # noqa: E402
+
+# A tiny Moshi: rope, rms_norm_f32, silu gating, 4 codebooks read of which the first 3 are predicted (as Moshi reads
+# the user's stream without predicting it), acoustic delays, a depformer with per-step weights and input linears.
+TINY = dict(
+  delays=[0, 0, 1, 1, 2], n_q=4, dep_q=3, card=32, text_card=48, dim=32, num_heads=4, num_layers=2,
+  hidden_scale=4.125, causal=True, context=3000, max_period=10000, gating="silu", norm="rms_norm_f32",
+  positional_embedding="rope", depformer_dim=16, depformer_dim_feedforward=40, depformer_num_heads=2,
+  depformer_num_layers=2, depformer_multi_linear=True, depformer_context=8, depformer_max_period=10000,
+  depformer_gating="silu", depformer_pos_emb="none", depformer_weights_per_step=True, existing_text_padding_id=3,
+  layer_scale=None, depformer_layer_scale=None,
+)
+# What a release's config.json adds for the loader (moshi.models.loaders.CheckpointInfo).
+LOADER = dict(moshi_name="model.safetensors", mimi_name="tokenizer-e351c8d8-checkpoint125.safetensors",
+              tokenizer_name="tokenizer_spm_32k_3.model", model_type="moshi")
+
+
+def release_state_dict(model) -> dict:
+  """The model's weights as Kyutai's releases store them: attention fused as `in_proj_weight` / `out_proj.weight`
+  with the depformer's per-step weight sets stacked (what `StreamingMultiheadAttention._load_hook` splits)."""
+  state, fused = {}, {}
+  for key, value in model.state_dict().items():
+    match = re.fullmatch(r"(.*self_attn)\.(in|out)_projs\.(\d+)\.weight", key)
+    if match:
+      fused.setdefault((match[1], match[2]), {})[int(match[3])] = value
+    else:
+      state[key] = value
+  for (prefix, which), sets in fused.items():
+    name = f"{prefix}.in_proj_weight" if which == "in" else f"{prefix}.out_proj.weight"
+    state[name] = torch.cat([sets[i] for i in sorted(sets)])
+  return {k: v.detach().float().contiguous().numpy() for k, v in state.items()}
+
+
+def write_release(directory, state: dict, config: dict) -> str:
+  os.makedirs(directory, exist_ok=True)
+  safetensors_io.write(os.path.join(directory, "model.safetensors"), state)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f)
+  return str(directory)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  """(release folder, torch model) of a tiny random Moshi; norms and layer weights perturbed so each matters."""
+  torch.manual_seed(0)
+  model = lm.LMModel(**TINY, dtype=torch.float32).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("alpha"):
+        p.copy_(1 + 0.2 * torch.randn_like(p))
+      elif name.startswith("depformer.") or ".self_attn." in name:
+        p.add_(0.05 * torch.randn_like(p))
+  folder = write_release(tmp_path_factory.mktemp("moshi") / "release", release_state_dict(model), {**TINY, **LOADER})
+  reloaded = verify.load_moshi_lm(folder)  # upstream's loader reads our release layout back
+  for (name, a), b in zip(model.state_dict().items(), reloaded.state_dict().values()):
+    assert torch.equal(a, b), name
+  return folder, model
+
+
+@pytest.fixture(scope="module")
+def converted(tiny, tmp_path_factory):
+  folder, _ = tiny
+  out = str(tmp_path_factory.mktemp("moshi") / "ckpt")
+  convert.convert(folder, out, family="moshi")
+  return out
+
+
+def random_codes(rng, config, batch, length, zero_rate=0.02):
+  codes = np.concatenate([rng.integers(0, config.text_card, (batch, 1, length)),
+                          rng.integers(0, config.card, (batch, config.n_q, length))], axis=1)
+  codes[:, :, rng.random(length) < zero_rate] = -1
+  return codes
+
+
+def test_config_reads_every_switch_and_refuses_by_name():
+  config = moshi_family.parse_config({**TINY, **LOADER})
+  assert config.delays == (0, 0, 1, 1, 2) and config.initial_ids == (48, 32, 32, 32, 32)
+  assert config.temporal.hidden == 2 * int(4.125 * 32) // 3  # ActivationGating: 2/3 of dim_feedforward
+  assert config.depformer.weight_sets == 3 and config.depformer_schedule == (0, 1, 2)
+  assert config.depformer.context is None  # LMModel overrides depformer_context
+  # Moshiko's published config (kyutai-labs/moshi configs/moshi_7b_202409.json) parses.
+  moshiko = dict(moshi_family.MOSHIKO_CONFIG)
+  assert moshi_family.parse_config(moshiko).depformer.hidden == 2816
+  for change, named in [({"norm": "layer_norm"}, "norm='layer_norm'"), ({"gating": "none"}, "gating='none'"),
+                        ({"conditioners": {"description": {}}}, "conditioners"), ({"cross_attention": True},
+                        "cross_attention"), ({"demux_second_stream": True}, "demux_second_stream"),
+                        ({"norm_emb": True}, "norm_emb"), ({"mystery_switch": 1}, "mystery_switch"),
+                        ({"model_type": "hibiki"}, "hibiki"), ({"delays": [0, 0]}, "delays")]:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+      moshi_family.parse_config({**TINY, **change})
+
+
+@pytest.mark.slow
+def test_every_stream_matches_lmmodel_forward_fp32(tiny, converted):
+  """Text and every codebook's full distribution at 512 steps, as `--verify` measures it."""
+  folder, _ = tiny
+  result = verify.compare_with_torch(folder, converted, length=512)
+  assert result["max_abs_diff"] <= 1e-4, result
+
+
+def test_bf16_kl_is_bounded(tiny, converted):
+  folder, model = tiny
+  config, params = moshi_family.load_checkpoint(converted)
+  codes = random_codes(np.random.default_rng(1), config, 1, 64)
+  with torch.no_grad():
+    out = model(torch.from_numpy(codes))
+  ref_text = torch.log_softmax(out.text_logits.float(), -1).numpy()[:, 0]
+  ref_audio = torch.log_softmax(out.logits.float(), -1).numpy()
+  bf16 = jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params)
+  text, text_mask, audio, audio_mask = moshi.stream_log_probs(config, bf16, codes, dtype=jnp.bfloat16)
+  kl = lambda p, q: (np.exp(p) * (p - q)).sum(-1)
+  assert kl(ref_text, text)[text_mask].mean() < 1e-3  # measured 8e-5
+  assert kl(ref_audio, audio)[audio_mask].mean() < 1e-3  # measured 6e-5
+
+
+def test_conversion_names_what_does_not_fit(tiny, tmp_path):
+  folder, model = tiny
+  state = release_state_dict(model)
+  missing = {k: v for k, v in state.items() if k != "depformer.layers.1.gating.2.linear_in.weight"}
+  with pytest.raises(convert.ConversionError, match=r"missing key depformer\.layers\.1\.gating\.2\.linear_in\.weight"):
+    convert.convert(write_release(tmp_path / "a", missing, {**TINY, **LOADER}), str(tmp_path / "out_a"), family="moshi")
+  with pytest.raises(convert.ConversionError, match=r"missing key depformer_in\.2\.weight"):
+    convert.convert(write_release(tmp_path / "b", {k: v for k, v in state.items() if k != "depformer_in.2.weight"},
+                                  {**TINY, **LOADER}), str(tmp_path / "out_b"), family="moshi")
+  # a config.json that says more codebooks than the weights hold: the shape (and the missing table) is named
+  with pytest.raises(convert.ConversionError, match=r"missing key emb\.4\.weight"):
+    convert.convert(write_release(tmp_path / "c", state, {**TINY, **LOADER, "n_q": 5, "delays": [0, 0, 1, 1, 2, 2]}),
+                    str(tmp_path / "out_c"), family="moshi")
+
+
+def test_a_spec_of_another_codebook_count_is_refused():
+  config = moshi_family.parse_config(TINY)
+  moshi_family.check_spec(config, codebooks=3, codebook_size=32)
+  with pytest.raises(ConfigError, match="8 codebooks per frame, but the model predicts dep_q=3"):
+    moshi_family.check_spec(config, codebooks=8, codebook_size=32)
+  with pytest.raises(ConfigError, match="2048 codes, the model's card is 32"):
+    moshi_family.check_spec(config, codebooks=3, codebook_size=2048)
+
+
+# ---- scoring ---------------------------------------------------------------------------------------------------------
+
+
+def stream_items(rng, config, scored, count=3):
+  """Items of time-aligned streams: a prefix and 2-3 candidates each, some tokens -1 (silence in a stream)."""
+  items = []
+  for i in range(count):
+    make = lambda n: random_codes(rng, config, 1, n, zero_rate=0.1)[0].T
+    items.append(packing.StreamItem(make(int(rng.integers(5, 12))), tuple(make(int(rng.integers(3, 8)))
+                                                                        for _ in range(2 + i % 2)), scored, f"q{i}"))
+  return items
+
+
+def layout_of(config):
+  return packing.StreamLayout(config.delays, config.initial_ids, 1 + config.dep_q)
+
+
+def naive_nll(model, config, item, flush):
+  """Per candidate: LMModel.forward on prefix + candidate (+ a -1 tail with `flush`), summing the log-probs of the
+  candidate's own times in the scored streams where upstream's mask holds."""
+  out = []
+  for candidate in item.candidates:
+    tail = np.full((max(config.delays) if flush else 0, config.num_streams), -1)
+    codes = np.concatenate([item.prefix, candidate, tail]).T[None]
+    with torch.no_grad():
+      result = model(torch.from_numpy(codes).long())
+    logp = [torch.log_softmax(result.text_logits.float(), -1)[0, 0]]
+    logp += [torch.log_softmax(result.logits.float(), -1)[0, k] for k in range(config.dep_q)]
+    masks = [result.text_mask[0, 0]] + [result.mask[0, k] for k in range(config.dep_q)]
+    p, n = len(item.prefix), len(candidate)
+    total, count = 0.0, 0
+    for k in item.scored:
+      for t in range(p, p + n):
+        if masks[k][t]:
+          total -= float(logp[k][t, codes[0, k, t]])
+          count += 1
+    out.append((total, count))
+  return out
+
+
+def score(config, params, items, share, flush=False, mesh=None, batch_size=2, length=64):
+  rows, _ = packing.pack_streams(items, packing.RowShape(length, 32, 6), layout_of(config), share, flush)
+  scorer = scoring.StreamScorer(config, packing.RowShape(length, 32, 6), mesh=mesh, batch_size=batch_size)
+  nll_sum, n_tokens = scorer.score(params, rows)
+  return scoring.collect(rows, nll_sum, n_tokens)
+
+
+@pytest.mark.parametrize("scored,flush", [((0,), False), ((1,), True), ((0, 1, 2, 3), True)])
+def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, scored, flush):
+  """Text-stream targets (s2t's protocol), first-codebook targets and every predicted stream at once."""
+  _, model = tiny
+  config, params = moshi_family.load_checkpoint(converted)
+  items = stream_items(np.random.default_rng(len(scored)), config, scored)
+  shared = score(config, params, items, share=True, flush=flush)
+  unshared = score(config, params, items, share=False, flush=flush)
+  np.testing.assert_array_equal(shared.n_tokens, unshared.n_tokens)
+  np.testing.assert_allclose(shared.nll_sum, unshared.nll_sum, atol=1e-4, equal_nan=True)
+  for i, item in enumerate(items):
+    for c, (total, count) in enumerate(naive_nll(model, config, item, flush)):
+      assert shared.n_tokens[i, c] == count
+      assert abs(shared.nll_sum[i, c] - total) <= 1e-4, (i, c, shared.nll_sum[i, c], total)
+
+
+def test_meshes_agree(converted):
+  config, params = moshi_family.load_checkpoint(converted)
+  items = stream_items(np.random.default_rng(7), config, (0, 1, 2), count=5)
+  one = score(config, params, items, share=True, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=1)
+  many = score(config, params, items, share=True, mesh=sharding.make_mesh("data:4,model:2"), batch_size=4)
+  np.testing.assert_array_equal(one.n_tokens, many.n_tokens)
+  np.testing.assert_allclose(one.nll_sum, many.nll_sum, atol=1e-4, equal_nan=True)
+
+
+def test_codes_beyond_the_card_are_named(converted):
+  config, params = moshi_family.load_checkpoint(converted)
+  items = stream_items(np.random.default_rng(3), config, (1,), count=1)
+  bad = items[0].candidates[0].copy()
+  bad[1, 2] = config.card + 5
+  items = [packing.StreamItem(items[0].prefix, (bad,) + items[0].candidates[1:], (1,), "q0")]
+  with pytest.raises(ValueError, match=r"stream 2\] = 37 is outside the codebook \(32 ids and the initial token\)"):
+    score(config, params, items, share=True)
+
+
+def test_scored_streams_must_have_a_head():
+  config = moshi_family.parse_config(TINY)
+  items = stream_items(np.random.default_rng(0), config, (4,), count=1)  # stream 4: the 4th codebook, read only
+  with pytest.raises(packing.PackingError, match=r"scored streams \[4\] must be among the 4 streams"):
+    packing.pack_streams(items, packing.RowShape(64, 32, 6), layout_of(config))
+
+
+def test_protocols_say_which_streams_count():
+  """s2s: the candidate's semantic codebook (stream 1) with the text stream silent; s2t and t2t: the text stream;
+  t2s refused by name. Audio lies on Moshi's own codebooks, the user's streams stay -1."""
+  config = moshi_family.parse_config(TINY)
+  assert moshi_family.scored_streams("s2s", config) == (1,)
+  assert moshi_family.scored_streams("s2s_all_codebooks", config) == (1, 2, 3)
+  assert moshi_family.scored_streams("s2t", config) == moshi_family.scored_streams("t2t", config) == (0,)
+  with pytest.raises(ConfigError, match="t2s is refused for Moshi"):
+    moshi_family.scored_streams("t2s", config)
+  text, audio = np.arange(4), np.arange(12).reshape(4, 3)
+  prefix, candidate = moshi_family.protocol_streams("s2s", config, text, audio, text, audio)
+  assert (prefix[:, 0] == -1).all() and (prefix[:, 1:4] == audio).all() and (prefix[:, 4] == -1).all()
+  assert (candidate[:, 1:4] == audio).all() and (candidate[:, 0] == -1).all()
+  prefix, candidate = moshi_family.protocol_streams("s2t", config, text, audio, text, audio)
+  assert (prefix[:, 1:4] == audio).all() and (prefix[:, 0] == -1).all()
+  assert (candidate[:, 0] == text).all() and (candidate[:, 1:] == -1).all()
+  prefix, candidate = moshi_family.protocol_streams("t2t", config, text, audio, text, audio)
+  assert (prefix[:, 0] == text).all() and (prefix[:, 1:] == -1).all() and (candidate[:, 1:] == -1).all()
