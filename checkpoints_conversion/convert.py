@@ -32,7 +32,7 @@ from absl import flags, logging
 
 from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax import checkpoint, cli, families
+from s2sjax import checkpoint, cli, families, text_tokenizer
 from s2sjax.families import moshi as moshi_family
 from s2sjax.families.keymap import Rule
 from s2sjax.model.config import ModelConfig
@@ -138,20 +138,6 @@ def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray
       yield path, rule.to_target(plan.source.read(piece.key), piece, layer_shape).astype(target.dtype)
 
 
-def remote_code_files(directory: str) -> list[str]:
-  """The Python files a tokenizer's tokenizer_config.json `auto_map` names ("tokenization_chatglm.ChatGLM4Tokenizer"
-  -> tokenization_chatglm.py); empty for tokenizers transformers ships."""
-  path = os.path.join(directory, "tokenizer_config.json")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    auto_map = json.load(f).get("auto_map") or {}
-  classes = auto_map.get("AutoTokenizer") or []
-  classes = [classes] if isinstance(classes, str) else classes
-  # An entry may name another repository ("org/repo--module.Class"): only this folder's files are copied.
-  return sorted({f"{c.split('--')[-1].rsplit('.', 1)[0]}.py" for c in classes if c})
-
-
 def _tokenizer_dir(source_path: str, vocab_size: int, staging: str,
                    trust_remote_code: bool = False) -> tuple[str | None, dict]:
   """A directory with the source's tokenizer, or None, and what the manifest records of it; checks the tokenizer
@@ -168,13 +154,8 @@ def _tokenizer_dir(source_path: str, vocab_size: int, staging: str,
       logging.warning("%s has no tokenizer files: the checkpoint is written without tokenizer/, and evaluating it "
                       "needs --tokenizer_dir (the tokenizer it was trained with)", source_path)
       return None, {"note": "none in the source: evaluate with --tokenizer_dir"}
-    code = remote_code_files(source_path)
-    if code and not trust_remote_code:
-      raise ConversionError(
-        f"{source_path}: the tokenizer is remote code ({', '.join(code)}, named by tokenizer_config.json's auto_map); "
-        "pass --trust_remote_code to run it (its code is copied with the checkpoint, and evaluating needs the flag "
-        "too), after reading that code"
-      )
+    # its code is copied with the checkpoint, and evaluating it needs the flag too
+    code = text_tokenizer.check_trusted(source_path, trust_remote_code, f"{source_path}'s tokenizer")
     missing = [name for name in code if not os.path.exists(os.path.join(source_path, name))]
     if missing:
       raise ConversionError(f"{source_path}: tokenizer_config.json's auto_map names {missing}, which the folder lacks")
@@ -241,8 +222,9 @@ def convert(
 
 def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
   """A Moshi PyTorch release folder (config.json of LMModel arguments; the LM's safetensors named by its
-  `moshi_name`, default model.safetensors; Mimi's file beside it is not read) -> a Moshi checkpoint. Every key
-  and shape is checked before any tensor is read."""
+  `moshi_name`, default model.safetensors; its sentencepiece model named by `tokenizer_name`; Mimi's file beside
+  them is not read) -> a Moshi checkpoint, with the text tokenizer as tokenizer/. Every key and shape is checked
+  before any tensor is read."""
   config_path = os.path.join(source_path, "config.json")
   if not os.path.exists(config_path):
     raise ConversionError(f"{source_path} has no config.json (the LMModel arguments of the release)")
@@ -259,12 +241,47 @@ def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwri
   ruled, problems, skipped = moshi_family.plan(config, {k: source.shape(k) for k in source.keys()})
   if problems:
     raise ConversionError(f"{weights} does not fit a moshi target:\n  " + "\n  ".join(problems))
-  manifest = {"source": os.path.abspath(source_path), "source_description": f"{weights} (Moshi release)",
-              "source_model_type": moshi_family.NAME, "source_config": source_config, "dtype": dtype,
-              "skipped": skipped}
-  leaves = moshi_family.convert_leaves(config, ruled, source.read, jnp.dtype(dtype))
-  moshi_family.write_checkpoint(output, config, leaves, manifest=manifest, overwrite=overwrite)
+  with tempfile.TemporaryDirectory() as staging:
+    tokenizer_dir, tokenizer_record = _sentencepiece_tokenizer_dir(source_path, source_config, config.text_card,
+                                                                   staging)
+    manifest = {"source": os.path.abspath(source_path), "source_description": f"{weights} (Moshi release)",
+                "source_model_type": moshi_family.NAME, "source_config": source_config, "dtype": dtype,
+                "skipped": skipped, "tokenizer": tokenizer_record}
+    leaves = moshi_family.convert_leaves(config, ruled, source.read, jnp.dtype(dtype))
+    checkpoint.write_checkpoint(output, config, leaves, tokenizer_dir=tokenizer_dir, manifest=manifest,
+                                overwrite=overwrite)
   return manifest
+
+
+# Moshi's text tokenizer is a bare sentencepiece model; this transformers class runs exactly
+# `SentencePieceProcessor.encode` once its bos / eos / sep / pad are unset (it adds no tokens of its own).
+SENTENCEPIECE_CLASS = "BertGenerationTokenizer"
+
+
+def _sentencepiece_tokenizer_dir(source_path: str, source_config: dict, text_card: int,
+                                 staging: str) -> tuple[str | None, dict]:
+  """A transformers-loadable tokenizer folder around the release's sentencepiece model (config.json's
+  `tokenizer_name`), or None when the release has none; refuses one with more pieces than the text stream's ids."""
+  import sentencepiece
+
+  name = source_config.get("tokenizer_name")
+  path = os.path.join(source_path, name) if name else None
+  if path is None or not os.path.exists(path):
+    logging.warning("%s has no text tokenizer (config.json's tokenizer_name: %s): the checkpoint is written without "
+                    "tokenizer/, and evaluating it needs --tokenizer_dir", source_path, name)
+    return None, {"note": "none in the source: evaluate with --tokenizer_dir"}
+  model = sentencepiece.SentencePieceProcessor(model_file=path)
+  if model.get_piece_size() > text_card:
+    raise ConversionError(f"{path} has {model.get_piece_size()} pieces, but the text stream takes ids below "
+                          f"text_card={text_card}: ids past it would be read as other tokens")
+  out = os.path.join(staging, "tokenizer")
+  os.makedirs(out)
+  shutil.copy(path, os.path.join(out, "spiece.model"))  # the file name the class reads
+  unk = model.id_to_piece(model.unk_id()) if model.unk_id() >= 0 else None
+  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": SENTENCEPIECE_CLASS, "unk_token": unk, "bos_token": None, "eos_token": None,
+               "sep_token": None, "pad_token": None}, f, indent=2)
+  return out, {"class": SENTENCEPIECE_CLASS, "size": model.get_piece_size(), "source_file": name}
 
 
 FLAGS = flags.FLAGS

@@ -70,7 +70,7 @@ def compare_moshi_with_torch(source_path: str, ckpt_dir: str, length: int = 512,
 
   from s2sjax.model.moshi import stream_log_probs
 
-  config, params = moshi_family.load_checkpoint(ckpt_dir)
+  config, params = checkpoint.load_config(ckpt_dir), checkpoint.load_params(ckpt_dir)
   rng = np.random.default_rng(seed)
   codes = np.concatenate([rng.integers(0, config.text_card, (1, 1, length)),
                           rng.integers(0, config.card, (1, config.n_q, length))], axis=1)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from s2sjax import plan, sharding
+from s2sjax.model import layers
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import RowShape, pack
 from s2sjax.scoring import Scorer
@@ -85,7 +86,7 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
   devices = jax.device_count()
   result = {"size": size, "attention": attention, "dtype": str(jnp.dtype(dtype)), "row_length": length,
             "mesh": mesh_spec, "device": f"{jax.devices()[0].device_kind} x{devices}"}
-  if attention == "flash" and jax.default_backend() != "tpu":
+  if attention in layers.FLASH_IMPLEMENTATIONS and jax.default_backend() != "tpu":
     return {**result, "skipped": "flash is a TPU kernel (interpreted elsewhere: a numbers check, not a speed)"}
   scorer = Scorer(config, RowShape.for_length(length), mesh=sharding.make_mesh(mesh_spec), batch_size=rows_per_step,
                   dtype=dtype, attention=attention)
@@ -94,7 +95,7 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
     if compile_only:
       analysis = scorer.lower_abstract(dtype).compile().memory_analysis()
       return {**result, "compiled_gib": (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes) / 2**30}
-    rows = benchmark_rows(config, length, scorer.batch_size, share_prefix=attention != "flash")
+    rows = benchmark_rows(config, length, scorer.batch_size, share_prefix=attention != "flash")  # flash_shared: shared
     # initialised straight into their shardings: a 7B model need not fit one device first
     params = jax.jit(functools.partial(init_params, config, param_dtype=dtype),
                      out_shardings=scorer.param_shardings)(jax.random.PRNGKey(0))

@@ -90,3 +90,9 @@ register(Benchmark(
 register(Benchmark(
   "scmmlu", "sCMMLU", "zh", "multiple_choice", "cmmlu/cmmlu_rewrite_4.jsonl", "cmmlu/cmmlu_rewrite",
   "cmmlu/cmmlu_rewrite_options", decision="answer_vs_distractors", candidates=4, sizes=PlannerSizes(4743, 25, 6, 5.0)))
+# TWIST's topic StoryCloze (Hassid et al., 2023): sStoryCloze's stories, the wrong ending the right ending of
+# another story (tasks.importer.topic_stories, a fixed seed), so a model that only tracks the topic gets it right.
+# Not part of the S2SBench release: the replica importer and the bundled sample write it.
+register(Benchmark(
+  "tstorycloze", "tStoryCloze", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
+  "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))

@@ -1,8 +1,9 @@
 """The on-disk model format: an orbax parameter tree plus the JSON that says what it is.
 
-    DIR/model_config.json   ModelConfig (architecture, audio input tables)
-    DIR/params/             orbax PyTree: `abstract_params(config)` with the stacked `layers` subtree stored one
-                            layer at a time (`layers/<i>/...`), restacked on load
+    DIR/model_config.json   ModelConfig (architecture, audio input tables), or a MoshiConfig (`family: moshi`)
+    DIR/params/             orbax PyTree: `abstract_params(config)` with the decoder's stacked `layers` subtree
+                            stored one layer at a time (`layers/<i>/...`), restacked on load; Moshi's tree (its own
+                            model, s2sjax/model/moshi.py) is stored as it is
     DIR/extras/             orbax PyTree of tensors kept from the source but not used by the decoder (audio heads)
     DIR/tokenizer/          the tokenizer files, when the source had them
     DIR/manifest.json       provenance (source, dtype, kept and skipped keys) and every leaf's checksum
@@ -35,8 +36,9 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax import checksums, sharding
+from s2sjax.model import decoder, moshi
 from s2sjax.model.config import ModelConfig
-from s2sjax.model.decoder import Params, abstract_params, param_logical_axes
+from s2sjax.model.decoder import Params
 
 MANIFEST = "manifest.json"
 LeafPath = tuple[str, ...]
@@ -85,6 +87,12 @@ def _save_leaves(
   if written:
     partial.finalize(directory)
   return written
+
+
+def _model(config: ModelConfig | moshi.MoshiConfig):
+  """(abstract_params, param_logical_axes) of the model a config describes: the shared decoder, or Moshi."""
+  module = moshi if isinstance(config, moshi.MoshiConfig) else decoder
+  return module.abstract_params, module.param_logical_axes
 
 
 def disk_layout(abstract: Params) -> dict[LeafPath, jax.ShapeDtypeStruct]:
@@ -174,7 +182,7 @@ def write_checkpoint(
   try:
     (staging / "model_config.json").write_text(config.to_json())
     written = _save_leaves(staging / "params", leaves)
-    expected = {path: leaf.shape for path, leaf in disk_layout(abstract_params(config)).items()}
+    expected = {path: leaf.shape for path, leaf in disk_layout(_model(config)[0](config)).items()}
     _check_shapes(expected, {path: shape for path, (shape, _) in written.items()})
     written_extras = _save_leaves(staging / "extras", extras)
     if tokenizer_dir is not None:
@@ -218,7 +226,7 @@ def _unstacked(params: Params) -> Iterator[tuple[LeafPath, np.ndarray]]:
 
 def check_params(config: ModelConfig, params: Params) -> None:
   """Raises CheckpointError naming every missing, unexpected or mis-shaped key of an in-memory tree."""
-  expected = {path: leaf.shape for path, leaf in flatten(abstract_params(config))}
+  expected = {path: leaf.shape for path, leaf in flatten(_model(config)[0](config))}
   _check_shapes(expected, {path: tuple(np.shape(leaf)) for path, leaf in flatten(params)})
 
 
@@ -229,10 +237,12 @@ def _require_finished(ckpt_dir: epath.Path) -> None:
     raise CheckpointError(f"checkpoint {ckpt_dir} does not exist")
 
 
-def load_config(ckpt_dir: str | epath.Path) -> ModelConfig:
+def load_config(ckpt_dir: str | epath.Path) -> ModelConfig | moshi.MoshiConfig:
+  """The checkpoint's ModelConfig, or its MoshiConfig when model_config.json says `family: moshi`."""
   ckpt_dir = epath.Path(ckpt_dir)
   _require_finished(ckpt_dir)
-  return ModelConfig.from_json((ckpt_dir / "model_config.json").read_text())
+  text = (ckpt_dir / "model_config.json").read_text()
+  return (moshi.MoshiConfig if json.loads(text).get("family") == moshi.FAMILY else ModelConfig).from_json(text)
 
 
 def load_manifest(ckpt_dir: str | epath.Path) -> dict:
@@ -251,6 +261,7 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
   ckpt_dir = epath.Path(ckpt_dir)
   config = load_config(ckpt_dir)
   mesh = mesh or sharding.make_mesh()
+  abstract_params, param_logical_axes = _model(config)
   abstract = abstract_params(config)
   shardings = dict(flatten(sharding.logical_to_sharding(param_logical_axes(config), abstract, mesh)))
   saved = dict(flatten(ocp.metadata(ckpt_dir / "params").metadata))
@@ -270,13 +281,14 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
     restored = ocp.load(ckpt_dir / "params", target)
   except (ValueError, OSError, RuntimeError) as e:  # what unreadable (truncated, corrupted) files raise
     raise CheckpointError(f"{ckpt_dir}/params cannot be read ({type(e).__name__}: {e}); re-convert it") from e
-  per_layer = restored.pop("layers")
-  layers = {}
-  for path, _ in flatten(abstract["layers"]):
-    slices = [dict(flatten(per_layer[str(i)]))[path] for i in range(config.num_layers)]
-    stack = jax.jit(lambda *xs: jnp.stack(xs), out_shardings=shardings[("layers",) + path])
-    _merge(layers, _nest(path, stack(*slices)))
-  restored["layers"] = layers
+  if "layers" in abstract:  # the decoder's layers, stored one at a time
+    per_layer = restored.pop("layers")
+    layers = {}
+    for path, _ in flatten(abstract["layers"]):
+      slices = [dict(flatten(per_layer[str(i)]))[path] for i in range(config.num_layers)]
+      stack = jax.jit(lambda *xs: jnp.stack(xs), out_shardings=shardings[("layers",) + path])
+      _merge(layers, _nest(path, stack(*slices)))
+    restored["layers"] = layers
   expected = load_manifest(ckpt_dir).get("checksums", {}).get("params")
   if verify and expected is not None:
     _verify(ckpt_dir, restored, expected)
@@ -340,7 +352,7 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False):
   `tokenization_chatglm.py`) runs only with `trust_remote_code`."""
   import tempfile
 
-  from transformers import AutoTokenizer
+  from s2sjax import text_tokenizer
 
   tokenizer_dir = epath.Path(ckpt_dir) / "tokenizer"
   if not tokenizer_dir.exists():
@@ -348,7 +360,7 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False):
   with tempfile.TemporaryDirectory() as local:
     for item in tokenizer_dir.iterdir():
       (epath.Path(local) / item.name).write_bytes(item.read_bytes())
-    return AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+    return text_tokenizer.load(local, trust_remote_code, f"{ckpt_dir}'s tokenizer")
 
 
 def load_extras(ckpt_dir: str | epath.Path) -> dict[str, np.ndarray]:

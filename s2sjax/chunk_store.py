@@ -98,7 +98,7 @@ def score_resumable(evaluator: Evaluator, params: Params, td: TaskData, store: C
                     progress: Progress) -> QuestionScores:
   """Scores `td` chunk by chunk, reusing finished chunks of the same run. Only process 0 reads and writes the
   store (an output directory local to worker 0 works too); every process gets its decisions and arrays."""
-  num_rows = len(td.rows["tokens"])
+  num_rows = td.num_rows
   chunks = [(start, min(start + chunk_rows, num_rows)) for start in range(0, num_rows, chunk_rows)]
   refusal = None
   if jax.process_index() == 0:

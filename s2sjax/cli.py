@@ -19,11 +19,21 @@ from absl import app, flags, logging
 USER_ERRORS = (ValueError, OSError, KeyError)
 
 
+# Warnings TFDS writes about its own bookkeeping on every first build: a config folder not built yet, a config
+# made at run time (ours always are, their names say what they hold). They tell a user nothing.
+TFDS_CHATTER = ("has no dataset_info.json", "Using custom data configuration")
+
+
+def _not_tfds_chatter(record: std_logging.LogRecord) -> bool:
+  return not ("tensorflow_datasets" in record.pathname and any(m in record.getMessage() for m in TFDS_CHATTER))
+
+
 def _quiet() -> None:
   if flags.FLAGS["verbosity"].present:
     return
   logging.set_verbosity(logging.WARNING)
   std_logging.getLogger().setLevel(std_logging.WARNING)
+  logging.get_absl_logger().addFilter(_not_tfds_chatter)
   import tensorflow_datasets as tfds
   import transformers
 

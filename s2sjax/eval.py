@@ -3,14 +3,14 @@ r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the
   python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
       [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=1024] [--chunk_rows=32] \
-      [--attention=auto|xla|dot_product|flash] [--noshare_prefix] [--overlong=truncate_prefix]
+      [--attention=auto|xla|dot_product|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix]
 
 With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
 (converted on first use) with an untrained audio table, so its S->T shows what a text LM that never learned audio
 does (its spoken candidates are units it never learned either). Several checkpoints of one run (a glob or a list) give curves over steps. Rerunning into the same
 --output_dir scores only what is missing, and refuses chunks another checkpoint, dtype, chunking or data made.
 --noshare_prefix, --reference_language_quirk and --overlong pick the build `tasks.prepare` made with those flags
-(flash attention needs rows without shared prefixes).
+(flash needs rows without shared prefixes; flash_shared takes shared ones in two cascaded passes).
 
 This module is the command line and the wiring of the three packages (it builds the bundled sample through
 `tasks` and converts the default model through `checkpoints_conversion`); the work is done by `Evaluator`
@@ -29,7 +29,7 @@ import numpy as np
 from absl import flags, logging
 
 from s2sjax import (benchmarks, checkpoint, checkpoint_paths, cli, default_model, flips, metrics, modalities, peers,
-                    reports, sharding)
+                    reports, sharding, text_tokenizer)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
 from s2sjax.output_dir import OutputError, RunLock
@@ -73,7 +73,8 @@ class EvalConfig:
 def scored_sets(cfg: EvalConfig) -> list[tuple[str, str, Variants]]:
   """(task, modality, build variants) of everything the run scores: every protocol for S->S, s2sbench's for the
   rest."""
-  return [(task, modality, dataclasses.replace(cfg.variants, protocol=protocol))
+  return [(task, modality, dataclasses.replace(
+            cfg.variants, protocol=protocol, tokenization=cfg.variants.tokenization if modality == "t2t" else "separate"))
           for task in cfg.tasks for modality in cfg.modalities
           for protocol in (cfg.protocols if modality == "s2s" else ("s2sbench",))]
 
@@ -94,7 +95,8 @@ def ensure_data(cfg: EvalConfig, data_dir: str, task: str, modality: str, varian
 
 def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True):
   """Config and params of one checkpoint (checksums verified), fitted to the data's spec: the demo spec's units
-  become untrained vocabulary rows of the embedded default model."""
+  become untrained vocabulary rows of the embedded default model. A Moshi checkpoint gives its MoshiConfig and
+  tree, which the Evaluator scores with the stream scorer."""
   config = checkpoint.load_config(path)
   params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify)
   spec = data[0].metadata["spec"]
@@ -106,12 +108,14 @@ def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True
 
 
 def pick_attention(choice: str, data: list[TaskData]) -> str:
-  """auto: the TPU flash kernel where rows have no shared prefixes, else `jax.nn.dot_product_attention` (cuDNN's
-  fused kernel on GPU; on CPU XLA's lowering of it ran 10% faster than our einsums at L=1024, 2.5x at 2048)."""
+  """auto: on TPU the Pallas flash kernel, in one pass where rows have no shared prefixes (`flash`), in two
+  cascaded passes merged by log-sum-exp where they do (`flash_shared`); elsewhere `jax.nn.dot_product_attention`
+  (cuDNN's fused kernel on GPU; on CPU XLA's lowering of it ran 10% faster than our einsums at L=1024, 2.5x at
+  2048)."""
   if choice != "auto":
     return choice
-  if jax.default_backend() == "tpu" and all(not td.metadata["share_prefix"] for td in data):
-    return "flash"
+  if jax.default_backend() == "tpu":
+    return "flash" if all(not td.metadata["share_prefix"] for td in data) else "flash_shared"
   return "dot_product"
 
 
@@ -168,7 +172,7 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
                         "dtype": evaluator.options.dtype, "chunk_rows": cfg.chunk_rows, "data": td.fingerprint})
     start = time.time()
     title = modalities.title(td.label)
-    progress = Progress(len(td.rows["tokens"]), f"{record['name']} {td.task} {title}")
+    progress = Progress(td.num_rows, f"{record['name']} {td.task} {title}")
     scores[(td.task, td.label)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     if jax.process_index() == 0:
       m = metrics.task_metrics(td.benchmark.decision, s)
@@ -222,9 +226,7 @@ def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code:
     raise EvalError(f"{path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then pass "
                     "--trust_remote_code")
   if tokenizer_dir:
-    from transformers import AutoTokenizer
-
-    return tokenizer_identity(AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code))
+    return tokenizer_identity(text_tokenizer.load(tokenizer_dir, trust_remote_code))
   tokenizer = checkpoint.load_tokenizer(path, trust_remote_code)
   if tokenizer is None:
     raise EvalError(f"{path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
@@ -249,9 +251,11 @@ def define_flags() -> None:
   flags.DEFINE_bool("share_prefix", True, "Read the data built with shared prefixes (False: the -noshare build).")
   flags.DEFINE_bool("reference_language_quirk", False, "Read the -zhquirk build (tasks.prepare's flag of that name).")
   flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"], "Read the build with this overlong policy.")
+  flags.DEFINE_enum("tokenization", "separate", ["separate", "joint"],
+                    "T->T: read the build tokenized by this rule (joint: S2SBench's reference, first + last as one string).")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.", lower_bound=1)
-  flags.DEFINE_enum("attention", "auto", ["auto", "xla", "dot_product", "flash"],
-                    "Attention kernel: auto = flash on TPU for -noshare data, else dot_product.")
+  flags.DEFINE_enum("attention", "auto", ["auto", "xla", "dot_product", "flash", "flash_shared"],
+                    "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), else dot_product.")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "
@@ -267,14 +271,27 @@ def define_flags() -> None:
                      "an error (s2sjax/peers.py).", lower_bound=2.0)
 
 
+def all_tasks(data_dir: str | None) -> list[str]:
+  """`--task=all`: every registered task, or with --data_dir the ones built there (S2SBench's release has no
+  tStoryCloze, for one), saying which are left out."""
+  if data_dir is None:
+    return benchmarks.names()
+  built = [t for t in benchmarks.names() if os.path.isdir(os.path.join(data_dir, t))]
+  missing = [t for t in benchmarks.names() if t not in built]
+  if missing:
+    print(f"--task=all: {', '.join(missing)} not built in {data_dir}, left out", flush=True)
+  return built
+
+
 def config_from_flags() -> EvalConfig:
   local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
   return EvalConfig(
-    tasks=tuple(benchmarks.names() if FLAGS.task == "all" else [FLAGS.task]),
+    tasks=tuple(all_tasks(local(FLAGS.data_dir)) if FLAGS.task == "all" else [FLAGS.task]),
     modalities=modalities.parse(FLAGS.modality), protocols=tuple(FLAGS.protocol),
     checkpoints=FLAGS.checkpoint, spec=FLAGS.spec, data_dir=local(FLAGS.data_dir),
     output_dir=local(FLAGS.output_dir), mesh=FLAGS.mesh, row_length=FLAGS.row_length, chunk_rows=FLAGS.chunk_rows,
-    variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong),
+    variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong,
+                      tokenization=FLAGS.tokenization),
     tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
     verify_checkpoint=FLAGS.verify_checkpoint, break_lock=FLAGS.break_lock,
     trust_remote_code=FLAGS.trust_remote_code,

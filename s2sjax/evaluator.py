@@ -10,12 +10,14 @@ from typing import Callable
 import jax.numpy as jnp
 
 from s2sjax import benchmarks, families, metrics, modalities
-from s2sjax.spec import SpecError, spec_from_dict
-from s2sjax.model.config import ModelConfig
+from s2sjax.families import moshi as moshi_family
+from s2sjax.spec import PARALLEL_STREAMS, SpecError, spec_from_dict
+from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.model.decoder import Params
+from s2sjax.model.moshi import MoshiConfig
 from s2sjax.packing import RowShape
 from s2sjax.questions import QuestionScores
-from s2sjax.scoring import Scorer, collect
+from s2sjax.scoring import Scorer, StreamScorer, collect
 from s2sjax.task_data import TaskData
 
 
@@ -29,15 +31,16 @@ class ScoringOptions:
 
   batch_size: int = 8  # rows per step (rounded up to the data-parallel devices)
   dtype: str = "float32"  # compute and parameter dtype
-  attention: str = "xla"  # xla | dot_product | flash (model/layers.attention); the CLI resolves "auto"
+  attention: str = "xla"  # xla | dot_product | flash | flash_shared (model/layers.attention); the CLI resolves "auto"
 
   @property
   def jnp_dtype(self):
     return jnp.dtype(self.dtype)
 
 
-def check_fit(config: ModelConfig, data: TaskData, tokenizer_identity: dict | None = None) -> None:
-  """Refuses data that was built for another tokenizer or another audio input than the model's."""
+def check_fit(config: ModelConfig | MoshiConfig, data: TaskData, tokenizer_identity: dict | None = None) -> None:
+  """Refuses data that was built for another tokenizer or another audio input than the model's (a Moshi
+  checkpoint reads parallel-stream rows only, laid as its config says)."""
   built_with = data.metadata["tokenizer"] or {"size": 0}  # None: a unit LM's data, no text tokenizer
   if tokenizer_identity is not None and tokenizer_identity["vocab_sha"] != built_with.get("vocab_sha"):
     raise EvalError(
@@ -46,14 +49,18 @@ def check_fit(config: ModelConfig, data: TaskData, tokenizer_identity: dict | No
       f"python -m tasks.prepare --task={data.task} --modality={data.modality} --spec={data.metadata['spec']['name']} "
       f"--row_length={data.shape.length} --tokenizer_dir=CHECKPOINT/tokenizer --data_dir=DATA_DIR"
     )
-  if built_with["size"] > config.vocab_size:
-    raise EvalError(f"the data's tokenizer has {built_with['size']} tokens, the model's embedding {config.vocab_size}")
+  text_rows = config.text_card if isinstance(config, MoshiConfig) else config.vocab_size
+  if built_with["size"] > text_rows:
+    raise EvalError(f"the data's tokenizer has {built_with['size']} tokens, the model's embedding {text_rows}")
   spec = data.metadata["spec"]
   modality = modalities.get(data.modality)
   try:  # data built by a version that did not refuse it: the same words as the build's
     spec_from_dict(spec).check_modality(modality)
   except SpecError as e:
     raise EvalError(f"{data.task}/{data.modality}: {e}") from None
+  if isinstance(config, MoshiConfig) or data.parallel_streams:
+    _check_streams_fit(config, data)
+    return
   if not modality.speaks:
     return
   accepted = families.get(config.family).audio_inputs
@@ -79,6 +86,23 @@ def check_fit(config: ModelConfig, data: TaskData, tokenizer_identity: dict | No
       )
 
 
+def _check_streams_fit(config: ModelConfig | MoshiConfig, data: TaskData) -> None:
+  """A Moshi checkpoint and parallel-stream rows go together, with the spec's streams laid as the model reads them."""
+  spec = data.metadata["spec"]
+  where = f"{data.task}/{data.modality} (spec {spec['name']})"
+  if not isinstance(config, MoshiConfig):
+    raise EvalError(f"{where} holds rows of parallel streams, which only a moshi checkpoint reads; this checkpoint "
+                    f"is a {config.family} decoder: build the data with its own spec")
+  if not data.parallel_streams:
+    raise EvalError(f"{where} holds token rows ({spec['audio_mode']}); a moshi checkpoint reads {PARALLEL_STREAMS} "
+                    "rows: build the data with --spec=moshi (or a spec of audio_mode parallel_streams)")
+  streams = spec_from_dict(spec)
+  try:
+    moshi_family.check_spec(config, streams.codebook_sizes, streams.stream_delays, streams.stream_initial_ids)
+  except ConfigError as e:
+    raise EvalError(f"{where} does not fit the moshi checkpoint: {e}") from None
+
+
 class Evaluator:
   """Scores a fixed set of tasks x modalities for any params of one model config."""
 
@@ -95,16 +119,22 @@ class Evaluator:
       raise EvalError("no task data to evaluate")
     self.config, self.data, self.options = config, data, options
     self.params_adapter = params_adapter or (lambda p: p)
-    self._scorers: dict[RowShape, Scorer] = {}
+    self._scorers: dict[tuple[bool, RowShape], Scorer | StreamScorer] = {}
     for td in data:
       check_fit(config, td)
-      if td.shape not in self._scorers:
-        self._scorers[td.shape] = Scorer(config, td.shape, mesh=mesh, batch_size=options.batch_size,
-                                         dtype=options.jnp_dtype, attention=options.attention)
+      key = (td.parallel_streams, td.shape)
+      if key in self._scorers:
+        continue
+      if td.parallel_streams:  # Moshi's rows: the step over streams (check_fit made sure the model reads them)
+        self._scorers[key] = StreamScorer(config, td.shape, mesh=mesh, batch_size=options.batch_size,
+                                          dtype=options.jnp_dtype)
+      else:
+        self._scorers[key] = Scorer(config, td.shape, mesh=mesh, batch_size=options.batch_size,
+                                    dtype=options.jnp_dtype, attention=options.attention)
     self.history: list[dict] = []
 
-  def scorer(self, td: TaskData) -> Scorer:
-    return self._scorers[td.shape]
+  def scorer(self, td: TaskData) -> Scorer | StreamScorer:
+    return self._scorers[(td.parallel_streams, td.shape)]
 
   def compiled_count(self) -> int:
     return sum(s.compiled_count() for s in self._scorers.values())

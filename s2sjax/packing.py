@@ -191,7 +191,19 @@ def pack(
     else:
       units.extend(_Unit(index, (c,), prefix_len, prefix_len + n, n) for c, n in enumerate(lengths))
 
-  # First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host.
+  rows = _first_fit(units, shape)
+  arrays = empty_rows(len(rows), shape)
+  for r, row_units in enumerate(rows):
+    _lay_row(arrays, r, row_units, items, drops)
+  report.rows = len(rows)
+  report.longest_item = max((unit.tokens for unit in units), default=0)
+  report.real_tokens = int((arrays["segment_ids"] > 0).sum())
+  report.capacity = len(rows) * shape.length
+  return arrays, report
+
+
+def _first_fit(units: list[_Unit], shape: RowShape) -> list[list[_Unit]]:
+  """First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host."""
   order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))
   rows: list[list[_Unit]] = []
   free: list[list[int]] = []  # per row: [tokens, targets, slots] still available
@@ -207,15 +219,7 @@ def pack(
       r = len(rows) - 1
     rows[r].append(unit)
     free[r] = [free[r][0] - need[0], free[r][1] - need[1], free[r][2] - need[2]]
-
-  arrays = empty_rows(len(rows), shape)
-  for r, row_units in enumerate(rows):
-    _lay_row(arrays, r, row_units, items, drops)
-  report.rows = len(rows)
-  report.longest_item = max((unit.tokens for unit in units), default=0)
-  report.real_tokens = int((arrays["segment_ids"] > 0).sum())
-  report.capacity = len(rows) * shape.length
-  return arrays, report
+  return rows
 
 
 def longest_item(segment_ids: np.ndarray) -> int:
@@ -295,6 +299,8 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], items: S
 # Delays are applied here, once, when an item's rows are built (`delay_streams`): a candidate's steps then hold the
 # tail of the prefix's delayed streams, so they are built from prefix + candidate together; a delayed stream's
 # token is scored with the candidate it belongs to (its time, not its step, is the candidate's).
+# Rows may carry only the first S streams a model reads (Moshi's text and own codebooks, as a spec lays them): the
+# scorer reads the streams past them as silence (`s2sjax.scoring.silent_streams`).
 
 
 def delay_streams(streams: np.ndarray, delays: Sequence[int], initial_ids: Sequence[int]) -> np.ndarray:
@@ -378,6 +384,27 @@ def _validate_stream_item(index: int, item: StreamItem, layout: StreamLayout) ->
   return name
 
 
+def _stream_fit(index: int, item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool,
+                flush: bool) -> bool:
+  """Whether a valid item that fits a row is laid shared; a PackingError naming it otherwise. No truncation: a
+  delayed prefix cannot lose steps cleanly."""
+  name = _validate_stream_item(index, item, layout)
+  p = len(item.prefix) + 1  # the initial step opens every item
+  lengths = [len(c) + (max(layout.delays) if flush else 0) for c in item.candidates]
+  if max(lengths) > shape.max_targets or p + max(lengths) > shape.length:
+    raise PackingError(f"{name}: {p} prefix + {max(lengths)} candidate steps exceed the row ({shape.length} "
+                       f"positions, {shape.max_targets} targets)")
+  share = (share_prefix and p + sum(lengths) <= shape.length and sum(lengths) <= shape.max_targets
+           and len(lengths) <= shape.max_slots)
+  return share
+
+
+def check_stream_item(item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool = True,
+                      flush: bool = False) -> None:
+  """Raises the PackingError (naming the item) that `pack_streams` would raise for it (see `check_item`)."""
+  _stream_fit(0, item, shape, layout, share_prefix, flush)
+
+
 def pack_streams(
   items: Sequence[StreamItem],
   shape: RowShape,
@@ -385,42 +412,23 @@ def pack_streams(
   share_prefix: bool = True,
   flush: bool = False,
 ) -> tuple[dict[str, np.ndarray], PackReport]:
-  """First-fit-decreasing packing of parallel-stream items (as `pack`, one target per predicted step). An item
-  that does not fit a row is an error naming it (no truncation: a delayed prefix cannot lose steps cleanly)."""
+  """First-fit-decreasing packing of parallel-stream items (as `pack`, one target per predicted step); rows carry
+  the layout's streams. An item that does not fit a row is an error naming it."""
   report = PackReport(items=len(items))
   units, built = [], []
   for index, item in enumerate(items):
-    name = _validate_stream_item(index, item, layout)
+    share = _stream_fit(index, item, shape, layout, share_prefix, flush)
     prefix_steps, candidates = _stream_unit_steps(item, layout, flush)
     built.append((prefix_steps, candidates))
     lengths = [len(steps) for steps, _ in candidates]
     p = len(prefix_steps)
-    if max(lengths) > shape.max_targets or p + max(lengths) > shape.length:
-      raise PackingError(f"{name}: {p} prefix + {max(lengths)} candidate steps exceed the row ({shape.length} "
-                         f"positions, {shape.max_targets} targets)")
-    share = (share_prefix and p + sum(lengths) <= shape.length and sum(lengths) <= shape.max_targets
-             and len(lengths) <= shape.max_slots)
     report.unshared_items += share_prefix and not share
     if share:
       units.append(_Unit(index, tuple(range(len(lengths))), p, p + sum(lengths), sum(lengths)))
       report.tokens_saved_by_sharing += (len(lengths) - 1) * p
     else:
       units.extend(_Unit(index, (c,), p, p + n, n) for c, n in enumerate(lengths))
-  order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))
-  rows: list[list[_Unit]] = []
-  free: list[list[int]] = []
-  for u in order:
-    unit = units[u]
-    need = (unit.tokens, unit.targets, len(unit.candidates))
-    for r, room in enumerate(free):
-      if room[0] >= need[0] and room[1] >= need[1] and room[2] >= need[2]:
-        break
-    else:
-      rows.append([])
-      free.append([shape.length, shape.max_targets, shape.max_slots])
-      r = len(rows) - 1
-    rows[r].append(unit)
-    free[r] = [free[r][0] - need[0], free[r][1] - need[1], free[r][2] - need[2]]
+  rows = _first_fit(units, shape)
   arrays = empty_stream_rows(len(rows), shape, layout.num_streams)
   for r, row_units in enumerate(rows):
     _lay_stream_row(arrays, r, row_units, built)

@@ -128,12 +128,13 @@ class Scorer:
     attention: str = "xla",
     local_attention: bool = True,
   ):
-    """attention: xla | dot_product | flash (see model/layers.attention); flash needs rows without sharing.
+    """attention: xla | dot_product | flash | flash_shared (see model/layers.attention); flash needs rows without
+    sharing, flash_shared takes any.
     local_attention: with xla or dot_product and a shape that records its longest item (`RowShape.max_item`),
     each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
     without the record, keeps the dense [L, L] mask (the reference)."""
     self.config, self.shape, self.attention = config, shape, attention
-    local = local_attention and attention != "flash"
+    local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
     self.window = layers.local_window(shape.max_item, shape.length) if local else None
     self.mesh = mesh or sharding.make_mesh()
     data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -195,8 +196,8 @@ class Scorer:
     """Scores all packed rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
     check_ids(rows, self.config)
     if self.attention == "flash" and _has_shared_prefixes(rows):
-      raise ValueError("flash attention cannot express prefix-shared branches: build the rows without sharing "
-                       "(--noshare_prefix, configs ending in -noshare) or use --attention=xla")
+      raise ValueError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, build "
+                       "the rows without sharing (--noshare_prefix, configs ending in -noshare) or use --attention=xla")
     if self.window and longest_item(rows["segment_ids"]) > self.shape.max_item:
       raise ValueError(f"the rows hold an item of {longest_item(rows['segment_ids'])} tokens, beyond the "
                        f"{self.shape.max_item} their shape records: item-local attention would drop keys (pack them "
@@ -296,13 +297,24 @@ STREAM_FIELDS = ("stream_tokens", "segment_ids", "branch_ids", "positions", "tar
                  "target_weight", "target_slot", "row_id")
 
 
+def silent_streams(config, positions: jax.Array, laid: int) -> jax.Array:
+  """The streams past the `laid` ones of the rows (Moshi's user streams) as silence [B, L, num_streams - laid]:
+  each stream's initial token at the steps its delay fills, -1 after, which is what `LMModel.forward` makes of
+  codes of -1 (positions are step indices from the item's initial step)."""
+  delays, initial = np.asarray(config.delays[laid:]), np.asarray(config.initial_ids[laid:])
+  return jnp.where(positions[..., None] <= delays, initial, -1).astype(jnp.int32)
+
+
 def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict) -> dict:
   """Per-slot NLL sums and token counts [B, C] for a batch of parallel-stream rows (pure; jitted by StreamScorer)."""
   from s2sjax.model.moshi import MoshiLM, attention_mask
 
   model = MoshiLM(config, dtype=dtype)
   mask = attention_mask(batch["segment_ids"], batch["branch_ids"], batch["positions"], config.temporal.context)
-  hidden = model.apply({"params": params}, batch["stream_tokens"], batch["positions"], mask)
+  streams = batch["stream_tokens"]
+  if streams.shape[-1] < config.num_streams:
+    streams = jnp.concatenate([streams, silent_streams(config, batch["positions"], streams.shape[-1])], axis=-1)
+  hidden = model.apply({"params": params}, streams, batch["positions"], mask)
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
   predicted = 1 + config.dep_q
 
@@ -338,10 +350,10 @@ def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
   """Stream ids beyond their tables (or a scored code beyond the card) would be clamped silently by the gather:
   refuse them, naming row, position and stream. -1 (no token) and each stream's initial token are ids too."""
   tokens = rows["stream_tokens"]
-  if tokens.shape[-1] != config.num_streams:
-    raise ValueError(f"rows carry {tokens.shape[-1]} streams, the model reads {config.num_streams} (text + "
-                     f"{config.n_q} codebooks)")
-  limits = np.asarray(config.initial_ids)  # text_card for text, card for every codebook: the initial token
+  if not 1 + config.dep_q <= tokens.shape[-1] <= config.num_streams:
+    raise ValueError(f"rows carry {tokens.shape[-1]} streams; the model predicts {1 + config.dep_q} (text + "
+                     f"{config.dep_q} codebooks) and reads {config.num_streams}: rows must carry at least the first")
+  limits = np.asarray(config.initial_ids[: tokens.shape[-1]])  # text_card for text, card for codebooks: initial
   for field, values, top in (("stream_tokens", tokens, limits), ("target_frame", rows["target_frame"], limits)):
     bad = np.argwhere((values < -1) | (values > top))
     if len(bad):
@@ -350,7 +362,7 @@ def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
                        f"{'text vocabulary' if k == 0 else 'codebook'} ({top[k]} ids and the initial token); "
                        f"{len(bad)} such ids in all — were the codes made for another model?")
   scored = rows["target_weight"] > 0
-  heads = np.asarray((config.text_card_out,) + (config.card,) * config.n_q)
+  heads = np.asarray((config.text_card_out,) + (config.card,) * (tokens.shape[-1] - 1))
   bad = np.argwhere(scored & ((rows["target_frame"] < 0) | (rows["target_frame"] >= heads)))
   if len(bad):
     r, m, k = bad[0]
@@ -361,7 +373,8 @@ def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
 
 
 class StreamScorer:
-  """`Scorer` for parallel-stream rows: one compiled step per row shape over a mesh, rows split over processes."""
+  """`Scorer` for parallel-stream rows: one compiled step per row shape (and stream count) over a mesh, rows split
+  over processes."""
 
   def __init__(self, config, shape: RowShape, mesh: Mesh | None = None, batch_size: int = 8, dtype=jnp.float32,
                target_chunk: int = 256):
@@ -387,12 +400,15 @@ class StreamScorer:
     self._step = jax.jit(step, in_shardings=(self.param_shardings, self._batch_shardings),
                          out_shardings=sharding.replicated(self.mesh))
 
-  def score(self, params: Params, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+  def compiled_count(self) -> int:
+    return self._step._cache_size()
+
+  def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
     from s2sjax.packing import empty_stream_rows
 
     check_stream_ids(rows, self.config)
-    num_rows = len(rows["stream_tokens"])
+    num_rows, streams = rows["stream_tokens"].shape[0], rows["stream_tokens"].shape[-1]
     if jax.process_count() > 1:
       mine = np.array([num_rows, self.shape.length, self.shape.max_targets, self.shape.max_slots, self.batch_size])
       everyone = np.asarray(multihost_utils.process_allgather(mine))
@@ -404,10 +420,11 @@ class StreamScorer:
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
     nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
     n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
+    meter = Progress(num_rows) if progress else None
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
       for step in range(steps):
         indices = mine[step * self.local_batch : (step + 1) * self.local_batch]
-        batch = empty_stream_rows(self.local_batch, self.shape, self.config.num_streams)
+        batch = empty_stream_rows(self.local_batch, self.shape, streams)
         batch["row_id"] = np.full(self.local_batch, -1, np.int32)
         batch["row_id"][: len(indices)] = indices
         for name in STREAM_FIELDS[:-1]:
@@ -418,4 +435,6 @@ class StreamScorer:
         real = row_id >= 0
         nll_sum[row_id[real]] = np.asarray(out["nll_sum"].addressable_data(0))[real]
         n_tokens[row_id[real]] = np.asarray(out["n_tokens"].addressable_data(0))[real]
+        if meter:
+          meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
     return nll_sum, n_tokens

@@ -1,7 +1,8 @@
 """The speech-LLM spec: everything that differs between speech LLMs when their benchmark rows are built.
 
 A spec is a small YAML (presets in `s2sjax/specs/`): how audio enters the model (`none`, `extended_vocab`: unit k
-is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token), which audio tokenizer makes
+is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token; `parallel_streams`: a text
+stream and K codebook streams side by side, one step per audio frame, as Moshi reads them), which audio tokenizer makes
 the units, the special tokens around audio, whether the model reads text at all (a unit LM does not), and the
 prompt templates. Per modality (s2sjax.modalities), the prefix, then the scored candidate:
 
@@ -13,6 +14,11 @@ prompt templates. Per modality (s2sjax.modalities), the prefix, then the scored 
 
 A spoken candidate is scored on its units only, as a text one on its tokens; no end token is scored. The
 `utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
+
+`parallel_streams` specs have no templates: the streams of prefix and candidate are laid by the protocol of
+s2sjax/families/moshi.py (audio on the codebook streams, text on the text stream, -1 where a stream is silent),
+delayed per stream by `stream_delays` when rows are built; a delayed stream opens with its initial token
+(`text_initial_id` for text, codebook k's size for codebook k, as Moshi's `_get_initial_token`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,13 @@ from s2sjax.families.family import AUDIO_INPUTS
 from s2sjax.modalities import SPEECH, Modality
 
 SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
-AUDIO_MODES = ("none",) + AUDIO_INPUTS  # no audio, or one of the ways a family takes audio tokens
+# Not a way the shared decoder takes audio (families/family.py's AUDIO_INPUTS) but a model of its own: Moshi's
+# text and codebook streams read side by side (s2sjax/model/moshi.py).
+PARALLEL_STREAMS = "parallel_streams"
+AUDIO_MODES = ("none",) + AUDIO_INPUTS + (PARALLEL_STREAMS,)  # no audio, a way a family takes audio tokens, streams
+# Keys only parallel_streams specs set: left out of the other specs' `as_dict`, so their digests (and so the names
+# and fingerprints of data built with them) stay as they were.
+STREAM_KEYS = ("stream_delays", "text_initial_id")
 
 # S2SBench's s2t prompt (s2t_infer_ppl.py) and t2t separator (t2t_infer_ppl.py).
 SPEECH_INSTRUCTION = {
@@ -57,6 +69,8 @@ class Spec:
   # False for unit LMs (TWIST, SLAM): no text tokenizer, no templates; only S->S can be asked of them.
   text_vocabulary: bool = True
   bos_id: int | None = None  # without a text vocabulary: the id that opens every sequence (SlamKit's 1)
+  stream_delays: tuple[int, ...] | None = None  # parallel_streams: per stream (text, then each codebook) its delay
+  text_initial_id: int | None = None  # parallel_streams: the text stream's initial token (Moshi's text_card)
   speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
   text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
 
@@ -70,6 +84,20 @@ class Spec:
         raise SpecError(f"spec {self.name}: extended_vocab needs one codebook and exactly one of unit_token, unit_offset")
     if self.audio_mode != "none" and not self.audio_tokenizer.get("type"):
       raise SpecError(f"spec {self.name}: audio_tokenizer.type is required with audio_mode {self.audio_mode}")
+    streams = self.audio_mode == PARALLEL_STREAMS
+    if streams != (self.stream_delays is not None) or streams != (self.text_initial_id is not None):
+      raise SpecError(f"spec {self.name}: stream_delays and text_initial_id are set exactly when audio_mode is "
+                      f"{PARALLEL_STREAMS}")
+    if streams:
+      if (not self.codebook_sizes or len(self.stream_delays) != 1 + len(self.codebook_sizes)
+          or min(self.stream_delays) < 0):
+        raise SpecError(f"spec {self.name}: stream_delays {list(self.stream_delays)} must give the text stream and "
+                        f"each of the {len(self.codebook_sizes)} codebooks a delay >= 0")
+      tokens = [k for k in ("start_token", "end_token", "placeholder_token", "unit_token", "unit_offset", "bos_id")
+                if getattr(self, k) is not None]
+      if tokens or not self.text_vocabulary:
+        raise SpecError(f"spec {self.name}: {PARALLEL_STREAMS} lays audio on streams of its own: it takes no "
+                        f"{', '.join(tokens) or 'text_vocabulary: false'}")
     if not self.text_vocabulary and (self.audio_mode != "extended_vocab" or self.unit_offset is None
                                      or self.bos_id is None):
       raise SpecError(f"spec {self.name}: a spec without a text vocabulary is a unit LM: it needs audio_mode "
@@ -91,9 +119,25 @@ class Spec:
         f"spec {self.name} feeds audio as codebook tables at a placeholder token: its audio is predicted by the "
         f"checkpoint's own audio head (kept under extras/, not run by s2sjax), not by the text head, so spoken "
         f"candidates ({modality.name}, {modality.title}) cannot be scored for it")
+    if modality.name == "t2s" and self.audio_mode == PARALLEL_STREAMS:
+      raise SpecError(
+        f"spec {self.name} reads parallel streams, whose text stream transcribes the speech beside it frame by frame: "
+        f"a text prefix has no speech to continue, so t2s ({modality.title}) cannot be asked of it "
+        "(s2sjax/families/moshi.py)")
+
+  @property
+  def num_streams(self) -> int:
+    """parallel_streams: the text stream and one per codebook."""
+    return 1 + len(self.codebook_sizes)
+
+  @property
+  def stream_initial_ids(self) -> tuple[int, ...]:
+    """parallel_streams: each stream's initial token: text_initial_id, then each codebook's size."""
+    return (self.text_initial_id,) + tuple(self.codebook_sizes)
 
   def as_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    fields = dataclasses.asdict(self)
+    return fields if self.audio_mode == PARALLEL_STREAMS else {k: v for k, v in fields.items() if k not in STREAM_KEYS}
 
   def digest(self) -> str:
     """A hash of the resolved contents (defaults filled in), so the same spec hashes alike from any file."""
@@ -122,6 +166,8 @@ def spec_from_dict(fields: dict, where: str = "spec") -> Spec:
   fields = dict(fields)
   fields.setdefault("audio_tokenizer", {})
   fields["codebook_sizes"] = tuple(fields.get("codebook_sizes") or ())
+  if fields.get("stream_delays") is not None:
+    fields["stream_delays"] = tuple(fields["stream_delays"])
   for key in ("speech_instruction", "text_separator"):
     fields[key] = {**(SPEECH_INSTRUCTION if key == "speech_instruction" else TEXT_SEPARATOR), **fields.get(key, {})}
   unknown = set(fields) - {f.name for f in dataclasses.fields(Spec)}

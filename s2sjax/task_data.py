@@ -30,6 +30,7 @@ class DataError(ValueError):
 
 PROTOCOLS = ("s2sbench", "utterance")
 OVERLONG = ("error", "truncate_prefix")
+TOKENIZATIONS = ("separate", "joint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +43,17 @@ class Variants:
   # "s2sbench": prefix + candidate, the candidate's tokens scored; "utterance" (S->S only): TWIST / SlamKit's
   # whole spoken story, every unit after bos scored (tasks/build.py)
   protocol: str = "s2sbench"
+  # T->T: "separate" tokenizes prefix and candidate apart (the scored tokens are exactly the candidate's);
+  # "joint" is S2SBench's reference rule: first + last as one string, the tokens past the prefix's count scored
+  tokenization: str = "separate"
 
   def __post_init__(self):
     if self.overlong not in OVERLONG:
       raise ValueError(f"overlong must be one of {OVERLONG}, not {self.overlong!r}")
     if self.protocol not in PROTOCOLS:
       raise ValueError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
+    if self.tokenization not in TOKENIZATIONS:
+      raise ValueError(f"tokenization must be one of {TOKENIZATIONS}, not {self.tokenization!r}")
 
 
 def spec_label(spec: str) -> str:
@@ -61,12 +67,13 @@ def spec_label(spec: str) -> str:
 
 def config_name(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> str:
   """`demo-s2t-1024` (`mine-1a2b3c4d-s2t-1024` for a YAML spec); variants that change the rows say so:
-  `-noshare`, `-zhquirk`, `-truncate`, `-utterance`."""
+  `-noshare`, `-zhquirk`, `-truncate`, `-utterance`, `-joint`."""
   return (f"{spec_label(spec)}-{modalities.get(modality).name}-{row_length}"
           + ("" if variants.share_prefix else "-noshare")
           + ("-zhquirk" if variants.reference_language_quirk else "")
           + ("-truncate" if variants.overlong == "truncate_prefix" else "")
-          + ("-utterance" if variants.protocol == "utterance" else ""))
+          + ("-utterance" if variants.protocol == "utterance" else "")
+          + ("-joint" if variants.tokenization == "joint" else ""))
 
 
 def tokenizer_identity(tokenizer) -> dict:
@@ -89,7 +96,7 @@ def load_rows(data_dir: str, task: str, config: str) -> tuple[dict[str, np.ndarr
   source = builder.as_data_source(split="test")
   examples = sorted((source[i] for i in range(len(source))), key=lambda e: int(e["row"]))
   rows = {name: np.stack([np.asarray(e[name]) for e in examples]) for name in examples[0] if name != "row"}
-  if "audio_codes" not in rows:
+  if "tokens" in rows and "audio_codes" not in rows:  # token rows without codebook tables
     rows["audio_codes"] = np.zeros(rows["tokens"].shape + (0,), np.int32)
   return rows, dict(builder.info.metadata)
 
@@ -118,6 +125,15 @@ class TaskData:
   def shape(self) -> RowShape:
     return RowShape(**self.metadata["row_shape"])
 
+  @property
+  def parallel_streams(self) -> bool:
+    """Rows of parallel streams (s2sjax/packing.py's `stream_tokens`, a parallel_streams spec), not of tokens."""
+    return "stream_tokens" in self.rows
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.rows["segment_ids"])
+
   @functools.cached_property
   def questions(self) -> QuestionTable:
     return QuestionTable.from_records(self.metadata["questions"], where=f"{self.task}/{self.modality}")
@@ -126,7 +142,9 @@ class TaskData:
   def fingerprint(self) -> str:
     """A hash of what is scored (tokens, audio codes, targets): results saved for other rows are not these."""
     digest = hashlib.sha256()
-    for name in ("tokens", "audio_codes", "target_pos", "target_ids", "target_slot", "slot_item", "slot_candidate"):
+    scored = (("stream_tokens", "target_pos", "target_frame", "target_weight") if self.parallel_streams
+              else ("tokens", "audio_codes", "target_pos", "target_ids"))
+    for name in scored + ("target_slot", "slot_item", "slot_candidate"):
       digest.update(np.ascontiguousarray(self.rows[name]).tobytes())
     return digest.hexdigest()[:16]
 

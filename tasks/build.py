@@ -4,6 +4,10 @@ Tokenization rule (one rule, tested): the prefix and each candidate are tokenize
 the candidate string carries its own leading separator (`" " + last` in English T->T), and is tokenized without
 special tokens. So the scored tokens are exactly the candidate's tokens, and no token straddles the boundary.
 The prefix is tokenized with the tokenizer's special tokens (a BOS where the model uses one).
+
+A parallel_streams spec (Moshi) lays each side on streams instead, by s2sjax/families/moshi.py's protocol: the
+same text ids on the text stream, or the audio codes on the codebook streams, one step each; the rows are packed
+by `pack_streams`, which applies the spec's delays.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from absl import logging
 
 from s2sjax import modalities
 from s2sjax.modalities import SPEECH, TEXT
-from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
+from s2sjax.families import moshi as moshi_family
+from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, check_item, check_stream_item,
+                            pack, pack_streams)
 from s2sjax.questions import QuestionTable
-from s2sjax.spec import AudioIds, Spec, resolve_audio_ids
+from s2sjax.spec import PARALLEL_STREAMS, AudioIds, Spec, resolve_audio_ids
 from s2sjax.task_data import PROTOCOLS
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.audio.precomputed import CANDIDATES
@@ -54,7 +60,7 @@ class QuestionEncoder:
   scored, the closing eos included."""
 
   def __init__(self, spec: Spec, modality: str, tokenizer, audio_tokenizer: AudioTokenizer | None,
-               language_override: str | None = None, protocol: str = "s2sbench"):
+               language_override: str | None = None, protocol: str = "s2sbench", tokenization: str = "separate"):
     self.modality = modalities.get(modality)
     spec.check_modality(self.modality)
     if self.modality.speaks and audio_tokenizer is None:
@@ -64,10 +70,22 @@ class QuestionEncoder:
     if protocol == "utterance" and self.modality.name != "s2s":
       raise ValueError(f"the utterance protocol scores a spoken story as one recording: it is S→S only, not "
                        f"{self.modality.name} ({self.modality.title})")
-    self.spec, self.tokenizer, self.protocol = spec, tokenizer, protocol
+    if tokenization == "joint" and self.modality.name != "t2t":
+      raise ValueError(f"the joint tokenization rule differs from the separate one only where text meets text: it "
+                       f"applies to t2t, not {self.modality.name} ({self.modality.title})")
+    self.spec, self.tokenizer, self.protocol, self.tokenization = spec, tokenizer, protocol, tokenization
     self.audio_tokenizer = audio_tokenizer
     self.language_override = language_override
-    self.ids: AudioIds | None = resolve_audio_ids(spec, tokenizer) if self.modality.speaks else None
+    # parallel_streams: how the rows' streams are delayed and which of a candidate's are scored
+    self.layout: StreamLayout | None = None
+    if spec.audio_mode == PARALLEL_STREAMS:
+      if protocol == "utterance":
+        raise ValueError(f"spec {spec.name} reads parallel streams: the utterance protocol is laid for token "
+                         "sequences only; s2s is scored by the protocol of s2sjax/families/moshi.py")
+      self.layout = StreamLayout(spec.stream_delays, spec.stream_initial_ids, predicted=spec.num_streams)
+      self.scored = moshi_family.scored_streams(self.modality.name, len(spec.codebook_sizes))
+    speaks_in_tokens = self.modality.speaks and self.layout is None  # special tokens and units to look up
+    self.ids: AudioIds | None = resolve_audio_ids(spec, tokenizer) if speaks_in_tokens else None
     self.num_codebooks = (len(spec.codebook_sizes)
                           if self.modality.prefix == SPEECH and spec.audio_mode == "codebook_tables" else 0)
     self._audio_cache: dict[str, tuple[np.ndarray, float]] = {}
@@ -108,20 +126,44 @@ class QuestionEncoder:
     start = [self.ids.start] if self.ids.start is not None else []
     return np.concatenate([self.text_ids(text, special=True), start]).astype(np.int32)
 
+  def _text_pair(self, question: Question, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """T->T's (prefix ids, scored ids). `separate`: each tokenized apart, the candidate with its separator and no
+    special tokens. `joint` (S2SBench's reference): `first + separator + last` tokenized as one string, the ids
+    past as many as `first` alone makes are scored, so a token that merges across the boundary is scored."""
+    first = question.prefixes[c]
+    last = self.spec.text_separator[self.language(question)] + question.candidates[c]
+    prefix = self.text_ids(first, special=True)
+    if self.tokenization == "separate":
+      return prefix, self.text_ids(last, special=False)
+    joint = self.text_ids(first + last, special=True)
+    return joint[: len(prefix)], joint[len(prefix):]
+
+  def _streams(self, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
+    return moshi_family.lay_streams(len(self.spec.codebook_sizes), text, audio)
+
   def prefix(self, question: Question, c: int) -> tuple[np.ndarray, np.ndarray | None, float]:
-    """(ids [P], codes [P, K] or None, audio seconds) of candidate c's prefix."""
+    """(ids [P], codes [P, K] or None, audio seconds) of candidate c's prefix; for parallel streams (streams
+    [P, 1 + K], None, audio seconds)."""
     m = self.modality
+    if self.layout is not None:  # the prefix's text, or its audio, on its own streams
+      if m.prefix == TEXT:
+        return self._streams(text=self.text_ids(question.prefixes[c], special=True)), None, 0.0
+      codes, seconds = self.audio_codes((question.audio_paths[c],), question.uttids[c])
+      return self._streams(audio=codes), None, seconds
     instruction = self.spec.speech_instruction[self.language(question)]
     if self.protocol == "utterance":  # the recording is all candidate: only what opens a sequence precedes it
       opening = self._opening("")
-      if len(opening) == 0 and self.tokenizer.bos_token_id is not None:
-        opening = np.asarray([self.tokenizer.bos_token_id], np.int32)
-      if len(opening) == 0:
-        raise ValueError(f"spec {self.spec.name}: the utterance protocol needs a token to open the recording with "
-                         "(the spec's start_token, or the tokenizer's bos), and there is none")
+      # Without a start token or bos, the document separator opens it, as lm-eval's HFLM.prefix_token_id does
+      # for an empty context (bos, else eos: Qwen's <|endoftext|>).
+      if not len(opening):
+        separator = next((t for t in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id) if t is not None), None)
+        if separator is None:
+          raise ValueError(f"spec {self.spec.name}: the utterance protocol needs a token to open the recording with "
+                           "(the spec's start_token, or the tokenizer's bos or eos), and there is none")
+        opening = np.asarray([separator], np.int32)
       return opening, None, 0.0
     if m.name == "t2t":
-      return self.text_ids(question.prefixes[c], special=True), None, 0.0
+      return self._text_pair(question, c)[0], None, 0.0
     if m.prefix == TEXT:  # t2s: the text, then the audio the candidate speaks
       return self._opening(instruction + question.prefixes[c]), None, 0.0
     codes, seconds = self.audio_codes((question.audio_paths[c],), question.uttids[c])
@@ -136,10 +178,14 @@ class QuestionEncoder:
     return np.concatenate([opening, self.units(codes), end]).astype(np.int32), None, seconds
 
   def candidate(self, question: Question, c: int) -> tuple[np.ndarray, float]:
-    """(ids, audio seconds) of candidate c: exactly the tokens that are scored."""
+    """(ids, audio seconds) of candidate c: exactly the tokens that are scored (for parallel streams, its streams
+    [n, 1 + K], the scored ones among them)."""
+    if self.modality.name == "t2t" and self.layout is None:
+      return self._text_pair(question, c)[1], 0.0
     if self.modality.candidate == TEXT:
       separator = self.spec.text_separator[self.language(question)] if self.modality.prefix == TEXT else ""
-      return self.text_ids(separator + question.candidates[c], special=False), 0.0
+      ids = self.text_ids(separator + question.candidates[c], special=False)
+      return (ids if self.layout is None else self._streams(text=ids)), 0.0
     spoken = _candidate_name(question, c)
     if self.protocol == "utterance":
       codes, seconds = self.audio_codes((question.audio_paths[c], question.candidate_audio_paths[c]),
@@ -147,7 +193,30 @@ class QuestionEncoder:
       eos = self.spec.bos_id if not self.spec.text_vocabulary else self.ids.end
       return np.concatenate([self.units(codes), [eos] if eos is not None else []]).astype(np.int32), seconds
     codes, seconds = self.audio_codes((question.candidate_audio_paths[c],), spoken)
-    return self.units(codes), seconds
+    return (self.units(codes) if self.layout is None else self._streams(audio=codes)), seconds
+
+  def item(self, prefix: np.ndarray, candidates: tuple[np.ndarray, ...], codes: np.ndarray | None,
+           name: str) -> Item | StreamItem:
+    """What the packer lays: an Item of ids, or a StreamItem whose candidates score this protocol's streams."""
+    if self.layout is None:
+      return Item(prefix, candidates, codes, name=name)
+    return StreamItem(prefix, candidates, self.scored, name=name)
+
+  def check(self, item: Item | StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
+    """The PackingError the packer would raise for this item (see `check_item`)."""
+    if self.layout is None:
+      check_item(item, shape, share_prefix, overlong)
+    elif overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
+      raise ValueError(f"spec {self.spec.name} reads parallel streams, whose prefix steps cannot be dropped "
+                       f"(overlong={overlong}): a delayed stream's steps hold tokens of several times")
+    else:
+      check_stream_item(item, shape, self.layout, share_prefix)
+
+  def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
+    """(rows, PackReport) of the items, by `pack` or, for parallel streams, `pack_streams`."""
+    if self.layout is None:
+      return pack(items, shape, share_prefix=share_prefix, overlong=overlong)
+    return pack_streams(items, shape, self.layout, share_prefix)
 
 
 def _candidate_name(question: Question, c: int) -> str:
@@ -196,10 +265,10 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
         ids, audio_seconds = encoder.candidate(question, c)
         candidates.append(ids)
         seconds += audio_seconds
-      new_items = [Item(ids, tuple(candidates[c] for c in members), codes, name=f"question {question.id}")
+      new_items = [encoder.item(ids, tuple(candidates[c] for c in members), codes, f"question {question.id}")
                    for ids, codes, members in groups.values()]
       for item in new_items:  # here, where skip_bad can leave the question out, rather than in the final pack
-        check_item(item, shape, share_prefix, overlong)
+        encoder.check(item, shape, share_prefix, overlong)
     except (AudioError, PackingError) as e:
       if not skip_bad:
         raise
@@ -230,7 +299,7 @@ def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowSh
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong)
   if not items:
     raise ValueError("no question could be built")
-  rows, report = pack(items, shape, share_prefix=share_prefix, overlong=overlong)
+  rows, report = encoder.pack(items, shape, share_prefix, overlong)
   summary = {**stats.as_dict(), **report.as_dict()}
   logging.info("built %d questions into %d rows: %.1f questions/s, %.1f audio s/s, packing %.1f%%",
                stats.questions, report.rows, summary["questions_per_second"] or 0,

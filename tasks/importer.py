@@ -7,12 +7,14 @@ r"""Builds a local S2SBench replica, in the release layout, from the public raw 
 
 * sStoryCloze: StoryCloze Spring 2016 test (CSV) -> uttid 2k = the four sentences + the right ending
   (`AnswerRightEnding`), 2k+1 = the same + the wrong one.
+* tStoryCloze: the same stories, the wrong ending the right ending of another story (`topic_stories`, seed 0).
 * zh-sStoryCloze: XStoryCloze zh (TSV, quoting off), the same mapping; sentences joined without spaces.
 * sCMMLU: CMMLU test (67 subject CSVs) -> each question rewritten into four statements that share their first
   half (`rewrite_question`); questions that cannot be rewritten cleanly are listed with the reason and left out.
-* Speech: espeak-ng (en, cmn) speaks every distinct `first` at 16 kHz, in parallel, with progress, into a cache
-  keyed by a hash of (language, text) (`speech_cache/`); each `<uttid>.wav` is a link to its text's clip, made
-  afresh on every import, so re-importing into the same directory never pairs a line with another text's audio.
+* Speech: espeak-ng (en, cmn) speaks every distinct `first` and every candidate (the spoken-candidate folders of
+  tasks/release.py) at 16 kHz, in parallel, with progress, into a cache keyed by a hash of (language, text)
+  (`speech_cache/`); each wav is a link to its text's clip, made afresh on every import, so re-importing into the
+  same directory never pairs a line with another text's audio.
 
 The public files stay where they are: this reads them by path and writes only the replica. It is a replica, not
 the official release: S2SBench's own rewrites and recordings differ.
@@ -28,13 +30,13 @@ import json
 import multiprocessing
 import os
 import shutil
-import time
 
 import numpy as np
-from absl import flags, logging
+from absl import flags
 
 from s2sjax import benchmarks, cli
-from tasks.release import OPTIONS
+from s2sjax.progress import Progress
+from tasks.release import OPTIONS, spoken_candidates
 
 # The blank markers CMMLU questions use, in the order they are tried.
 BLANKS = ("（）", "（ ）", "()", "( )", "____", "___", "__")
@@ -58,6 +60,22 @@ def read_stories(path: str, delimiter: str) -> list[dict]:
     stories.append({"id": row["InputStoryid"], "sentences": [row[f"InputSentence{i}"].strip() for i in range(1, 5)],
                     "right": endings[right], "wrong": endings[1 - right]})
   return stories
+
+
+TOPIC_SEED = 0
+
+
+def topic_stories(stories: list[dict], seed: int = TOPIC_SEED) -> list[dict]:
+  """tStoryCloze (TWIST, Hassid et al. 2023; slp-rl/SpokenStoryCloze README: "we randomly sample the negative
+  ending sentence from the dataset"): each story's wrong ending replaced by the right ending of another story,
+  drawn uniformly among the others with a fixed seed, so every import draws the same."""
+  rng = np.random.default_rng(seed)
+  topical = []
+  for k, story in enumerate(stories):
+    other = int(rng.integers(0, len(stories) - 1))
+    other += other >= k  # any story but this one
+    topical.append(dict(story, wrong=stories[other]["right"]))
+  return topical
 
 
 def story_lines(stories: list[dict], joiner: str) -> list[dict]:
@@ -147,28 +165,26 @@ def _speak(job: tuple[str, str, str]) -> tuple[str, float, bool]:
   return path, soundfile.info(path).duration, synthesized
 
 
-def synthesize(jobs: list[tuple[str, str, str]], workers: int) -> tuple[dict[str, float], int]:
+def synthesize(jobs: list[tuple[str, str, str]], workers: int, description: str = "speech"
+               ) -> tuple[dict[str, float], int]:
   """Speaks every (text, language, path) job not cached yet; returns every clip's duration and how many were
-  synthesized now. Progress is logged as it goes."""
-  durations, synthesized, start = {}, 0, time.time()
+  synthesized now, with a progress bar (utterances, seconds of audio per second, ETA)."""
+  durations, synthesized = {}, 0
+  progress = Progress(len(jobs), description, unit="utterances", rate_unit="audio s")
   with multiprocessing.Pool(workers) as pool:
-    for n, (path, seconds, new) in enumerate(pool.imap_unordered(_speak, jobs, chunksize=4), 1):
+    for path, seconds, new in pool.imap_unordered(_speak, jobs, chunksize=4):
       durations[path] = seconds
       synthesized += new
-      if n % 100 == 0 or n == len(jobs):
-        rate = n / (time.time() - start)
-        logging.info("speech %d/%d, %.1f utterances/s, ETA %.0fs", n, len(jobs), rate, (len(jobs) - n) / rate)
+      progress.update(1, seconds)
   return durations, synthesized
 
 
-def _link_audio(output: str, audio_dir: str, lines: list[dict], language: str) -> tuple[int, int]:
-  """Points each line's `<uttid>.wav` at its text's cached clip, replacing whatever was there; removes the wavs of
-  lines without a clip and of uttids no longer in the file. Returns (linked, removed)."""
-  wanted, linked, removed = set(), 0, 0
-  for line in lines:
-    name = f"{line['uttid']}.wav"
-    wanted.add(name)
-    path, clip = os.path.join(audio_dir, name), clip_path(output, language, line["first"])
+def _link_audio(output: str, audio_dir: str, texts: dict[str, str], language: str) -> tuple[int, int]:
+  """Points each `<name>.wav` of `texts` ({name: text}) at its text's cached clip, replacing whatever was there;
+  removes the wavs of names without a clip and of names no longer wanted. Returns (linked, removed)."""
+  linked, removed = 0, 0
+  for name, text in texts.items():
+    path, clip = os.path.join(audio_dir, f"{name}.wav"), clip_path(output, language, text)
     if os.path.lexists(path):
       os.remove(path)
       removed += not os.path.exists(clip)
@@ -179,7 +195,7 @@ def _link_audio(output: str, audio_dir: str, lines: list[dict], language: str) -
         shutil.copyfile(clip, path)
       linked += 1
   for name in sorted(os.listdir(audio_dir)):
-    if name.endswith(".wav") and name not in wanted:
+    if name.endswith(".wav") and name[: -len(".wav")] not in texts:
       os.remove(os.path.join(audio_dir, name))
       removed += 1
   return linked, removed
@@ -202,29 +218,37 @@ def _cache_previous_audio(output: str, jsonl: str, audio_dir: str, language: str
 
 
 def write_task(output: str, task: str, lines: list[dict], speech: bool, workers: int) -> dict:
-  """Writes one task's jsonl and wavs; lines sharing their `first` share one clip. Without speech, wavs already in
-  the output are relinked to the cached clips of the new texts, and removed where there is none."""
+  """Writes one task's jsonl and wavs: the spoken prefixes and the spoken candidates (tasks/release.py's layout);
+  lines sharing a text share one clip. Without speech, wavs already in the output are relinked to the cached clips
+  of the new texts, and removed where there is none."""
   record = benchmarks.get(task)
   jsonl = os.path.join(output, record.release_jsonl)
-  audio_dir = os.path.join(output, record.release_audio_dir)
-  _cache_previous_audio(output, jsonl, audio_dir, record.language)
+  folders = {  # audio folder -> {wav name: text}
+    os.path.join(output, record.release_audio_dir): {str(line["uttid"]): line["first"] for line in lines},
+    os.path.join(output, record.release_candidate_audio_dir):
+      {name: text for line in lines for name, text in spoken_candidates(task, line).items()},
+  }
+  _cache_previous_audio(output, jsonl, os.path.join(output, record.release_audio_dir), record.language)
   os.makedirs(os.path.dirname(jsonl), exist_ok=True)
   with open(jsonl, "w", encoding="utf-8") as f:
     f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
   report = {"lines": len(lines)}
   if not speech:
-    if os.path.isdir(audio_dir):
-      report["wavs"], report["stale_wavs_removed"] = _link_audio(output, audio_dir, lines, record.language)
+    for role, (audio_dir, texts) in zip(("wavs", "candidate_wavs"), folders.items()):
+      if os.path.isdir(audio_dir):
+        report[role], report[f"stale_{role}_removed"] = _link_audio(output, audio_dir, texts, record.language)
     return report
-  os.makedirs(audio_dir, exist_ok=True)
   os.makedirs(os.path.join(output, SPEECH_CACHE), exist_ok=True)
-  clips = {clip_path(output, record.language, line["first"]): line["first"] for line in lines}
-  durations, synthesized = synthesize([(text, record.language, clip) for clip, text in clips.items()], workers)
-  linked, removed = _link_audio(output, audio_dir, lines, record.language)
+  clips = {clip_path(output, record.language, text): text for texts in folders.values() for text in texts.values()}
+  durations, synthesized = synthesize([(text, record.language, clip) for clip, text in clips.items()], workers,
+                                      f"{task} speech")
+  report.update(distinct_utterances=len(clips), synthesized=synthesized)
+  for role, (audio_dir, texts) in zip(("wavs", "candidate_wavs"), folders.items()):
+    os.makedirs(audio_dir, exist_ok=True)
+    report[role], report[f"stale_{role}_removed"] = _link_audio(output, audio_dir, texts, record.language)
   seconds = np.array([durations[clip_path(output, record.language, line["first"])] for line in lines])
   chars = np.array([len(line["first"]) for line in lines])
-  report.update(wavs=linked, stale_wavs_removed=removed, distinct_utterances=len(clips), synthesized=synthesized,
-                audio_hours=round(float(seconds.sum()) / 3600, 3),
+  report.update(audio_hours=round(sum(durations.values()) / 3600, 3),
                 seconds_per_character={"min": round(float((seconds / chars).min()), 4),
                                        "median": round(float(np.median(seconds / chars)), 4),
                                        "max": round(float((seconds / chars).max()), 4)})
@@ -238,6 +262,8 @@ def import_all(output: str, storycloze_csv: str | None, xstorycloze_zh: list[str
     stories = read_stories(storycloze_csv, ",")[:limit]
     report["sstorycloze"] = dict(write_task(output, "sstorycloze", story_lines(stories, " "), speech, workers),
                                  pairs=len(stories))
+    report["tstorycloze"] = dict(write_task(output, "tstorycloze", story_lines(topic_stories(stories), " "), speech,
+                                            workers), pairs=len(stories), seed=TOPIC_SEED)
   if xstorycloze_zh:
     stories = [s for path in xstorycloze_zh for s in read_stories(path, "\t")][:limit]
     report["zh_sstorycloze"] = dict(write_task(output, "zh_sstorycloze", story_lines(stories, ""), speech, workers),
@@ -268,7 +294,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("storycloze_csv", None, "StoryCloze Spring 2016 test CSV.")
   flags.DEFINE_list("xstorycloze_zh", [], "XStoryCloze zh TSV file(s), e.g. its train and eval splits.")
   flags.DEFINE_string("cmmlu_dir", None, "CMMLU data/test directory (67 subject CSVs).")
-  flags.DEFINE_bool("speech", True, "Synthesize the spoken first halves (espeak-ng, sox).")
+  flags.DEFINE_bool("speech", True, "Synthesize the spoken first halves and candidates (espeak-ng, sox).")
   flags.DEFINE_integer("workers", max(1, (os.cpu_count() or 2)), "Parallel speech synthesis processes.")
   flags.DEFINE_integer("limit", None, "Only the first N stories / questions of each task (for a quick look).")
   cli.run(main)

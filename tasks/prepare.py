@@ -20,9 +20,11 @@ import os
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
-from s2sjax import benchmarks, cli, modalities
+from s2sjax import benchmarks, cli, modalities, text_tokenizer
+from s2sjax.spec import load_spec
 from s2sjax.task_data import Variants, config_name
-from tasks.tfds_builder import make_config, resolve_manual_dir
+from tasks.release import task_paths
+from tasks.tfds_builder import make_config, resolve_manual_dir, resolve_tokenizer_dir
 
 FLAGS = flags.FLAGS
 INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
@@ -48,6 +50,9 @@ def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str,
   """Builds one task/config, or reuses it when it was built from the same inputs; returns its metadata.
   builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
   manual_dir = resolve_manual_dir(manual_dir)
+  if load_spec(spec).text_vocabulary:  # refused before the builder writes anything
+    text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
+                                 builder_kwargs.get("trust_remote_code", False))
   config = make_config(spec, modality, row_length, variants)
   name = config.name
   if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
@@ -73,9 +78,17 @@ def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str,
 
 def main(argv):
   del argv
-  tasks = benchmarks.names() if FLAGS.task == "all" else [FLAGS.task]
-  variants = Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong)
-  builds = [(modality, dataclasses.replace(variants, protocol=protocol))
+  tasks = [FLAGS.task]
+  if FLAGS.task == "all":  # every task the release holds (S2SBench's has no tStoryCloze, the replica does)
+    release = resolve_manual_dir(FLAGS.manual_dir)
+    tasks = [t for t in benchmarks.names() if os.path.exists(task_paths(t, release)[0])]
+    for task in benchmarks.names():
+      if task not in tasks:
+        print(f"{task}: {task_paths(task, release)[0]} does not exist, left out")
+  variants = Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong,
+                      tokenization=FLAGS.tokenization)
+  builds = [(modality, dataclasses.replace(variants, protocol=protocol,
+                                           tokenization=variants.tokenization if modality == "t2t" else "separate"))
             for modality in modalities.parse(FLAGS.modality)
             for protocol in (FLAGS.protocol if modality == "s2s" else ["s2sbench"])]
   tokenizer_dir = FLAGS.tokenizer_dir
@@ -120,5 +133,8 @@ if __name__ == "__main__":
   flags.DEFINE_bool("reference_language_quirk", False, "Apply zh templates to every task, as S2SBench's code does.")
   flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"],
                     "Items longer than the row: fail (naming them), or drop prefix tokens from the left (counted).")
+  flags.DEFINE_enum("tokenization", "separate", ["separate", "joint"],
+                    "T->T: tokenize prefix and candidate apart (separate), or as S2SBench's reference does, first + "
+                    "last as one string with the tokens past the prefix scored (joint).")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
   cli.run(main)

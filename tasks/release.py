@@ -98,6 +98,14 @@ def candidate_audio_dir(task: str, release_dir: str) -> str:
   return os.path.join(release_dir, benchmarks.get(task).release_candidate_audio_dir)
 
 
+def spoken_candidates(task: str, line: dict) -> dict[str, str]:
+  """{wav name without .wav: text} of a release line's spoken candidates, named as the readers below look for
+  them: a story line's `last` as `<uttid>`, an option as `<uttid>_<A|B|C|D>`."""
+  if benchmarks.get(task).release_format == "story_pairs":
+    return {str(line["uttid"]): line["last"]}
+  return {f"{line['uttid']}_{o}": line[o] for o in OPTIONS}
+
+
 def _require(path: str) -> None:
   if not os.path.exists(path):
     raise ReleaseError(f"{path} does not exist (is --manual_dir the S2SBench release directory?)")

@@ -24,10 +24,10 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from s2sjax import modalities
+from s2sjax import modalities, text_tokenizer
 from s2sjax.modalities import SPEECH
 from s2sjax.packing import RowShape
-from s2sjax.spec import Spec, available_specs, load_spec
+from s2sjax.spec import PARALLEL_STREAMS, Spec, available_specs, load_spec
 from s2sjax.task_data import DATA_VERSION, Variants, config_name, spec_label, tokenizer_identity
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
@@ -46,12 +46,15 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
   reference_language_quirk: bool = False  # see s2sjax.task_data.Variants
   overlong: str = "error"
   protocol: str = "s2sbench"
+  tokenization: str = "separate"
 
   @property
   def row_shape(self) -> RowShape:
     spec = load_spec(self.spec)
     modality = modalities.get(self.modality)
     codebooks = len(spec.codebook_sizes) if (modality.prefix == SPEECH and spec.audio_mode == "codebook_tables") else 0
+    if spec.audio_mode == PARALLEL_STREAMS:  # every row carries the text stream and each codebook's
+      codebooks = len(spec.codebook_sizes)
     shape = RowShape.for_length(self.row_length, codebooks)
     # spoken candidates run to hundreds of units (a whole story, in the utterance protocol): any token may be scored
     return dataclasses.replace(shape, max_targets=self.row_length) if modality.candidate == SPEECH else shape
@@ -146,14 +149,23 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     shape = self.builder_config.row_shape
     L, M, C, K = shape.length, shape.max_targets, shape.max_slots, shape.num_codebooks
     vector = lambda n: tfds.features.Tensor(shape=(n,), dtype=np.int32)
-    features = {
-      "row": tfds.features.Scalar(dtype=np.int32),
-      "tokens": vector(L), "segment_ids": vector(L), "branch_ids": vector(L), "positions": vector(L),
-      "target_pos": vector(M), "target_ids": vector(M), "target_slot": vector(M),
-      "slot_item": vector(C), "slot_candidate": vector(C),
-    }
-    if K:
-      features["audio_codes"] = tfds.features.Tensor(shape=(L, K), dtype=np.int32)
+    matrix = lambda n, k: tfds.features.Tensor(shape=(n, k), dtype=np.int32)
+    if load_spec(self.builder_config.spec).audio_mode == PARALLEL_STREAMS:  # s2sjax/packing.py's stream rows
+      features = {
+        "row": tfds.features.Scalar(dtype=np.int32),
+        "stream_tokens": matrix(L, 1 + K), "segment_ids": vector(L), "branch_ids": vector(L), "positions": vector(L),
+        "target_pos": vector(M), "target_frame": matrix(M, 1 + K), "target_weight": matrix(M, 1 + K),
+        "target_slot": vector(M), "slot_item": vector(C), "slot_candidate": vector(C),
+      }
+    else:
+      features = {
+        "row": tfds.features.Scalar(dtype=np.int32),
+        "tokens": vector(L), "segment_ids": vector(L), "branch_ids": vector(L), "positions": vector(L),
+        "target_pos": vector(M), "target_ids": vector(M), "target_slot": vector(M),
+        "slot_item": vector(C), "slot_candidate": vector(C),
+      }
+      if K:
+        features["audio_codes"] = matrix(L, K)
     return self.dataset_info_from_configs(
       features=tfds.features.FeaturesDict(features), metadata=tfds.core.MetadataDict(),
       homepage="https://github.com/undobug/S2SBench",
@@ -162,14 +174,11 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def build_inputs(self, manual_dir: str) -> BuildInputs:
     """The spec and tokenizers (loaded once per builder) and the fingerprint of everything the rows come from."""
     if self._inputs is None or self._inputs.manual_dir != manual_dir:
-      from transformers import AutoTokenizer
-
       config = self.builder_config
       spec = load_spec(config.spec)
       modality = modalities.get(config.modality)
       spec.check_modality(modality)  # before loading anything: what the spec cannot be asked, by name
-      tokenizer = (AutoTokenizer.from_pretrained(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir),
-                                                 trust_remote_code=self.trust_remote_code)
+      tokenizer = (text_tokenizer.load(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir), self.trust_remote_code)
                    if spec.text_vocabulary else None)  # a unit LM has none
       audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
                          if modality.speaks else None)
@@ -203,7 +212,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     questions = read_questions(self.TASK, inputs.manual_dir, problems=problems)
     encoder = QuestionEncoder(spec, config.modality, tokenizer, audio_tokenizer,
                               language_override="zh" if config.reference_language_quirk else None,
-                              protocol=config.protocol)
+                              protocol=config.protocol, tokenization=config.tokenization)
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
                                       config.overlong)
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
@@ -222,13 +231,13 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
                           if audio_tokenizer else None),
       "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
-      "protocol": config.protocol,
+      "protocol": config.protocol, "tokenization": config.tokenization,
       "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
       "inputs": inputs.fingerprint, "report": summary, "questions": table.to_records(),
     })
     return {"test": self._generate_examples(rows, config.row_shape.num_codebooks)}
 
   def _generate_examples(self, rows: dict[str, np.ndarray], num_codebooks: int):
-    for r in range(len(rows["tokens"])):
+    for r in range(len(rows["segment_ids"])):
       example = {name: rows[name][r] for name in rows if name != "audio_codes" or num_codebooks}
       yield r, dict(example, row=r)

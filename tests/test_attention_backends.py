@@ -12,7 +12,7 @@ from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import RowShape, pack
-from s2sjax.scoring import Scorer, collect
+from s2sjax.scoring import Scorer, _has_shared_prefixes, collect
 from tests.scoring_cases import random_items
 
 CONFIG = ModelConfig(
@@ -33,6 +33,68 @@ def test_dot_product_attention_equals_xla_on_a_prefix_shared_mask():
   xla = np.asarray(layers.attention(q, k, v, mask, jax.lax.Precision.HIGHEST))[real]
   fused = np.asarray(layers.attention(q, k, v, mask, implementation="dot_product"))[real]
   np.testing.assert_allclose(fused, xla, atol=1e-5)
+
+
+def _random_qkv(batch, length, heads=4, kv_heads=2, head_dim=16, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  q = jax.random.normal(keys[0], (batch, length, heads, head_dim))
+  k, v = (jax.random.normal(key, (batch, length, kv_heads, head_dim)) for key in keys[1:])
+  return q, k, v
+
+
+# 256: one kernel block per row (the kernel's single-step path); 384: three blocks of 128 (its online softmax
+# across key blocks, and query blocks whose causal diagonal skips key blocks)
+@pytest.mark.parametrize("length", [256, 384])
+def test_flash_shared_equals_xla_on_prefix_shared_rows(length):
+  rows, _ = pack(random_items(8, 512, seed=5), RowShape(length, 128, 16))
+  segments, branches = jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"])
+  # several items per row, each with 2 or 4 candidates branching from its prefix, and padding at the ends
+  assert _has_shared_prefixes(rows) and (rows["segment_ids"] == 0).any() and rows["segment_ids"].max() >= 2
+  q, k, v = _random_qkv(len(rows["tokens"]), length)  # GQA: 4 heads over 2 kv heads
+  dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
+  cascade = np.asarray(layers.attention(q, k, v, None, implementation="flash_shared", segment_ids=segments,
+                                        branch_ids=branches))
+  real = rows["segment_ids"] > 0
+  assert np.isfinite(cascade).all()  # padding queries see nothing in either pass: zeros, not NaNs
+  np.testing.assert_allclose(cascade[real], np.asarray(dense)[real], atol=1e-5)
+  assert (cascade[~real] == 0).all()
+
+
+def test_flash_shared_equals_xla_on_hand_laid_rows():
+  # edge cases the packer does not make: an item without a prefix (its queries see nothing in the prefix pass), a
+  # one-token branch, branch ids out of candidate order, padding between items, and a row with no sharing at all
+  segments = np.zeros((2, 128), np.int32)
+  branches = np.zeros((2, 128), np.int32)
+  segments[0, :10], branches[0, 3:6], branches[0, 6:7], branches[0, 7:10] = 1, 2, 3, 1
+  segments[0, 10:20], branches[0, 10:14], branches[0, 14:20] = 2, 1, 2
+  segments[0, 25:60], branches[0, 25:40], branches[0, 40:60] = 3, 0, 1
+  segments[1, :50], segments[1, 50:128] = 1, 2
+  q, k, v = _random_qkv(2, 128, seed=3)
+  segments, branches = jnp.asarray(segments), jnp.asarray(branches)
+  dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
+  cascade = np.asarray(layers.attention(q, k, v, None, implementation="flash_shared", segment_ids=segments,
+                                        branch_ids=branches))
+  real = np.asarray(segments) > 0
+  assert np.isfinite(cascade).all()
+  np.testing.assert_allclose(cascade[real], np.asarray(dense)[real], atol=1e-5)
+  # without sharing it is the one-pass kernel's attention
+  flash = layers.attention(q, k, v, None, implementation="flash", segment_ids=segments)
+  np.testing.assert_allclose(cascade[1], np.asarray(flash)[1], atol=1e-5)
+
+
+def test_flash_shared_scorer_equals_xla_on_shared_rows_and_a_mesh():
+  params = init_params(CONFIG, jax.random.PRNGKey(0))
+  items = random_items(6, 512, seed=2)
+  shape = RowShape(256, 128, 16)
+  rows, _ = pack(items, shape)  # prefix-shared: what `flash` refuses
+  assert _has_shared_prefixes(rows)
+  one = sharding.make_mesh("data:1", jax.devices()[:1])
+  xla = collect(rows, *Scorer(CONFIG, shape, mesh=one, batch_size=2, attention="xla").score(
+    params, rows, progress=False)).mean_nll
+  for mesh, batch in [(one, 2), (sharding.make_mesh("data:2,model:2", jax.devices()[:4]), 2)]:
+    scorer = Scorer(CONFIG, shape, mesh=mesh, batch_size=batch, attention="flash_shared")
+    cascade = collect(rows, *scorer.score(params, rows, progress=False)).mean_nll
+    np.testing.assert_allclose(cascade, xla, atol=1e-5, equal_nan=True, err_msg=str(mesh.shape))
 
 
 @pytest.mark.parametrize("attention", ["dot_product", "flash"])
@@ -68,16 +130,18 @@ def test_every_matmul_of_an_fp32_step_asks_for_highest_precision(attention, tied
   assert all("HIGHEST" in line for line in matmuls), [line for line in matmuls if "HIGHEST" not in line]
 
 
+@pytest.mark.parametrize("attention", ["flash", "flash_shared"])
 @pytest.mark.parametrize("mesh", ["data:8", "data:4,model:2", "model:8"])
-def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, monkeypatch):
+def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, attention, monkeypatch):
   # XLA cannot partition a Mosaic kernel ("wrap the call in a shard_map"): lowered for TPU from this CPU host, the
   # real kernel (not interpret mode) must run per device on every mesh
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   config = dataclasses.replace(CONFIG, head_dim=128)  # the TPU kernel's lane width
-  scorer = Scorer(config, RowShape(256, 128, 16), mesh=sharding.make_mesh(mesh), batch_size=8, attention="flash",
+  scorer = Scorer(config, RowShape(256, 128, 16), mesh=sharding.make_mesh(mesh), batch_size=8, attention=attention,
                   dtype=jnp.bfloat16)
   text = scorer.lower_abstract(jnp.bfloat16, platforms=("tpu",)).as_text()
-  assert "tpu_custom_call" in text
+  # the scanned layer's body holds the kernel once, the cascade twice (prefix pass, branch pass)
+  assert text.count("tpu_custom_call") == (2 if attention == "flash_shared" else 1), text.count("tpu_custom_call")
 
 
 @pytest.mark.parametrize("share", [True, False])

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from s2sjax import checkpoint, checkpoint_paths, eval as s2s_eval
+from s2sjax import benchmarks, checkpoint, checkpoint_paths, eval as s2s_eval
 from s2sjax.eval import EvalConfig
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
 from s2sjax.task_data import DataError, Variants, load_task_data
@@ -79,6 +79,46 @@ def test_every_task_and_modality_end_to_end(setup, tmp_path, qwen_tokenizer_dir)
     listed = [line.split(" | ")[0][2:] for line in open(os.path.join(out, "ckpt-100", f"{task}.s2t_vs_t2t.flips.md"))
               if line.startswith("| ") and not line.startswith("| question")]
     assert sorted(listed) == sorted(expected) and len(listed) == len(set(listed))
+
+
+def test_all_four_modalities_and_both_protocols_give_the_degradation_matrix(setup, tmp_path, qwen_tokenizer_dir):
+  """--modality=all --protocol=s2sbench,utterance: every modality's scores file holds S2SBench's arithmetic, and
+  metrics.json and table.md hold the matrix (each of s2t, t2s, s2s against t2t, and s2s against s2t)."""
+  from s2sjax import metrics, modalities
+  from s2sjax.questions import QuestionScores
+
+  tasks = ["tstorycloze"]  # the task only s2sjax has, and the one TWIST scores S->S on
+  for task in tasks:
+    for modality in ("t2t", "s2t", "t2s", "s2s"):
+      prepare(task, "demo", modality, 1024, setup["data_dir"], tokenizer_dir=qwen_tokenizer_dir)
+    prepare(task, "demo", "s2s", 1024, setup["data_dir"], tokenizer_dir=qwen_tokenizer_dir,
+            variants=Variants(protocol="utterance"))
+  out = str(tmp_path / "out")
+  _run(setup, out, tasks=tasks, modalities=modalities.parse("all"), protocols=("s2sbench", "utterance"))
+  saved = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
+  labels = ["t2t", "s2t", "t2s", "s2s", "s2s_utterance"]
+  for task in tasks:
+    assert sorted(saved["tasks"][task]) == sorted(labels)
+    scores = {}
+    for label in labels:
+      path = os.path.join(out, "ckpt-100", f"{task}-{label}.scores.jsonl")
+      comparisons = [c for q in _comparisons(path, strict=True).values() for c in q]
+      assert saved["tasks"][task][label]["accuracy"] == pytest.approx(sum(comparisons) / len(comparisons))
+      scores[label] = QuestionScores.from_lines([json.loads(line) for line in open(path)])
+    matrix = saved["degradation"][task]
+    assert sorted(matrix) == ["s2s_vs_s2t", "s2s_vs_t2t", "s2t_vs_t2t", "t2s_vs_t2t"]
+    for reference, other in modalities.COMPARISONS:
+      report = matrix[modalities.comparison_key(reference, other)]
+      accuracy = lambda label: saved["tasks"][task][label]["accuracy"]
+      assert report["degradation"] == pytest.approx(accuracy(reference) - accuracy(other))
+      b, c, p = metrics.mcnemar_p(*(metrics.question_decisions(benchmarks.get(task).decision, scores[m].loss,
+                                                               scores[m].correct) for m in (reference, other)))
+      assert (report["mcnemar"]["reference_only_right"], report["mcnemar"]["other_only_right"]) == (b, c)
+    # the utterance protocol scores the whole story: more tokens per candidate than the ending alone
+    assert (scores["s2s_utterance"].n_tokens > scores["s2s"].n_tokens).all()
+  table = open(os.path.join(out, "table.md")).read()
+  assert "| ckpt-100 | S→S (utterance) |" in table and "| ckpt-100 | S→T − S→S |" in table
+  assert os.path.exists(os.path.join(out, "ckpt-100", "tstorycloze.t2s_vs_t2t.flips.md"))
 
 
 def _comparisons(path, strict):

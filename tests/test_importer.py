@@ -60,13 +60,16 @@ def test_full_replica_counts_and_mapping(tmp_path):
 def test_replica_speech_is_readable_and_plausibly_long(tmp_path):
   report = import_all(str(tmp_path), STORYCLOZE, XSTORYCLOZE, None, speech=True, workers=2, limit=3)
   for task, language in (("sstorycloze", "en"), ("zh_sstorycloze", "zh")):
-    assert report[task]["wavs"] == 6 and report[task]["distinct_utterances"] == 3  # 2k and 2k+1 share audio
+    assert report[task]["wavs"] == 6 and report[task]["candidate_wavs"] == 6
+    assert report[task]["distinct_utterances"] == 9  # 2k and 2k+1 share their prefix's audio, not their ending's
     per_char = report[task]["seconds_per_character"]
     low, high = (0.03, 0.15) if language == "en" else (0.1, 0.6)
     assert low < per_char["min"] <= per_char["max"] < high, per_char
   for question in read_questions("sstorycloze", str(tmp_path)):
     for path in question.audio_paths:
       assert len(load_audio(path, 16000)) > 16000
+    for path in question.candidate_audio_paths:
+      assert len(load_audio(path, 16000)) > 8000
   print(json.dumps(report, ensure_ascii=False))
 
 
@@ -109,16 +112,22 @@ def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
   first = ["Tom woke up.", "He was hungry.", "He cooked eggs.", "He ate them."]
   stories, cmmlu = _sources(tmp_path, first, "水在标准大气压下（）沸腾")
   report = import_all(out, stories, [], cmmlu, speech=True, workers=1)
-  assert report["sstorycloze"]["synthesized"] == 2 and report["scmmlu"]["synthesized"] == 3
+  # 2 prefixes + 4 endings; tStoryCloze's texts are all sStoryCloze's; 3 prefixes + 12 distinct options
+  assert report["sstorycloze"]["synthesized"] == 6 and report["scmmlu"]["synthesized"] == 15
+  assert report["tstorycloze"]["synthesized"] == 0 and report["tstorycloze"]["candidate_wavs"] == 4
   changed = ["Tom woke up late.", *first[1:]]
   stories, cmmlu = _sources(tmp_path, changed, "下列哪个温度是水的沸点")  # question 0 is now left out
   report = import_all(out, stories, [], cmmlu, speech=True, workers=1)
   assert report["sstorycloze"]["synthesized"] == 1 and report["scmmlu"]["synthesized"] == 0
   assert report["scmmlu"]["questions_kept"] == 2 and report["scmmlu"]["stale_wavs_removed"] == 1
-  for task in ("sstorycloze", "scmmlu"):
+  assert report["scmmlu"]["stale_candidate_wavs_removed"] == 4  # question 2's options, renumbered away
+  for task in ("sstorycloze", "tstorycloze", "scmmlu"):
     for question in read_questions(task, out):
-      for path, text in zip(question.audio_paths, question.prefixes):
+      for path, text in zip(question.audio_paths + question.candidate_audio_paths,
+                            question.prefixes + question.candidates):
         assert _same_audio(path, text, benchmarks.get(task).language, tmp_path), (path, text)
+  topical = read_questions("tstorycloze", out)  # the wrong ending is the other story's right one
+  assert [q.candidates for q in topical] == [("He smiled.", "She got wet."), ("She got wet.", "He smiled.")]
   story = read_questions("sstorycloze", out)[0]
   assert story.prefixes[0] == " ".join(changed)
   assert sorted(os.listdir(os.path.join(out, benchmarks.get("scmmlu").release_audio_dir))) == ["0.wav", "1.wav"]

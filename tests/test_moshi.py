@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 lm = pytest.importorskip("moshi.models.lm")
 
 from checkpoints_conversion import convert, safetensors_io, verify  # noqa: E402
-from s2sjax import packing, scoring, sharding  # noqa: E402
+from s2sjax import checkpoint, packing, scoring, sharding  # noqa: E402
 from s2sjax.families import moshi as moshi_family  # noqa: E402
 from s2sjax.model import moshi  # noqa: E402
 from s2sjax.model.config import ConfigError  # noqa: E402
@@ -85,6 +85,10 @@ def converted(tiny, tmp_path_factory):
   return out
 
 
+def load(ckpt):
+  return checkpoint.load_config(ckpt), checkpoint.load_params(ckpt)
+
+
 def random_codes(rng, config, batch, length, zero_rate=0.02):
   codes = np.concatenate([rng.integers(0, config.text_card, (batch, 1, length)),
                           rng.integers(0, config.card, (batch, config.n_q, length))], axis=1)
@@ -120,7 +124,7 @@ def test_every_stream_matches_lmmodel_forward_fp32(tiny, converted):
 
 def test_bf16_kl_is_bounded(tiny, converted):
   folder, model = tiny
-  config, params = moshi_family.load_checkpoint(converted)
+  config, params = load(converted)
   codes = random_codes(np.random.default_rng(1), config, 1, 64)
   with torch.no_grad():
     out = model(torch.from_numpy(codes))
@@ -148,13 +152,16 @@ def test_conversion_names_what_does_not_fit(tiny, tmp_path):
                     str(tmp_path / "out_c"), family="moshi")
 
 
-def test_a_spec_of_another_codebook_count_is_refused():
+def test_a_spec_of_another_stream_layout_is_refused():
   config = moshi_family.parse_config(TINY)
-  moshi_family.check_spec(config, codebooks=3, codebook_size=32)
-  with pytest.raises(ConfigError, match="8 codebooks per frame, but the model predicts dep_q=3"):
-    moshi_family.check_spec(config, codebooks=8, codebook_size=32)
-  with pytest.raises(ConfigError, match="2048 codes, the model's card is 32"):
-    moshi_family.check_spec(config, codebooks=3, codebook_size=2048)
+  fits = dict(codebook_sizes=(32,) * 3, delays=(0, 0, 1, 1), initial_ids=(48, 32, 32, 32))
+  moshi_family.check_spec(config, **fits)
+  for change, named in [({"codebook_sizes": (32,) * 8}, "8 codebooks per frame, but the model predicts dep_q=3"),
+                        ({"codebook_sizes": (2048,) * 3}, r"\[2048, 2048, 2048\] codes, the model's card is 32"),
+                        ({"delays": (0, 1, 1, 1)}, r"stream_delays \[0, 1, 1, 1\] are not the model's \[0, 0, 1, 1\]"),
+                        ({"initial_ids": (32000, 32, 32, 32)}, r"initial tokens \[32000, 32, 32, 32\]")]:
+    with pytest.raises(ConfigError, match=named):
+      moshi_family.check_spec(config, **{**fits, **change})
 
 
 # ---- scoring ---------------------------------------------------------------------------------------------------------
@@ -208,7 +215,7 @@ def score(config, params, items, share, flush=False, mesh=None, batch_size=2, le
 def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, scored, flush):
   """Text-stream targets (s2t's protocol), first-codebook targets and every predicted stream at once."""
   _, model = tiny
-  config, params = moshi_family.load_checkpoint(converted)
+  config, params = load(converted)
   items = stream_items(np.random.default_rng(len(scored)), config, scored)
   shared = score(config, params, items, share=True, flush=flush)
   unshared = score(config, params, items, share=False, flush=flush)
@@ -221,7 +228,7 @@ def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, s
 
 
 def test_meshes_agree(converted):
-  config, params = moshi_family.load_checkpoint(converted)
+  config, params = load(converted)
   items = stream_items(np.random.default_rng(7), config, (0, 1, 2), count=5)
   one = score(config, params, items, share=True, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=1)
   many = score(config, params, items, share=True, mesh=sharding.make_mesh("data:4,model:2"), batch_size=4)
@@ -230,7 +237,7 @@ def test_meshes_agree(converted):
 
 
 def test_codes_beyond_the_card_are_named(converted):
-  config, params = moshi_family.load_checkpoint(converted)
+  config, params = load(converted)
   items = stream_items(np.random.default_rng(3), config, (1,), count=1)
   bad = items[0].candidates[0].copy()
   bad[1, 2] = config.card + 5
@@ -248,19 +255,36 @@ def test_scored_streams_must_have_a_head():
 
 def test_protocols_say_which_streams_count():
   """s2s: the candidate's semantic codebook (stream 1) with the text stream silent; s2t and t2t: the text stream;
-  t2s refused by name. Audio lies on Moshi's own codebooks, the user's streams stay -1."""
-  config = moshi_family.parse_config(TINY)
-  assert moshi_family.scored_streams("s2s", config) == (1,)
-  assert moshi_family.scored_streams("s2s_all_codebooks", config) == (1, 2, 3)
-  assert moshi_family.scored_streams("s2t", config) == moshi_family.scored_streams("t2t", config) == (0,)
+  t2s refused by name. A side is laid from its audio (on Moshi's own codebooks) or its text, never both."""
+  assert moshi_family.scored_streams("s2s", 3) == (1,)
+  assert moshi_family.scored_streams("s2s_all_codebooks", 3) == (1, 2, 3)
+  assert moshi_family.scored_streams("s2t", 3) == moshi_family.scored_streams("t2t", 3) == (0,)
   with pytest.raises(ConfigError, match="t2s is refused for Moshi"):
-    moshi_family.scored_streams("t2s", config)
+    moshi_family.scored_streams("t2s", 3)
   text, audio = np.arange(4), np.arange(12).reshape(4, 3)
-  prefix, candidate = moshi_family.protocol_streams("s2s", config, text, audio, text, audio)
-  assert (prefix[:, 0] == -1).all() and (prefix[:, 1:4] == audio).all() and (prefix[:, 4] == -1).all()
-  assert (candidate[:, 1:4] == audio).all() and (candidate[:, 0] == -1).all()
-  prefix, candidate = moshi_family.protocol_streams("s2t", config, text, audio, text, audio)
-  assert (prefix[:, 1:4] == audio).all() and (prefix[:, 0] == -1).all()
-  assert (candidate[:, 0] == text).all() and (candidate[:, 1:] == -1).all()
-  prefix, candidate = moshi_family.protocol_streams("t2t", config, text, audio, text, audio)
-  assert (prefix[:, 0] == text).all() and (prefix[:, 1:] == -1).all() and (candidate[:, 1:] == -1).all()
+  spoken = moshi_family.lay_streams(3, audio=audio)
+  assert spoken.shape == (4, 4) and (spoken[:, 0] == -1).all() and (spoken[:, 1:] == audio).all()
+  written = moshi_family.lay_streams(3, text=text)
+  assert (written[:, 0] == text).all() and (written[:, 1:] == -1).all()
+  with pytest.raises(ConfigError, match=r"audio codes must be \[T, 3\]"):
+    moshi_family.lay_streams(3, audio=np.zeros((4, 8)))
+
+
+def test_rows_of_the_predicted_streams_score_as_rows_of_every_stream(converted):
+  """A spec lays only the text and the model's own codebooks: the user's streams the scorer adds as silence give
+  the numbers of rows that carry them silent."""
+  config, params = load(converted)
+  rng = np.random.default_rng(11)
+  items = []
+  for item in stream_items(rng, config, (0, 1, 2)):
+    silence = lambda x: np.concatenate([x[:, :1 + config.dep_q], np.full((len(x), config.n_q - config.dep_q), -1)], 1)
+    items.append(packing.StreamItem(silence(item.prefix), tuple(silence(c) for c in item.candidates), item.scored))
+  full = score(config, params, items, share=True)
+  own = packing.StreamLayout(config.delays[:1 + config.dep_q], config.initial_ids[:1 + config.dep_q], 1 + config.dep_q)
+  laid = [packing.StreamItem(i.prefix[:, :1 + config.dep_q], tuple(c[:, :1 + config.dep_q] for c in i.candidates),
+                             i.scored) for i in items]
+  rows, _ = packing.pack_streams(laid, packing.RowShape(64, 32, 6), own)
+  nll_sum, n_tokens = scoring.StreamScorer(config, packing.RowShape(64, 32, 6), batch_size=2).score(params, rows)
+  short = scoring.collect(rows, nll_sum, n_tokens)
+  np.testing.assert_array_equal(short.n_tokens, full.n_tokens)
+  np.testing.assert_allclose(short.nll_sum, full.nll_sum, atol=1e-5, equal_nan=True)

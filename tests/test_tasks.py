@@ -311,3 +311,26 @@ def test_units_are_tokenizer_ids_or_past_its_end_never_both(qwen_tokenizer_dir):
     resolve_audio_ids(spec(size - 499), tokenizer)
   assert resolve_audio_ids(spec(size - 500), tokenizer).unit_ids[-1] == size - 1  # rows the tokenizer has
   assert resolve_audio_ids(spec(size), tokenizer).unit_ids[0] == size  # rows the model added past the text ones
+
+
+def test_joint_tokenization_scores_what_s2sbench_s_reference_scores(qwen_tokenizer_dir):
+  """`--tokenization=joint`: first + last tokenized as one string, the ids past tokenize(first) scored (S2SBench's
+  reference rule); on the bundled sample's sCMMLU 3 of 96 candidates merge a token across the boundary."""
+  from tasks.boundary_report import differs
+
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  separate = QuestionEncoder(load_spec("demo"), "t2t", tokenizer, None)
+  joint = QuestionEncoder(load_spec("demo"), "t2t", tokenizer, None, tokenization="joint")
+  merged = 0
+  for question in read_questions("scmmlu", RELEASE_DIR):
+    for c, candidate in enumerate(question.candidates):
+      whole = tokenizer(question.prefixes[c] + candidate)["input_ids"]
+      first = tokenizer(question.prefixes[c])["input_ids"]
+      prefix, scored = joint.prefix(question, c)[0], joint.candidate(question, c)[0]
+      assert prefix.tolist() + scored.tolist() == whole and scored.tolist() == whole[len(first):]
+      straddles = differs(tokenizer, question.prefixes[c], candidate)
+      assert (scored.tolist() != separate.candidate(question, c)[0].tolist()) == straddles
+      merged += straddles
+  assert merged == 3
+  with pytest.raises(ValueError, match=r"applies to t2t, not s2t"):
+    QuestionEncoder(load_spec("demo"), "s2t", tokenizer, MelKmeansTokenizer(MEL_KMEANS_CODEBOOK), tokenization="joint")

@@ -9,19 +9,19 @@ Why this family is not a `Family` of the registry: that abstraction's layouts pa
 are another tree (stream tables, a depformer with per-step weights), its rows carry several ids per position, and
 its targets are whole steps. So the extension is kept here, the same shape: `parse_config` (refusing by name every
 switch the model does not implement), `rules` (every target leaf's source tensors), `MOSHI_NAME` (the weights file
-a release names), `check_spec` (a spec against the model) and a checkpoint writer and reader of the same directory
-format (`model_config.json` says `family: moshi`).
+a release names), `check_spec` (a spec against the model) and the protocol that lays a question's streams. Its
+checkpoints are the same directory format (`model_config.json` says `family: moshi`), written and read by
+`s2sjax.checkpoint`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from s2sjax.checkpoint import flatten
 from s2sjax.model.config import ConfigError
 from s2sjax.model.moshi import FAMILY, MoshiConfig, TransformerConfig, abstract_params
 
@@ -251,24 +251,6 @@ def rules(config: MoshiConfig) -> list[Rule]:
   return out
 
 
-def flatten(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-  items = []
-  for key in sorted(tree):
-    value = tree[key]
-    items.extend(flatten(value, prefix + (key,)) if isinstance(value, Mapping) else [(prefix + (key,), value)])
-  return items
-
-
-def nest(leaves: Mapping[tuple[str, ...], Any]) -> dict:
-  tree: dict = {}
-  for path, value in leaves.items():
-    node = tree
-    for key in path[:-1]:
-      node = node.setdefault(key, {})
-    node[path[-1]] = value
-  return tree
-
-
 def plan(config: MoshiConfig, keys: Mapping[str, tuple[int, ...]]) -> tuple[list[Rule], list[str], list[str]]:
   """(rules, problems, skipped keys) of a source with these {key: shape}: every missing key (named with the leaf it
   feeds), every mis-shaped one and every key no rule reads."""
@@ -303,77 +285,27 @@ def convert_leaves(config: MoshiConfig, ruled: list[Rule], read, dtype=np.float3
     yield rule.target, rule.assemble(arrays, tuple(target.shape)).astype(dtype)
 
 
-# ---- checkpoint directory --------------------------------------------------------------------------------------------
-
-
-def write_checkpoint(out_dir: str, config: MoshiConfig, leaves, manifest: Mapping[str, Any] | None = None,
-                     overwrite: bool = False) -> str:
-  """The s2sjax checkpoint format (`model_config.json` with `family: moshi`, orbax `params/`, `manifest.json`
-  with every leaf's checksum, written last): the whole tree is checked against the config before it is saved."""
-  import shutil
-
-  from orbax.checkpoint.experimental import v1 as ocp
-
-  from s2sjax import checksums
-
-  if os.path.exists(out_dir):
-    if not overwrite:
-      raise FileExistsError(f"{out_dir} already exists (pass overwrite=True / --overwrite to replace it)")
-    shutil.rmtree(out_dir)
-  leaves = dict(leaves)
-  expected = {path: tuple(leaf.shape) for path, leaf in flatten(abstract_params(config))}
-  got = {path: tuple(np.shape(v)) for path, v in leaves.items()}
-  wrong = sorted(p for p in expected.keys() | got.keys() if expected.get(p) != got.get(p))
-  if wrong:
-    raise ValueError("parameters do not fit the config at: " + ", ".join(
-      f"{'/'.join(p)} (given {got.get(p)}, config implies {expected.get(p)})" for p in wrong[:10]))
-  os.makedirs(out_dir)
-  with open(os.path.join(out_dir, "model_config.json"), "w") as f:
-    f.write(config.to_json())
-  ocp.save(os.path.join(out_dir, "params"), nest(leaves))
-  sums = {"/".join(p): checksums.host_checksum(np.asarray(v)) for p, v in sorted(leaves.items())}
-  with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-    json.dump(dict(manifest or {}, checksums={"params": sums}), f, indent=2, sort_keys=True, default=str)
-  return out_dir
-
-
-def load_checkpoint(ckpt_dir: str) -> tuple[MoshiConfig, dict]:
-  """(config, params as numpy) of a Moshi checkpoint, every leaf's checksum verified."""
-  from orbax.checkpoint.experimental import v1 as ocp
-
-  from s2sjax import checksums
-
-  if not os.path.exists(os.path.join(ckpt_dir, "manifest.json")):
-    raise FileNotFoundError(f"{ckpt_dir} is not a finished s2sjax checkpoint (no manifest.json)")
-  with open(os.path.join(ckpt_dir, "model_config.json")) as f:
-    config = MoshiConfig.from_json(f.read())
-  with open(os.path.join(ckpt_dir, "manifest.json")) as f:
-    expected = json.load(f)["checksums"]["params"]
-  params = ocp.load(os.path.join(ckpt_dir, "params"))
-  params = jax_tree_to_numpy(params)
-  differ = ["/".join(k) for k, v in flatten(params) if expected.get("/".join(k)) != checksums.host_checksum(v)]
-  if differ:
-    raise ValueError(f"{ckpt_dir}: parameter leaves differ from their checksums: {', '.join(differ[:10])}")
-  return config, params
-
-
-def jax_tree_to_numpy(tree):
-  import jax
-
-  return jax.tree.map(np.asarray, tree)
-
-
 # ---- the spec's contract ---------------------------------------------------------------------------------------------
 
 
-def check_spec(config: MoshiConfig, codebooks: int, codebook_size: int) -> None:
-  """Refuses a spec whose audio does not fit the model: Moshi reads its own speech as dep_q codebook streams
-  (and, past them, the user's), each of `card` codes."""
+def check_spec(config: MoshiConfig, codebook_sizes: Sequence[int], delays: Sequence[int],
+               initial_ids: Sequence[int]) -> None:
+  """Refuses a spec whose streams do not fit the model: Moshi reads its own speech as dep_q codebook streams of
+  `card` codes (and, past them, the user's, which the benchmark leaves silent), each stream delayed and opened as
+  the model's config says. The spec's streams are the text stream and its codebooks, in that order."""
+  codebooks = len(codebook_sizes)
   if codebooks != config.dep_q:
     raise ConfigError(f"the spec's audio tokenizer gives {codebooks} codebooks per frame, but the model predicts "
                       f"dep_q={config.dep_q} (and reads n_q={config.n_q}: its own and the user's)")
-  if codebook_size != config.card:
-    raise ConfigError(f"the spec's codebooks have {codebook_size} codes, the model's card is {config.card}")
+  if any(size != config.card for size in codebook_sizes):
+    raise ConfigError(f"the spec's codebooks have {list(codebook_sizes)} codes, the model's card is {config.card}")
+  streams = 1 + codebooks
+  if tuple(delays) != config.delays[:streams]:
+    raise ConfigError(f"the spec's stream_delays {list(delays)} are not the model's {list(config.delays[:streams])} "
+                      "(text, then its own codebooks)")
+  if tuple(initial_ids) != config.initial_ids[:streams]:
+    raise ConfigError(f"the spec's initial tokens {list(initial_ids)} (text_initial_id, then each codebook's size) "
+                      f"are not the model's {list(config.initial_ids[:streams])} (text_card, then card)")
 
 
 # ---- what Moshi is scored on -----------------------------------------------------------------------------------------
@@ -387,7 +319,7 @@ def check_spec(config: MoshiConfig, codebooks: int, codebook_size: int) -> None:
 #        define it, on the stream that carries the linguistic content (Mimi distils WavLM into codebook 0). The
 #        text stream is -1 throughout: scoring Moshi "textless". Whether Kyutai's paper scored the semantic codebook
 #        alone or every codebook, and with or without the text stream, is recorded in the issue's note; the packer
-#        takes any `scored` set, so `S2S_ALL_CODEBOOKS` scores all predicted codebooks.
+#        takes any `scored` set, so `s2s_all_codebooks` scores all predicted codebooks.
 #   s2t  spoken prefix (audio streams, text -1) -> candidate text on the time-aligned text stream (audio -1 there):
 #        the text stream is Moshi's only text output, predicted per frame.
 #   t2t  text stream alone, audio streams -1 everywhere: Moshi's temporal transformer is Helium fine-tuned on
@@ -400,12 +332,13 @@ def check_spec(config: MoshiConfig, codebooks: int, codebook_size: int) -> None:
 S2S_SEMANTIC = (1,)
 
 
-def scored_streams(protocol: str, config: MoshiConfig) -> tuple[int, ...]:
-  """Which streams of a candidate are scored under a protocol (stream 0 = text, k = codebook k - 1)."""
+def scored_streams(protocol: str, codebooks: int) -> tuple[int, ...]:
+  """Which streams of a candidate are scored under a protocol (stream 0 = text, k = codebook k - 1), for rows of
+  the text stream and `codebooks` codebook streams."""
   if protocol == "s2s":
     return S2S_SEMANTIC
   if protocol == "s2s_all_codebooks":
-    return tuple(range(1, 1 + config.dep_q))
+    return tuple(range(1, 1 + codebooks))
   if protocol in ("s2t", "t2t"):
     return (0,)
   if protocol == "t2s":
@@ -414,26 +347,19 @@ def scored_streams(protocol: str, config: MoshiConfig) -> tuple[int, ...]:
   raise ConfigError(f"unknown protocol {protocol!r} (s2s, s2s_all_codebooks, s2t, t2t)")
 
 
-def protocol_streams(protocol: str, config: MoshiConfig, prefix_text: np.ndarray | None,
-                     prefix_audio: np.ndarray | None, candidate_text: np.ndarray | None,
-                     candidate_audio: np.ndarray | None):
-  """(prefix [P, 1 + n_q], candidate [n, 1 + n_q]) time-aligned streams for a protocol: text ids [T] on stream 0,
-  Mimi codes [T, dep_q] on Moshi's own codebooks; every other stream -1. The user's streams stay silent."""
-  scored_streams(protocol, config)  # refuses t2s and unknown protocols by name
-
-  def lay(text, audio):
-    length = len(text) if text is not None else len(audio)
-    out = np.full((length, config.num_streams), -1, np.int32)
-    if text is not None:
-      out[:, 0] = text
-    if audio is not None:
-      audio = np.asarray(audio)
-      if audio.ndim != 2 or audio.shape[1] != config.dep_q:
-        raise ConfigError(f"audio codes must be [T, {config.dep_q}] (Moshi's own codebooks), got {audio.shape}")
-      out[:, 1 : 1 + config.dep_q] = audio
-    return out
-
-  speech_prefix, speech_candidate = protocol.startswith("s2"), protocol.endswith("2s") or "2s_" in protocol
-  prefix = lay(None if speech_prefix else prefix_text, prefix_audio if speech_prefix else None)
-  candidate = lay(None if speech_candidate else candidate_text, candidate_audio if speech_candidate else None)
-  return prefix, candidate
+def lay_streams(codebooks: int, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
+  """One side of a question (its prefix, or a candidate) as time-aligned streams [T, 1 + codebooks]: text ids [T]
+  on stream 0, or audio codes [T, codebooks] on the codebook streams (Moshi's own speech); every other stream -1.
+  The user's streams are not laid: the scorer reads them as silence."""
+  if (text is None) == (audio is None):
+    raise ValueError("a side of a question is laid from its text or from its audio, one of the two")
+  if audio is not None:
+    audio = np.asarray(audio)
+    if audio.ndim != 2 or audio.shape[1] != codebooks:
+      raise ConfigError(f"audio codes must be [T, {codebooks}] (Moshi's own codebooks), got {audio.shape}")
+  out = np.full((len(text) if text is not None else len(audio), 1 + codebooks), -1, np.int32)
+  if text is not None:
+    out[:, 0] = text
+  else:
+    out[:, 1:] = audio
+  return out

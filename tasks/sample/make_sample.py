@@ -1,5 +1,6 @@
-r"""Writes the bundled sample from `source/*.json`: release-layout jsonl files, espeak-ng speech of every `first`
-and of every candidate (16 kHz mono 16-bit), and the mel k-means codebook fitted on the prefixes' speech.
+r"""Writes the bundled sample from `source/*.json`: release-layout jsonl files (tStoryCloze drawn from the English
+stories), espeak-ng speech of every `first` and of every candidate (16 kHz mono 16-bit), and the mel k-means
+codebook fitted on the prefixes' speech.
 
   python -m tasks.sample.make_sample [--out=tasks/sample] [--nocodebook]
 """
@@ -17,7 +18,8 @@ from absl import app, flags
 from s2sjax import benchmarks
 from tasks.audio import mel_kmeans
 from tasks.audio.base import load_audio
-from tasks.release import OPTIONS
+from tasks.importer import topic_stories
+from tasks.release import OPTIONS, spoken_candidates
 from tasks.sample import SAMPLE_DIR
 
 VOICES = {"en": "en", "zh": "cmn"}
@@ -43,21 +45,16 @@ def release_lines(task: str, source: list[dict]) -> list[dict]:
   return [{"uttid": k, "first": q["first"], **{o: q[o] for o in OPTIONS}, "answer": q["answer"]} for k, q in enumerate(source)]
 
 
-def spoken_candidates(task: str, line: dict) -> dict[str, str]:
-  """{wav name: text} of a line's candidates, named as tasks/release.py reads them."""
-  if benchmarks.get(task).release_format == "story_pairs":
-    return {str(line["uttid"]): line["last"]}
-  return {f"{line['uttid']}_{o}": line[o] for o in OPTIONS}
-
-
 def main(argv):
   del argv
   out = flags.FLAGS.out
-  sources = {"sstorycloze": "en_stories.json", "zh_sstorycloze": "zh_stories.json", "scmmlu": "zh_cmmlu.json"}
-  waves = []
+  sources = {"sstorycloze": "en_stories.json", "zh_sstorycloze": "zh_stories.json", "scmmlu": "zh_cmmlu.json",
+             "tstorycloze": "en_stories.json"}
+  waves = []  # the codebook is fitted on S2SBench's three tasks (tStoryCloze repeats sStoryCloze's prefixes)
   for task, name in sources.items():
     with open(os.path.join(SAMPLE_DIR, "source", name), encoding="utf-8") as f:
-      lines = release_lines(task, json.load(f))
+      source = json.load(f)
+    lines = release_lines(task, topic_stories(source) if task == "tstorycloze" else source)
     record = benchmarks.get(task)
     jsonl = os.path.join(out, "release", record.release_jsonl)
     audio_dir = os.path.join(out, "release", record.release_audio_dir)
@@ -69,7 +66,8 @@ def main(argv):
     for line in lines:
       path = os.path.join(audio_dir, f"{line['uttid']}.wav")
       speak(line["first"], record.language, path)
-      waves.append(load_audio(path, mel_kmeans.SAMPLE_RATE))
+      if task != "tstorycloze":
+        waves.append(load_audio(path, mel_kmeans.SAMPLE_RATE))
       for name, text in spoken_candidates(task, line).items():
         speak(text, record.language, os.path.join(candidate_dir, f"{name}.wav"))
     print(f"{task}: {len(lines)} lines -> {jsonl}")
