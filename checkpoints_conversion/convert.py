@@ -34,7 +34,7 @@ from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.sources import TensorSource, open_source
 from s2sjax import checkpoint, cli, families, text_tokenizer
 from s2sjax.families import moshi as moshi_family
-from s2sjax.families.keymap import Rule
+from s2sjax.families.keymap import Rule, check_rules
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
 
@@ -89,23 +89,7 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
   config = layout.parse_config(source.config)
   rules = layout.rules(config, source.config)
   abstract = dict(checkpoint.flatten(abstract_params(config)))
-  problems = []
-
-  ruled = {rule.target for rule in rules}
-  problems += [f"no conversion rule for target {'/'.join(p)}" for p in sorted(abstract.keys() - ruled)]
-  available = set(source.keys())
-  used = set()
-  for rule in rules:
-    for piece in rule.pieces:
-      used.add(piece.key)
-      if piece.key not in available:
-        problems.append(f"missing key {piece.key} (for {'/'.join(rule.target)})")
-      elif source.shape(piece.key) != piece.source_shape:
-        problems.append(
-          f"shape mismatch at {piece.key}: checkpoint has {source.shape(piece.key)}, "
-          f"config.json implies {piece.source_shape}"
-        )
-  rest = sorted(available - used)
+  problems, rest = check_rules(set(abstract), rules, {key: source.shape(key) for key in source.keys()})
   ignored = [k for k in rest if k.endswith(layout.ignored_suffixes)]
   kept = [k for k in rest if k.startswith(layout.kept_prefixes)]
   skipped = [k for k in rest if k.startswith(tuple(skip_prefixes) + layout.skipped_prefixes)]

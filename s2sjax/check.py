@@ -202,6 +202,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("data_dir", None, "Built data to check against the checkpoint (with --task, --spec).")
   flags.DEFINE_string("task", None, "Task of the built data.")
   flags.DEFINE_enum("modality", "s2t", list(modalities.NAMES), "Modality of the built data.")
-  flags.DEFINE_integer("row_length", 1024, "Row length of the built data.")
+  flags.DEFINE_integer("row_length", None, "Row length of the built data (default: the -auto build).")
   flags.mark_flags_as_required(["checkpoint"])
   cli.run(main)

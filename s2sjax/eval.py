@@ -2,7 +2,7 @@ r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the
 
   python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
-      [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=1024] [--chunk_rows=32] \
+      [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=N] [--chunk_rows=32] \
       [--attention=auto|xla|dot_product|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix]
 
 With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
@@ -54,7 +54,7 @@ class EvalConfig:
   data_dir: str | None = None  # None: the default cache (with the bundled sample built on first use)
   output_dir: str = "outputs/eval"
   mesh: str = "data:-1"
-  row_length: int = 1024
+  row_length: int | None = None  # None: the build whose rows' length was chosen from its items (`-auto`)
   chunk_rows: int = 32
   variants: Variants = Variants()
   tensorboard: bool = False
@@ -144,7 +144,7 @@ def run(cfg: EvalConfig) -> list[dict]:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path),
                 "step": None if cfg.is_default else checkpoint_paths.step_of(path), "spec": cfg.spec,
-                "row_length": cfg.row_length}
+                "row_length": cfg.row_length or "auto"}
       scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path))
       if jax.process_index() == 0:
         _write_flips(cfg, data, record, scores)
@@ -247,7 +247,8 @@ def define_flags() -> None:
   flags.DEFINE_string("mesh", "data:-1", "Mesh axes, e.g. data:-1,model:2 or data:2,fsdp:4.")
   flags.DEFINE_integer("batch_size", 8, "Rows per step (rounded up to the data-parallel devices).", lower_bound=1)
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
-  flags.DEFINE_integer("row_length", 1024, "Packed row length of the built data.", lower_bound=1)
+  flags.DEFINE_integer("row_length", None, "Packed row length of the built data (default: the build that chose it "
+                       "from its items, as tasks.prepare does without --row_length).", lower_bound=1)
   flags.DEFINE_bool("share_prefix", True, "Read the data built with shared prefixes (False: the -noshare build).")
   flags.DEFINE_bool("reference_language_quirk", False, "Read the -zhquirk build (tasks.prepare's flag of that name).")
   flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"], "Read the build with this overlong policy.")

@@ -18,7 +18,7 @@ scores it; both give the same numbers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -59,6 +59,11 @@ class RowShape:
     """Defaults that fit S2SBench's items: candidates take at most half a row (they are short next to their
     prefix, but sCMMLU's text rows are mostly options), and items are rarely shorter than 4 tokens a slot."""
     return cls(length, max(length // 2, 1), max(length // 4, 4), num_codebooks)
+
+  def with_length(self, length: int) -> "RowShape":
+    """This shape's proportions at another length: targets and slots scale with the row."""
+    return dataclasses.replace(self, length=length, max_targets=max(length * self.max_targets // self.length, 1),
+                               max_slots=max(length * self.max_slots // self.length, 4))
 
   def holding(self, longest_item: int) -> "RowShape":
     """This shape, recording that its rows hold items of at most `longest_item` tokens (rounded up to
@@ -102,10 +107,31 @@ class _Unit:
   targets: int
 
 
-def _validate(index: int, item: Item, num_codebooks: int) -> str:
+@dataclasses.dataclass(frozen=True)
+class _Laid:
+  """An item as rows of either format take it: the fields its prefix writes per position, and per candidate the
+  fields it writes per position and per target (one target per candidate position)."""
+
+  prefix: dict[str, np.ndarray]
+  candidates: tuple[tuple[dict[str, np.ndarray], dict[str, np.ndarray]], ...]
+  share: bool  # laid as one unit (`lays_shared`), else a prefix copy per candidate
+
+
+def _length(fields: dict[str, np.ndarray]) -> int:
+  """How many positions (or targets) a laid part spans: the common length of its fields."""
+  return len(next(iter(fields.values())))
+
+
+def _named(index: int, item: Item | StreamItem) -> str:
+  """The item's name in errors; refuses an item without candidates (either row format)."""
   name = item.name or f"item {index}"
   if not item.candidates:
     raise PackingError(f"{name}: has no candidates")
+  return name
+
+
+def _validate(index: int, item: Item, num_codebooks: int) -> str:
+  name = _named(index, item)
   if len(item.prefix) == 0:
     raise PackingError(f"{name}: empty prefix")
   for c, candidate in enumerate(item.candidates):
@@ -124,19 +150,40 @@ def required_length(item: Item, share_prefix: bool) -> int:
   return len(item.prefix) + (sum(lengths) if share_prefix else max(lengths))
 
 
+AUTO_MIN_LENGTH = 256
+
+
+def auto_row_length(items: Sequence[Item], share_prefix: bool, targets_per_token: float) -> int:
+  """The row length of a build not given one: the smallest power of two, at least 256 (the TPU kernels' blocks
+  divide it), that holds the longest item as laid, its candidates within the row's targets (`targets_per_token`
+  of its length: a half for text candidates, all of it for spoken ones), and four median items, so that a row
+  packs several and the padding of the last one stays small. Long speech items get long rows; text items short
+  ones, whose attention costs less (attention is item-local, but the head and the padding are per row)."""
+  laid = np.array([required_length(item, share_prefix) for item in items])
+  scored = np.array([sum(len(c) for c in item.candidates) if share_prefix else max(len(c) for c in item.candidates)
+                     for item in items])
+  need = max(AUTO_MIN_LENGTH, int(laid.max()), int(np.ceil(scored.max() / targets_per_token)),
+             4 * int(np.median(laid)))
+  return 1 << (need - 1).bit_length()
+
+
+def _fits_shared(prefix_len: int, lengths: list[int], shape: RowShape, share_prefix: bool) -> bool:
+  """Whether, with sharing on, a prefix and candidates of these lengths fit an empty row as one unit (positions,
+  targets and slots), in either row format."""
+  return (share_prefix and prefix_len + sum(lengths) <= shape.length and sum(lengths) <= shape.max_targets
+          and len(lengths) <= shape.max_slots)
+
+
 def lays_shared(item: Item, shape: RowShape, share_prefix: bool) -> bool:
   """Whether the item is laid as one shared unit: with sharing on, when prefix and all candidates fit an empty
   row. An item that does not is laid as the unshared mode lays it (a copy of the prefix per candidate), so both
   modes truncate the same prefix tokens and give the same numbers."""
-  lengths = [len(c) for c in item.candidates]
-  return (share_prefix and required_length(item, True) <= shape.length and sum(lengths) <= shape.max_targets
-          and len(lengths) <= shape.max_slots)
+  return _fits_shared(len(item.prefix), [len(c) for c in item.candidates], shape, share_prefix)
 
 
-def _truncation(index: int, item: Item, shape: RowShape, share: bool, policy: str) -> int:
+def _truncation(name: str, item: Item, shape: RowShape, share: bool, policy: str) -> int:
   """How many prefix tokens to drop from the left so the item, laid shared or not (`lays_shared`), fits an empty
   row (0 if it fits)."""
-  name = item.name or f"item {index}"
   longest = required_length(item, share) - len(item.prefix)
   if longest > shape.max_targets:
     raise PackingError(f"{name}: a candidate of {longest} tokens exceeds a row's {shape.max_targets} targets")
@@ -156,8 +203,7 @@ def _truncation(index: int, item: Item, shape: RowShape, share: bool, policy: st
 def check_item(item: Item, shape: RowShape, share_prefix: bool = True, overlong: str = "error") -> None:
   """Raises the PackingError (naming the item) that `pack` would raise for this item: a builder's per-question
   check, so that a question that cannot be packed is named or skipped where it is read."""
-  _validate(0, item, shape.num_codebooks)
-  _truncation(0, item, shape, lays_shared(item, shape, share_prefix), overlong)
+  _truncation(_validate(0, item, shape.num_codebooks), item, shape, lays_shared(item, shape, share_prefix), overlong)
 
 
 def pack(
@@ -173,28 +219,38 @@ def pack(
   if overlong not in ("error", "truncate_prefix"):
     raise ValueError(f"overlong must be 'error' or 'truncate_prefix', not {overlong!r}")
   report = PackReport(items=len(items))
-  drops, units = [], []
+  laid = []
   for index, item in enumerate(items):
     name = _validate(index, item, shape.num_codebooks)
     share = lays_shared(item, shape, share_prefix)
-    drop = _truncation(index, item, shape, share, overlong)
+    drop = _truncation(name, item, shape, share, overlong)
     if drop:
       report.truncated_items.append(name)
       report.truncated_tokens += drop
-    drops.append(drop)
-    report.unshared_items += share_prefix and not share
-    prefix_len = len(item.prefix) - drop
-    lengths = [len(c) for c in item.candidates]
-    if share:
-      units.append(_Unit(index, tuple(range(len(lengths))), prefix_len, prefix_len + sum(lengths), sum(lengths)))
-      report.tokens_saved_by_sharing += (len(lengths) - 1) * prefix_len
-    else:
-      units.extend(_Unit(index, (c,), prefix_len, prefix_len + n, n) for c, n in enumerate(lengths))
+    prefix = {"tokens": np.asarray(item.prefix[drop:])}
+    if item.prefix_codes is not None and shape.num_codebooks:
+      prefix["audio_codes"] = item.prefix_codes[drop:]
+    candidates = [np.asarray(candidate) for candidate in item.candidates]
+    laid.append(_Laid(prefix, tuple(({"tokens": c}, {"target_ids": c}) for c in candidates), share))
+  return _pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report)
 
+
+def _pack_laid(laid: list[_Laid], shape: RowShape, share_prefix: bool, empty: Callable[[int], dict[str, np.ndarray]],
+               report: PackReport) -> tuple[dict[str, np.ndarray], PackReport]:
+  """First-fit-decreasing packing of laid items (either format) into `empty(count)` rows; completes the report."""
+  units = []
+  for index, item in enumerate(laid):
+    p, lengths = _length(item.prefix), [_length(targets) for _, targets in item.candidates]
+    report.unshared_items += share_prefix and not item.share
+    if item.share:
+      units.append(_Unit(index, tuple(range(len(lengths))), p, p + sum(lengths), sum(lengths)))
+      report.tokens_saved_by_sharing += (len(lengths) - 1) * p
+    else:
+      units.extend(_Unit(index, (c,), p, p + n, n) for c, n in enumerate(lengths))
   rows = _first_fit(units, shape)
-  arrays = empty_rows(len(rows), shape)
+  arrays = empty(len(rows))
   for r, row_units in enumerate(rows):
-    _lay_row(arrays, r, row_units, items, drops)
+    _lay_row(arrays, r, row_units, laid)
   report.rows = len(rows)
   report.longest_item = max((unit.tokens for unit in units), default=0)
   report.real_tokens = int((arrays["segment_ids"] > 0).sum())
@@ -234,50 +290,59 @@ def longest_item(segment_ids: np.ndarray) -> int:
   return int(max((last - first + 1).max(initial=0), 0))
 
 
-def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
-  """`count` padding rows: they score nothing (all slots and targets unused)."""
-  L, M, C, K = shape.length, shape.max_targets, shape.max_slots, shape.num_codebooks
+def _empty(count: int, shape: RowShape, tokens: dict[str, np.ndarray], targets: dict[str, np.ndarray]):
+  """`count` padding rows of either format, given its per-position `tokens` fields and per-target `targets`
+  fields: they score nothing (segment 0, all slots and targets unused)."""
+  L, M, C = shape.length, shape.max_targets, shape.max_slots
   return {
-    "tokens": np.zeros((count, L), np.int32),
+    **tokens,
     "segment_ids": np.zeros((count, L), np.int32),
     "branch_ids": np.zeros((count, L), np.int32),
     "positions": np.zeros((count, L), np.int32),
-    "audio_codes": np.full((count, L, K), -1, np.int32),
     "target_pos": np.zeros((count, M), np.int32),
-    "target_ids": np.zeros((count, M), np.int32),
+    **targets,
     "target_slot": np.full((count, M), -1, np.int32),
     "slot_item": np.full((count, C), -1, np.int32),
     "slot_candidate": np.full((count, C), -1, np.int32),
   }
 
 
-def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], items: Sequence[Item], drops: list[int]):
+def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
+  """`count` padding rows: they score nothing (all slots and targets unused)."""
+  L, M, K = shape.length, shape.max_targets, shape.num_codebooks
+  return _empty(count, shape, {"tokens": np.zeros((count, L), np.int32),
+                               "audio_codes": np.full((count, L, K), -1, np.int32)},
+                {"target_ids": np.zeros((count, M), np.int32)})
+
+
+def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[_Laid]) -> None:
+  """Lays row r (either format): per unit its prefix, then each candidate branching from it, a target per
+  candidate position and a slot per candidate."""
   cursor, n_targets, n_slots = 0, 0, 0
   for segment, unit in enumerate(units, 1):
-    item = items[unit.item]
-    drop = drops[unit.item]
-    prefix = np.asarray(item.prefix[drop:])
-    p = len(prefix)
+    item = laid[unit.item]
+    p = unit.prefix_len
     span = slice(cursor, cursor + p)
-    arrays["tokens"][r, span] = prefix
+    for name, value in item.prefix.items():
+      arrays[name][r, span] = value
     arrays["segment_ids"][r, span] = segment
     arrays["positions"][r, span] = np.arange(p)
-    if item.prefix_codes is not None and arrays["audio_codes"].shape[-1]:
-      arrays["audio_codes"][r, span] = item.prefix_codes[drop:]
     last_prefix = cursor + p - 1
     cursor += p
     for c in unit.candidates:
-      candidate = np.asarray(item.candidates[c])
-      n = len(candidate)
+      at_positions, at_targets = item.candidates[c]
+      n = _length(at_targets)
       span = slice(cursor, cursor + n)
-      arrays["tokens"][r, span] = candidate
+      for name, value in at_positions.items():
+        arrays[name][r, span] = value
       arrays["segment_ids"][r, span] = segment
       arrays["branch_ids"][r, span] = c + 1
       arrays["positions"][r, span] = p + np.arange(n)
       # token j of the candidate is predicted by the previous token: the last prefix token for j = 0
       targets = slice(n_targets, n_targets + n)
       arrays["target_pos"][r, targets] = np.concatenate([[last_prefix], cursor + np.arange(n - 1)])
-      arrays["target_ids"][r, targets] = candidate
+      for name, value in at_targets.items():
+        arrays[name][r, targets] = value
       arrays["target_slot"][r, targets] = n_slots
       arrays["slot_item"][r, n_slots] = unit.item
       arrays["slot_candidate"][r, n_slots] = c
@@ -368,9 +433,7 @@ def _stream_unit_steps(item: StreamItem, layout: StreamLayout, flush: bool):
 
 
 def _validate_stream_item(index: int, item: StreamItem, layout: StreamLayout) -> str:
-  name = item.name or f"item {index}"
-  if not item.candidates:
-    raise PackingError(f"{name}: has no candidates")
+  name = _named(index, item)
   for what, streams in [("prefix", item.prefix)] + [(f"candidate {c}", x) for c, x in enumerate(item.candidates)]:
     streams = np.asarray(streams)
     if streams.ndim != 2 or streams.shape[1] != layout.num_streams:
@@ -394,9 +457,7 @@ def _stream_fit(index: int, item: StreamItem, shape: RowShape, layout: StreamLay
   if max(lengths) > shape.max_targets or p + max(lengths) > shape.length:
     raise PackingError(f"{name}: {p} prefix + {max(lengths)} candidate steps exceed the row ({shape.length} "
                        f"positions, {shape.max_targets} targets)")
-  share = (share_prefix and p + sum(lengths) <= shape.length and sum(lengths) <= shape.max_targets
-           and len(lengths) <= shape.max_slots)
-  return share
+  return _fits_shared(p, lengths, shape, share_prefix)
 
 
 def check_stream_item(item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool = True,
@@ -414,74 +475,21 @@ def pack_streams(
 ) -> tuple[dict[str, np.ndarray], PackReport]:
   """First-fit-decreasing packing of parallel-stream items (as `pack`, one target per predicted step); rows carry
   the layout's streams. An item that does not fit a row is an error naming it."""
-  report = PackReport(items=len(items))
-  units, built = [], []
+  laid = []
   for index, item in enumerate(items):
     share = _stream_fit(index, item, shape, layout, share_prefix, flush)
     prefix_steps, candidates = _stream_unit_steps(item, layout, flush)
-    built.append((prefix_steps, candidates))
-    lengths = [len(steps) for steps, _ in candidates]
-    p = len(prefix_steps)
-    report.unshared_items += share_prefix and not share
-    if share:
-      units.append(_Unit(index, tuple(range(len(lengths))), p, p + sum(lengths), sum(lengths)))
-      report.tokens_saved_by_sharing += (len(lengths) - 1) * p
-    else:
-      units.extend(_Unit(index, (c,), p, p + n, n) for c, n in enumerate(lengths))
-  rows = _first_fit(units, shape)
-  arrays = empty_stream_rows(len(rows), shape, layout.num_streams)
-  for r, row_units in enumerate(rows):
-    _lay_stream_row(arrays, r, row_units, built)
-  report.rows = len(rows)
-  report.longest_item = max((unit.tokens for unit in units), default=0)
-  report.real_tokens = int((arrays["segment_ids"] > 0).sum())
-  report.capacity = len(rows) * shape.length
-  return arrays, report
+    laid.append(_Laid({"stream_tokens": prefix_steps}, tuple(
+      ({"stream_tokens": steps}, {"target_frame": steps, "target_weight": weights}) for steps, weights in candidates
+    ), share))
+  return _pack_laid(laid, shape, share_prefix, lambda count: empty_stream_rows(count, shape, layout.num_streams),
+                    PackReport(items=len(items)))
 
 
 def empty_stream_rows(count: int, shape: RowShape, num_streams: int) -> dict[str, np.ndarray]:
   """`count` padding rows of parallel streams: they score nothing."""
-  L, M, C, S = shape.length, shape.max_targets, shape.max_slots, num_streams
-  return {
-    "stream_tokens": np.full((count, L, S), -1, np.int32),
-    "segment_ids": np.zeros((count, L), np.int32),
-    "branch_ids": np.zeros((count, L), np.int32),
-    "positions": np.zeros((count, L), np.int32),
-    "target_pos": np.zeros((count, M), np.int32),
-    "target_frame": np.full((count, M, S), -1, np.int32),
-    "target_weight": np.zeros((count, M, S), np.int32),
-    "target_slot": np.full((count, M), -1, np.int32),
-    "slot_item": np.full((count, C), -1, np.int32),
-    "slot_candidate": np.full((count, C), -1, np.int32),
-  }
+  L, M, S = shape.length, shape.max_targets, num_streams
+  return _empty(count, shape, {"stream_tokens": np.full((count, L, S), -1, np.int32)},
+                {"target_frame": np.full((count, M, S), -1, np.int32),
+                 "target_weight": np.zeros((count, M, S), np.int32)})
 
-
-def _lay_stream_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], built) -> None:
-  cursor, n_targets, n_slots = 0, 0, 0
-  for segment, unit in enumerate(units, 1):
-    prefix_steps, candidates = built[unit.item]
-    p = len(prefix_steps)
-    span = slice(cursor, cursor + p)
-    arrays["stream_tokens"][r, span] = prefix_steps
-    arrays["segment_ids"][r, span] = segment
-    arrays["positions"][r, span] = np.arange(p)
-    last_prefix = cursor + p - 1
-    cursor += p
-    for c in unit.candidates:
-      steps, weights = candidates[c]
-      n = len(steps)
-      span = slice(cursor, cursor + n)
-      arrays["stream_tokens"][r, span] = steps
-      arrays["segment_ids"][r, span] = segment
-      arrays["branch_ids"][r, span] = c + 1
-      arrays["positions"][r, span] = p + np.arange(n)
-      targets = slice(n_targets, n_targets + n)
-      arrays["target_pos"][r, targets] = np.concatenate([[last_prefix], cursor + np.arange(n - 1)])
-      arrays["target_frame"][r, targets] = steps
-      arrays["target_weight"][r, targets] = weights
-      arrays["target_slot"][r, targets] = n_slots
-      arrays["slot_item"][r, n_slots] = unit.item
-      arrays["slot_candidate"][r, n_slots] = c
-      n_targets += n
-      n_slots += 1
-      cursor += n

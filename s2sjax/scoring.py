@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -26,7 +27,7 @@ from s2sjax import sharding
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
-from s2sjax.packing import RowShape, empty_rows, longest_item
+from s2sjax.packing import RowShape, empty_rows, empty_stream_rows, longest_item
 from s2sjax.progress import Progress
 
 STEP_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
@@ -114,60 +115,36 @@ def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_si
     )
 
 
-class Scorer:
-  """A compiled scoring step for one model config, row shape, mesh and batch size; reusable across params."""
+class _RowScorer:
+  """What both scorers share: one row format's step, jitted over a mesh with batches a multiple of the
+  data-parallel devices, and the multi-host driver that feeds it (module docstring). A subclass supplies the
+  format's parameter shardings, batch fields, padding rows and per-batch scoring function."""
 
-  def __init__(
-    self,
-    config: ModelConfig,
-    shape: RowShape,
-    mesh: Mesh | None = None,
-    batch_size: int = 8,
-    dtype=jnp.float32,
-    target_chunk: int = 256,
-    attention: str = "xla",
-    local_attention: bool = True,
-  ):
-    """attention: xla | dot_product | flash | flash_shared (see model/layers.attention); flash needs rows without
-    sharing, flash_shared takes any.
-    local_attention: with xla or dot_product and a shape that records its longest item (`RowShape.max_item`),
-    each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
-    without the record, keeps the dense [L, L] mask (the reference)."""
-    self.config, self.shape, self.attention = config, shape, attention
-    local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
-    self.window = layers.local_window(shape.max_item, shape.length) if local else None
+  def __init__(self, config, shape: RowShape, mesh: Mesh | None, batch_size: int, param_axes, abstract,
+               fields: tuple[str, ...], ndim: dict[str, int], empty: Callable[[int, dict], dict],
+               score: Callable[[Params, dict], dict]):
+    """fields: the step's batch fields, `row_id` among them; ndim: those that are not [B, L] or [B, M];
+    empty(count, rows): `count` padding rows of the format (and of `rows`' stream count, where it has one)."""
+    self.config, self.shape, self._fields, self._empty = config, shape, fields, empty
     self.mesh = mesh or sharding.make_mesh()
     data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     # Every step's batch is a multiple of the data-parallel devices (and so of the processes).
     self.batch_size = math.ceil(batch_size / data_parallel) * data_parallel
     self.local_batch = self.batch_size // jax.process_count()
-    self.param_shardings = sharding.logical_to_sharding(param_logical_axes(config), abstract_params(config), self.mesh)
+    self.param_shardings = sharding.logical_to_sharding(param_axes, abstract, self.mesh)
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
-    ndim = {"row_id": 1, "audio_codes": 3}
-    self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in STEP_FIELDS}
+    ndim = {"row_id": 1, **ndim}
+    self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in fields}
     _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size)
 
     def step(params, batch):  # row ids ride along so every process can place the replicated results
-      out = score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention, self.window)
-      return {**out, "row_id": batch["row_id"]}
+      return {**score(params, batch), "row_id": batch["row_id"]}
 
     self._step = jax.jit(
       step,
       in_shardings=(self.param_shardings, self._batch_shardings),
       out_shardings=sharding.replicated(self.mesh),
     )
-
-  def lower_abstract(self, param_dtype=jnp.float32, platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
-    """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
-    `.compile().memory_analysis()` tells whether a model fits before any weights are loaded. `platforms` lowers
-    for another backend (("tpu",) from a CPU host: whether the TPU kernels partition over the mesh)."""
-    local = self._local_batch(empty_rows(0, self.shape), np.arange(0))
-    batch = {name: jax.ShapeDtypeStruct((self.batch_size, *value.shape[1:]), value.dtype,
-                                        sharding=self._batch_shardings[name]) for name, value in local.items()}
-    params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
-                          abstract_params(self.config, param_dtype), self.param_shardings)
-    with self._mesh_context():
-      return self._step.trace(params, batch).lower(lowering_platforms=platforms)
 
   @contextlib.contextmanager
   def _mesh_context(self):
@@ -192,17 +169,9 @@ class Scorer:
         + "; ".join(f"process {p}: {tuple(v)}" for p, v in enumerate(everyone))
       )
 
-  def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Scores all packed rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
-    check_ids(rows, self.config)
-    if self.attention == "flash" and _has_shared_prefixes(rows):
-      raise ValueError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, build "
-                       "the rows without sharing (--noshare_prefix, configs ending in -noshare) or use --attention=xla")
-    if self.window and longest_item(rows["segment_ids"]) > self.shape.max_item:
-      raise ValueError(f"the rows hold an item of {longest_item(rows['segment_ids'])} tokens, beyond the "
-                       f"{self.shape.max_item} their shape records: item-local attention would drop keys (pack them "
-                       "with this shape, or score with local_attention=False)")
-    num_rows = len(rows["tokens"])
+  def _score_rows(self, params: Params, rows: dict[str, np.ndarray], progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Scores all rows (the same full set on every process, already checked); returns (nll_sum, n_tokens) [R, C]."""
+    num_rows = len(rows["segment_ids"])
     self._agree_across_processes(num_rows)
     params = jax.device_put(params, self.param_shardings)
     count, index = jax.process_count(), jax.process_index()
@@ -224,20 +193,70 @@ class Scorer:
     return nll_sum, n_tokens
 
   def _local_batch(self, rows: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
-    batch = empty_rows(self.local_batch, self.shape)
+    """This process's part of a step: the rows at `indices`, then padding rows (row id -1) that score nothing."""
+    batch = self._empty(self.local_batch, rows)
     batch["row_id"] = np.full(self.local_batch, -1, np.int32)
-    for name in batch:
-      if name == "row_id":
-        batch[name][: len(indices)] = indices
-      else:
-        batch[name][: len(indices)] = rows[name][indices]
-    return {name: batch[name] for name in STEP_FIELDS}
+    for name in self._fields:
+      batch[name][: len(indices)] = indices if name == "row_id" else rows[name][indices]
+    return {name: batch[name] for name in self._fields}
 
   def _globalize(self, local: dict[str, np.ndarray]) -> dict:
     return {
       name: jax.make_array_from_process_local_data(self._batch_shardings[name], value)
       for name, value in local.items()
     }
+
+
+class Scorer(_RowScorer):
+  """A compiled scoring step for one model config, row shape, mesh and batch size; reusable across params."""
+
+  def __init__(
+    self,
+    config: ModelConfig,
+    shape: RowShape,
+    mesh: Mesh | None = None,
+    batch_size: int = 8,
+    dtype=jnp.float32,
+    target_chunk: int = 256,
+    attention: str = "xla",
+    local_attention: bool = True,
+  ):
+    """attention: xla | dot_product | flash | flash_shared (see model/layers.attention); flash needs rows without
+    sharing, flash_shared takes any.
+    local_attention: with xla or dot_product and a shape that records its longest item (`RowShape.max_item`),
+    each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
+    without the record, keeps the dense [L, L] mask (the reference)."""
+    self.attention = attention
+    local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
+    self.window = layers.local_window(shape.max_item, shape.length) if local else None
+    score = lambda params, batch: score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention,
+                                              self.window)
+    super().__init__(config, shape, mesh, batch_size, param_logical_axes(config), abstract_params(config),
+                     STEP_FIELDS, {"audio_codes": 3}, lambda count, rows: empty_rows(count, shape), score)
+
+  def lower_abstract(self, param_dtype=jnp.float32, platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
+    """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
+    `.compile().memory_analysis()` tells whether a model fits before any weights are loaded. `platforms` lowers
+    for another backend (("tpu",) from a CPU host: whether the TPU kernels partition over the mesh)."""
+    local = self._local_batch(empty_rows(0, self.shape), np.arange(0))
+    batch = {name: jax.ShapeDtypeStruct((self.batch_size, *value.shape[1:]), value.dtype,
+                                        sharding=self._batch_shardings[name]) for name, value in local.items()}
+    params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+                          abstract_params(self.config, param_dtype), self.param_shardings)
+    with self._mesh_context():
+      return self._step.trace(params, batch).lower(lowering_platforms=platforms)
+
+  def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Scores all packed rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
+    check_ids(rows, self.config)
+    if self.attention == "flash" and _has_shared_prefixes(rows):
+      raise ValueError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, build "
+                       "the rows without sharing (--noshare_prefix, configs ending in -noshare) or use --attention=xla")
+    if self.window and longest_item(rows["segment_ids"]) > self.shape.max_item:
+      raise ValueError(f"the rows hold an item of {longest_item(rows['segment_ids'])} tokens, beyond the "
+                       f"{self.shape.max_item} their shape records: item-local attention would drop keys (pack them "
+                       "with this shape, or score with local_attention=False)")
+    return self._score_rows(params, rows, progress)
 
 
 @dataclasses.dataclass
@@ -372,7 +391,7 @@ def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
     raise ValueError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
 
 
-class StreamScorer:
+class StreamScorer(_RowScorer):
   """`Scorer` for parallel-stream rows: one compiled step per row shape (and stream count) over a mesh, rows split
   over processes."""
 
@@ -380,61 +399,11 @@ class StreamScorer:
                target_chunk: int = 256):
     from s2sjax.model import moshi
 
-    self.config, self.shape = config, shape
-    self.mesh = mesh or sharding.make_mesh()
-    data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    self.batch_size = math.ceil(batch_size / data_parallel) * data_parallel
-    self.local_batch = self.batch_size // jax.process_count()
-    self.param_shardings = sharding.logical_to_sharding(moshi.param_logical_axes(config),
-                                                        moshi.abstract_params(config), self.mesh)
-    ndim = {"row_id": 1, "stream_tokens": 3, "target_frame": 3, "target_weight": 3}
-    self._batch_shardings = {
-      name: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim.get(name, 2) - 1))))
-      for name in STREAM_FIELDS}
-    _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size)
-
-    def step(params, batch):
-      out = score_stream_batch(config, dtype, target_chunk, shape.max_slots, params, batch)
-      return {**out, "row_id": batch["row_id"]}
-
-    self._step = jax.jit(step, in_shardings=(self.param_shardings, self._batch_shardings),
-                         out_shardings=sharding.replicated(self.mesh))
-
-  def compiled_count(self) -> int:
-    return self._step._cache_size()
-
+    score = lambda params, batch: score_stream_batch(config, dtype, target_chunk, shape.max_slots, params, batch)
+    empty = lambda count, rows: empty_stream_rows(count, shape, rows["stream_tokens"].shape[-1])
+    super().__init__(config, shape, mesh, batch_size, moshi.param_logical_axes(config), moshi.abstract_params(config),
+                     STREAM_FIELDS, {"stream_tokens": 3, "target_frame": 3, "target_weight": 3}, empty, score)
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
-    from s2sjax.packing import empty_stream_rows
-
     check_stream_ids(rows, self.config)
-    num_rows, streams = rows["stream_tokens"].shape[0], rows["stream_tokens"].shape[-1]
-    if jax.process_count() > 1:
-      mine = np.array([num_rows, self.shape.length, self.shape.max_targets, self.shape.max_slots, self.batch_size])
-      everyone = np.asarray(multihost_utils.process_allgather(mine))
-      if not (everyone == mine).all():
-        raise ValueError(f"processes disagree on (rows, L, M, C, batch): {everyone.tolist()}")
-    params = jax.device_put(params, self.param_shardings)
-    count, index = jax.process_count(), jax.process_index()
-    mine = np.arange(index, num_rows, count)
-    steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
-    nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
-    n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
-    meter = Progress(num_rows) if progress else None
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
-      for step in range(steps):
-        indices = mine[step * self.local_batch : (step + 1) * self.local_batch]
-        batch = empty_stream_rows(self.local_batch, self.shape, streams)
-        batch["row_id"] = np.full(self.local_batch, -1, np.int32)
-        batch["row_id"][: len(indices)] = indices
-        for name in STREAM_FIELDS[:-1]:
-          batch[name][: len(indices)] = rows[name][indices]
-        out = self._step(params, {name: jax.make_array_from_process_local_data(self._batch_shardings[name], batch[name])
-                                  for name in STREAM_FIELDS})
-        row_id = np.asarray(out["row_id"].addressable_data(0))
-        real = row_id >= 0
-        nll_sum[row_id[real]] = np.asarray(out["nll_sum"].addressable_data(0))[real]
-        n_tokens[row_id[real]] = np.asarray(out["n_tokens"].addressable_data(0))[real]
-        if meter:
-          meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
-    return nll_sum, n_tokens
+    return self._score_rows(params, rows, progress)

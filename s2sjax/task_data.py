@@ -65,10 +65,11 @@ def spec_label(spec: str) -> str:
   return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', loaded.name)}-{loaded.digest()[:8]}"
 
 
-def config_name(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> str:
-  """`demo-s2t-1024` (`mine-1a2b3c4d-s2t-1024` for a YAML spec); variants that change the rows say so:
+def config_name(spec: str, modality: str, row_length: int | None, variants: Variants = Variants()) -> str:
+  """`demo-s2t-1024` (`mine-1a2b3c4d-s2t-1024` for a YAML spec; `demo-s2t-auto` for rows whose length the build
+  chose from its items, s2sjax.packing.auto_row_length); variants that change the rows say so:
   `-noshare`, `-zhquirk`, `-truncate`, `-utterance`, `-joint`."""
-  return (f"{spec_label(spec)}-{modalities.get(modality).name}-{row_length}"
+  return (f"{spec_label(spec)}-{modalities.get(modality).name}-{row_length or 'auto'}"
           + ("" if variants.share_prefix else "-noshare")
           + ("-zhquirk" if variants.reference_language_quirk else "")
           + ("-truncate" if variants.overlong == "truncate_prefix" else "")
@@ -149,7 +150,7 @@ class TaskData:
     return digest.hexdigest()[:16]
 
 
-def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int,
+def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int | None,
                    variants: Variants = Variants()) -> TaskData:
   rows, metadata = load_rows(data_dir, task, config_name(spec, modality, row_length, variants))
   return TaskData(task, modalities.get(modality).name, rows, metadata)

@@ -23,8 +23,8 @@ from absl import logging
 from s2sjax import modalities
 from s2sjax.modalities import SPEECH, TEXT
 from s2sjax.families import moshi as moshi_family
-from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, check_item, check_stream_item,
-                            pack, pack_streams)
+from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, auto_row_length, check_item,
+                            check_stream_item, pack, pack_streams)
 from s2sjax.questions import QuestionTable
 from s2sjax.spec import PARALLEL_STREAMS, AudioIds, Spec, resolve_audio_ids
 from s2sjax.task_data import PROTOCOLS
@@ -294,13 +294,20 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
 
 
 def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool = True,
-               skip_bad: bool = False, overlong: str = "error") -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
-  """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput)."""
+               skip_bad: bool = False, overlong: str = "error",
+               auto_length: bool = False) -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
+  """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput, row_length).
+  With `auto_length`, `shape` is the longest row allowed and the rows get `packing.auto_row_length`'s length,
+  in `shape`'s proportions."""
+  if auto_length and encoder.layout is not None:
+    raise ValueError(f"spec {encoder.spec.name} reads parallel streams: give the row length (--row_length)")
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong)
   if not items:
     raise ValueError("no question could be built")
+  if auto_length:
+    shape = shape.with_length(auto_row_length(items, share_prefix, shape.max_targets / shape.length))
   rows, report = encoder.pack(items, shape, share_prefix, overlong)
-  summary = {**stats.as_dict(), **report.as_dict()}
+  summary = {**stats.as_dict(), **report.as_dict(), "row_length": shape.length}
   logging.info("built %d questions into %d rows: %.1f questions/s, %.1f audio s/s, packing %.1f%%",
                stats.questions, report.rows, summary["questions_per_second"] or 0,
                summary["audio_seconds_per_second"] or 0, 100 * report.efficiency)

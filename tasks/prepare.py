@@ -1,7 +1,7 @@
 r"""Builds the packed rows of S2SBench tasks.
 
   python -m tasks.prepare --task=sstorycloze|zh_sstorycloze|scmmlu|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
-      [--protocol=s2sbench,utterance] [--row_length=1024] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
+      [--protocol=s2sbench,utterance] [--row_length=N] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
       [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
@@ -45,7 +45,7 @@ def builder_class(task: str):
   return getattr(importlib.import_module(module), name)
 
 
-def prepare(task: str, spec: str, modality: str, row_length: int, data_dir: str, manual_dir: str | None = None,
+def prepare(task: str, spec: str, modality: str, row_length: int | None, data_dir: str, manual_dir: str | None = None,
             overwrite: bool = False, variants: Variants = Variants(), **builder_kwargs) -> dict:
   """Builds one task/config, or reuses it when it was built from the same inputs; returns its metadata.
   builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
@@ -120,7 +120,8 @@ if __name__ == "__main__":
                       "or text (t2t), speech (s2t), both (t2t,s2t), all.")
   flags.DEFINE_list("protocol", ["s2sbench"], "How S->S is built: s2sbench, utterance (the whole spoken story), "
                     "or both, comma-separated.")
-  flags.DEFINE_integer("row_length", 1024, "Packed row length.")
+  flags.DEFINE_integer("row_length", None, "Packed row length (default: chosen from the items, the config named "
+                       "<spec>-<modality>-auto; s2sjax.packing.auto_row_length).", lower_bound=1)
   flags.DEFINE_string("data_dir", None, "Where built datasets go (default: ~/.cache/s2sjax/data).")
   flags.DEFINE_string("manual_dir", None, "The S2SBench release directory (default: the bundled sample).")
   flags.DEFINE_string("tokenizer_dir", None,

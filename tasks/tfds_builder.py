@@ -34,6 +34,7 @@ from tasks.build import QuestionEncoder, build_rows
 from tasks.release import Problems, ReleaseError, candidate_audio_dir, read_questions, source_fingerprint, task_paths
 
 ROW_LENGTHS = (1024, 2048)
+AUTO_MAX_LENGTH = 16384  # a build without a row length refuses items longer than this
 VERSION = tfds.core.Version(DATA_VERSION)
 
 
@@ -41,7 +42,7 @@ VERSION = tfds.core.Version(DATA_VERSION)
 class S2SBenchConfig(tfds.core.BuilderConfig):
   spec: str = "demo"
   modality: str = "t2t"  # a name of s2sjax.modalities
-  row_length: int = 1024
+  row_length: int | None = 1024  # None: chosen from the items (s2sjax.packing.auto_row_length)
   share_prefix: bool = True
   reference_language_quirk: bool = False  # see s2sjax.task_data.Variants
   overlong: str = "error"
@@ -55,16 +56,16 @@ class S2SBenchConfig(tfds.core.BuilderConfig):
     codebooks = len(spec.codebook_sizes) if (modality.prefix == SPEECH and spec.audio_mode == "codebook_tables") else 0
     if spec.audio_mode == PARALLEL_STREAMS:  # every row carries the text stream and each codebook's
       codebooks = len(spec.codebook_sizes)
-    shape = RowShape.for_length(self.row_length, codebooks)
+    shape = RowShape.for_length(self.row_length or AUTO_MAX_LENGTH, codebooks)
     # spoken candidates run to hundreds of units (a whole story, in the utterance protocol): any token may be scored
-    return dataclasses.replace(shape, max_targets=self.row_length) if modality.candidate == SPEECH else shape
+    return dataclasses.replace(shape, max_targets=shape.length) if modality.candidate == SPEECH else shape
 
 
 def make_config(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> S2SBenchConfig:
   return S2SBenchConfig(
     name=config_name(spec, modality, row_length, variants), version=VERSION, spec=spec, modality=modality,
     row_length=row_length, **dataclasses.asdict(variants),
-    description=f"{spec_label(spec)} spec, {modalities.get(modality).title}, rows of {row_length}")
+    description=f"{spec_label(spec)} spec, {modalities.get(modality).title}, rows of {row_length or 'a length chosen from the items'}")
 
 
 def _askable(spec: str, modality: str) -> bool:
@@ -148,6 +149,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _info(self) -> tfds.core.DatasetInfo:
     shape = self.builder_config.row_shape
     L, M, C, K = shape.length, shape.max_targets, shape.max_slots, shape.num_codebooks
+    if self.builder_config.row_length is None:  # chosen when the items are built: the rows' length is not known yet
+      L = M = C = None
     vector = lambda n: tfds.features.Tensor(shape=(n,), dtype=np.int32)
     matrix = lambda n, k: tfds.features.Tensor(shape=(n, k), dtype=np.int32)
     if load_spec(self.builder_config.spec).audio_mode == PARALLEL_STREAMS:  # s2sjax/packing.py's stream rows
@@ -214,7 +217,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                               language_override="zh" if config.reference_language_quirk else None,
                               protocol=config.protocol, tokenization=config.tokenization)
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
-                                      config.overlong)
+                                      config.overlong, auto_length=config.row_length is None)
+    shape = config.row_shape.with_length(summary["row_length"])
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
     summary["unreadable_lines"] = len(problems.entries) - len(problems.attributed) if problems else 0
     if problems:
@@ -225,7 +229,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     self.info.metadata.update({
       "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
       # the longest item laid: what lets the scoring step attend within items (s2sjax.packing.RowShape.max_item)
-      "row_shape": dataclasses.asdict(config.row_shape.holding(summary["longest_item"])),
+      "row_shape": dataclasses.asdict(shape.holding(summary["longest_item"])),
       "share_prefix": config.share_prefix,
       "tokenizer": inputs.tokenizer_identity,
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())

@@ -9,12 +9,13 @@ import os
 import numpy as np
 import pytest
 
-from checkpoints_conversion.convert import ConversionError, convert
+from checkpoints_conversion.convert import convert
 from s2sjax import check, checkpoint
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.packing import Item, RowShape, pack
 from s2sjax.spec import load_spec
 from s2sjax.task_data import TaskData
+from s2sjax.text_tokenizer import RemoteCodeError
 from tests.hf_models import SMALL_HEADS, baichuan_audio_checkpoint, chatglm_checkpoint, tiny_model
 
 SIZES, PLACEHOLDER = (16, 8, 8), 500
@@ -127,7 +128,7 @@ def test_remote_code_tokenizer_needs_the_flag_and_travels_with_the_checkpoint(tm
   source = chatglm_checkpoint(tiny_model("glm", num_key_value_heads=SMALL_HEADS), str(tmp_path / "glm"),
                               multi_query=False)
   _remote_code_tokenizer(source)
-  with pytest.raises(ConversionError, match=r"tokenizer is remote code \(tokenization_toyglm\.py.*pass "
+  with pytest.raises(RemoteCodeError, match=r"tokenizer is code \(tokenization_toyglm\.py.*pass "
                                             r"--trust_remote_code"):
     convert(source, str(tmp_path / "refused"))
   assert not os.path.exists(tmp_path / "refused")

@@ -35,7 +35,8 @@ def setup(tmp_path_factory, qwen_tokenizer_dir):
 
 def _run(setup, out, checkpoints=None, tasks=ALL_TASKS, modalities=("t2t", "s2t"), chunk_rows=4, **config):
   config = {"checkpoints": checkpoints or setup["ckpt"], "data_dir": setup["data_dir"], "output_dir": out,
-            "chunk_rows": chunk_rows, "scoring": ScoringOptions(batch_size=4, attention="auto"), **config}
+            "chunk_rows": chunk_rows, "row_length": 1024, "scoring": ScoringOptions(batch_size=4, attention="auto"),
+            **config}
   return s2s_eval.run(EvalConfig(tuple(tasks), tuple(modalities), **config))
 
 
@@ -165,7 +166,7 @@ def test_three_checkpoints_give_curves(setup, tmp_path):
   accuracies = {r["tasks"]["sstorycloze"]["t2t"]["positive_loss"] for r in runs}
   assert len(accuracies) == 3  # three different models were scored
   logged = [(step, value) for tag, value, step in _tensorboard_scalars(os.path.join(out, "tensorboard"))
-            if tag == "sstorycloze/text/accuracy"]
+            if tag == "sstorycloze/t2t/accuracy"]
   assert logged == [(r["step"], pytest.approx(r["tasks"]["sstorycloze"]["t2t"]["accuracy"])) for r in runs]
 
 
@@ -176,7 +177,8 @@ def test_killed_run_resumes_to_identical_files(setup, tmp_path):
   reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
   _run(setup, reference, tasks=["scmmlu"], modalities=["s2t"], chunk_rows=1)
   command = [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=speech", f"--checkpoint={setup['ckpt']}",
-             f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=4", "--chunk_rows=1"]
+             f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=4", "--chunk_rows=1",
+             "--row_length=1024"]
   killed = subprocess.run(command, env={**os.environ, KILL_AFTER_CHUNKS: "3"}, capture_output=True, timeout=300)
   assert killed.returncode == -signal.SIGKILL
   chunk_dir = os.path.join(resumed, "chunks", "ckpt-100", "scmmlu-s2t")
@@ -234,7 +236,8 @@ def test_two_processes_write_what_one_process_writes(setup, tmp_path):
 
   def command(out, *extra):
     return [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=both", f"--checkpoint={setup['ckpt']}",
-            f"--data_dir={setup['data_dir']}", f"--output_dir={out}", "--batch_size=8", "--chunk_rows=2", *extra]
+            f"--data_dir={setup['data_dir']}", f"--output_dir={out}", "--batch_size=8", "--chunk_rows=2",
+            "--row_length=1024", *extra]
 
   env = lambda devices: {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
                          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
@@ -300,7 +303,7 @@ def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tok
   unshared_data = load_task_data(setup["data_dir"], "sstorycloze", "t2t", "demo", 1024, Variants(share_prefix=False))
   shared_data = load_task_data(setup["data_dir"], "sstorycloze", "t2t", "demo", 1024)
   assert unshared_data.metadata["share_prefix"] is False and unshared_data.fingerprint != shared_data.fingerprint
-  identity = json.load(open(os.path.join(tmp_path, "sep", "chunks", "ckpt-100", "sstorycloze-text", "identity.json")))
+  identity = json.load(open(os.path.join(tmp_path, "sep", "chunks", "ckpt-100", "sstorycloze-t2t", "identity.json")))
   assert identity["data"] == unshared_data.fingerprint  # the run scored the -noshare rows
   for key in ("positive_loss", "negative_loss", "accuracy"):
     assert separate[0]["tasks"]["sstorycloze"]["t2t"][key] == pytest.approx(
@@ -325,7 +328,7 @@ def test_a_chunk_that_lost_candidates_is_never_saved(setup, tmp_path, monkeypatc
 
   monkeypatch.setattr(Scorer, "score", losing_a_candidate)
   out = tmp_path / "out"
-  with pytest.raises(EvalError, match=r"sstorycloze/text rows 0-\d+: 1 laid candidates scored no tokens; nothing was"):
+  with pytest.raises(EvalError, match=r"sstorycloze/t2t rows 0-\d+: 1 laid candidates scored no tokens; nothing was"):
     _run(setup, str(out), tasks=["sstorycloze"], modalities=["t2t"])
   assert not list(out.rglob("*.npz"))
 

@@ -66,7 +66,7 @@ def test_a_plugin_task_and_a_plugin_family_end_to_end(tmp_path, qwen_tokenizer_d
 
   # every candidate's NLL against transformers on the original weights, the S2SBench way: prefix, then " " + ending
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
-  scores = [json.loads(line) for line in open(out / "toy-ckpt" / "toy_cloze-text.scores.jsonl")]
+  scores = [json.loads(line) for line in open(out / "toy-ckpt" / "toy_cloze-t2t.scores.jsonl")]
   by_uttid = {str(line["uttid"]): line for line in lines}
   for score in scores:
     line = by_uttid[score["uttid"]]

@@ -101,3 +101,18 @@ def test_the_longest_item_is_recorded_and_bounds_every_segment():
   assert unshared_report.longest_item == longest_item(unshared["segment_ids"]) == 30 + 3
   assert shared_report.as_dict()["longest_item"] == 35
   assert RowShape(1024, 512, 64).holding(35).max_item == 64 and RowShape(48, 24, 4).holding(35).max_item == 48
+
+
+def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
+  """At least 256; the longest item as laid; its candidates within the row's share of targets; four median items."""
+  from s2sjax.packing import auto_row_length
+
+  item = lambda prefix, *candidates: Item(np.ones(prefix, np.int32), tuple(np.ones(c, np.int32) for c in candidates))
+  short = [item(40, 10, 12)] * 9  # 62 tokens laid shared: 4 x 62 = 248 -> 256
+  assert auto_row_length(short, True, 0.5) == 256
+  assert auto_row_length(short + [item(300, 20, 20)], True, 0.5) == 512  # the longest item: 340 tokens
+  wide = short + [item(10, 150, 150)]  # 310 laid, but 300 targets at half a row -> 600
+  assert auto_row_length(wide, True, 0.5) == 1024
+  assert auto_row_length(wide, True, 1.0) == 512  # spoken candidates: the whole row may score
+  assert auto_row_length(wide, False, 0.5) == 512  # unshared: 160 laid, 150 scored per copy -> 300
+  assert auto_row_length([item(90, 10, 10)] * 5, True, 0.5) == 512  # four median items: 440

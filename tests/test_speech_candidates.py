@@ -153,7 +153,6 @@ def _naive_nll(model, prefix, scored):
 @pytest.mark.parametrize("kind, task, modality, protocol", [
   ("interleaved", "sstorycloze", "t2s", "s2sbench"),
   ("interleaved", "scmmlu", "s2s", "s2sbench"),
-  ("interleaved", "sstorycloze", "s2s", "utterance"),
   ("unit_lm", "sstorycloze", "s2s", "s2sbench"),
   ("unit_lm", "scmmlu", "s2s", "utterance"),
 ])

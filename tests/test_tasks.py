@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from s2sjax import benchmarks
-from s2sjax.packing import PackingError, RowShape
+from s2sjax.packing import Item, PackingError, RowShape
 from tasks.audio.base import AudioError, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.build import QuestionEncoder, build_rows
@@ -334,3 +334,21 @@ def test_joint_tokenization_scores_what_s2sbench_s_reference_scores(qwen_tokeniz
   assert merged == 3
   with pytest.raises(ValueError, match=r"applies to t2t, not s2t"):
     QuestionEncoder(load_spec("demo"), "s2t", tokenizer, MelKmeansTokenizer(MEL_KMEANS_CODEBOOK), tokenization="joint")
+
+
+def test_a_build_without_a_row_length_chooses_it_and_the_evaluator_finds_it(tmp_path, qwen_tokenizer_dir):
+  from s2sjax.packing import auto_row_length
+  from s2sjax.task_data import load_task_data
+
+  data_dir = str(tmp_path / "data")
+  metadata = prepare("sstorycloze", "demo", "t2t", None, data_dir, tokenizer_dir=qwen_tokenizer_dir)
+  encoder, _ = _encoder(qwen_tokenizer_dir)
+  items = []
+  for question in read_questions("sstorycloze", RELEASE_DIR):  # the items, laid independently of the build
+    items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate(question, c)[0] for c in range(2))))
+  length = auto_row_length(items, True, 0.5)
+  assert metadata["report"]["row_length"] == length == metadata["row_shape"]["length"] == 256
+  data = load_task_data(data_dir, "sstorycloze", "t2t", "demo", None)  # no length to repeat: the -auto build
+  assert data.rows["tokens"].shape[1] == length and data.shape.max_targets == length // 2
+  spoken = prepare("sstorycloze", "demo", "s2s", None, data_dir, tokenizer_dir=qwen_tokenizer_dir)
+  assert spoken["row_shape"]["length"] > length and spoken["row_shape"]["max_targets"] == spoken["row_shape"]["length"]

@@ -144,6 +144,23 @@ def _per_head_projections(fused: str, heads: int, head_dim: int, names: tuple[st
   }
 
 
+def check_rules(targets: set[LeafPath], rules: list[Rule], shapes: Mapping[str, tuple[int, ...]]
+                ) -> tuple[list[str], list[str]]:
+  """(problems, source keys no rule reads) of `rules` against a source's {key: shape}: every target leaf without a
+  rule, every missing key (named with the leaf it feeds), every mis-shaped one."""
+  problems = [f"no conversion rule for target {'/'.join(p)}" for p in sorted(targets - {r.target for r in rules})]
+  used = set()
+  for rule in rules:
+    for piece in rule.pieces:
+      used.add(piece.key)
+      if piece.key not in shapes:
+        problems.append(f"missing key {piece.key} (for {'/'.join(rule.target)})")
+      elif tuple(shapes[piece.key]) != piece.source_shape:
+        problems.append(f"shape mismatch at {piece.key}: checkpoint has {tuple(shapes[piece.key])}, config.json "
+                        f"implies {piece.source_shape}")
+  return problems, sorted(set(shapes) - used)
+
+
 def copy_rule(target: LeafPath, key: str, shape: tuple[int, ...]) -> Rule:
   """A leaf read as it is stored (embedding tables, norms)."""
   return Rule(target, (Piece(key, shape),), "copy")

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from s2sjax.checkpoint import flatten
+from s2sjax.families.keymap import check_rules
 from s2sjax.model.config import ConfigError
 from s2sjax.model.moshi import FAMILY, MoshiConfig, TransformerConfig, abstract_params
 
@@ -254,20 +255,8 @@ def rules(config: MoshiConfig) -> list[Rule]:
 def plan(config: MoshiConfig, keys: Mapping[str, tuple[int, ...]]) -> tuple[list[Rule], list[str], list[str]]:
   """(rules, problems, skipped keys) of a source with these {key: shape}: every missing key (named with the leaf it
   feeds), every mis-shaped one and every key no rule reads."""
-  abstract = dict(flatten(abstract_params(config)))
   ruled = rules(config)
-  unruled = sorted(abstract.keys() - {r.target for r in ruled})
-  problems = [f"no conversion rule for target {'/'.join(p)}" for p in unruled]
-  used = set()
-  for rule in ruled:
-    for piece in rule.pieces:
-      used.add(piece.key)
-      if piece.key not in keys:
-        problems.append(f"missing key {piece.key} (for {'/'.join(rule.target)})")
-      elif tuple(keys[piece.key]) != piece.source_shape:
-        problems.append(f"shape mismatch at {piece.key}: checkpoint has {tuple(keys[piece.key])}, config.json implies "
-                        f"{piece.source_shape}")
-  rest = sorted(set(keys) - used)
+  problems, rest = check_rules(set(dict(flatten(abstract_params(config)))), ruled, keys)
   skipped = [k for k in rest if k.startswith(SKIPPED_PREFIXES)]
   unexpected = [k for k in rest if k not in skipped]
   if unexpected:
