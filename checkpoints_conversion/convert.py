@@ -33,6 +33,7 @@ from absl import flags, logging
 from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.sources import TensorSource, open_source
 from s2sjax import checkpoint, cli, families, text_tokenizer
+from s2sjax.progress import Progress
 from s2sjax.families import moshi as moshi_family
 from s2sjax.families.keymap import Rule, check_rules
 from s2sjax.model.config import ModelConfig
@@ -107,6 +108,15 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
       f"{model_type}):\n  " + "\n  ".join(problems)
     )
   return Plan(source, model_type, layout, config, rules, kept, skipped, {p: n for p, n in modules.items() if n})
+
+
+def with_progress(leaves: Iterator[tuple[tuple[str, ...], np.ndarray]], total: int, description: str
+                  ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """The leaves, drawing progress as they are written (tensors, MB/s, ETA)."""
+  progress = Progress(total, description, unit="tensors", rate_unit="MB")
+  for path, array in leaves:
+    yield path, array
+    progress.update(1, array.nbytes // 2**20)
 
 
 def iter_leaves(plan: Plan, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
@@ -193,8 +203,10 @@ def convert(
       "trust_remote_code": trust_remote_code,
     }
     extras = ((tuple(key.split(".")), np.asarray(source.read(key))) for key in plan.kept)
+    leaves = with_progress(iter_leaves(plan, target_dtype), sum(len(rule.pieces) for rule in plan.rules),
+                           f"converting {os.path.basename(os.path.normpath(source_path))}")
     checkpoint.write_checkpoint(
-      output, plan.config, iter_leaves(plan, target_dtype), extras=extras, tokenizer_dir=tokenizer_dir,
+      output, plan.config, leaves, extras=extras, tokenizer_dir=tokenizer_dir,
       manifest=manifest, overwrite=overwrite,
     )
   for prefix, count in plan.skipped_modules.items():
@@ -231,7 +243,8 @@ def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwri
     manifest = {"source": os.path.abspath(source_path), "source_description": f"{weights} (Moshi release)",
                 "source_model_type": moshi_family.NAME, "source_config": source_config, "dtype": dtype,
                 "skipped": skipped, "tokenizer": tokenizer_record}
-    leaves = moshi_family.convert_leaves(config, ruled, source.read, jnp.dtype(dtype))
+    leaves = with_progress(moshi_family.convert_leaves(config, ruled, source.read, jnp.dtype(dtype)), len(ruled),
+                           f"converting {os.path.basename(os.path.normpath(source_path))}")
     checkpoint.write_checkpoint(output, config, leaves, tokenizer_dir=tokenizer_dir, manifest=manifest,
                                 overwrite=overwrite)
   return manifest

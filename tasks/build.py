@@ -25,6 +25,7 @@ from s2sjax.modalities import SPEECH, TEXT
 from s2sjax.families import moshi as moshi_family
 from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, auto_row_length, check_item,
                             check_stream_item, pack, pack_streams)
+from s2sjax.progress import Progress
 from s2sjax.questions import QuestionTable
 from s2sjax.spec import PARALLEL_STREAMS, AudioIds, Spec, resolve_audio_ids
 from s2sjax.task_data import PROTOCOLS
@@ -241,13 +242,15 @@ def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
 
 
 def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool,
-                skip_bad: bool, overlong: str = "error") -> tuple[list[Item], QuestionTable, BuildStats]:
+                skip_bad: bool, overlong: str = "error", progress: str | None = None
+                ) -> tuple[list[Item], QuestionTable, BuildStats]:
   """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
   missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
   overlong="error", a row's targets exceeded, a candidate too long even with the prefix truncated, an empty
   candidate), raises naming it, or with `skip_bad` is left out and listed. With overlong="truncate_prefix" the
-  packer drops prefix tokens instead, and counts them."""
+  packer drops prefix tokens instead, and counts them. `progress` names a progress bar (questions, audio s/s)."""
   stats = BuildStats()
+  meter = Progress(len(questions), progress, unit="questions", rate_unit="audio s") if progress else None
   start = time.time()
   items: list[Item] = []
   table: list[dict] = []  # QuestionTable records
@@ -273,6 +276,8 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
       if not skip_bad:
         raise
       problems.add(f"question {question.id}", str(e))
+      if meter:
+        meter.update(1)
       continue
     slots = []
     for offset, (_, _, members) in enumerate(groups.values()):
@@ -285,6 +290,8 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
       "n_tokens": [int(len(c)) for c in candidates],
     })
     stats.audio_seconds += seconds
+    if meter:
+      meter.update(1, seconds)
   stats.questions = len(table)
   stats.skipped = problems.entries
   stats.seconds = time.time() - start
@@ -294,14 +301,14 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
 
 
 def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool = True,
-               skip_bad: bool = False, overlong: str = "error",
-               auto_length: bool = False) -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
+               skip_bad: bool = False, overlong: str = "error", auto_length: bool = False,
+               progress: str | None = None) -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
   """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput, row_length).
   With `auto_length`, `shape` is the longest row allowed and the rows get `packing.auto_row_length`'s length,
   in `shape`'s proportions."""
   if auto_length and encoder.layout is not None:
     raise ValueError(f"spec {encoder.spec.name} reads parallel streams: give the row length (--row_length)")
-  items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong)
+  items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong, progress)
   if not items:
     raise ValueError("no question could be built")
   if auto_length:

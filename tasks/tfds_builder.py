@@ -217,7 +217,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                               language_override="zh" if config.reference_language_quirk else None,
                               protocol=config.protocol, tokenization=config.tokenization)
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
-                                      config.overlong, auto_length=config.row_length is None)
+                                      config.overlong, auto_length=config.row_length is None,
+                                      progress=f"building {self.TASK} {modalities.get(config.modality).title}")
     shape = config.row_shape.with_length(summary["row_length"])
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
     summary["unreadable_lines"] = len(problems.entries) - len(problems.attributed) if problems else 0

@@ -22,6 +22,7 @@ CONFIG = ModelConfig(
 )
 
 
+@pytest.mark.slow
 def test_dot_product_attention_equals_xla_on_a_prefix_shared_mask():
   rows, _ = pack(random_items(4, 512, seed=1), RowShape(256, 128, 16))
   mask = layers.packed_attention_mask(jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"]))
@@ -42,6 +43,7 @@ def _random_qkv(batch, length, heads=4, kv_heads=2, head_dim=16, seed=0):
   return q, k, v
 
 
+@pytest.mark.slow
 def test_flash_shared_equals_xla_on_prefix_shared_rows():
   # three blocks of 128: the kernel's online softmax across key blocks, and query blocks whose causal diagonal
   # skips key blocks (the one-block path is the hand-laid rows' below)
@@ -60,6 +62,7 @@ def test_flash_shared_equals_xla_on_prefix_shared_rows():
   assert (cascade[~real] == 0).all()
 
 
+@pytest.mark.slow
 def test_flash_shared_equals_xla_on_hand_laid_rows():
   # edge cases the packer does not make: an item without a prefix (its queries see nothing in the prefix pass), a
   # one-token branch, branch ids out of candidate order, padding between items, and a row with no sharing at all
@@ -82,6 +85,7 @@ def test_flash_shared_equals_xla_on_hand_laid_rows():
   np.testing.assert_allclose(cascade[1], np.asarray(flash)[1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_flash_shared_scorer_equals_xla_on_shared_rows_and_a_mesh():
   params = init_params(CONFIG, jax.random.PRNGKey(0))
   items = random_items(6, 512, seed=2)
@@ -97,6 +101,7 @@ def test_flash_shared_scorer_equals_xla_on_shared_rows_and_a_mesh():
     np.testing.assert_allclose(cascade, xla, atol=1e-5, equal_nan=True, err_msg=str(mesh.shape))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["dot_product", "flash"])
 def test_scorer_backends_equal_xla(attention):
   params = init_params(CONFIG, jax.random.PRNGKey(0))
@@ -144,6 +149,7 @@ def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, attention, monkeypatch):
   assert text.count("tpu_custom_call") == (2 if attention == "flash_shared" else 1), text.count("tpu_custom_call")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share", [True, False])
 @pytest.mark.parametrize("implementation", ["xla", "dot_product"])
 def test_item_local_attention_equals_the_dense_mask(implementation, share):
@@ -168,6 +174,7 @@ def test_the_window_is_the_narrowest_exact_one_or_none():
   assert layers.local_window(500, 512) is None and layers.local_window(100, 1000) is None  # no narrower; no block
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["xla", "dot_product"])
 def test_item_local_scorer_equals_dense_on_every_mesh(attention):
   params = init_params(CONFIG, jax.random.PRNGKey(0))

@@ -14,6 +14,7 @@ from s2sjax import bench  # noqa: E402
 from tests.hf_models import save_hf, tiny_model  # noqa: E402
 
 
+@pytest.mark.slow
 def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
   convert(save_hf(tiny_model("llama"), str(tmp_path / "hf")), str(tmp_path / "ckpt"))
   run = bench.run_workload("speech", str(tmp_path / "ckpt"), count=6, row_length=512, batch_size=1,
@@ -28,6 +29,7 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
   assert "| s2sjax, shared |" in bench.format_table(run)
 
 
+@pytest.mark.slow
 def test_accelerator_mode_counts_flops_and_reports_mfu():
   import jax
 
@@ -68,6 +70,7 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
   assert json.loads(output.read_text()) == results
 
 
+@pytest.mark.slow
 def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypatch, capsys):
   from s2sjax import bench_accelerator
 

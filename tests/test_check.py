@@ -53,6 +53,7 @@ def test_the_evaluator_refuses_a_placeholder_the_checkpoint_does_not_read(baichu
     check_fit(config, _speech_data(PLACEHOLDER + 1))
 
 
+@pytest.mark.slow
 def test_smoke_score_catches_audio_that_does_not_reach_the_model(baichuan_ckpt):
   config, params = checkpoint.load_config(baichuan_ckpt), checkpoint.load_params(baichuan_ckpt)
   good = {v.check: v for v in check.smoke_verdicts(config, params, _speech_data(PLACEHOLDER))}

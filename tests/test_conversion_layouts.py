@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from checkpoints_conversion.convert import convert
@@ -24,6 +25,7 @@ def _assert_same_params(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg="/".join(path))
 
 
+@pytest.mark.slow
 def test_chatglm_layout_equals_transformers_glm_layout(tmp_path):
   model = tiny_model("glm")
   convert(save_hf(model, str(tmp_path / "hf")), str(tmp_path / "from_hf"))
@@ -36,6 +38,7 @@ def test_chatglm_layout_equals_transformers_glm_layout(tmp_path):
   assert diff.max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_pytorch_bin_and_sharded_safetensors_equal_single_safetensors(tmp_path):
   model = tiny_model("qwen2")
   convert(save_hf(model, str(tmp_path / "single")), str(tmp_path / "a"))

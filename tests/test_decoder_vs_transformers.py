@@ -31,6 +31,7 @@ def test_fp32_log_probs_match_transformers(tmp_path, family, tied):
   assert np.abs(ours - reference).max() <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2", "glm"])
 def test_bf16_stays_close_to_fp32_reference(tmp_path, family, record_property):
   model = tiny_model(family)
@@ -45,6 +46,7 @@ def test_bf16_stays_close_to_fp32_reference(tmp_path, family, record_property):
   assert 0 <= kl < 5e-4
 
 
+@pytest.mark.slow
 def test_packed_segments_equal_separate_sequences(tmp_path):
   """Two sequences in one row (segment ids, positions restarting) give each one's own log-probs."""
   model = tiny_model("qwen2")

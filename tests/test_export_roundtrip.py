@@ -12,6 +12,7 @@ from s2sjax.model.config import from_hf_config
 from tests.hf_models import tiny_model, torch_log_probs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,tied,dtype", [("qwen2", False, "float32"), ("llama", True, "bfloat16")])
 def test_roundtrip_is_bit_identical_and_loads_in_transformers(tmp_path, family, tied, dtype):
   import jax
@@ -37,6 +38,7 @@ def test_roundtrip_is_bit_identical_and_loads_in_transformers(tmp_path, family, 
     np.asarray(sequence_log_probs(config, params32, ids)), torch_log_probs(hf, ids), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_what_transformers_cannot_hold_is_refused_not_dropped():
   import dataclasses
 

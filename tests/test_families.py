@@ -28,6 +28,7 @@ def toy_family(monkeypatch):
   return families.get("toyllama")
 
 
+@pytest.mark.slow
 def test_a_family_only_a_plugin_defines_converts_and_matches_transformers(tmp_path, toy_family):
   model = tiny_model("llama")
   source = toy_family_checkpoint(model, str(tmp_path / "toy"))

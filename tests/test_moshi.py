@@ -122,6 +122,7 @@ def test_every_stream_matches_lmmodel_forward_fp32(tiny, converted):
   assert result["max_abs_diff"] <= 1e-4, result
 
 
+@pytest.mark.slow
 def test_bf16_kl_is_bounded(tiny, converted):
   folder, model = tiny
   config, params = load(converted)
@@ -211,6 +212,7 @@ def score(config, params, items, share, flush=False, mesh=None, batch_size=2, le
   return scoring.collect(rows, nll_sum, n_tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scored,flush", [((0,), False), ((1,), True), ((0, 1, 2, 3), True)])
 def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, scored, flush):
   """Text-stream targets (s2t's protocol), first-codebook targets and every predicted stream at once."""
@@ -227,6 +229,7 @@ def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, s
       assert abs(shared.nll_sum[i, c] - total) <= 1e-4, (i, c, shared.nll_sum[i, c], total)
 
 
+@pytest.mark.slow
 def test_meshes_agree(converted):
   config, params = load(converted)
   items = stream_items(np.random.default_rng(7), config, (0, 1, 2), count=5)
@@ -270,6 +273,7 @@ def test_protocols_say_which_streams_count():
     moshi_family.lay_streams(3, audio=np.zeros((4, 8)))
 
 
+@pytest.mark.slow
 def test_rows_of_the_predicted_streams_score_as_rows_of_every_stream(converted):
   """A spec lays only the text and the model's own codebooks: the user's streams the scorer adds as silence give
   the numbers of rows that carry them silent."""

@@ -140,6 +140,7 @@ def _naive(setup, question, c, modality) -> tuple[float, int]:
   return sum(picked), len(picked)
 
 
+@pytest.mark.slow
 def test_every_modality_matches_lmmodel_forward_per_candidate_and_sharing_changes_nothing(setup):
   shared = _run(setup, "out")
   questions = read_questions(TASK, RELEASE_DIR)

@@ -63,6 +63,7 @@ def _max_log_prob_diff(model, config, params, seed=1) -> float:
   return float(np.abs(np.asarray(sequence_log_probs(config, params, ids)) - torch_log_probs(model, ids)).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_fp32_log_probs_match_transformers(tmp_path, case, record_property):
   model = tiny_opt(**CASES[case])
@@ -100,6 +101,7 @@ def _benchmark_scores(ckpt, mesh_spec: str, items) -> np.ndarray:
   return collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items]).mean_nll
 
 
+@pytest.mark.slow
 def test_packed_rows_read_the_position_table_where_a_whole_forward_does(post_norm_opt):
   """The learned table is read at the positions the naive one-forward-per-candidate run reads."""
   model, ckpt = post_norm_opt
@@ -108,6 +110,7 @@ def test_packed_rows_read_the_position_table_where_a_whole_forward_does(post_nor
                              atol=TOLERANCE, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_a_mesh_that_splits_the_embeddings_gives_the_same_numbers(post_norm_opt):
   """fsdp splits the embedding width, next to the projections' and the position table's replicated axes."""
   model, ckpt = post_norm_opt
@@ -147,6 +150,7 @@ def test_config_written_before_it_had_the_new_switches_reads_as_before():
   assert type(llama).from_json(json.dumps(old)) == llama
 
 
+@pytest.mark.slow
 def test_export_writes_what_transformers_loads_back_unchanged(tmp_path):
   model = tiny_opt(seed=4, **OPT_350M_LIKE)
   _converted(model, str(tmp_path))

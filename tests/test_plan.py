@@ -44,6 +44,7 @@ def test_plan_picks_a_mesh_that_fits_and_times_the_benchmark():
   assert np.isclose(plan.MODELS["qwen2.5-7b"].num_params() / 1e9, 7.6, atol=0.1)  # Qwen2.5-7B has 7.6B parameters
 
 
+@pytest.mark.slow
 def test_activation_sharding_constraints_take_effect_under_fsdp():
   # fsdp splits the weights' embed dim; without the decoder's constraints XLA keeps activations split the same
   # way and gathers whole batches on every chip (3x the memory of plain data parallelism before the fix)

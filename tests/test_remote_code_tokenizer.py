@@ -214,6 +214,7 @@ def _eval_config(glm, ckpt: str, output: str, trust: bool, modalities=MODALITIES
                     scoring=ScoringOptions(batch_size=8), trust_remote_code=trust)
 
 
+@pytest.mark.slow
 def test_remote_code_glm4_converts_builds_and_evaluates_with_the_flag(glm):
   from transformers import AutoTokenizer
 

@@ -54,6 +54,7 @@ def test_sharing_on_and_off_agree(qwen2):
   assert shared_report.real_tokens < separate_report.real_tokens
 
 
+@pytest.mark.slow
 def test_codebook_table_audio_prefix_matches_reference(tmp_path):
   model = tiny_model("qwen2", seed=3)
   sizes, placeholder = (16, 8, 8), 500
@@ -71,6 +72,7 @@ def test_codebook_table_audio_prefix_matches_reference(tmp_path):
   np.testing.assert_allclose(scores.mean_nll, reference, atol=1e-4, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_every_mesh_and_batch_size_gives_the_same_numbers(qwen2):
   _, config, params = qwen2
   assert jax.device_count() == 8, "conftest sets 8 host devices"

@@ -186,6 +186,7 @@ def test_slamkit_unit_rule_and_the_twist_spec():
   assert dedup(units[:, None])[:, 0].tolist() == [k for k, _ in itertools.groupby(units.tolist())]
 
 
+@pytest.mark.slow
 def test_unit_lm_rows_follow_slamkit_and_ids_past_the_vocabulary_are_refused(setup):
   td, _ = _score(setup, "unit_lm", "sstorycloze", "s2s")
   tokens = td.rows["tokens"][td.rows["segment_ids"] > 0]
@@ -251,6 +252,7 @@ def test_a_spoken_candidate_too_long_for_the_row_names_its_question(setup, tmp_p
   assert build(skip_bad=True)["report"]["skipped_questions"][0]["where"] == "question 2"
 
 
+@pytest.mark.slow
 def test_spoken_candidates_of_codebook_table_data_are_refused_when_scored(setup):
   """Data built by hand (or an older version) that asks a codebook-table spec for spoken candidates."""
   td, _ = _score(setup, "interleaved", "sstorycloze", "t2s")

@@ -50,6 +50,7 @@ def test_a_manual_dir_that_does_not_exist_is_an_error_not_the_sample(tmp_path, q
   assert sample.info.metadata["source"] == RELEASE_DIR
 
 
+@pytest.mark.slow
 def test_data_built_from_other_release_files_or_tokenizer_is_refused_or_overwritten(tmp_path, qwen_tokenizer_dir):
   root = _release(tmp_path / "release")
   data_dir = str(tmp_path / "data")
@@ -87,6 +88,7 @@ def test_a_changed_preset_spec_is_refused(tmp_path, qwen_tokenizer_dir, monkeypa
     prepare("scmmlu", "demo", "text", 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
 
 
+@pytest.mark.slow
 def test_a_yaml_spec_names_its_config_and_precomputed_codes_are_fingerprinted_by_content(tmp_path, qwen_tokenizer_dir):
   """A spec given as a path builds `<its name>-<content hash>-...` inside data_dir, the evaluator finds it by the
   same path, and codes rewritten in place (same names, same sizes) are a different audio tokenizer."""

@@ -122,6 +122,7 @@ def _cmmlu(n=3):
           for k in range(n)]
 
 
+@pytest.mark.slow
 def test_release_fixture_builds_every_task_in_both_modalities(tmp_path, qwen_tokenizer_dir):
   root = _write_release(str(tmp_path), _stories(), _cmmlu())
   for task in ("sstorycloze", "scmmlu"):
@@ -336,6 +337,7 @@ def test_joint_tokenization_scores_what_s2sbench_s_reference_scores(qwen_tokeniz
     QuestionEncoder(load_spec("demo"), "s2t", tokenizer, MelKmeansTokenizer(MEL_KMEANS_CODEBOOK), tokenization="joint")
 
 
+@pytest.mark.slow
 def test_a_build_without_a_row_length_chooses_it_and_the_evaluator_finds_it(tmp_path, qwen_tokenizer_dir):
   from s2sjax.packing import auto_row_length
   from s2sjax.task_data import load_task_data
