@@ -18,9 +18,10 @@ import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from checkpoints_conversion import safetensors_io
+from s2sjax import cli
 
 FLAGS = flags.FLAGS
 
@@ -119,4 +120,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

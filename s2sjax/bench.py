@@ -27,9 +27,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from s2sjax import checkpoint, default_model, plan
+from s2sjax import checkpoint, cli, default_model, plan
 from s2sjax.model.config import ModelConfig
 from s2sjax.packing import Item, RowShape, pack
 from s2sjax.scoring import Scorer, collect
@@ -226,4 +226,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags
+from absl import flags
+
+from s2sjax import cli
 
 from tasks import importer
 
@@ -56,4 +58,4 @@ if __name__ == "__main__":
   flags.DEFINE_list("xstorycloze_zh", [], "XStoryCloze zh TSV files.")
   flags.DEFINE_string("cmmlu_dir", None, "CMMLU data/test directory.")
   flags.mark_flags_as_required(["tokenizer_dir"])
-  app.run(main)
+  cli.run(main)

@@ -13,9 +13,9 @@ import subprocess
 import tempfile
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from s2sjax import benchmarks
+from s2sjax import benchmarks, cli
 from tasks.audio import mel_kmeans
 from tasks.audio.base import load_audio
 from tasks.importer import topic_stories
@@ -82,4 +82,4 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_string("out", SAMPLE_DIR, "Where to write release/ and the codebook.")
   flags.DEFINE_bool("codebook", True, "Refit the mel k-means codebook (changes every unit of the sample).")
-  app.run(main)
+  cli.run(main)
