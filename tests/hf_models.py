@@ -142,6 +142,14 @@ def fold_norm_head(model) -> None:
     head.copy_(head / head.norm(dim=-1, keepdim=True))
 
 
+def baichuan_reference_log_probs(model, tokens, codes, tables) -> np.ndarray:
+  """What Baichuan-Audio's forward gives for a spoken prefix (modeling_omni.py get_multimodal_embed: the summed
+  tables at placeholder positions; NormHead at the head), through the transformers model's own layers."""
+  embeds = audio_inputs_embeds(model, tokens, codes, tables)
+  fold_norm_head(model)
+  return torch_log_probs(model, None, inputs_embeds=embeds)
+
+
 # The toy family's names for transformers' Llama keys, written out here independently of the plugin's KeyNames.
 TOY_KEYS = (
   (r"^model\.embed_tokens\.", "tok_emb."),
