@@ -357,7 +357,7 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Se
 #   segment_ids, branch_ids, positions [L]   as above; positions are step indices
 #   target_pos                      [M]      the position whose temporal output predicts a step
 #   target_frame                    [M, S]   that predicted step's tokens (the depformer reads its earlier streams)
-#   target_weight                   [M, S]   1 where the step's token of that stream is scored
+#   target_weight                   [M, S]   the weight of the step's token of that stream in the score, 0: not scored
 #   target_slot                     [M]      as above: one target per predicted step, up to S scored tokens
 #   slot_item, slot_candidate       [C]      as above
 #

@@ -221,9 +221,9 @@ class Scorer(_RowScorer):
     attention: str = "xla",
     local_attention: bool = True,
   ):
-    """attention: xla | dot_product | flash | flash_shared (see model/layers.attention); flash needs rows without
+    """attention: xla | dot_product | cudnn | flash | flash_shared (see model/layers.attention); flash needs rows without
     sharing, flash_shared takes any.
-    local_attention: with xla or dot_product and a shape that records its longest item (`RowShape.max_item`),
+    local_attention: with xla, dot_product or cudnn and a shape that records its longest item (`RowShape.max_item`),
     each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
     without the record, keeps the dense [L, L] mask (the reference)."""
     self.attention = attention
@@ -309,8 +309,9 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
 #
 # The same step for rows of parallel streams (`packing.pack_streams`): the temporal transformer over every position,
 # its outputs gathered at the targets, then at each target the text head and the depformer (conditioned on the
-# predicted step's earlier streams); fp32 `logsumexp - logit[target]` per stream, weighted by `target_weight`,
-# summed per slot. A target is one predicted step, so `n_tokens` counts the scored tokens of every stream.
+# predicted step's earlier streams); fp32 `logsumexp - logit[target]` per stream, weighted by `target_weight` (the
+# protocol's per-stream weights, `s2sjax.families.moshi.stream_weights`), summed per slot. A target is one predicted
+# step, so `n_tokens` counts a candidate's steps: its timesteps.
 
 STREAM_FIELDS = ("stream_tokens", "segment_ids", "branch_ids", "positions", "target_pos", "target_frame",
                  "target_weight", "target_slot", "row_id")
@@ -325,7 +326,14 @@ def silent_streams(config, positions: jax.Array, laid: int) -> jax.Array:
 
 
 def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict) -> dict:
-  """Per-slot NLL sums and token counts [B, C] for a batch of parallel-stream rows (pure; jitted by StreamScorer)."""
+  """Per slot [B, C]: `nll_sum`, the candidate's NLL summed over its steps' scored tokens, each times its stream's
+  weight (`target_weight`), and `n_tokens`, its steps (its targets: one per frame of the candidate). So the
+  reported loss, nll_sum / n_tokens, is the weighted NLL per timestep, Kyutai's S->S score "normalized by the
+  sequence length" (s2sjax/families/moshi.py). Dividing by the candidate's total weight instead ranks candidates of
+  equal length alike; across lengths it can differ on near-ties only, as the total is not exactly a multiple of the
+  steps: a delayed stream's last `delay` tokens lie past the candidate's steps (upstream's mask), so S->S's total
+  is (100 + K - 1) * steps - sum(acoustic delays).
+  Pure; jitted by StreamScorer."""
   from s2sjax.model.moshi import MoshiLM, attention_mask
 
   model = MoshiLM(config, dtype=dtype)
@@ -349,8 +357,7 @@ def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params:
       audio = model.apply({"params": params}, flat(h), flat(frame), method=MoshiLM.audio_logits)
       audio = audio.reshape(*h.shape[:2], config.dep_q, config.card)
       nll += list(jnp.moveaxis(nll_of(audio, frame[..., 1:predicted]), -1, 0))
-    weight = weight[..., :predicted].astype(jnp.float32)
-    return (jnp.stack(nll, axis=-1) * weight).sum(-1), weight.sum(-1)
+    return (jnp.stack(nll, axis=-1) * weight[..., :predicted].astype(jnp.float32)).sum(-1)
 
   batch_size, num_targets = batch["target_slot"].shape
   chunk = min(target_chunk, num_targets)
@@ -358,11 +365,11 @@ def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params:
   padded = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
   split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
   merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
-  nll, count = jax.lax.map(target_nll, (split(padded(hidden)), split(padded(batch["target_frame"])),
-                                        split(padded(batch["target_weight"]))))
+  nll = merge(jax.lax.map(target_nll, (split(padded(hidden)), split(padded(batch["target_frame"])),
+                                       split(padded(batch["target_weight"])))))
   onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
-  sums = lambda x: jnp.einsum("bm,bmc->bc", merge(x), onehot, precision=jax.lax.Precision.HIGHEST)
-  return {"nll_sum": sums(nll), "n_tokens": jnp.round(sums(count)).astype(jnp.int32)}
+  return {"nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
+          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
 
 
 def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
@@ -403,6 +410,7 @@ class StreamScorer(_RowScorer):
     empty = lambda count, rows: empty_stream_rows(count, shape, rows["stream_tokens"].shape[-1])
     super().__init__(config, shape, mesh, batch_size, moshi.param_logical_axes(config), moshi.abstract_params(config),
                      STREAM_FIELDS, {"stream_tokens": 3, "target_frame": 3, "target_weight": 3}, empty, score)
+
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
     check_stream_ids(rows, self.config)

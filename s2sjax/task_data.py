@@ -21,7 +21,8 @@ from s2sjax.packing import RowShape
 from s2sjax.questions import QuestionTable
 from s2sjax.spec import is_spec_path, load_spec
 
-DATA_VERSION = "1.0.0"
+# 1.1.0: Moshi S->S targets carry the paper's stream weights (100 semantic, 1 acoustic), not semantic-only ones
+DATA_VERSION = "1.1.0"
 
 
 class DataError(ValueError):

@@ -7,7 +7,7 @@ The prefix is tokenized with the tokenizer's special tokens (a BOS where the mod
 
 A parallel_streams spec (Moshi) lays each side on streams instead, by s2sjax/families/moshi.py's protocol: the
 same text ids on the text stream, or the audio codes on the codebook streams, one step each; the rows are packed
-by `pack_streams`, which applies the spec's delays.
+by `pack_streams`, which applies the spec's delays, and each scored token carries its stream's weight.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class QuestionEncoder:
   metric (slamkit/metric/modelling_metric.py, slamkit/model/unit_lm.py): the whole spoken story, the prefix's audio
   and the candidate's as one recording, tokenized as `<bos> units <eos>` (slamkit/tokeniser/unit_tokeniser.py's
   template; bos = eos = 1 for unit LMs, the audio start / end tokens otherwise) and every token after the first
-  scored, the closing eos included."""
+  scored, the closing eos included. For parallel streams (Moshi) that recording is every frame after the model's
+  initial step, with no closing token: the Moshi paper's own S->S protocol (s2sjax/families/moshi.py)."""
 
   def __init__(self, spec: Spec, modality: str, tokenizer, audio_tokenizer: AudioTokenizer | None,
                language_override: str | None = None, protocol: str = "s2sbench", tokenization: str = "separate"):
@@ -77,14 +78,11 @@ class QuestionEncoder:
     self.spec, self.tokenizer, self.protocol, self.tokenization = spec, tokenizer, protocol, tokenization
     self.audio_tokenizer = audio_tokenizer
     self.language_override = language_override
-    # parallel_streams: how the rows' streams are delayed and which of a candidate's are scored
+    # parallel_streams: how the rows' streams are delayed and how much each stream of a candidate weighs
     self.layout: StreamLayout | None = None
     if spec.audio_mode == PARALLEL_STREAMS:
-      if protocol == "utterance":
-        raise ValueError(f"spec {spec.name} reads parallel streams: the utterance protocol is laid for token "
-                         "sequences only; s2s is scored by the protocol of s2sjax/families/moshi.py")
       self.layout = StreamLayout(spec.stream_delays, spec.stream_initial_ids, predicted=spec.num_streams)
-      self.scored = moshi_family.scored_streams(self.modality.name, len(spec.codebook_sizes))
+      self.weights = moshi_family.stream_weights(self.modality.name, len(spec.codebook_sizes))
     speaks_in_tokens = self.modality.speaks and self.layout is None  # special tokens and units to look up
     self.ids: AudioIds | None = resolve_audio_ids(spec, tokenizer) if speaks_in_tokens else None
     self.num_codebooks = (len(spec.codebook_sizes)
@@ -147,6 +145,8 @@ class QuestionEncoder:
     [P, 1 + K], None, audio seconds)."""
     m = self.modality
     if self.layout is not None:  # the prefix's text, or its audio, on its own streams
+      if self.protocol == "utterance":  # the recording is all candidate: the initial step alone precedes it
+        return self._streams(audio=np.zeros((0, len(self.spec.codebook_sizes)), np.int32)), None, 0.0
       if m.prefix == TEXT:
         return self._streams(text=self.text_ids(question.prefixes[c], special=True)), None, 0.0
       codes, seconds = self.audio_codes((question.audio_paths[c],), question.uttids[c])
@@ -191,6 +191,8 @@ class QuestionEncoder:
     if self.protocol == "utterance":
       codes, seconds = self.audio_codes((question.audio_paths[c], question.candidate_audio_paths[c]),
                                         f"{question.uttids[c]}+{spoken}")
+      if self.layout is not None:
+        return self._streams(audio=codes), seconds
       eos = self.spec.bos_id if not self.spec.text_vocabulary else self.ids.end
       return np.concatenate([self.units(codes), [eos] if eos is not None else []]).astype(np.int32), seconds
     codes, seconds = self.audio_codes((question.candidate_audio_paths[c],), spoken)
@@ -201,7 +203,7 @@ class QuestionEncoder:
     """What the packer lays: an Item of ids, or a StreamItem whose candidates score this protocol's streams."""
     if self.layout is None:
       return Item(prefix, candidates, codes, name=name)
-    return StreamItem(prefix, candidates, self.scored, name=name)
+    return StreamItem(prefix, candidates, moshi_family.scored(self.weights), name=name)
 
   def check(self, item: Item | StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
     """The PackingError the packer would raise for this item (see `check_item`)."""
@@ -214,10 +216,12 @@ class QuestionEncoder:
       check_stream_item(item, shape, self.layout, share_prefix)
 
   def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
-    """(rows, PackReport) of the items, by `pack` or, for parallel streams, `pack_streams`."""
+    """(rows, PackReport) of the items, by `pack` or, for parallel streams, `pack_streams` (the scored tokens then
+    weighted by the protocol)."""
     if self.layout is None:
       return pack(items, shape, share_prefix=share_prefix, overlong=overlong)
-    return pack_streams(items, shape, self.layout, share_prefix)
+    rows, report = pack_streams(items, shape, self.layout, share_prefix)
+    return moshi_family.weigh(rows, self.weights), report
 
 
 def _candidate_name(question: Question, c: int) -> str:

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-lm = pytest.importorskip("moshi.models.lm")
+import moshi.models.lm as lm
+import torch
 
 from checkpoints_conversion import convert, safetensors_io, verify  # noqa: E402
 from s2sjax import checkpoint, packing, scoring, sharding  # noqa: E402
@@ -168,8 +168,17 @@ def test_a_spec_of_another_stream_layout_is_refused():
 # ---- scoring ---------------------------------------------------------------------------------------------------------
 
 
-def stream_items(rng, config, scored, count=3):
-  """Items of time-aligned streams: a prefix and 2-3 candidates each, some tokens -1 (silence in a stream)."""
+# The Moshi paper's S->S rule (arXiv 2410.00037, §5.4), written out for rows of every stream the tiny model reads
+# (text, its 3 own codebooks, the user's one): "100 for the semantic tokens and 1 for the acoustic ones", the Inner
+# Monologue's text not included, the user's stream never predicted.
+PAPER_S2S = (0, 100, 1, 1, 0)
+TEXT_ONLY = (1, 0, 0, 0, 0)  # s2t and t2t: the text stream alone
+
+
+def stream_items(rng, config, weights, count=3):
+  """Items of time-aligned streams: a prefix and 2-3 candidates each, some tokens -1 (silence in a stream); the
+  streams of positive weight scored."""
+  scored = tuple(k for k, w in enumerate(weights) if w)
   items = []
   for i in range(count):
     make = lambda n: random_codes(rng, config, 1, n, zero_rate=0.1)[0].T
@@ -182,88 +191,100 @@ def layout_of(config):
   return packing.StreamLayout(config.delays, config.initial_ids, 1 + config.dep_q)
 
 
-def naive_nll(model, config, item, flush):
-  """Per candidate: LMModel.forward on prefix + candidate (+ a -1 tail with `flush`), summing the log-probs of the
-  candidate's own times in the scored streams where upstream's mask holds."""
+def naive_scores(model, config, item, weights, flush):
+  """Per candidate (weighted NLL sum, steps): LMModel.forward on prefix + candidate (+ a -1 tail with `flush`);
+  stream k's log-prob of each of the candidate's own times, where upstream's mask holds, times weights[k]; the
+  steps are the candidate's times (and the tail's)."""
   out = []
   for candidate in item.candidates:
     tail = np.full((max(config.delays) if flush else 0, config.num_streams), -1)
     codes = np.concatenate([item.prefix, candidate, tail]).T[None]
     with torch.no_grad():
       result = model(torch.from_numpy(codes).long())
-    logp = [torch.log_softmax(result.text_logits.float(), -1)[0, 0]]
-    logp += [torch.log_softmax(result.logits.float(), -1)[0, k] for k in range(config.dep_q)]
+    logp = [torch.log_softmax(result.text_logits.double(), -1)[0, 0]]
+    logp += [torch.log_softmax(result.logits.double(), -1)[0, k] for k in range(config.dep_q)]
     masks = [result.text_mask[0, 0]] + [result.mask[0, k] for k in range(config.dep_q)]
     p, n = len(item.prefix), len(candidate)
-    total, count = 0.0, 0
-    for k in item.scored:
+    total = 0.0
+    for k, weight in enumerate(weights):
       for t in range(p, p + n):
-        if masks[k][t]:
-          total -= float(logp[k][t, codes[0, k, t]])
-          count += 1
-    out.append((total, count))
+        if weight and masks[k][t]:
+          total -= weight * float(logp[k][t, codes[0, k, t]])
+    out.append((total, n + len(tail)))
   return out
 
 
-def score(config, params, items, share, flush=False, mesh=None, batch_size=2, length=64):
+def score(config, params, items, weights, share, flush=False, mesh=None, batch_size=2, length=64):
   rows, _ = packing.pack_streams(items, packing.RowShape(length, 32, 6), layout_of(config), share, flush)
+  rows = moshi_family.weigh(rows, weights)
   scorer = scoring.StreamScorer(config, packing.RowShape(length, 32, 6), mesh=mesh, batch_size=batch_size)
   nll_sum, n_tokens = scorer.score(params, rows)
   return scoring.collect(rows, nll_sum, n_tokens)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scored,flush", [((0,), False), ((1,), True), ((0, 1, 2, 3), True)])
-def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, scored, flush):
-  """Text-stream targets (s2t's protocol), first-codebook targets and every predicted stream at once."""
+@pytest.mark.parametrize("weights,flush", [(TEXT_ONLY, False), (PAPER_S2S, False), ((1, 100, 1, 1, 0), True)],
+                         ids=["text", "paper_s2s", "every_stream_flushed"])
+def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, weights, flush):
+  """Each candidate's weighted NLL per step, from packed prefix-shared rows, is LMModel.forward's on its own
+  sequence: the text stream (s2t's protocol), the paper's S->S (100 x semantic + acoustic, per timestep), and every
+  predicted stream with the delayed streams' last tokens flushed."""
   _, model = tiny
   config, params = load(converted)
-  items = stream_items(np.random.default_rng(len(scored)), config, scored)
-  shared = score(config, params, items, share=True, flush=flush)
-  unshared = score(config, params, items, share=False, flush=flush)
+  items = stream_items(np.random.default_rng(sum(weights)), config, weights)
+  shared = score(config, params, items, weights, share=True, flush=flush)
+  unshared = score(config, params, items, weights, share=False, flush=flush)
   np.testing.assert_array_equal(shared.n_tokens, unshared.n_tokens)
   np.testing.assert_allclose(shared.nll_sum, unshared.nll_sum, atol=1e-4, equal_nan=True)
+  worst_sum = worst_mean = 0.0
   for i, item in enumerate(items):
-    for c, (total, count) in enumerate(naive_nll(model, config, item, flush)):
-      assert shared.n_tokens[i, c] == count
-      assert abs(shared.nll_sum[i, c] - total) <= 1e-4, (i, c, shared.nll_sum[i, c], total)
+    for c, (total, steps) in enumerate(naive_scores(model, config, item, weights, flush)):
+      assert shared.n_tokens[i, c] == steps
+      worst_sum = max(worst_sum, abs(shared.nll_sum[i, c] - total))
+      worst_mean = max(worst_mean, abs(shared.mean_nll[i, c] - total / steps))
+  print(f"weights {weights}: largest |weighted NLL - LMModel.forward| {worst_sum:.1e} (sum), "
+        f"{worst_mean:.1e} (per step)")
+  assert worst_mean <= 1e-4, worst_mean
 
 
 @pytest.mark.slow
 def test_meshes_agree(converted):
   config, params = load(converted)
-  items = stream_items(np.random.default_rng(7), config, (0, 1, 2), count=5)
-  one = score(config, params, items, share=True, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=1)
-  many = score(config, params, items, share=True, mesh=sharding.make_mesh("data:4,model:2"), batch_size=4)
+  items = stream_items(np.random.default_rng(7), config, PAPER_S2S, count=5)
+  one = score(config, params, items, PAPER_S2S, share=True, mesh=sharding.make_mesh("data:1", jax.devices()[:1]),
+              batch_size=1)
+  many = score(config, params, items, PAPER_S2S, share=True, mesh=sharding.make_mesh("data:4,model:2"), batch_size=4)
   np.testing.assert_array_equal(one.n_tokens, many.n_tokens)
-  np.testing.assert_allclose(one.nll_sum, many.nll_sum, atol=1e-4, equal_nan=True)
+  np.testing.assert_allclose(one.mean_nll, many.mean_nll, atol=1e-4, equal_nan=True)
 
 
 def test_codes_beyond_the_card_are_named(converted):
   config, params = load(converted)
-  items = stream_items(np.random.default_rng(3), config, (1,), count=1)
+  items = stream_items(np.random.default_rng(3), config, PAPER_S2S, count=1)
   bad = items[0].candidates[0].copy()
   bad[1, 2] = config.card + 5
-  items = [packing.StreamItem(items[0].prefix, (bad,) + items[0].candidates[1:], (1,), "q0")]
+  items = [packing.StreamItem(items[0].prefix, (bad,) + items[0].candidates[1:], items[0].scored, "q0")]
   with pytest.raises(ValueError, match=r"stream 2\] = 37 is outside the codebook \(32 ids and the initial token\)"):
-    score(config, params, items, share=True)
+    score(config, params, items, PAPER_S2S, share=True)
 
 
 def test_scored_streams_must_have_a_head():
   config = moshi_family.parse_config(TINY)
-  items = stream_items(np.random.default_rng(0), config, (4,), count=1)  # stream 4: the 4th codebook, read only
+  items = stream_items(np.random.default_rng(0), config, (0, 0, 0, 0, 1), count=1)  # the 4th codebook, read only
   with pytest.raises(packing.PackingError, match=r"scored streams \[4\] must be among the 4 streams"):
     packing.pack_streams(items, packing.RowShape(64, 32, 6), layout_of(config))
 
 
 def test_protocols_say_which_streams_count():
-  """s2s: the candidate's semantic codebook (stream 1) with the text stream silent; s2t and t2t: the text stream;
-  t2s refused by name. A side is laid from its audio (on Moshi's own codebooks) or its text, never both."""
-  assert moshi_family.scored_streams("s2s", 3) == (1,)
-  assert moshi_family.scored_streams("s2s_all_codebooks", 3) == (1, 2, 3)
-  assert moshi_family.scored_streams("s2t", 3) == moshi_family.scored_streams("t2t", 3) == (0,)
+  """s2s: every own codebook, the semantic one (stream 1) weighing 100 and each acoustic one 1, the text stream
+  silent and unscored (the Moshi paper, §5.4); s2t and t2t: the text stream; t2s refused by name. A side is laid
+  from its audio (on Moshi's own codebooks) or its text, never both."""
+  assert moshi_family.stream_weights("s2s", 3) == (0, 100, 1, 1)
+  assert moshi_family.stream_weights("s2s", 8) == (0, 100, 1, 1, 1, 1, 1, 1, 1)  # moshiko's 8 own codebooks
+  assert moshi_family.stream_weights("s2t", 3) == moshi_family.stream_weights("t2t", 3) == (1, 0, 0, 0)
+  assert moshi_family.scored((0, 100, 1, 1)) == (1, 2, 3)
   with pytest.raises(ConfigError, match="t2s is refused for Moshi"):
-    moshi_family.scored_streams("t2s", 3)
+    moshi_family.stream_weights("t2s", 3)
   text, audio = np.arange(4), np.arange(12).reshape(4, 3)
   spoken = moshi_family.lay_streams(3, audio=audio)
   assert spoken.shape == (4, 4) and (spoken[:, 0] == -1).all() and (spoken[:, 1:] == audio).all()
@@ -280,15 +301,17 @@ def test_rows_of_the_predicted_streams_score_as_rows_of_every_stream(converted):
   config, params = load(converted)
   rng = np.random.default_rng(11)
   items = []
-  for item in stream_items(rng, config, (0, 1, 2)):
+  weights = (1, 100, 1, 0, 0)  # the text, the semantic and one acoustic codebook
+  for item in stream_items(rng, config, weights):
     silence = lambda x: np.concatenate([x[:, :1 + config.dep_q], np.full((len(x), config.n_q - config.dep_q), -1)], 1)
     items.append(packing.StreamItem(silence(item.prefix), tuple(silence(c) for c in item.candidates), item.scored))
-  full = score(config, params, items, share=True)
+  full = score(config, params, items, weights, share=True)
   own = packing.StreamLayout(config.delays[:1 + config.dep_q], config.initial_ids[:1 + config.dep_q], 1 + config.dep_q)
   laid = [packing.StreamItem(i.prefix[:, :1 + config.dep_q], tuple(c[:, :1 + config.dep_q] for c in i.candidates),
                              i.scored) for i in items]
   rows, _ = packing.pack_streams(laid, packing.RowShape(64, 32, 6), own)
+  rows = moshi_family.weigh(rows, weights[: 1 + config.dep_q])
   nll_sum, n_tokens = scoring.StreamScorer(config, packing.RowShape(64, 32, 6), batch_size=2).score(params, rows)
   short = scoring.collect(rows, nll_sum, n_tokens)
   np.testing.assert_array_equal(short.n_tokens, full.n_tokens)
-  np.testing.assert_allclose(short.nll_sum, full.nll_sum, atol=1e-5, equal_nan=True)
+  np.testing.assert_allclose(short.nll_sum, full.nll_sum, rtol=1e-6, atol=1e-5, equal_nan=True)

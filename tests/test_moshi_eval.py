@@ -1,19 +1,25 @@
 """Moshi end to end: a tiny random `LMModel` in Kyutai's release layout (with a sentencepiece text tokenizer trained
 here) is converted, the bundled sample's sStoryCloze is built for a parallel_streams spec from precomputed codes,
-and `s2sjax.eval.run` scores S->T and S->S. Every candidate's NLL is held against `LMModel.forward` on that
-candidate's own sequence, laid by the protocol rule below (written out here, not taken from the builder):
+and `s2sjax.eval.run` scores T->T, S->T and S->S (both protocols). Every candidate's score is held against
+`LMModel.forward` on that candidate's own sequence, laid and weighed by the protocol rule below (written out here
+from the Moshi paper, arXiv 2410.00037 §5.4, not taken from the builder):
 
   time-aligned codes [1 + n_q, P + n]; stream 0 text, streams 1..dep_q Moshi's own codebooks, the rest (the user's
   speech) -1 throughout. A spoken prefix's P frames: its codes on the own codebooks, text -1.
   s2t: the candidate's n steps: its text ids (sentencepiece, no special tokens) on the text stream, audio -1;
        scored: the text stream at times P..P+n-1.
-  s2s: the candidate's n frames: its codes on the own codebooks, text -1; scored: the first codebook (stream 1).
+  s2s: the candidate's n frames: its codes on the own codebooks, text -1; scored: "all tokens of a timestep with
+       the same weights used during training, i.e. 100 for the semantic tokens and 1 for the acoustic ones" (the
+       first codebook 100, the others 1), text "not include[d]", at times P..P+n-1.
+  s2s_utterance: the story and its ending heard as one recording (P = 0, n = both lengths), scored as s2s.
   t2t: the prefix's text ids, then the candidate's (" " + ending: the English separator), on the text stream, audio
        -1 throughout; scored: the text stream at the candidate's times.
+  A candidate's score is its weighted NLL "normalized by the sequence length": divided by n.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -22,9 +28,9 @@ import numpy as np
 import pytest
 import yaml
 
-torch = pytest.importorskip("torch")
-lm = pytest.importorskip("moshi.models.lm")
-spm = pytest.importorskip("sentencepiece")
+import moshi.models.lm as lm
+import sentencepiece as spm
+import torch
 
 from checkpoints_conversion import convert  # noqa: E402
 from s2sjax import checkpoint  # noqa: E402
@@ -97,69 +103,84 @@ def _build(setup, modality, spec=None, codes=None, variants=Variants(), data_dir
 
 
 MODALITIES = ("t2t", "s2t", "s2s")
+SCORED = MODALITIES + ("s2s_utterance",)  # S->S by the s2sbench protocol and by the utterance one
 
 
 def _run(setup, output, variants=Variants()):
-  """`s2sjax.eval.run` on T->T, S->T and S->S; the per-candidate lines of its scores files."""
+  """`s2sjax.eval.run` on T->T, S->T and S->S by both protocols; the per-candidate lines of its scores files."""
   for modality in MODALITIES:
     data_dir = _build(setup, modality, variants=variants)
-  run(EvalConfig(tasks=(TASK,), modalities=MODALITIES, checkpoints=setup["ckpt"], spec=setup["spec"],
-                 data_dir=data_dir, output_dir=str(setup["root"] / output), row_length=ROW, chunk_rows=2,
-                 variants=variants, scoring=ScoringOptions(batch_size=4, attention="auto")))
+  _build(setup, "s2s", variants=dataclasses.replace(variants, protocol="utterance"))
+  run(EvalConfig(tasks=(TASK,), modalities=MODALITIES, protocols=("s2sbench", "utterance"), checkpoints=setup["ckpt"],
+                 spec=setup["spec"], data_dir=data_dir, output_dir=str(setup["root"] / output), row_length=ROW,
+                 chunk_rows=2, variants=variants, scoring=ScoringOptions(batch_size=4, attention="auto")))
   out = {}
-  for modality in MODALITIES:
-    (path,) = glob.glob(str(setup["root"] / output / "*" / f"{TASK}-{modality}.scores.jsonl"))
+  for scored in SCORED:
+    (path,) = glob.glob(str(setup["root"] / output / "*" / f"{TASK}-{scored}.scores.jsonl"))
     with open(path) as f:
-      out[modality] = {(line["question"], line["candidate"]): line for line in map(json.loads, f)}
+      out[scored] = {(line["question"], line["candidate"]): line for line in map(json.loads, f)}
   return out
 
 
-def _naive(setup, question, c, modality) -> tuple[float, int]:
-  """(summed NLL, tokens) of candidate c by LMModel.forward on its own sequence (the module docstring's rule)."""
+PAPER_WEIGHTS = (100,) + (1,) * (OWN - 1)  # per own codebook: "100 for the semantic tokens and 1 for the acoustic"
+
+
+def _naive(setup, question, c, scored) -> tuple[float, int]:
+  """(weighted NLL sum, steps) of candidate c by LMModel.forward on its own sequence (the module docstring's rule)."""
   load = lambda name: np.load(os.path.join(setup["codes"], f"{name}.npy"))
   text = lambda s: np.asarray(setup["text"].encode(s))
-  prefix = text(question.prefixes[c]) if modality == "t2t" else load(question.uttids[c])
+  story = text(question.prefixes[c]) if scored == "t2t" else load(question.uttids[c])
   spoken = load("candidates/" + os.path.splitext(os.path.basename(question.candidate_audio_paths[c]))[0])
-  ending = {"s2s": spoken, "s2t": text(question.candidates[c]), "t2t": text(" " + question.candidates[c])}[modality]
+  if scored == "s2s_utterance":
+    prefix, ending = story[:0], np.concatenate([story, spoken])
+  else:
+    prefix, ending = story, {"s2s": spoken, "s2t": text(question.candidates[c]),
+                             "t2t": text(" " + question.candidates[c])}[scored]
   P, n = len(prefix), len(ending)
   codes = np.full((1 + CONFIG["n_q"], P + n), -1, np.int64)
-  if modality == "t2t":
+  if scored == "t2t":
     codes[0, :P] = prefix
   else:
     codes[1 : 1 + OWN, :P] = prefix.T
-  if modality == "s2s":
+  if scored.startswith("s2s"):
     codes[1 : 1 + OWN, P:] = ending.T
   else:
     codes[0, P:] = ending
   with torch.no_grad():
     out = setup["model"](torch.from_numpy(codes)[None])
-  logits, mask = (out.logits[0, 0], out.mask[0, 0]) if modality == "s2s" else (out.text_logits[0, 0], out.text_mask[0, 0])
-  log_probs = torch.log_softmax(logits.double(), -1)
-  stream = 1 if modality == "s2s" else 0
-  picked = [-float(log_probs[t, codes[stream, t]]) for t in range(P, P + n) if mask[t]]
-  return sum(picked), len(picked)
+  if scored.startswith("s2s"):  # codebook k is stream 1 + k
+    streams = [(w, out.logits[0, k], out.mask[0, k], codes[1 + k]) for k, w in enumerate(PAPER_WEIGHTS)]
+  else:
+    streams = [(1, out.text_logits[0, 0], out.text_mask[0, 0], codes[0])]
+  total = 0.0
+  for weight, logits, mask, ids in streams:
+    log_probs = torch.log_softmax(logits.double(), -1)
+    total -= weight * sum(float(log_probs[t, ids[t]]) for t in range(P, P + n) if mask[t])
+  return total, n
 
 
 @pytest.mark.slow
 def test_every_modality_matches_lmmodel_forward_per_candidate_and_sharing_changes_nothing(setup):
   shared = _run(setup, "out")
   questions = read_questions(TASK, RELEASE_DIR)
-  for modality in MODALITIES:
-    assert len(shared[modality]) == 2 * len(questions)
-    worst = 0.0
+  for scored in SCORED:
+    assert len(shared[scored]) == 2 * len(questions)
+    worst_sum = worst_mean = 0.0
     for question in questions:
       for c in range(len(question.candidates)):
-        line = shared[modality][(question.id, c)]
-        total, count = _naive(setup, question, c, modality)
-        assert line["n_tokens"] == count, (modality, question.id, c)
-        worst = max(worst, abs(line["nll_sum"] - total))
-    print(f"{modality}: {len(questions)} questions, largest |NLL - LMModel.forward| {worst:.2e}")
-    assert worst <= 1e-4, (modality, worst)
+        line = shared[scored][(question.id, c)]
+        total, steps = _naive(setup, question, c, scored)
+        assert line["n_tokens"] == steps, (scored, question.id, c)
+        worst_sum = max(worst_sum, abs(line["nll_sum"] - total))
+        worst_mean = max(worst_mean, abs(line["nll_sum"] / line["n_tokens"] - total / steps))
+    print(f"{scored}: {len(questions)} questions, largest |score - LMModel.forward| {worst_sum:.1e} (weighted sum), "
+          f"{worst_mean:.1e} (per step)")
+    assert worst_mean <= 1e-4, (scored, worst_mean)
   unshared = _run(setup, "out_noshare", Variants(share_prefix=False))
-  for modality in MODALITIES:
-    for key, line in shared[modality].items():
-      assert unshared[modality][key]["n_tokens"] == line["n_tokens"]
-      assert abs(unshared[modality][key]["nll_sum"] - line["nll_sum"]) <= 1e-4, (modality, key)
+  for scored in SCORED:
+    for key, line in shared[scored].items():
+      assert unshared[scored][key]["n_tokens"] == line["n_tokens"]
+      assert abs(unshared[scored][key]["nll_sum"] - line["nll_sum"]) / line["n_tokens"] <= 1e-4, (scored, key)
   again = _run(setup, "out")  # every chunk resumed: the same lines
   assert again == shared
 

@@ -303,12 +303,20 @@ def check_spec(config: MoshiConfig, codebook_sizes: Sequence[int], delays: Seque
 # own speech's Mimi codebooks (1 = the semantic codebook), dep_q+1..n_q = the user's speech (read, never predicted).
 # A benchmark's audio is laid as Moshi's own speech, so that its codebooks are predicted; silent streams hold -1.
 #
-#   s2s  spoken prefix -> spoken candidate, scored on the semantic codebook (stream 1) of the candidate's frames:
-#        the likelihood of a spoken continuation as the textless spoken-LM benchmarks (sStoryCloze, tStoryCloze)
-#        define it, on the stream that carries the linguistic content (Mimi distils WavLM into codebook 0). The
-#        text stream is -1 throughout: scoring Moshi "textless". Whether Kyutai's paper scored the semantic codebook
-#        alone or every codebook, and with or without the text stream, is recorded in the issue's note; the packer
-#        takes any `scored` set, so `s2s_all_codebooks` scores all predicted codebooks.
+#   s2s  spoken -> spoken, Kyutai's protocol (the Moshi paper, arXiv 2410.00037, §5.4 "Audio Language Modeling"):
+#        "we sum all tokens of a timestep with the same weights used during training, i.e. 100 for the semantic
+#        tokens and 1 for the acoustic ones" — every own codebook, as the depformer predicts it, weighted 100
+#        (stream 1) or 1 (streams 2..dep_q); "We do not include text tokens from the Inner Monologue" — the text
+#        stream is -1 throughout and not scored; "We score sequences with a negative-log likelihood normalized by
+#        the sequence length" — a candidate's score is its weighted NLL sum divided by its timesteps (the stream
+#        scorer's `n_tokens` for stream rows: `s2sjax.scoring.score_stream_batch`). Moshi's published 60.8
+#        sStoryCloze / 83.0 sTopic-StoryCloze (our tStoryCloze; Table 7) are its text-and-audio model after
+#        single-stream pretraining, scored this way: "even if these models are trained with Inner Monologue, they
+#        are evaluated without".
+#        Which recording is scored is the build's `--protocol`: `utterance` (the whole spoken story, prefix and
+#        ending heard as one recording, scored from Moshi's initial step) is the paper's, which scores whole
+#        positive and negative speech examples; `s2sbench` scores only the spoken ending's frames given the
+#        spoken story before it. Both weigh a step's codebooks alike.
 #   s2t  spoken prefix (audio streams, text -1) -> candidate text on the time-aligned text stream (audio -1 there):
 #        the text stream is Moshi's only text output, predicted per frame.
 #   t2t  text stream alone, audio streams -1 everywhere: Moshi's temporal transformer is Helium fine-tuned on
@@ -317,23 +325,41 @@ def check_spec(config: MoshiConfig, codebook_sizes: Sequence[int], delays: Seque
 #   t2s  text prefix -> spoken candidate: refused. Moshi's text stream is the transcript of the speech it carries,
 #        one frame at a time: a text prefix without its speech is not a prompt the model was trained to continue
 #        in audio, and no alignment of the two exists to build one.
+#
+# The weights live here, with the rule that picks the scored streams, rather than in the spec (moshi.yaml): they are
+# the paper's protocol, the same for every Moshi checkpoint, while a spec says how a checkpoint's streams are laid
+# (s2sjax/spec.py validates those keys for every family); a spec key would let a build drift from the paper silently.
 
-S2S_SEMANTIC = (1,)
+SEMANTIC_WEIGHT = 100  # §5.4: "100 for the semantic tokens" (Mimi's codebook 0, distilled from WavLM)
+ACOUSTIC_WEIGHT = 1  # §5.4: "and 1 for the acoustic ones"
+TEXT_WEIGHT = 1  # s2t and t2t score the text stream alone: its weight only sets the unit
 
 
-def scored_streams(protocol: str, codebooks: int) -> tuple[int, ...]:
-  """Which streams of a candidate are scored under a protocol (stream 0 = text, k = codebook k - 1), for rows of
-  the text stream and `codebooks` codebook streams."""
-  if protocol == "s2s":
-    return S2S_SEMANTIC
-  if protocol == "s2s_all_codebooks":
-    return tuple(range(1, 1 + codebooks))
-  if protocol in ("s2t", "t2t"):
-    return (0,)
-  if protocol == "t2s":
+def stream_weights(modality: str, codebooks: int) -> tuple[int, ...]:
+  """Per stream (0 = text, k = codebook k - 1) the weight of a candidate's tokens under a modality's protocol, for
+  rows of the text stream and `codebooks` codebook streams; 0 = not scored."""
+  if modality == "s2s":
+    return (0, SEMANTIC_WEIGHT) + (ACOUSTIC_WEIGHT,) * (codebooks - 1)
+  if modality in ("s2t", "t2t"):
+    return (TEXT_WEIGHT,) + (0,) * codebooks
+  if modality == "t2s":
     raise ConfigError("t2s is refused for Moshi: its text stream transcribes the speech it carries frame by frame, "
                       "so a text prefix has no speech to continue (see s2sjax/families/moshi.py)")
-  raise ConfigError(f"unknown protocol {protocol!r} (s2s, s2s_all_codebooks, s2t, t2t)")
+  raise ConfigError(f"unknown modality {modality!r} (s2s, s2t, t2t)")
+
+
+def scored(weights: Sequence[int]) -> tuple[int, ...]:
+  """The streams a protocol scores (`packing.StreamItem.scored`): those of positive weight."""
+  return tuple(k for k, w in enumerate(weights) if w > 0)
+
+
+def weigh(rows: dict[str, np.ndarray], weights: Sequence[int]) -> dict[str, np.ndarray]:
+  """Rows packed with a protocol's scored streams (`packing.pack_streams` marks each scored token's
+  `target_weight` 1) -> the same rows with each scored token weighted as the protocol says."""
+  weights = np.asarray(weights, np.int32)
+  if rows["target_weight"].shape[-1] != len(weights):
+    raise ValueError(f"rows carry {rows['target_weight'].shape[-1]} streams, the weights are for {len(weights)}")
+  return {**rows, "target_weight": rows["target_weight"] * weights}
 
 
 def lay_streams(codebooks: int, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
