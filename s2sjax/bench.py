@@ -1,6 +1,6 @@
 r"""Benchmark: the PyTorch reference protocol against s2sjax without and with prefix sharing, in one run.
 
-  python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=1024]
+  python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=L]
   python -m s2sjax.bench --workload=storycloze --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
       --items=1871 --protocols=shared,local   (the real StoryCloze test stories, T->T)
   python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
@@ -31,7 +31,7 @@ from absl import flags
 
 from s2sjax import checkpoint, cli, default_model, plan
 from s2sjax.model.config import ModelConfig
-from s2sjax.packing import Item, RowShape, pack
+from s2sjax.packing import Item, RowShape, auto_row_length, pack
 from s2sjax.scoring import Scorer, collect
 
 FLAGS = flags.FLAGS
@@ -82,6 +82,17 @@ def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:
   return items
 
 
+def reference_model(source: str, dtype):
+  """The checkpoint's source in transformers, in the s2sjax side's dtype, on the GPU when there is one: both
+  protocols run on the same device at the same precision."""
+  import torch
+
+  from checkpoints_conversion.verify import load_torch_model
+
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  return load_torch_model(source).to(device=device, dtype=getattr(torch, jnp.dtype(dtype).name))
+
+
 def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batch_size: int) -> tuple[np.ndarray, int, float]:
   """(mean NLL [N, C], tokens computed, FLOPs) the S2SBench way."""
   import torch
@@ -101,9 +112,10 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
       mask[b, : len(tokens)] = 1
       labels[b, prefix_len : len(tokens)] = torch.from_numpy(tokens[prefix_len:])
     with torch.no_grad():
-      logits = torch_model(input_ids=ids, attention_mask=mask).logits.float()
-    losses = torch.nn.functional.cross_entropy(
-      logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none", ignore_index=-100)
+      logits = torch_model(input_ids=ids.to(torch_model.device), attention_mask=mask.to(torch_model.device)).logits
+      losses = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2),
+                                                 labels[:, 1:].to(torch_model.device), reduction="none",
+                                                 ignore_index=-100).cpu()
     for b, (i, c, tokens, prefix_len) in enumerate(batch):
       out[i, c] = float(losses[b, prefix_len - 1 : len(tokens) - 1].mean())
     computed += len(batch) * width
@@ -129,14 +141,21 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   # executed: every row position, attending over the row or its item window
   flops = plan.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
   return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
-              efficiency=report.efficiency, rows=report.rows)
+              efficiency=report.efficiency, rows=report.rows, row_length=shape.length)
 
 
-def run_workload(workload: str, ckpt: str, count: int, row_length: int, batch_size: int, ref_batch_size: int,
+def row_shape(items: list[Item], row_length: int | None, share: bool) -> RowShape:
+  """Rows of `row_length`, or, without one, of the length a build without `--row_length` chooses for these items
+  (`packing.auto_row_length`, text candidates' share of the row's targets)."""
+  if row_length:
+    return RowShape.for_length(row_length)
+  text_rows = RowShape.for_length(1024)
+  return text_rows.with_length(auto_row_length(items, share, text_rows.max_targets / text_rows.length))
+
+
+def run_workload(workload: str, ckpt: str, count: int, row_length: int | None, batch_size: int, ref_batch_size: int,
                  dtype, attention: str = "dot_product", protocols=tuple(PROTOCOLS),
                  storycloze_csv: str | None = None) -> dict:
-  from checkpoints_conversion.verify import load_torch_model
-
   config = checkpoint.load_config(ckpt)
   params = checkpoint.load_params(ckpt, dtype=dtype)
   if workload == STORYCLOZE:
@@ -145,15 +164,17 @@ def run_workload(workload: str, ckpt: str, count: int, row_length: int, batch_si
     items = storycloze_items(storycloze_csv, count, ckpt)
   else:
     items = make_items(workload, count, config.vocab_size)
-  torch_model = load_torch_model(checkpoint.load_manifest(ckpt)["source"])
+  torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], dtype)
+  # one batch first, untimed (CUDA's context and kernel choices on a GPU), as s2sjax's compile is kept out of its time
+  reference_protocol(torch_model, config, items[:ref_batch_size], ref_batch_size)
   start = time.time()
   ref_nll, ref_computed, ref_flops = reference_protocol(torch_model, config, items, ref_batch_size)
   ref_seconds = time.time() - start
-  shape = RowShape.for_length(row_length)
   results = {"reference": dict(mean_nll=ref_nll, computed=ref_computed, seconds=ref_seconds, flops=ref_flops)}
   for protocol in protocols:
     name, share, local = PROTOCOLS[protocol]
-    results[name] = s2sjax_protocol(config, params, items, shape, share, batch_size, dtype, attention, local)
+    results[name] = s2sjax_protocol(config, params, items, row_shape(items, row_length, share), share, batch_size,
+                                    dtype, attention, local)
   return {"workload": workload, "items": len(items), "candidates": sum(len(it.candidates) for it in items),
           "real_tokens": sum(len(it.prefix) * len(it.candidates) + sum(map(len, it.candidates)) for it in items),
           "results": results}
@@ -164,16 +185,16 @@ def format_table(run: dict) -> str:
   lines = [
     f"### {run['workload']}: {run['items']} items, {run['candidates']} candidates",
     "",
-    "| protocol | tokens computed | vs reference | wall s | vs reference | tokens/s | packing eff. | GFLOP/s "
+    "| protocol | L | tokens computed | vs reference | wall s | vs reference | tokens/s | packing eff. | GFLOP/s "
     "| max abs diff of mean NLL vs ref |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for name, r in run["results"].items():
     diff = np.nanmax(np.abs(r["mean_nll"] - reference["mean_nll"]))
     eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
     lines.append(
-      f"| {name} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | {r['seconds']:.1f} | "
-      f"{r['seconds'] / reference['seconds']:.2f}x | {r['computed'] / r['seconds']:,.0f} | {eff} | "
+      f"| {name} | {r.get('row_length', '-')} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | "
+      f"{r['seconds']:.1f} | {r['seconds'] / reference['seconds']:.2f}x | {r['computed'] / r['seconds']:,.0f} | {eff} | "
       f"{r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
     )
   return "\n".join(lines)
@@ -194,8 +215,10 @@ def define_flags() -> None:
   flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS) + [STORYCLOZE]}.")
   flags.DEFINE_integer("items", 48, "Items per workload (storycloze: the first this many stories).")
   flags.DEFINE_string("storycloze_csv", None, "StoryCloze Spring 2016 test CSV, for --workload=storycloze.")
-  flags.DEFINE_list("protocols", list(PROTOCOLS), f"s2sjax protocols next to the reference: any of {list(PROTOCOLS)}.")
-  flags.DEFINE_integer("row_length", 1024, "Packed row length L.")
+  flags.DEFINE_list("protocols", list(PROTOCOLS),
+                    f"s2sjax protocols (next to the reference; in accelerator mode, the rows laid): any of {list(PROTOCOLS)}.")
+  flags.DEFINE_integer("row_length", None, "Packed row length L (default: the length a build without --row_length "
+                       "chooses for the items; accelerator mode: 2048).", lower_bound=1)
   flags.DEFINE_integer("batch_size", 2, "Rows per s2sjax step.")
   flags.DEFINE_integer("ref_batch_size", 8, "Sequences per reference batch.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype of s2sjax.")
@@ -207,8 +230,8 @@ def main(argv):
   if FLAGS.mode == "accelerator":
     from s2sjax import bench_accelerator
 
-    bench_accelerator.run(FLAGS.sizes, FLAGS.attention, FLAGS.row_length, FLAGS.rows, jnp.dtype(FLAGS.dtype),
-                          FLAGS.mesh, FLAGS.peak_tflops, FLAGS.compile_only, FLAGS.output)
+    bench_accelerator.run(FLAGS.sizes, FLAGS.attention, FLAGS.row_length or 2048, FLAGS.rows, jnp.dtype(FLAGS.dtype),
+                          FLAGS.mesh, FLAGS.peak_tflops, FLAGS.compile_only, FLAGS.output, FLAGS.protocols)
     return
   ckpt = FLAGS.checkpoint or default_model.default_checkpoint()
   runs = []

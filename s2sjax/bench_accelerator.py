@@ -1,18 +1,23 @@
 r"""Accelerator benchmark: scoring throughput, achieved FLOP/s and MFU of Qwen2.5-shaped models (random weights).
 
   python -m s2sjax.bench --mode=accelerator [--sizes=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b] [--row_length=2048] \
-      [--attention=xla,dot_product,flash] [--dtype=bfloat16] [--rows=8] [--mesh=data:-1] [--peak_tflops=989] \
-      [--compile_only] [--output=FILE.json]
+      [--attention=xla,dot_product,cudnn,flash,flash_shared] [--protocols=noshare,shared,local] [--dtype=bfloat16] \
+      [--rows=8] [--mesh=data:-1] [--peak_tflops=989] [--compile_only] [--output=FILE.json]
 
-Rows are full of benchmark-like items (speech-like prefixes, four options, shared prefixes unless the kernel is
-flash) so the step does the real work: decoder over every row token, the head at the scored positions. MFU = the
-model's FLOPs (weights and attention, the head at scored tokens) / (devices x peak). Peak bf16 TFLOP/s is looked up
-from the device kind (TPU v4/v5e/v5p/v6e, H100, H200) unless given.
+Rows are full of benchmark-like items (speech-like prefixes, four options) laid as `bench.PROTOCOLS` lays them:
+`noshare` (every prefix + candidate its own segment), `shared` (each prefix once, candidates branching from it,
+dense attention) or `local` (the shared rows, each query block attending over its item's keys only). The step does
+the real work: decoder over every row token, the head at the scored positions. MFU = useful model FLOPs (the
+weights, attention over the keys each token may see, the head at scored tokens) / (devices x peak), so a layout
+that computes masked keys pays for them in MFU. Peak bf16 TFLOP/s is looked up from the device kind (TPU
+v4/v5e/v5p/v6e, H100, H200) unless given. The last column is the largest difference in a candidate's mean NLL from
+the size's first configuration: every layout and kernel scores the same items with the same weights.
 
 Each configuration prints its line as soon as it is done (and `--output` is rewritten), so a long run shows
 progress, and one that runs out of memory or fails is reported as such (with the error's first line) while the
-others still run. `flash` is measured on TPU only: elsewhere it runs in Pallas interpret mode, which checks numbers,
-not speed. `--compile_only` compiles each
+others still run. `flash` and `flash_shared` are measured on TPU only: elsewhere they run in Pallas interpret
+mode, which checks numbers, not speed; `cudnn` needs a GPU. A kernel and a layout that do not go together (flash
+reads no branch ids; the flash kernels have no item-local path) are left out. `--compile_only` compiles each
 configuration for abstract weights and prints XLA's memory analysis per device instead: what fits, before any
 accelerator time is spent. Run it on the target: XLA:CPU computes bf16 matmuls in fp32 and keeps fp32 copies of
 the weights, so a CPU compile of a bf16 model overstates its memory (7B, 8 rows: 52 GiB on CPU; the planner
@@ -30,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax import plan, sharding
+from s2sjax import bench, plan, sharding
 from s2sjax.model import layers
 from s2sjax.model.decoder import init_params
-from s2sjax.packing import RowShape, pack
+from s2sjax.packing import RowShape, longest_item, pack
 from s2sjax.scoring import Scorer
 
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}
@@ -45,7 +50,8 @@ SIZES = {
                               num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=32, vocab_size=4096),
 }
 
-COLUMNS = ("model", "attention", "dtype", "L", "rows", "tokens/s", "TFLOP/s", "MFU", "device")
+COLUMNS = ("model", "attention", "rows laid", "dtype", "L", "rows", "tokens/s", "TFLOP/s", "MFU", "compile s",
+           "max |Δ NLL| vs first", "device")
 
 
 def model_config(size: str):
@@ -59,72 +65,117 @@ def peak_tflops(device_kind: str) -> float | None:
   return next((v for k, v in PEAK_TFLOPS.items() if k in kind), None)
 
 
-def step_flops(config, rows: dict[str, np.ndarray], length: int) -> float:
-  """Model FLOPs of one pass over `rows`: every laid token through the layers (attention over the row), and the
-  head at the scored tokens."""
-  # model FLOPs count the causal half of the attention (MFU convention), not the masked keys the step computes
-  return plan.forward_flops(config, int((rows["segment_ids"] > 0).sum()), length / 2,
-                            int((rows["target_slot"] >= 0).sum()))
+def attended_keys(rows: dict[str, np.ndarray]) -> int:
+  """Query-key pairs the packed rows need: each token over the earlier tokens of its item it may see (its prefix
+  and its own branch), as the dense step's mask allows them."""
+  return sum(int(layers.packed_attention_mask(rows["segment_ids"][r : r + 1], rows["branch_ids"][r : r + 1]).sum())
+             for r in range(len(rows["segment_ids"])))  # a row at a time: an [R, L, L] mask need not fit at once
+
+
+def step_flops(config, rows: dict[str, np.ndarray]) -> float:
+  """Useful model FLOPs of one pass over `rows`: every laid token through the layers, attending over the keys of
+  its item it may see (not the masked keys a dense step computes), and the head at the scored tokens."""
+  tokens = int((rows["segment_ids"] > 0).sum())
+  return plan.forward_flops(config, tokens, attended_keys(rows) / max(tokens, 1), int((rows["target_slot"] >= 0).sum()))
 
 
 def benchmark_rows(config, length: int, count: int, share_prefix: bool) -> dict[str, np.ndarray]:
   """`count` full packed rows of speech-like items (about 200 prefix tokens, four options of 5-15)."""
-  from s2sjax.bench import make_items
-
   # a row of 2048 holds about 2 such items unshared, 8 shared: 10 per row always leaves rows to spare
-  rows, _ = pack(make_items("speech", 10 * count * max(1, length // 2048), config.vocab_size),
+  rows, _ = pack(bench.make_items("speech", 10 * count * max(1, length // 2048), config.vocab_size),
                  RowShape.for_length(length), share_prefix=share_prefix)
   if len(rows["tokens"]) < count:
     raise ValueError(f"the benchmark items packed into {len(rows['tokens'])} rows of {length}, {count} needed")
   return {k: v[:count] for k, v in rows.items()}
 
 
+def not_measured_here(attention: str, protocol: str) -> str | None:
+  """Why a kernel x layout is not measured (None: it is)."""
+  if attention == "flash" and protocol != "noshare":
+    return "flash reads no branch ids: rows without sharing only"
+  if attention in layers.FLASH_IMPLEMENTATIONS and protocol == "local":
+    return "the flash kernels have no item-local path"
+  if attention in layers.FLASH_IMPLEMENTATIONS and jax.default_backend() != "tpu":
+    return "flash is a TPU kernel (interpreted elsewhere: a numbers check, not a speed)"
+  if attention == "cudnn" and jax.default_backend() != "gpu":
+    return "cudnn is a GPU kernel"
+  return None
+
+
+def candidate_mean_nll(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarray) -> dict[tuple, float]:
+  """(item, candidate) -> mean NLL of every candidate the rows hold."""
+  used = rows["slot_item"] >= 0
+  return {(int(i), int(c)): float(s / n) for i, c, s, n in
+          zip(rows["slot_item"][used], rows["slot_candidate"][used], nll_sum[used], n_tokens[used])}
+
+
 def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, mesh_spec: str = "data:-1",
-            repeats: int = 3, peak: float | None = None, compile_only: bool = False) -> dict:
-  """One configuration's figures; a configuration that cannot run here says why under "skipped"."""
+            repeats: int = 3, peak: float | None = None, compile_only: bool = False,
+            protocol: str = "shared") -> dict:
+  """One configuration's figures; a configuration that cannot run here says why under "skipped". The candidates'
+  mean NLLs ride along under "candidate_nll" (not written to JSON)."""
   config = model_config(size)
   devices = jax.device_count()
-  result = {"size": size, "attention": attention, "dtype": str(jnp.dtype(dtype)), "row_length": length,
-            "mesh": mesh_spec, "device": f"{jax.devices()[0].device_kind} x{devices}"}
-  if attention in layers.FLASH_IMPLEMENTATIONS and jax.default_backend() != "tpu":
-    return {**result, "skipped": "flash is a TPU kernel (interpreted elsewhere: a numbers check, not a speed)"}
-  scorer = Scorer(config, RowShape.for_length(length), mesh=sharding.make_mesh(mesh_spec), batch_size=rows_per_step,
-                  dtype=dtype, attention=attention)
-  result["rows"] = scorer.batch_size  # rounded up to the data-parallel devices: every row is real work
+  _, share, local = bench.PROTOCOLS[protocol]
+  result = {"size": size, "attention": attention, "protocol": protocol, "dtype": str(jnp.dtype(dtype)),
+            "row_length": length, "mesh": mesh_spec, "device": f"{jax.devices()[0].device_kind} x{devices}"}
+  why_not = not_measured_here(attention, protocol)
+  if why_not:
+    return {**result, "skipped": why_not}
   try:
+    # enough rows for any rounding of rows_per_step to the data-parallel devices (the Scorer's batch size)
+    rows = benchmark_rows(config, length, rows_per_step * devices, share_prefix=share)
+    shape = RowShape.for_length(length)
+    if local:
+      shape = shape.holding(longest_item(rows["segment_ids"]))
+    scorer = Scorer(config, shape, mesh=sharding.make_mesh(mesh_spec), batch_size=rows_per_step, dtype=dtype,
+                    attention=attention, local_attention=local)
+    result["rows"] = scorer.batch_size  # rounded up to the data-parallel devices: every row is real work
+    rows = {k: v[: scorer.batch_size] for k, v in rows.items()}
     if compile_only:
       analysis = scorer.lower_abstract(dtype).compile().memory_analysis()
       return {**result, "compiled_gib": (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes) / 2**30}
-    rows = benchmark_rows(config, length, scorer.batch_size, share_prefix=attention != "flash")  # flash_shared: shared
     # initialised straight into their shardings: a 7B model need not fit one device first
     params = jax.jit(functools.partial(init_params, config, param_dtype=dtype),
                      out_shardings=scorer.param_shardings)(jax.random.PRNGKey(0))
+    start = time.time()
     scorer.score(params, rows, progress=False)  # compile
+    compile_s = time.time() - start
     start = time.time()
     for _ in range(repeats):
-      scorer.score(params, rows, progress=False)
+      nll_sum, n_tokens = scorer.score(params, rows, progress=False)
     seconds = (time.time() - start) / repeats
   except Exception as e:  # noqa: BLE001 - reported in the table and the JSON; the other configurations still run
     why = "out of memory" if "RESOURCE_EXHAUSTED" in str(e) else f"failed ({type(e).__name__})"
     return {**result, "skipped": f"{why}: " + (str(e).splitlines() or [""])[0][:200]}
-  flops = step_flops(config, rows, length)
+  flops = step_flops(config, rows)
   peak = peak or peak_tflops(jax.devices()[0].device_kind)
   return {
     **result, "tokens_per_s": float((rows["segment_ids"] > 0).sum() / seconds), "tflops_per_s": flops / seconds / 1e12,
-    "mfu": flops / seconds / (devices * peak * 1e12) if peak else None,
-    "fill": float((rows["segment_ids"] > 0).mean()),
+    "mfu": flops / seconds / (devices * peak * 1e12) if peak else None, "compile_s": compile_s,
+    "fill": float((rows["segment_ids"] > 0).mean()), "candidate_nll": candidate_mean_nll(rows, nll_sum, n_tokens),
   }
+
+
+def nll_difference(result: dict, first: dict) -> float | None:
+  """Largest |Δ mean NLL| over the candidates both configurations scored."""
+  common = result.get("candidate_nll", {}).keys() & first.get("candidate_nll", {}).keys()
+  return max((abs(result["candidate_nll"][k] - first["candidate_nll"][k]) for k in common), default=None)
 
 
 def format_row(r: dict) -> str:
   """One markdown table line (the header is `format_header()`)."""
-  head = f"| {r['size']} | {r['attention']} | {r['dtype']} | {r['row_length']} | {r.get('rows', '-')} |"
+  head = (f"| {r['size']} | {r['attention']} | {r['protocol']} | {r['dtype']} | {r['row_length']} | "
+          f"{r.get('rows', '-')} |")
   if "skipped" in r:
-    return f"{head} {r['skipped']} | | | {r['device']} |"
+    return f"{head} {r['skipped']} | | | | | {r['device']} |"
   if "compiled_gib" in r:
-    return f"{head} compiled: {r['compiled_gib']:.2f} GiB per device (XLA memory analysis) | | | {r['device']} |"
+    return f"{head} compiled: {r['compiled_gib']:.2f} GiB per device (XLA memory analysis) | | | | | {r['device']} |"
   mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a (no peak known)"
-  return f"{head} {r['tokens_per_s']:,.0f} | {r['tflops_per_s']:.2f} | {mfu} | {r['device']} |"
+  difference = r.get("max_nll_difference")
+  difference = "-" if difference is None else f"{difference:.1e}"
+  return (f"{head} {r['tokens_per_s']:,.0f} | {r['tflops_per_s']:.2f} | {mfu} | {r['compile_s']:.0f} | {difference} "
+          f"| {r['device']} |")
 
 
 def format_header() -> str:
@@ -132,18 +183,31 @@ def format_header() -> str:
 
 
 def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int, dtype, mesh_spec: str,
-        peak: float | None, compile_only: bool, output: str | None) -> list[dict]:
-  """Measures every size x attention, printing each line when it is done."""
+        peak: float | None, compile_only: bool, output: str | None,
+        protocols: list[str] = ("shared",)) -> list[dict]:
+  """Measures every size x attention x protocol that goes together, printing each line when it is done."""
   for size in sizes:  # a typo should fail now, not after an hour of measurements
     model_config(size)
+  unknown = sorted(set(protocols) - set(bench.PROTOCOLS))
+  if unknown:
+    raise ValueError(f"unknown protocol(s) {unknown}; known: {list(bench.PROTOCOLS)}")
   print(format_header(), flush=True)
   results = []
   for size in sizes:
+    first = None
     for attention in attentions:
-      results.append(measure(size, length, rows_per_step, attention, dtype, mesh_spec, peak=peak,
-                             compile_only=compile_only))
-      print(format_row(results[-1]), flush=True)
-      if output:
-        with open(output, "w") as f:
-          json.dump(results, f, indent=2)
+      for protocol in protocols:
+        reason = not_measured_here(attention, protocol)
+        if reason and "kernel" not in reason:  # a pairing that cannot exist anywhere: not a line of the table
+          continue
+        result = measure(size, length, rows_per_step, attention, dtype, mesh_spec, peak=peak,
+                         compile_only=compile_only, protocol=protocol)
+        first = first or (result if "candidate_nll" in result else None)
+        if first is not None and "candidate_nll" in result:
+          result["max_nll_difference"] = nll_difference(result, first)
+        print(format_row(result), flush=True)
+        results.append({k: v for k, v in result.items() if k != "candidate_nll"})
+        if output:
+          with open(output, "w") as f:
+            json.dump(results, f, indent=2)
   return results

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging as std_logging
 import sys
 
@@ -34,12 +35,16 @@ def _quiet() -> None:
   logging.set_verbosity(logging.WARNING)
   std_logging.getLogger().setLevel(std_logging.WARNING)
   logging.get_absl_logger().addFilter(_not_tfds_chatter)
-  import tensorflow_datasets as tfds
-  import transformers
+  # a library that is not installed has nothing to say: the accelerator benchmark runs on images without TFDS
+  if importlib.util.find_spec("transformers"):
+    import transformers
 
-  transformers.utils.logging.set_verbosity_error()
-  transformers.utils.logging.disable_progress_bar()  # its GGUF loader draws bars of its own
-  tfds.disable_progress_bar()  # a build reports its own throughput
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # its GGUF loader draws bars of its own
+  if importlib.util.find_spec("tensorflow_datasets"):
+    import tensorflow_datasets as tfds
+
+    tfds.disable_progress_bar()  # a build reports its own throughput
 
 
 def _one_line_errors(main):

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: F401 - the reference side
 
 import jax.numpy as jnp  # noqa: E402
 
@@ -30,26 +30,46 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
 
 
 @pytest.mark.slow
-def test_accelerator_mode_counts_flops_and_reports_mfu():
+def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
   import jax
 
   from s2sjax import bench_accelerator
   from s2sjax.model.decoder import init_params, param_count
-  from s2sjax.packing import RowShape, pack
+  from s2sjax.packing import Item, RowShape, pack
 
   config = bench_accelerator.SIZES["tiny"]
   assert config.num_params() == param_count(init_params(config, jax.random.PRNGKey(0)))  # the FLOP count's base
-  rows, _ = pack(bench.make_items("speech", 3, config.vocab_size), RowShape.for_length(512))
-  tokens, targets = int((rows["segment_ids"] > 0).sum()), int((rows["target_slot"] >= 0).sum())
+  # one item by hand: a prefix of 5 laid once, candidates of 3 and 2 branching from it
+  rows, _ = pack([Item(np.arange(1, 6), (np.arange(3), np.arange(2)))], RowShape.for_length(64))
+  prefix_pairs = 5 * 6 // 2  # causal over the prefix
+  branch_pairs = sum(c * 5 + c * (c + 1) // 2 for c in (3, 2))  # each candidate token: the prefix, its own branch
+  assert bench_accelerator.attended_keys(rows) == prefix_pairs + branch_pairs
+  tokens, targets = 10, 5
   weights = 2 * (config.num_params() - config.vocab_size * config.hidden_size)  # tied: the table is the head
-  attention = 4 * config.num_layers * config.num_heads * config.head_dim * 512 / 2
-  expected = tokens * (weights + attention) + targets * 2 * config.hidden_size * config.vocab_size
-  assert bench_accelerator.step_flops(config, rows, 512) == pytest.approx(expected)
+  attention = 4 * config.num_layers * config.num_heads * config.head_dim * (prefix_pairs + branch_pairs)
+  expected = tokens * weights + attention + targets * 2 * config.hidden_size * config.vocab_size
+  assert bench_accelerator.step_flops(config, rows) == pytest.approx(expected)
   # 1 row asked on 8 data-parallel host devices: 8 rows measured, all of them real work
   result = bench_accelerator.measure("tiny", 512, 1, "xla", jnp.float32, repeats=1, peak=1.0)
   assert result["rows"] == 8 and result["fill"] > 0.9
   assert result["tokens_per_s"] > 0 and result["mfu"] == pytest.approx(result["tflops_per_s"] / 8)  # 8 host devices
   assert bench_accelerator.peak_tflops("TPU v5 lite") == 197 and bench_accelerator.peak_tflops("NVIDIA H200") == 989
+
+
+@pytest.mark.slow
+def test_accelerator_layouts_score_the_same_candidates_alike(capsys):
+  from s2sjax import bench_accelerator
+
+  results = bench_accelerator.run(["tiny"], ["xla", "flash"], 512, 1, jnp.float32, "data:-1", None, False, None,
+                                  ["noshare", "shared", "local"])
+  # flash reads no branch ids: only its unshared line exists, skipped off TPU; xla runs every layout
+  assert [(r["attention"], r["protocol"]) for r in results] == [
+    ("xla", "noshare"), ("xla", "shared"), ("xla", "local"), ("flash", "noshare")]
+  assert "TPU kernel" in results[3]["skipped"]
+  first, *others = results[:3]
+  assert first["max_nll_difference"] == 0.0
+  assert all(r["max_nll_difference"] < 1e-5 for r in others)  # fp32: sharing and item-local change no score
+  assert len(capsys.readouterr().out.splitlines()) == 2 + 4
 
 
 def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_abstractly(tmp_path, capsys):
@@ -59,7 +79,7 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
     bench_accelerator.run(["tiny", "qwen2.5-3b"], ["xla"], 512, 2, jnp.float32, "data:-1", None, False, None)
   output = tmp_path / "accel.json"
   results = bench_accelerator.run(["tiny"], ["flash", "dot_product"], 512, 2, jnp.float32, "data:4,model:2", None,
-                                  True, str(output))
+                                  True, str(output), ["noshare"])
   flash, dot = results
   assert "TPU kernel" in flash["skipped"]  # Pallas interpret mode off TPU is a numbers check, not a speed
   config = bench_accelerator.SIZES["tiny"]

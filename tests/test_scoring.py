@@ -4,7 +4,7 @@ item-local attention (the shape records the longest item, as a build does) and w
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 import jax  # noqa: E402
 

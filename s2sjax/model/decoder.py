@@ -170,7 +170,7 @@ class Decoder(nn.Module):
   config: ModelConfig
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  attention: str = "xla"  # see layers.attention: xla | dot_product | flash | flash_shared
+  attention: str = "xla"  # see layers.attention: xla | dot_product | cudnn | flash | flash_shared
   attention_window: layers.LocalWindow | None = None  # item-local attention (layers.local_window); None: dense
 
   def setup(self):

@@ -61,7 +61,9 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool
   return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
 
 
-ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product", "flash", "flash_shared")
+ATTENTION_IMPLEMENTATIONS = ("xla", "dot_product", "cudnn", "flash", "flash_shared")
+# Through `jax.nn.dot_product_attention`: its XLA lowering, or cuDNN's fused kernel (GPU, bf16/fp16 only).
+FUSED_IMPLEMENTATIONS = {"dot_product": None, "cudnn": "cudnn"}
 # The Pallas kernels read segment and branch ids, not a mask or an item-local window.
 FLASH_IMPLEMENTATIONS = ("flash", "flash_shared")
 
@@ -83,23 +85,21 @@ def attention(
   mask [batch, length(query), length(key)] bool, True where the query may attend to the key.
   Returns [batch, length, heads, head_dim] in q's dtype. Implementations:
     xla          einsums, fp32 scores and softmax (any backend; the reference);
-    dot_product  `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU where it applies, XLA elsewhere);
+    dot_product  `jax.nn.dot_product_attention` as XLA lowers it (jax picks XLA when no implementation is named);
+    cudnn        the same call on cuDNN's fused kernel: GPU only, bf16 or fp16;
     flash        the Pallas TPU flash kernel with segment ids + causal masking (interpreted off TPU). It cannot
                  express prefix-shared branches: use it on rows built without sharing.
     flash_shared the same kernel twice, cascaded (`_flash_cascade`): any packed rows, prefix-shared or not.
-  The flash implementations read segment_ids (and branch_ids), never the mask or a window. With a `window` (xla,
-  dot_product) the mask is not read: each query block attends over the keys of its window only, masked from
+  The flash implementations read segment_ids (and branch_ids), never the mask or a window. With a `window` (the
+  fused ones and xla) the mask is not read: each query block attends over the keys of its window only, masked from
   segment_ids and branch_ids as `packed_attention_mask` masks them (`local_attention`).
   """
   if window is not None and implementation not in FLASH_IMPLEMENTATIONS:
     return local_attention(q, k, v, segment_ids, branch_ids, window, precision, implementation)
   batch, length, heads, head_dim = q.shape
   kv_heads = k.shape[2]
-  if implementation == "dot_product":
-    # the fused call takes no precision argument: the context carries fp32's HIGHEST into its matmuls
-    highest = precision == jax.lax.Precision.HIGHEST
-    with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
-      return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
+  if implementation in FUSED_IMPLEMENTATIONS:
+    return _fused_attention(q, k, v, mask, precision, implementation)
   if implementation == "flash":
     return _flash_attention(q, k, v, segment_ids)
   if implementation == "flash_shared":
@@ -168,21 +168,28 @@ def local_attention(q, k, v, segment_ids, branch_ids, window: LocalWindow, preci
     query_branch, key_branch = by_block(branch_ids)[..., :, None], windows(branch_ids)[..., None, :]
     mask &= (key_branch == 0) | (query_branch == key_branch)
   k, v = windows(k), windows(v)
-  if implementation == "dot_product":
+  if implementation in FUSED_IMPLEMENTATIONS:
     flat = lambda x: x.reshape(batch * blocks, *x.shape[2:])
-    highest = precision == jax.lax.Precision.HIGHEST
-    with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
-      out = jax.nn.dot_product_attention(flat(by_block(q)), flat(k), flat(v), mask=flat(mask)[:, None],
-                                         scale=head_dim**-0.5)
-    return out.reshape(batch, length, heads, head_dim).astype(q.dtype)
+    out = _fused_attention(flat(by_block(q)), flat(k), flat(v), flat(mask), precision, implementation)
+    return out.reshape(batch, length, heads, head_dim)
   if implementation != "xla":
-    raise ValueError(f"attention implementation {implementation!r} has no item-local path (xla, dot_product)")
+    raise ValueError(f"attention implementation {implementation!r} has no item-local path (xla, dot_product, cudnn)")
   q = q.reshape(batch, blocks, block, kv_heads, heads // kv_heads, head_dim)
   scores = jnp.einsum("bnqkgd,bnskd->bnkgqs", q, k, precision=precision, preferred_element_type=jnp.float32)
   scores = jnp.where(mask[:, :, None, None], scores * head_dim**-0.5, MASKED_SCORE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bnkgqs,bnskd->bnqkgd", probs, v, precision=precision)
   return out.reshape(batch, length, heads, head_dim)
+
+
+def _fused_attention(q, k, v, mask, precision, implementation):
+  """`jax.nn.dot_product_attention` over [batch, length, heads, head_dim] with a [batch, q, k] mask."""
+  # the fused call takes no precision argument: the context carries fp32's HIGHEST into its matmuls
+  highest = precision == jax.lax.Precision.HIGHEST
+  with jax.default_matmul_precision("highest") if highest else contextlib.nullcontext():
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=q.shape[-1] ** -0.5,
+                                       implementation=FUSED_IMPLEMENTATIONS[implementation])
+  return out.astype(q.dtype)
 
 
 def _flash_attention(q, k, v, segment_ids, branch_ids=None):
