@@ -23,51 +23,22 @@ tokenization; an empty context becomes the prefix token. Tokenization with speci
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from s2sjax import checkpoint as ckpt
 from s2sjax import default_model, sharding
-from s2sjax.model import layers
-from s2sjax.model.config import ModelConfig
-from s2sjax.model.decoder import Decoder, Params
-from s2sjax.packing import Item, RowShape, empty_rows, pack
+from s2sjax.packing import Item, RowShape, pack
 from s2sjax.scoring import Scorer, collect
 
 Pair = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
-GREEDY_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes", "target_pos", "target_ids",
-                 "target_slot")
-
-
-def greedy_misses(config: ModelConfig, dtype, num_slots: int, target_chunk: int, params: Params,
-                  batch: dict) -> jax.Array:
-  """Per slot [B, C]: how many of the candidate's tokens are not the argmax of the logits that predict them (the
-  scorer returns NLL sums only). The same rows and attention mask as the scoring step; logits in chunks of
-  targets, never [M, vocab] at once."""
-  model = Decoder(config, dtype=dtype)
-  mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
-  hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"])
-  hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
-  batch_size, num_targets = batch["target_ids"].shape
-  chunk = min(target_chunk, num_targets)
-  split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
-  argmax = lambda h: jnp.argmax(model.apply({"params": params}, h, method=Decoder.logits), axis=-1)
-  best = jax.lax.map(argmax, split(jnp.pad(hidden, ((0, 0), (0, -num_targets % chunk), (0, 0)))))
-  best = jnp.moveaxis(best, 0, 1).reshape(batch_size, -1)[:, :num_targets]
-  onehot = batch["target_slot"][..., None] == jnp.arange(num_slots)  # slot -1 matches none
-  return jnp.einsum("bm,bmc->bc", (best != batch["target_ids"]).astype(jnp.int32), onehot.astype(jnp.int32))
-
-
 @register_model("s2sjax")
 class S2SJaxLM(TemplateLM):
   """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
@@ -86,7 +57,7 @@ class S2SJaxLM(TemplateLM):
     self.tokenizer = ckpt.load_tokenizer(self.checkpoint)
     if self.tokenizer is None:
       raise ValueError(f"{self.checkpoint} holds no tokenizer: lm-eval's requests are text")
-    self._compiled: dict[RowShape, tuple[Scorer, Callable]] = {}
+    self._compiled: dict[RowShape, Scorer] = {}
     self.contexts_scored = 0  # distinct contexts laid into rows, over this model's life
     self.rows_scored = 0
 
@@ -168,15 +139,15 @@ class S2SJaxLM(TemplateLM):
     longest = max((len(c) for _, c in pairs), default=1)
     # Multiple-choice continuations are short; a rolling window's is up to a row: only then a wider target table.
     shape = RowShape(self.row_length, max(self.row_length // 2, longest), max(self.row_length // 4, 4), codebooks)
-    scorer, greedy_step = self._steps(shape)
+    scorer = self._scorer(shape)
     rows, _ = pack(items, shape)
     candidates = [len(item.candidates) for item in items]
-    nll_sum, n_tokens = scorer.score(self.params, rows, progress=progress)
-    scores = collect(rows, nll_sum, n_tokens, candidates)
+    slots = scorer.score_slots(self.params, rows, progress=progress)
+    scores = collect(rows, slots["nll_sum"], slots["n_tokens"], candidates)
     self.contexts_scored += len(items)
     self.rows_scored += len(rows["tokens"])
     # collect maps any per-slot value back to (item, candidate): here the count of non-argmax tokens
-    misses = collect(rows, greedy_step(rows), n_tokens, candidates).nll_sum if greedy else None
+    misses = collect(rows, slots["greedy_misses"], slots["n_tokens"], candidates).nll_sum if greedy else None
     logprobs = np.zeros(len(pairs))
     is_greedy: list[bool | None] = [None] * len(pairs)
     for g, members in enumerate(groups.values()):
@@ -186,33 +157,10 @@ class S2SJaxLM(TemplateLM):
           is_greedy[index] = bool(misses[g, c] == 0)
     return logprobs, is_greedy
 
-  def _steps(self, shape: RowShape) -> tuple[Scorer, Callable]:
-    """The scorer and the greedy check for one row shape, each compiled once."""
+  def _scorer(self, shape: RowShape) -> Scorer:
+    """The scorer for one row shape, compiled once."""
     if shape not in self._compiled:
-      scorer = Scorer(self.config, shape, mesh=self.mesh, batch_size=self.batch_size, dtype=self.dtype)
-      over_data = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *[None] * (ndim - 1)))
-      batch_shardings = {name: over_data(3 if name == "audio_codes" else 2) for name in GREEDY_FIELDS}
-      step = jax.jit(functools.partial(greedy_misses, self.config, self.dtype, shape.max_slots, 256),
-                     in_shardings=(scorer.param_shardings, batch_shardings),
-                     out_shardings=sharding.replicated(self.mesh))
-
-      def greedy_step(rows: dict[str, np.ndarray]) -> np.ndarray:
-        """[R, C] over all rows, a scorer batch at a time. Every process holds all rows and hands each of its
-        devices the slice it addresses, so this is right on any process count."""
-        num_rows, out = len(rows["tokens"]), []
-        with jax.set_mesh(self.mesh):
-          for start in range(0, num_rows, scorer.batch_size):
-            real = min(scorer.batch_size, num_rows - start)
-            batch = empty_rows(scorer.batch_size, shape)  # padding rows score nothing
-            for name in GREEDY_FIELDS:
-              batch[name][:real] = rows[name][start:start + real]
-            batch = {name: jax.make_array_from_callback(batch[name].shape, batch_shardings[name],
-                                                        lambda index, value=batch[name]: value[index])
-                     for name in GREEDY_FIELDS}
-            out.append(np.asarray(step(self.params, batch).addressable_data(0))[:real])
-        return np.concatenate(out).astype(np.float64)
-
-      self._compiled[shape] = scorer, greedy_step
+      self._compiled[shape] = Scorer(self.config, shape, mesh=self.mesh, batch_size=self.batch_size, dtype=self.dtype)
     return self._compiled[shape]
 
 

@@ -38,8 +38,10 @@ def score_batch(
   config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
   window: layers.LocalWindow | None = None,
 ) -> dict:
-  """Per-slot NLL sums and token counts [B, C] for one batch of packed rows (pure; jitted by `Scorer`). With a
-  `window`, attention is item-local (no [L, L] mask is built)."""
+  """Per slot [B, C] for one batch of packed rows: `nll_sum`, `n_tokens`, and `greedy_misses`, how many of the
+  candidate's tokens are not the argmax of the logits that predict them (lm-eval's is_greedy; one argmax over
+  logits the step computes anyway). Pure; jitted by `Scorer`. With a `window`, attention is item-local (no [L, L]
+  mask is built)."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
   mask = None if window else layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
@@ -50,7 +52,7 @@ def score_batch(
     h, ids = chunk
     logits = model.apply({"params": params}, h, method=Decoder.logits)  # fp32 [B, chunk, V]
     picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits, axis=-1) - picked
+    return jax.nn.logsumexp(logits, axis=-1) - picked, jnp.argmax(logits, axis=-1) != ids
 
   batch_size, num_targets = batch["target_ids"].shape
   chunk = min(target_chunk, num_targets)
@@ -58,14 +60,15 @@ def score_batch(
   h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
   ids = jnp.pad(batch["target_ids"], ((0, 0), (0, pad)))
   split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
-  nll = jnp.moveaxis(jax.lax.map(target_nll, (split(h), split(ids))), 0, 1).reshape(batch_size, -1)
-  nll = nll[:, :num_targets]
+  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
+  nll, missed = map(merge, jax.lax.map(target_nll, (split(h), split(ids))))
 
   slots = batch["target_slot"]
   onehot = (slots[..., None] == jnp.arange(num_slots)).astype(jnp.float32)  # [B, M, C]; slot -1 matches none
   return {
     "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
     "n_tokens": onehot.sum(axis=1).astype(jnp.int32),
+    "greedy_misses": jnp.einsum("bm,bmc->bc", missed.astype(jnp.int32), onehot.astype(jnp.int32)),
   }
 
 
@@ -169,16 +172,17 @@ class _RowScorer:
         + "; ".join(f"process {p}: {tuple(v)}" for p, v in enumerate(everyone))
       )
 
-  def _score_rows(self, params: Params, rows: dict[str, np.ndarray], progress: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Scores all rows (the same full set on every process, already checked); returns (nll_sum, n_tokens) [R, C]."""
+  def _score_rows(self, params: Params, rows: dict[str, np.ndarray], progress: bool) -> dict[str, np.ndarray]:
+    """Scores all rows (the same full set on every process, already checked); returns every per-slot output of the
+    step (nll_sum, n_tokens, ...) as [R, C]."""
     num_rows = len(rows["segment_ids"])
     self._agree_across_processes(num_rows)
     params = jax.device_put(params, self.param_shardings)
     count, index = jax.process_count(), jax.process_index()
     mine = np.arange(index, num_rows, count)
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
-    nll_sum = np.zeros((num_rows, self.shape.max_slots), np.float64)
-    n_tokens = np.zeros((num_rows, self.shape.max_slots), np.int64)
+    slots = {"nll_sum": np.zeros((num_rows, self.shape.max_slots), np.float64),
+             "n_tokens": np.zeros((num_rows, self.shape.max_slots), np.int64)}  # any other output: as it comes
     meter = Progress(num_rows) if progress else None
     with self._mesh_context():
       for step in range(steps):
@@ -186,11 +190,14 @@ class _RowScorer:
         out = self._step(params, self._globalize(local))
         row_id = np.asarray(out["row_id"].addressable_data(0))
         real = row_id >= 0
-        nll_sum[row_id[real]] = np.asarray(out["nll_sum"].addressable_data(0))[real]
-        n_tokens[row_id[real]] = np.asarray(out["n_tokens"].addressable_data(0))[real]
+        for name, value in out.items():
+          if name != "row_id":
+            value = np.asarray(value.addressable_data(0))
+            kind = np.float64 if np.issubdtype(value.dtype, np.floating) else np.int64
+            slots.setdefault(name, np.zeros((num_rows, self.shape.max_slots), kind))[row_id[real]] = value[real]
         if meter:
           meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
-    return nll_sum, n_tokens
+    return slots
 
   def _local_batch(self, rows: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
     """This process's part of a step: the rows at `indices`, then padding rows (row id -1) that score nothing."""
@@ -248,6 +255,11 @@ class Scorer(_RowScorer):
 
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all packed rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
+    slots = self.score_slots(params, rows, progress)
+    return slots["nll_sum"], slots["n_tokens"]
+
+  def score_slots(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> dict[str, np.ndarray]:
+    """As `score`, with every per-slot output of the step (`score_batch`): greedy_misses too."""
     check_ids(rows, self.config)
     if self.attention == "flash" and _has_shared_prefixes(rows):
       raise ValueError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, build "
@@ -414,4 +426,5 @@ class StreamScorer(_RowScorer):
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
     check_stream_ids(rows, self.config)
-    return self._score_rows(params, rows, progress)
+    slots = self._score_rows(params, rows, progress)
+    return slots["nll_sum"], slots["n_tokens"]

@@ -128,3 +128,30 @@ def test_collect_names_the_candidates_the_rows_do_not_hold():
     collect(partial, nll_sum[:-1], n_tokens[:-1], counts)
   with pytest.raises(ValueError, match="beyond the 11 items"):
     collect(rows, nll_sum, n_tokens, counts[:-1])
+
+
+@pytest.mark.slow
+def test_greedy_misses_count_the_tokens_that_are_not_the_models_argmax(qwen2):
+  """lm-eval's is_greedy from the same step: per candidate, the tokens torch's argmax would not have chosen."""
+  from s2sjax.packing import Item
+
+  model, config, params = qwen2
+  items = []
+  for item in random_items(6, config.vocab_size, seed=3):
+    greedy = model.generate(torch.from_numpy(item.prefix)[None], max_new_tokens=6, do_sample=False,
+                            attention_mask=torch.ones(1, len(item.prefix), dtype=torch.long))[0, len(item.prefix):]
+    greedy = greedy.numpy()
+    one_off = greedy.copy()
+    one_off[-2] = (one_off[-2] + 1) % config.vocab_size  # a miss there, and the token after it sees another prefix
+    items.append(Item(item.prefix, (greedy, one_off) + item.candidates, name=item.name))
+  rows, report = pack(items, SHAPE)
+  scorer = Scorer(config, SHAPE.holding(report.longest_item), batch_size=4)
+  slots = scorer.score_slots(params, rows, progress=False)
+  misses = collect(rows, slots["greedy_misses"], slots["n_tokens"], [len(it.candidates) for it in items]).nll_sum
+  for i, item in enumerate(items):
+    for c, candidate in enumerate(item.candidates):
+      with torch.no_grad():
+        logits = model(torch.from_numpy(np.concatenate([item.prefix, candidate]))[None]).logits[0]
+      chosen = logits[len(item.prefix) - 1 : -1].argmax(-1).numpy()
+      assert misses[i, c] == int((chosen != candidate).sum()), (item.name, c)
+    assert misses[i, 0] == 0 and misses[i, 1] >= 1
