@@ -89,12 +89,17 @@ def benchmark_rows(config, length: int, count: int, share_prefix: bool) -> dict[
   return {k: v[:count] for k, v in rows.items()}
 
 
-def not_measured_here(attention: str, protocol: str) -> str | None:
-  """Why a kernel x layout is not measured (None: it is)."""
+def unpaired(attention: str, protocol: str) -> str | None:
+  """Why a kernel cannot read rows laid this way anywhere (None: it can)."""
   if attention == "flash" and protocol != "noshare":
     return "flash reads no branch ids: rows without sharing only"
   if attention in layers.FLASH_IMPLEMENTATIONS and protocol == "local":
     return "the flash kernels have no item-local path"
+  return None
+
+
+def not_measured_here(attention: str) -> str | None:
+  """Why a kernel is not timed on this backend (None: it is)."""
   if attention in layers.FLASH_IMPLEMENTATIONS and jax.default_backend() != "tpu":
     return "flash is a TPU kernel (interpreted elsewhere: a numbers check, not a speed)"
   if attention == "cudnn" and jax.default_backend() != "gpu":
@@ -119,7 +124,7 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
   _, share, local = bench.PROTOCOLS[protocol]
   result = {"size": size, "attention": attention, "protocol": protocol, "dtype": str(jnp.dtype(dtype)),
             "row_length": length, "mesh": mesh_spec, "device": f"{jax.devices()[0].device_kind} x{devices}"}
-  why_not = not_measured_here(attention, protocol)
+  why_not = unpaired(attention, protocol) or not_measured_here(attention)
   if why_not:
     return {**result, "skipped": why_not}
   try:
@@ -197,8 +202,7 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
     first = None
     for attention in attentions:
       for protocol in protocols:
-        reason = not_measured_here(attention, protocol)
-        if reason and "kernel" not in reason:  # a pairing that cannot exist anywhere: not a line of the table
+        if unpaired(attention, protocol):  # a pairing that cannot exist anywhere: not a line of the table
           continue
         result = measure(size, length, rows_per_step, attention, dtype, mesh_spec, peak=peak,
                          compile_only=compile_only, protocol=protocol)
