@@ -31,7 +31,7 @@ from absl import flags
 
 from s2sjax import checkpoint, cli, default_model, plan
 from s2sjax.model.config import ModelConfig
-from s2sjax.packing import Item, RowShape, auto_row_length, pack
+from s2sjax.packing import Item, RowShape, auto_row_length, fit, pack
 from s2sjax.scoring import Scorer, collect
 
 FLAGS = flags.FLAGS
@@ -130,7 +130,7 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
 def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowShape, share: bool, batch_size: int,
                     dtype, attention: str = "dot_product", local: bool = False) -> dict:
   rows, report = pack(items, shape, share_prefix=share)
-  shape = shape.holding(report.longest_item)  # as the builder records it
+  rows, shape = fit(rows, shape, report.longest_item)  # as the builder records them
   scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype, attention=attention, local_attention=local)
   start = time.time()
   scorer.score(params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)  # compile + warm up

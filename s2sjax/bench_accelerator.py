@@ -38,7 +38,7 @@ import numpy as np
 from s2sjax import bench, plan, sharding
 from s2sjax.model import layers
 from s2sjax.model.decoder import init_params
-from s2sjax.packing import RowShape, longest_item, pack
+from s2sjax.packing import RowShape, fit, longest_item, pack
 from s2sjax.scoring import Scorer
 
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}
@@ -130,9 +130,7 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
   try:
     # enough rows for any rounding of rows_per_step to the data-parallel devices (the Scorer's batch size)
     rows = benchmark_rows(config, length, rows_per_step * devices, share_prefix=share)
-    shape = RowShape.for_length(length)
-    if local:
-      shape = shape.holding(longest_item(rows["segment_ids"]))
+    rows, shape = fit(rows, RowShape.for_length(length), longest_item(rows["segment_ids"]))  # as a build lays them
     scorer = Scorer(config, shape, mesh=sharding.make_mesh(mesh_spec), batch_size=rows_per_step, dtype=dtype,
                     attention=attention, local_attention=local)
     result["rows"] = scorer.batch_size  # rounded up to the data-parallel devices: every row is real work

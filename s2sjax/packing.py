@@ -42,8 +42,10 @@ class Item:
   name: str = ""  # for error messages (e.g. the uttid)
 
 
-# Item bounds are rounded up to this, so that tasks with similar items share one compiled step.
+# Item bounds are rounded up to this, and fitted target and slot tables (`fit`) to TABLE_BUCKET, so that tasks
+# with similar items share one compiled step.
 ITEM_BUCKET = 64
+TABLE_BUCKET = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +67,6 @@ class RowShape:
     return dataclasses.replace(self, length=length, max_targets=max(length * self.max_targets // self.length, 1),
                                max_slots=max(length * self.max_slots // self.length, 4))
 
-  def holding(self, longest_item: int) -> "RowShape":
-    """This shape, recording that its rows hold items of at most `longest_item` tokens (rounded up to
-    ITEM_BUCKET): what lets the scoring step attend within items (model/layers.local_window)."""
-    return dataclasses.replace(self, max_item=min(-(-longest_item // ITEM_BUCKET) * ITEM_BUCKET, self.length))
 
 
 @dataclasses.dataclass
@@ -256,6 +254,22 @@ def _pack_laid(laid: list[_Laid], shape: RowShape, share_prefix: bool, empty: Ca
   report.real_tokens = int((arrays["segment_ids"] > 0).sum())
   report.capacity = len(rows) * shape.length
   return arrays, report
+
+
+def fit(rows: dict[str, np.ndarray], shape: RowShape, longest_item: int) -> tuple[dict[str, np.ndarray], RowShape]:
+  """The rows and their shape as a build records them (either format): the target table (M) and the candidate
+  slots (C) cut to what the fullest row uses, rounded up to TABLE_BUCKET, and `max_item` set from the longest item
+  laid, rounded up to ITEM_BUCKET. The head then runs over the targets the rows hold, not over the capacity the
+  packer was given (half the row for text: about twice what StoryCloze rows use), and item-local attention
+  knows its window (model/layers.local_window)."""
+  bucket = lambda n, size, cap: min(max(-(-n // size) * size, size), cap)
+  last_used = lambda used: int(np.where(used.any(0))[0].max(initial=-1)) + 1  # the table's highest column in use
+  targets = bucket(last_used(rows["target_slot"] >= 0), TABLE_BUCKET, shape.max_targets)
+  slots = bucket(last_used(rows["slot_item"] >= 0), TABLE_BUCKET, shape.max_slots)
+  fitted = {name: (value[:, :targets] if name.startswith("target_") else
+                   value[:, :slots] if name.startswith("slot_") else value) for name, value in rows.items()}
+  return fitted, dataclasses.replace(shape, max_targets=targets, max_slots=slots,
+                                     max_item=bucket(longest_item, ITEM_BUCKET, shape.length))
 
 
 def _first_fit(units: list[_Unit], shape: RowShape) -> list[list[_Unit]]:

@@ -48,20 +48,12 @@ def score_batch(
                        batch["segment_ids"], batch["branch_ids"])
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
-  def target_nll(chunk):
-    h, ids = chunk
+  def target_nll(h, ids):
     logits = model.apply({"params": params}, h, method=Decoder.logits)  # fp32 [B, chunk, V]
     picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
     return jax.nn.logsumexp(logits, axis=-1) - picked, jnp.argmax(logits, axis=-1) != ids
 
-  batch_size, num_targets = batch["target_ids"].shape
-  chunk = min(target_chunk, num_targets)
-  pad = -num_targets % chunk
-  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-  ids = jnp.pad(batch["target_ids"], ((0, 0), (0, pad)))
-  split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
-  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
-  nll, missed = map(merge, jax.lax.map(target_nll, (split(h), split(ids))))
+  nll, missed = by_target_chunks(target_nll, target_chunk, hidden, batch["target_ids"])
 
   slots = batch["target_slot"]
   onehot = (slots[..., None] == jnp.arange(num_slots)).astype(jnp.float32)  # [B, M, C]; slot -1 matches none
@@ -70,6 +62,20 @@ def score_batch(
     "n_tokens": onehot.sum(axis=1).astype(jnp.int32),
     "greedy_misses": (missed[..., None] & (onehot > 0)).sum(axis=1, dtype=jnp.int32),  # a count: no matmul
   }
+
+
+def by_target_chunks(fn: Callable, target_chunk: int, *arrays: jax.Array):
+  """`fn` over the targets of [B, M, ...] arrays in chunks of at most `target_chunk`, one chunk after another
+  (`lax.map`: only one chunk's logits exist at a time); its [B, chunk] outputs merged back to [B, M]. The chunks
+  are as even as their count allows: M = 320 is two of 160, not two of 256 half padding."""
+  batch_size, num_targets = arrays[0].shape[:2]
+  count = -(-num_targets // target_chunk)
+  chunk = -(-num_targets // count)
+  pad = count * chunk - num_targets
+  split = lambda x: jnp.moveaxis(jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+                                 .reshape(batch_size, count, chunk, *x.shape[2:]), 1, 0)
+  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
+  return jax.tree.map(merge, jax.lax.map(lambda chunks: fn(*chunks), tuple(map(split, arrays))))
 
 
 def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
@@ -361,8 +367,7 @@ def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params:
     ids = jnp.clip(ids, 0, logits.shape[-1] - 1)  # unscored entries (-1, initial tokens) weigh 0
     return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
 
-  def target_nll(chunk):
-    h, frame, weight = chunk  # [B, c, D], [B, c, S], [B, c, S]
+  def target_nll(h, frame, weight):  # [B, c, D], [B, c, S], [B, c, S]
     nll = [nll_of(model.apply({"params": params}, h, method=MoshiLM.text_logits), frame[..., 0])]
     if config.dep_q:
       flat = lambda x: x.reshape(-1, x.shape[-1])
@@ -371,14 +376,7 @@ def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params:
       nll += list(jnp.moveaxis(nll_of(audio, frame[..., 1:predicted]), -1, 0))
     return (jnp.stack(nll, axis=-1) * weight[..., :predicted].astype(jnp.float32)).sum(-1)
 
-  batch_size, num_targets = batch["target_slot"].shape
-  chunk = min(target_chunk, num_targets)
-  pad = -num_targets % chunk
-  padded = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-  split = lambda x: jnp.moveaxis(x.reshape(batch_size, -1, chunk, *x.shape[2:]), 1, 0)
-  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
-  nll = merge(jax.lax.map(target_nll, (split(padded(hidden)), split(padded(batch["target_frame"])),
-                                       split(padded(batch["target_weight"])))))
+  nll = by_target_chunks(target_nll, target_chunk, hidden, batch["target_frame"], batch["target_weight"])
   onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
   return {"nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
           "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}

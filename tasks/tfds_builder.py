@@ -26,7 +26,7 @@ from etils import epath
 
 from s2sjax import modalities, text_tokenizer
 from s2sjax.modalities import SPEECH
-from s2sjax.packing import RowShape
+from s2sjax.packing import RowShape, fit
 from s2sjax.spec import PARALLEL_STREAMS, Spec, available_specs, load_spec
 from s2sjax.task_data import DATA_VERSION, Variants, config_name, spec_label, tokenizer_identity
 from tasks import audio
@@ -148,9 +148,11 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     shape = self.builder_config.row_shape
-    L, M, C, K = shape.length, shape.max_targets, shape.max_slots, shape.num_codebooks
-    if self.builder_config.row_length is None:  # chosen when the items are built: the rows' length is not known yet
-      L = M = C = None
+    # the target and slot tables are cut to what the rows use when they are built (packing.fit), and so is the
+    # length when the build chooses it from its items
+    L, M, C, K = shape.length, None, None, shape.num_codebooks
+    if self.builder_config.row_length is None:
+      L = None
     vector = lambda n: tfds.features.Tensor(shape=(n,), dtype=np.int32)
     matrix = lambda n, k: tfds.features.Tensor(shape=(n, k), dtype=np.int32)
     if load_spec(self.builder_config.spec).audio_mode == PARALLEL_STREAMS:  # s2sjax/packing.py's stream rows
@@ -219,7 +221,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
                                       config.overlong, auto_length=config.row_length is None,
                                       progress=f"building {self.TASK} {modalities.get(config.modality).title}")
-    shape = config.row_shape.with_length(summary["row_length"])
+    rows, shape = fit(rows, config.row_shape.with_length(summary["row_length"]), summary["longest_item"])
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
     summary["unreadable_lines"] = len(problems.entries) - len(problems.attributed) if problems else 0
     if problems:
@@ -229,8 +231,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     summary["file_problems"] = [{"where": w, "why": y} for w, y in (problems.file_entries if problems else [])]
     self.info.metadata.update({
       "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
-      # the longest item laid: what lets the scoring step attend within items (s2sjax.packing.RowShape.max_item)
-      "row_shape": dataclasses.asdict(shape.holding(summary["longest_item"])),
+      "row_shape": dataclasses.asdict(shape),  # as laid: the tables the rows use, the longest item (packing.fit)
       "share_prefix": config.share_prefix,
       "tokenizer": inputs.tokenizer_identity,
       "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())

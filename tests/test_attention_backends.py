@@ -11,7 +11,7 @@ from s2sjax import sharding
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
-from s2sjax.packing import RowShape, pack
+from s2sjax.packing import RowShape, fit, pack
 from s2sjax.scoring import Scorer, _has_shared_prefixes, collect
 from tests.scoring_cases import random_items
 
@@ -154,7 +154,7 @@ def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, attention, monkeypatch):
 @pytest.mark.parametrize("implementation", ["xla", "dot_product"])
 def test_item_local_attention_equals_the_dense_mask(implementation, share):
   rows, report = pack(random_items(12, 512, seed=1), RowShape(512, 256, 32), share_prefix=share)
-  window = layers.local_window(RowShape(512, 256, 32).holding(report.longest_item).max_item, 512)
+  window = layers.local_window(fit(rows, RowShape(512, 256, 32), report.longest_item)[1].max_item, 512)
   assert window is not None and window.reach >= report.longest_item - 1 and window.span < 512
   segments, branches = jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"])
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -180,7 +180,7 @@ def test_item_local_scorer_equals_dense_on_every_mesh(attention):
   params = init_params(CONFIG, jax.random.PRNGKey(0))
   items = random_items(20, 512, seed=4)
   rows, report = pack(items, RowShape(512, 256, 32))
-  shape = RowShape(512, 256, 32).holding(report.longest_item)
+  rows, shape = fit(rows, RowShape(512, 256, 32), report.longest_item)
   one = sharding.make_mesh("data:1", jax.devices()[:1])
   dense = collect(rows, *Scorer(CONFIG, shape, mesh=one, batch_size=2, attention="xla",
                                 local_attention=False).score(params, rows, progress=False)).mean_nll

@@ -18,7 +18,7 @@ from checkpoints_conversion.sources import SourceError, open_source
 from s2sjax import checkpoint, families, sharding
 from s2sjax.model.config import ConfigError, from_hf_config
 from s2sjax.model.decoder import abstract_params, param_count, sequence_log_probs
-from s2sjax.packing import RowShape, pack
+from s2sjax.packing import RowShape, fit, pack
 from s2sjax.scoring import Scorer, collect
 from tests.hf_models import save_hf, tiny_model, torch_log_probs, write_raw_checkpoint
 from tests.scoring_cases import random_items, reference_mean_nll
@@ -96,7 +96,8 @@ def _benchmark_scores(ckpt, mesh_spec: str, items) -> np.ndarray:
   rows, report = pack(items, shape, share_prefix=True)
   assert report.tokens_saved_by_sharing > 0
   mesh = sharding.make_mesh(mesh_spec, jax.devices()[: 1 if mesh_spec == "data:1" else 8])
-  scorer = Scorer(config, shape.holding(report.longest_item), mesh=mesh, batch_size=2)
+  rows, shape = fit(rows, shape, report.longest_item)
+  scorer = Scorer(config, shape, mesh=mesh, batch_size=2)
   nll_sum, n_tokens = scorer.score(checkpoint.load_params(ckpt, mesh=mesh), rows, progress=False)
   return collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items]).mean_nll
 

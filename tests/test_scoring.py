@@ -10,7 +10,7 @@ import jax  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
 from s2sjax import checkpoint, sharding  # noqa: E402
-from s2sjax.packing import RowShape, pack  # noqa: E402
+from s2sjax.packing import RowShape, fit, pack  # noqa: E402
 from s2sjax.scoring import Scorer, collect  # noqa: E402
 from tests.hf_models import audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, tiny_model  # noqa: E402
 from tests.scoring_cases import random_items, reference_mean_nll  # noqa: E402
@@ -28,7 +28,8 @@ def qwen2(tmp_path_factory):
 
 def _score(config, params, items, shape=SHAPE, share=True, mesh=None, batch_size=4, local=True):
   rows, report = pack(items, shape, share_prefix=share)
-  scorer = Scorer(config, shape.holding(report.longest_item), mesh=mesh, batch_size=batch_size, local_attention=local)
+  rows, fitted = fit(rows, shape, report.longest_item)
+  scorer = Scorer(config, fitted, mesh=mesh, batch_size=batch_size, local_attention=local)
   assert (scorer.window is not None) == local
   nll_sum, n_tokens = scorer.score(params, rows, progress=False)
   return collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items]), report
@@ -145,7 +146,8 @@ def test_greedy_misses_count_the_tokens_that_are_not_the_models_argmax(qwen2):
     one_off[-2] = (one_off[-2] + 1) % config.vocab_size  # a miss there, and the token after it sees another prefix
     items.append(Item(item.prefix, (greedy, one_off) + item.candidates, name=item.name))
   rows, report = pack(items, SHAPE)
-  scorer = Scorer(config, SHAPE.holding(report.longest_item), batch_size=4)
+  rows, shape = fit(rows, SHAPE, report.longest_item)
+  scorer = Scorer(config, shape, batch_size=4)
   slots = scorer.score_slots(params, rows, progress=False)
   misses = collect(rows, slots["greedy_misses"], slots["n_tokens"], [len(it.candidates) for it in items]).nll_sum
   for i, item in enumerate(items):
