@@ -1,8 +1,8 @@
 r"""Benchmark: the PyTorch reference protocol against s2sjax without and with prefix sharing, in one run.
 
-  python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=L]
+  python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=auto,L,...]
   python -m s2sjax.bench --workload=storycloze --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
-      --items=1871 --protocols=shared,local   (the real StoryCloze test stories, T->T)
+      --items=1871 --protocols=shared,local --row_length=auto,1024   (the real StoryCloze test stories, T->T)
   python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
 
 For the same model and items it prints, side by side: tokens computed and wall time of
@@ -12,7 +12,8 @@ For the same model and items it prints, side by side: tokens computed and wall t
   * s2sjax, shared: packed rows, each prefix laid once and every candidate branching from it (dense attention);
   * s2sjax, shared, item-local: the same rows, each query block attending over its item's keys only (the default);
 with packing efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
-largest disagreement in mean NLL. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
+largest disagreement in mean NLL. Each s2sjax protocol runs at each row length given (`auto`, the default: the
+length a build chooses for the items), against the one reference run. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
 (about 200 audio-unit tokens, four options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
 stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
 The default model is the embedded SmolLM2-135M.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -156,9 +158,11 @@ def row_shape(items: list[Item], row_length: int | None, share: bool) -> RowShap
   return text_rows.with_length(auto_row_length(items, share, text_rows.max_targets / text_rows.length))
 
 
-def run_workload(workload: str, ckpt: str, count: int, row_length: int | None, batch_size: int, ref_batch_size: int,
-                 dtype, attention: str = "dot_product", protocols=tuple(PROTOCOLS),
+def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int | None], batch_size: int,
+                 ref_batch_size: int, dtype, attention: str = "dot_product", protocols=tuple(PROTOCOLS),
                  storycloze_csv: str | None = None) -> dict:
+  """The reference and every s2sjax protocol at every row length (None: the items' auto length) on one item set;
+  results keyed by protocol, and by length too when there are several ("s2sjax, shared @ 1024")."""
   config = checkpoint.load_config(ckpt)
   params = checkpoint.load_params(ckpt, dtype=dtype)
   if workload == STORYCLOZE:
@@ -174,10 +178,13 @@ def run_workload(workload: str, ckpt: str, count: int, row_length: int | None, b
   ref_nll, ref_computed, ref_flops = reference_protocol(torch_model, config, items, ref_batch_size)
   ref_seconds = time.time() - start
   results = {"reference": dict(mean_nll=ref_nll, computed=ref_computed, seconds=ref_seconds, flops=ref_flops)}
-  for protocol in protocols:
-    name, share, local = PROTOCOLS[protocol]
-    results[name] = s2sjax_protocol(config, params, items, row_shape(items, row_length, share), share, batch_size,
-                                    dtype, attention, local)
+  for row_length in row_lengths:
+    for protocol in protocols:
+      name, share, local = PROTOCOLS[protocol]
+      key = name if len(row_lengths) == 1 else f"{name} @ {row_length or 'auto'}"
+      results[key] = s2sjax_protocol(config, params, items, row_shape(items, row_length, share), share, batch_size,
+                                     dtype, attention, local)
+      results[key]["max_nll_diff"] = float(np.nanmax(np.abs(results[key]["mean_nll"] - ref_nll)))
   return {"workload": workload, "items": len(items), "candidates": sum(len(it.candidates) for it in items),
           "real_tokens": sum(len(it.prefix) * len(it.candidates) + sum(map(len, it.candidates)) for it in items),
           "results": results}
@@ -193,7 +200,7 @@ def format_table(run: dict) -> str:
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for name, r in run["results"].items():
-    diff = np.nanmax(np.abs(r["mean_nll"] - reference["mean_nll"]))
+    diff = r.get("max_nll_diff", 0.0)
     eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
     lines.append(
       f"| {name} | {r.get('row_length', '-')} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | "
@@ -220,12 +227,23 @@ def define_flags() -> None:
   flags.DEFINE_string("storycloze_csv", None, "StoryCloze Spring 2016 test CSV, for --workload=storycloze.")
   flags.DEFINE_list("protocols", list(PROTOCOLS),
                     f"s2sjax protocols (next to the reference; in accelerator mode, the rows laid): any of {list(PROTOCOLS)}.")
-  flags.DEFINE_integer("row_length", None, "Packed row length L (default: the length a build without --row_length "
-                       "chooses for the items; accelerator mode: 2048).", lower_bound=1)
+  flags.DEFINE_list("row_length", ["auto"], "Packed row length(s) L, each run against the one reference, or auto: the "
+                    "length a build without --row_length chooses for the items (accelerator mode: one L, default 2048).")
   flags.DEFINE_integer("batch_size", 2, "Rows per s2sjax step.")
   flags.DEFINE_integer("ref_batch_size", 8, "Sequences per reference batch.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype of s2sjax.")
   flags.DEFINE_string("output", None, "Also write the figures as JSON here.")
+
+
+def row_lengths() -> list[int | None]:
+  """--row_length's values: None for auto, else a positive length."""
+  def parse(value: str) -> int | None:
+    if value == "auto":
+      return None
+    if not value.isdigit() or int(value) < 1:
+      raise ValueError(f"--row_length takes positive lengths or auto, not {value!r}")
+    return int(value)
+  return [parse(v) for v in FLAGS.row_length] or [None]
 
 
 def main(argv):
@@ -233,13 +251,13 @@ def main(argv):
   if FLAGS.mode == "accelerator":
     from s2sjax import bench_accelerator
 
-    bench_accelerator.run(FLAGS.sizes, FLAGS.attention, FLAGS.row_length or 2048, FLAGS.rows, jnp.dtype(FLAGS.dtype),
+    bench_accelerator.run(FLAGS.sizes, FLAGS.attention, row_lengths()[0] or 2048, FLAGS.rows, jnp.dtype(FLAGS.dtype),
                           FLAGS.mesh, FLAGS.peak_tflops, FLAGS.compile_only, FLAGS.output, FLAGS.protocols)
     return
   ckpt = FLAGS.checkpoint or default_model.default_checkpoint()
   runs = []
   for workload in FLAGS.workload:
-    run = run_workload(workload, ckpt, FLAGS.items, FLAGS.row_length, FLAGS.batch_size, FLAGS.ref_batch_size,
+    run = run_workload(workload, ckpt, FLAGS.items, row_lengths(), FLAGS.batch_size, FLAGS.ref_batch_size,
                        jnp.dtype(FLAGS.dtype), FLAGS.attention[0], FLAGS.protocols, FLAGS.storycloze_csv)
     print(format_table(run), "\n", flush=True)
     runs.append(run)

@@ -15,7 +15,7 @@ from s2sjax.spec import PARALLEL_STREAMS, SpecError, spec_from_dict
 from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.model.decoder import Params
 from s2sjax.model.moshi import MoshiConfig
-from s2sjax.packing import RowShape
+from s2sjax.packing import RowShape, spanning
 from s2sjax.questions import QuestionScores
 from s2sjax.scoring import Scorer, StreamScorer, collect
 from s2sjax.task_data import TaskData
@@ -119,22 +119,28 @@ class Evaluator:
       raise EvalError("no task data to evaluate")
     self.config, self.data, self.options = config, data, options
     self.params_adapter = params_adapter or (lambda p: p)
-    self._scorers: dict[tuple[bool, RowShape], Scorer | StreamScorer] = {}
     for td in data:
       check_fit(config, td)
-      key = (td.parallel_streams, td.shape)
-      if key in self._scorers:
-        continue
-      if td.parallel_streams:  # Moshi's rows: the step over streams (check_fit made sure the model reads them)
-        self._scorers[key] = StreamScorer(config, td.shape, mesh=mesh, batch_size=options.batch_size,
+    # one step per row format, length and codebook count, for the widest tables of the tasks that share it
+    groups: dict[tuple, list[RowShape]] = {}
+    for td in data:
+      groups.setdefault(self._group(td), []).append(td.shape)
+    self._scorers: dict[tuple, Scorer | StreamScorer] = {}
+    for key, shapes in groups.items():
+      if key[0]:  # Moshi's rows: the step over streams (check_fit made sure the model reads them)
+        self._scorers[key] = StreamScorer(config, spanning(shapes), mesh=mesh, batch_size=options.batch_size,
                                           dtype=options.jnp_dtype)
       else:
-        self._scorers[key] = Scorer(config, td.shape, mesh=mesh, batch_size=options.batch_size,
+        self._scorers[key] = Scorer(config, spanning(shapes), mesh=mesh, batch_size=options.batch_size,
                                     dtype=options.jnp_dtype, attention=options.attention)
     self.history: list[dict] = []
 
+  @staticmethod
+  def _group(td: TaskData) -> tuple:
+    return td.parallel_streams, td.shape.length, td.shape.num_codebooks
+
   def scorer(self, td: TaskData) -> Scorer | StreamScorer:
-    return self._scorers[(td.parallel_streams, td.shape)]
+    return self._scorers[self._group(td)]
 
   def compiled_count(self) -> int:
     return sum(s.compiled_count() for s in self._scorers.values())

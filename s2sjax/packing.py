@@ -272,6 +272,18 @@ def fit(rows: dict[str, np.ndarray], shape: RowShape, longest_item: int) -> tupl
                                      max_item=bucket(longest_item, ITEM_BUCKET, shape.length))
 
 
+def spanning(shapes: Sequence[RowShape]) -> RowShape:
+  """The narrowest shape whose step reads rows of each of `shapes` (one length and codebook count): the widest
+  tables and the longest item of any, or no item bound (dense attention) if one records none. Tasks built with
+  one row length share one compiled step this way; the Scorer pads narrower tables per step."""
+  kinds = {(shape.length, shape.num_codebooks) for shape in shapes}
+  if len(kinds) != 1:
+    raise ValueError(f"one step reads rows of one length and codebook count, not of {sorted(kinds)}")
+  return dataclasses.replace(shapes[0], max_targets=max(s.max_targets for s in shapes),
+                             max_slots=max(s.max_slots for s in shapes),
+                             max_item=0 if any(s.max_item == 0 for s in shapes) else max(s.max_item for s in shapes))
+
+
 def _first_fit(units: list[_Unit], shape: RowShape) -> list[list[_Unit]]:
   """First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host."""
   order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))

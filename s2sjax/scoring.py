@@ -178,17 +178,35 @@ class _RowScorer:
         + "; ".join(f"process {p}: {tuple(v)}" for p, v in enumerate(everyone))
       )
 
+  def _check_widths(self, rows: dict[str, np.ndarray]) -> None:
+    """The step reads rows of its length and codebooks whose target tables are at most its own (narrower ones,
+    fitted to other rows by packing.fit, are padded per step); anything else would fail in numpy's broadcast or
+    lose targets silently: name the field and both shapes."""
+    want = self._empty(0, rows)
+    for name in (name for name in self._fields if name != "row_id"):
+      have, fits = rows[name].shape[1:], want[name].shape[1:]
+      if not (have[1:] == fits[1:] and (have[0] <= fits[0] if name.startswith("target_")
+                                                              else have[0] == fits[0])):
+        raise ValueError(f"rows' {name} is {list(rows[name].shape)}, the step's {self.shape} reads "
+                         f"[rows, {', '.join(map(str, fits))}]" + (" or narrower" if name.startswith("target_") else "")
+                         + ": score rows with a shape that holds them (packing.fit, packing.spanning)")
+    if rows["target_slot"].max(initial=-1) >= self.shape.max_slots:  # the step's one-hot would drop those targets
+      raise ValueError(f"rows score candidate slot {rows['target_slot'].max()}, beyond the {self.shape.max_slots} "
+                       f"slots of the step's {self.shape}")
+
   def _score_rows(self, params: Params, rows: dict[str, np.ndarray], progress: bool) -> dict[str, np.ndarray]:
     """Scores all rows (the same full set on every process, already checked); returns every per-slot output of the
-    step (nll_sum, n_tokens, ...) as [R, C]."""
+    step (nll_sum, n_tokens, ...) as [R, the rows' C]."""
     num_rows = len(rows["segment_ids"])
+    self._check_widths(rows)
     self._agree_across_processes(num_rows)
     params = jax.device_put(params, self.param_shardings)
     count, index = jax.process_count(), jax.process_index()
     mine = np.arange(index, num_rows, count)
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
-    slots = {"nll_sum": np.zeros((num_rows, self.shape.max_slots), np.float64),
-             "n_tokens": np.zeros((num_rows, self.shape.max_slots), np.int64)}  # any other output: as it comes
+    width = rows["slot_item"].shape[1]  # the rows' own slots: a wider step's further slots score nothing
+    slots = {"nll_sum": np.zeros((num_rows, width), np.float64),
+             "n_tokens": np.zeros((num_rows, width), np.int64)}  # any other output: as it comes
     meter = Progress(num_rows) if progress else None
     with self._mesh_context():
       for step in range(steps):
@@ -200,7 +218,8 @@ class _RowScorer:
           if name != "row_id":
             value = np.asarray(value.addressable_data(0))
             kind = np.float64 if np.issubdtype(value.dtype, np.floating) else np.int64
-            slots.setdefault(name, np.zeros((num_rows, self.shape.max_slots), kind))[row_id[real]] = value[real]
+            value = value[real, :width]
+            slots.setdefault(name, np.zeros((num_rows, width), kind))[row_id[real], : value.shape[1]] = value
         if meter:
           meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
     return slots
@@ -210,7 +229,10 @@ class _RowScorer:
     batch = self._empty(self.local_batch, rows)
     batch["row_id"] = np.full(self.local_batch, -1, np.int32)
     for name in self._fields:
-      batch[name][: len(indices)] = indices if name == "row_id" else rows[name][indices]
+      if name == "row_id":
+        batch[name][: len(indices)] = indices
+      else:  # a narrower target table fills the step's from the left; the rest stays padding
+        batch[name][: len(indices), : rows[name].shape[1]] = rows[name][indices]
     return {name: batch[name] for name in self._fields}
 
   def _globalize(self, local: dict[str, np.ndarray]) -> dict:

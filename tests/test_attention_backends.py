@@ -200,3 +200,26 @@ def test_item_local_scoring_refuses_rows_with_longer_items_than_recorded():
   assert report.longest_item > 64
   with pytest.raises(ValueError, match=f"an item of {report.longest_item} tokens, beyond the 64"):
     Scorer(CONFIG, shape, attention="xla").score(init_params(CONFIG, jax.random.PRNGKey(0)), rows, progress=False)
+
+
+@pytest.mark.slow
+def test_a_step_reads_rows_of_narrower_tables_and_refuses_wider_ones():
+  """Rows fitted to their own tables (packing.fit) score the same through their own step, through a step with the
+  packer's wider tables (what the Evaluator shares between tasks of one row length), and unfitted."""
+  rows, report = pack(random_items(6, 512, seed=3), RowShape(512, 256, 32))
+  fitted, shape = fit(rows, RowShape(512, 256, 32), report.longest_item)
+  assert shape.max_targets < 256 and shape.max_slots == 32
+  params = init_params(CONFIG, jax.random.PRNGKey(0))
+  wide = RowShape(512, 256, 32, max_item=shape.max_item)
+  own = Scorer(CONFIG, shape, attention="xla").score(params, fitted, progress=False)
+  wide_step = Scorer(CONFIG, wide, attention="xla")
+  for scored in (fitted, rows):
+    nll_sum, n_tokens = wide_step.score(params, scored, progress=False)
+    np.testing.assert_array_equal(n_tokens, own[1])
+    np.testing.assert_allclose(nll_sum, own[0], rtol=1e-6)
+  with pytest.raises(ValueError, match=f"rows' target_pos is \\[{len(rows['target_pos'])}, 256\\], the step's .* reads "
+                                       f"\\[rows, {shape.max_targets}\\] or narrower"):
+    Scorer(CONFIG, shape, attention="xla").score(params, rows, progress=False)
+  few_slots = RowShape(512, 256, 2, max_item=shape.max_item)  # the rows' targets name slots up to 3 or more
+  with pytest.raises(ValueError, match="rows score candidate slot [0-9]+, beyond the 2 slots"):
+    Scorer(CONFIG, few_slots, attention="xla").score(params, rows, progress=False)

@@ -17,16 +17,22 @@ from tests.hf_models import save_hf, tiny_model  # noqa: E402
 @pytest.mark.slow
 def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
   convert(save_hf(tiny_model("llama"), str(tmp_path / "hf")), str(tmp_path / "ckpt"))
-  run = bench.run_workload("speech", str(tmp_path / "ckpt"), count=6, row_length=512, batch_size=1,
+  run = bench.run_workload("speech", str(tmp_path / "ckpt"), count=6, row_lengths=[512, None], batch_size=1,
                            ref_batch_size=4, dtype=jnp.float32)
   results = run["results"]
   items = bench.make_items("speech", 6, 512)
   lengths = [len(it.prefix) + len(c) for it in items for c in it.candidates]
   assert results["reference"]["computed"] == sum(4 * max(lengths[i : i + 4]) for i in range(0, len(lengths), 4))
-  for name in ("s2sjax, no sharing", "s2sjax, shared"):
-    np.testing.assert_allclose(results[name]["mean_nll"], results["reference"]["mean_nll"], atol=1e-4)
-  assert results["s2sjax, shared"]["computed"] < results["s2sjax, no sharing"]["computed"]
-  assert "| s2sjax, shared |" in bench.format_table(run)
+  for length in ("512", "auto"):  # every protocol at every length, against the one reference
+    for name in ("s2sjax, no sharing", "s2sjax, shared", "s2sjax, shared, item-local"):
+      result = results[f"{name} @ {length}"]
+      np.testing.assert_allclose(result["mean_nll"], results["reference"]["mean_nll"], atol=1e-4)
+      assert result["max_nll_diff"] == np.nanmax(np.abs(result["mean_nll"] - results["reference"]["mean_nll"]))
+    # rows, not tokens computed: with 8 host devices a step is 8 rows, more than either protocol fills at auto
+    assert results[f"s2sjax, shared @ {length}"]["rows"] < results[f"s2sjax, no sharing @ {length}"]["rows"]
+  assert results["s2sjax, shared @ 512"]["row_length"] == 512
+  assert results["s2sjax, shared @ auto"]["row_length"] == bench.row_shape(items, None, True).length
+  assert "| s2sjax, shared @ 512 | 512 |" in bench.format_table(run)
 
 
 @pytest.mark.slow

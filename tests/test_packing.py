@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from s2sjax.model.layers import packed_attention_mask
-from s2sjax.packing import Item, PackingError, RowShape, fit, pack
+from s2sjax.packing import Item, PackingError, RowShape, fit, pack, spanning
 
 
 def _item(prefix, *candidates, name=""):
@@ -123,6 +123,14 @@ def test_fit_cuts_the_target_and_slot_tables_to_what_the_fullest_row_uses():
                                                                                "slot_candidate") else 0)).all()
   # a longest item past the row is capped at the row; a short one takes a whole ITEM_BUCKET
   assert fit(rows, wide, 300)[1].max_item == 256 and fit(rows, wide, 5)[1].max_item == 64
+
+
+def test_one_step_spans_the_widest_tables_of_its_row_length():
+  one, two = RowShape(1024, 320, 64, max_item=128), RowShape(1024, 192, 96, max_item=256)
+  assert spanning([one, two]) == RowShape(1024, 320, 96, max_item=256)
+  assert spanning([one, RowShape(1024, 64, 32)]).max_item == 0  # a build that records no item bound: dense
+  with pytest.raises(ValueError, match=r"one length and codebook count, not of \[\(256, 0\), \(1024, 0\)\]"):
+    spanning([one, RowShape(256, 128, 64)])
 
 
 def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
