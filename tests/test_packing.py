@@ -134,15 +134,16 @@ def test_one_step_spans_the_widest_tables_of_its_row_length():
 
 
 def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
-  """At least 256; the longest item as laid; its candidates within the row's share of targets; four median items."""
+  """At least 1024; the longest item as laid; its candidates within the row's share of targets; four median items."""
   from s2sjax.packing import auto_row_length
 
   item = lambda prefix, *candidates: Item(np.ones(prefix, np.int32), tuple(np.ones(c, np.int32) for c in candidates))
-  short = [item(40, 10, 12)] * 9  # 62 tokens laid shared: 4 x 62 = 248 -> 256
-  assert auto_row_length(short, True, 0.5) == 256
-  assert auto_row_length(short + [item(300, 20, 20)], True, 0.5) == 512  # the longest item: 340 tokens
-  wide = short + [item(10, 150, 150)]  # 310 laid, but 300 targets at half a row -> 600
-  assert auto_row_length(wide, True, 0.5) == 1024
-  assert auto_row_length(wide, True, 1.0) == 512  # spoken candidates: the whole row may score
-  assert auto_row_length(wide, False, 0.5) == 512  # unshared: 160 laid, 150 scored per copy -> 300
-  assert auto_row_length([item(90, 10, 10)] * 5, True, 0.5) == 512  # four median items: 440
+  assert auto_row_length([item(40, 10, 12)] * 9, True, 0.5) == 1024  # 62 tokens laid: 4 x 62 = 248, the minimum
+  short = [item(160, 40, 48)] * 9  # 248 tokens laid shared: 4 x 248 = 992 -> 1024
+  assert auto_row_length(short, True, 0.5) == 1024
+  assert auto_row_length(short + [item(1200, 80, 80)], True, 0.5) == 2048  # the longest item: 1360 tokens
+  wide = short + [item(40, 600, 600)]  # 1240 laid, but 1200 targets at half a row -> 2400
+  assert auto_row_length(wide, True, 0.5) == 4096
+  assert auto_row_length(wide, True, 1.0) == 2048  # spoken candidates: the whole row may score
+  assert auto_row_length(wide, False, 0.5) == 2048  # unshared: 640 laid, 600 scored per copy -> 1200
+  assert auto_row_length([item(360, 40, 40)] * 5, True, 0.5) == 2048  # four median items: 1760
