@@ -40,10 +40,13 @@ def score_batch(
 ) -> dict:
   """Per slot [B, C] for one batch of packed rows: `nll_sum`, `n_tokens`, and `greedy_misses`, how many of the
   candidate's tokens are not the argmax of the logits that predict them (lm-eval's is_greedy; one argmax over
-  logits the step computes anyway). Pure; jitted by `Scorer`. With a `window`, attention is item-local (no [L, L]
-  mask is built)."""
+  logits the step computes anyway). Pure; jitted by `Scorer`. With a `window`, attention is item-local: its
+  window mask is built once for all layers, and no [L, L] mask."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
-  mask = None if window else layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+  if window:
+    mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
+  else:
+    mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
                        batch["segment_ids"], batch["branch_ids"])
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]

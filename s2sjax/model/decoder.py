@@ -235,8 +235,8 @@ class Decoder(nn.Module):
     segment_ids: jax.Array | None = None,
     branch_ids: jax.Array | None = None,
   ) -> jax.Array:
-    """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool (None with an
-    `attention_window`: the mask is then built per window); audio_codes [batch, length, K] int (-1 where none);
+    """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool, or with an
+    `attention_window` its window mask (`layers.local_window_mask`); audio_codes [batch, length, K] int (-1 where none);
     segment_ids, branch_ids [batch, length] (the flash kernel's and item-local attention's mask).
     Returns the hidden states the head reads [batch, length, embed_dim]: after the final norm and `project_out`,
     where the model has them."""
