@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from s2sjax import benchmarks, checkpoint, checkpoint_paths, eval as s2s_eval
 from s2sjax.eval import EvalConfig
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
+from s2sjax.packing import RowShape
 from s2sjax.task_data import DataError, Variants, load_task_data
 from tasks.prepare import prepare
 from tasks.sample import RELEASE_DIR
@@ -308,6 +310,14 @@ def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tok
   for key in ("positive_loss", "negative_loss", "accuracy"):
     assert separate[0]["tasks"]["sstorycloze"]["t2t"][key] == pytest.approx(
       shared[0]["tasks"]["sstorycloze"]["t2t"][key], abs=1e-5)
+
+
+def test_auto_attention_on_cpu_is_the_einsums_for_windows_and_the_fused_call_for_whole_rows():
+  windowed, whole = (SimpleNamespace(shape=RowShape(1024, 512, 64, max_item=item), metadata={"share_prefix": True})
+                     for item in (128, 0))
+  assert s2s_eval.pick_attention("auto", [windowed], "float32") == "xla"
+  assert s2s_eval.pick_attention("auto", [windowed, whole], "float32") == "dot_product"  # one step may be dense
+  assert s2s_eval.pick_attention("dot_product", [windowed], "float32") == "dot_product"  # a choice stands
 
 
 def test_bad_flags_fail_before_anything_loads():
