@@ -113,7 +113,7 @@ def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
   cascaded passes merged by log-sum-exp where they do (`flash_shared`); on a GPU in bf16/fp16 cuDNN's fused
   kernel (`cudnn`: 54.8% MFU at 7B on an H200, against 51.2% for XLA's einsums); elsewhere, for rows whose
   builds record their longest item (item-local windows), our einsums (`xla`: on this project's 2-core CPU, 4 steps
-  of speech-like rows took 22.0 s against 26.3 s through `jax.nn.dot_product_attention`, best of four runs,
+  of speech-like rows took 21.8 s against 26.3 s through `jax.nn.dot_product_attention`, best of four runs,
   alternating), and for whole rows `dot_product` as XLA lowers it (on CPU 10% faster than our einsums at L=1024,
   2.5x at 2048)."""
   if choice != "auto":
