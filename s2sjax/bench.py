@@ -11,7 +11,8 @@ For the same model and items it prints, side by side: tokens computed and wall t
   * s2sjax, no sharing: packed rows, every prefix + candidate its own segment;
   * s2sjax, shared: packed rows, each prefix laid once and every candidate branching from it (dense attention);
   * s2sjax, shared, item-local: the same rows, each query block attending over its item's keys only (the default);
-with packing efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
+with the attention each ran (`--attention=auto`, the default: what `s2sjax.eval` picks for such rows), packing
+efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
 largest disagreement in mean NLL. Each s2sjax protocol runs at each row length given (`auto`, the default: the
 length a build chooses for the items), against the one reference run. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
 (about 200 audio-unit tokens, four options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
@@ -32,6 +33,7 @@ import numpy as np
 from absl import flags
 
 from s2sjax import checkpoint, cli, default_model, plan
+from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.packing import Item, RowShape, auto_row_length, fit, pack
 from s2sjax.scoring import Scorer, collect
@@ -130,9 +132,11 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
 
 
 def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowShape, share: bool, batch_size: int,
-                    dtype, attention: str = "dot_product", local: bool = False) -> dict:
+                    dtype, attention: str = "auto", local: bool = False) -> dict:
   rows, report = pack(items, shape, share_prefix=share)
   rows, shape = fit(rows, shape, report.longest_item)  # as the builder records them
+  if attention == "auto":  # what `s2sjax.eval --attention=auto` runs on rows laid this way
+    attention = layers.auto_implementation(share, local, dtype)
   scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype, attention=attention, local_attention=local)
   start = time.time()
   scorer.score(params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)  # compile + warm up
@@ -146,7 +150,7 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   # executed: every row position, attending over the row or its item window
   flops = plan.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
   return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
-              efficiency=report.efficiency, rows=report.rows, row_length=shape.length)
+              efficiency=report.efficiency, rows=report.rows, row_length=shape.length, attention=attention)
 
 
 def row_shape(items: list[Item], row_length: int | None, share: bool) -> RowShape:
@@ -159,7 +163,7 @@ def row_shape(items: list[Item], row_length: int | None, share: bool) -> RowShap
 
 
 def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int | None], batch_size: int,
-                 ref_batch_size: int, dtype, attention: str = "dot_product", protocols=tuple(PROTOCOLS),
+                 ref_batch_size: int, dtype, attention: str = "auto", protocols=tuple(PROTOCOLS),
                  storycloze_csv: str | None = None) -> dict:
   """The reference and every s2sjax protocol at every row length (None: the items' auto length) on one item set;
   results keyed by protocol, and by length too when there are several ("s2sjax, shared @ 1024")."""
@@ -195,15 +199,15 @@ def format_table(run: dict) -> str:
   lines = [
     f"### {run['workload']}: {run['items']} items, {run['candidates']} candidates",
     "",
-    "| protocol | L | tokens computed | vs reference | wall s | vs reference | tokens/s | packing eff. | GFLOP/s "
-    "| max abs diff of mean NLL vs ref |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| protocol | L | attention | tokens computed | vs reference | wall s | vs reference | tokens/s | packing eff. "
+    "| GFLOP/s | max abs diff of mean NLL vs ref |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for name, r in run["results"].items():
     diff = r.get("max_nll_diff", 0.0)
     eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
     lines.append(
-      f"| {name} | {r.get('row_length', '-')} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | "
+      f"| {name} | {r.get('row_length', '-')} | {r.get('attention', '-')} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | "
       f"{r['seconds']:.1f} | {r['seconds'] / reference['seconds']:.2f}x | {r['computed'] / r['seconds']:,.0f} | {eff} | "
       f"{r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
     )
@@ -214,8 +218,9 @@ def define_flags() -> None:
   flags.DEFINE_enum("mode", "reference", ["reference", "accelerator"],
                     "reference: PyTorch protocol vs s2sjax; accelerator: Qwen2.5-shaped throughput and MFU.")
   flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
-  flags.DEFINE_list("attention", ["dot_product"],
-                    "Attention implementation(s): reference mode uses the first; accelerator mode measures each.")
+  flags.DEFINE_list("attention", ["auto"],
+                    "Attention implementation(s), or auto: what s2sjax.eval's auto runs on each protocol's rows "
+                    "(model/layers.auto_implementation). Reference mode uses the first; accelerator mode measures each.")
   flags.DEFINE_integer("rows", 8, "accelerator mode: rows per step.")
   flags.DEFINE_string("mesh", "data:-1", "accelerator mode: mesh axes, e.g. data:-1,model:2 for a 7B on v5e.")
   flags.DEFINE_bool("compile_only", False,
@@ -261,7 +266,8 @@ def main(argv):
                        jnp.dtype(FLAGS.dtype), FLAGS.attention[0], FLAGS.protocols, FLAGS.storycloze_csv)
     print(format_table(run), "\n", flush=True)
     runs.append(run)
-  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {ckpt}")
+  named = FLAGS.checkpoint or "the embedded SmolLM2-135M (default)"  # not the cache path: logs get published
+  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {named}")
   if FLAGS.output:
     strip = lambda r: {k: v for k, v in r.items() if k != "mean_nll"}
     with open(FLAGS.output, "w") as f:

@@ -1,7 +1,7 @@
 r"""Accelerator benchmark: scoring throughput, achieved FLOP/s and MFU of Qwen2.5-shaped models (random weights).
 
   python -m s2sjax.bench --mode=accelerator [--sizes=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b] [--row_length=2048] \
-      [--attention=xla,dot_product,cudnn,flash,flash_shared] [--protocols=noshare,shared,local] [--dtype=bfloat16] \
+      [--attention=auto,xla,dot_product,cudnn,flash,flash_shared] [--protocols=noshare,shared,local] [--dtype=bfloat16] \
       [--rows=8] [--mesh=data:-1] [--peak_tflops=989] [--compile_only] [--output=FILE.json]
 
 Rows are full of benchmark-like items (speech-like prefixes, four options) laid as `bench.PROTOCOLS` lays them:
@@ -12,6 +12,7 @@ weights, attention over the keys each token may see, the head at scored tokens) 
 that computes masked keys pays for them in MFU. Peak bf16 TFLOP/s is looked up from the device kind (TPU
 v4/v5e/v5p/v6e, H100, H200) unless given. The last column is the largest difference in a candidate's mean NLL from
 the size's first configuration: every layout and kernel scores the same items with the same weights.
+`--attention=auto` measures what `s2sjax.eval --attention=auto` runs on each layout (`layers.auto_implementation`).
 
 Each configuration prints its line as soon as it is done (and `--output` is rewritten), so a long run shows
 progress, and one that runs out of memory or fails is reported as such (with the error's first line) while the
@@ -198,8 +199,10 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
   results = []
   for size in sizes:
     first = None
-    for attention in attentions:
+    for choice in attentions:
       for protocol in protocols:
+        _, share, local = bench.PROTOCOLS[protocol]
+        attention = layers.auto_implementation(share, local, dtype) if choice == "auto" else choice
         if unpaired(attention, protocol):  # a pairing that cannot exist anywhere: not a line of the table
           continue
         result = measure(size, length, rows_per_step, attention, dtype, mesh_spec, peak=peak,

@@ -109,20 +109,12 @@ def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
-  """auto: on TPU the Pallas flash kernel, in one pass where rows have no shared prefixes (`flash`), in two
-  cascaded passes merged by log-sum-exp where they do (`flash_shared`); on a GPU in bf16/fp16 cuDNN's fused
-  kernel (`cudnn`: 54.8% MFU at 7B on an H200, against 51.2% for XLA's einsums); elsewhere, for rows whose
-  builds record their longest item (item-local windows), our einsums (`xla`: on this project's 2-core CPU, 4 steps
-  of speech-like rows took 21.8 s against 26.3 s through `jax.nn.dot_product_attention`, best of four runs,
-  alternating), and for whole rows `dot_product` as XLA lowers it (on CPU 10% faster than our einsums at L=1024,
-  2.5x at 2048)."""
+  """--attention, with `auto` resolved for all the data one run scores (`layers.auto_implementation`): shared if
+  any build shares prefixes, windowed only if every build records its longest item (one step may be dense)."""
   if choice != "auto":
     return choice
-  if jax.default_backend() == "tpu":
-    return "flash" if all(not td.metadata["share_prefix"] for td in data) else "flash_shared"
-  if jax.default_backend() == "gpu" and dtype in ("bfloat16", "float16"):
-    return "cudnn"
-  return "xla" if all(td.shape.max_item > 0 for td in data) else "dot_product"
+  return layers.auto_implementation(any(td.metadata["share_prefix"] for td in data),
+                                    all(td.shape.max_item > 0 for td in data), dtype)
 
 
 def run(cfg: EvalConfig) -> list[dict]:
@@ -263,8 +255,8 @@ def define_flags() -> None:
                     "T->T: read the build tokenized by this rule (joint: S2SBench's reference, first + last as one string).")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.", lower_bound=1)
   flags.DEFINE_enum("attention", "auto", ["auto", *layers.ATTENTION_IMPLEMENTATIONS],
-                    "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in bf16, else "
-                    "dot_product.")
+                    "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in bf16, "
+                    "else xla over item-local windows and dot_product over whole rows (layers.auto_implementation).")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "

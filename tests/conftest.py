@@ -10,6 +10,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The default model is converted once per test session into a private cache, not the user's.
 os.environ.setdefault("S2SJAX_CACHE", tempfile.mkdtemp(prefix="s2sjax-test-cache-"))
+# Many tests compile the same steps (a tiny model on the bundled sample, in this process and in the CLI and
+# multi-host subprocesses, which inherit these): one persistent compilation cache per session compiles each once.
+# A fresh directory each session, so no entry outlives the code that compiled it.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="s2sjax-test-xla-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
 

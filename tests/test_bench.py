@@ -30,9 +30,12 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
       assert result["max_nll_diff"] == np.nanmax(np.abs(result["mean_nll"] - results["reference"]["mean_nll"]))
     # rows, not tokens computed: with 8 host devices a step is 8 rows, more than either protocol fills at auto
     assert results[f"s2sjax, shared @ {length}"]["rows"] < results[f"s2sjax, no sharing @ {length}"]["rows"]
+  # attention as s2sjax.eval's auto picks it on a CPU: the fused call over whole rows, our einsums over windows
+  assert [results[f"{name} @ 512"]["attention"] for name in ("s2sjax, no sharing", "s2sjax, shared",
+                                                             "s2sjax, shared, item-local")] == ["dot_product"] * 2 + ["xla"]
   assert results["s2sjax, shared @ 512"]["row_length"] == 512
   assert results["s2sjax, shared @ auto"]["row_length"] == bench.row_shape(items, None, True).length
-  assert "| s2sjax, shared @ 512 | 512 |" in bench.format_table(run)
+  assert "| s2sjax, shared @ 512 | 512 | dot_product |" in bench.format_table(run)
 
 
 @pytest.mark.slow

@@ -105,16 +105,17 @@ def test_the_longest_item_is_recorded_and_bounds_every_segment():
 def test_fit_cuts_the_target_and_slot_tables_to_what_the_fullest_row_uses():
   """By hand: 40 items of 8 prefix tokens and two 3-token candidates (14 tokens, 6 targets, 2 slots each) fill
   rows of 256 with 18 items: 108 targets of the 128 the packer may use and 36 slots of 64. Fitted to buckets of
-  32: 128 targets (108 rounded up) and 64 slots (36 rounded up), never beyond what the packer was given."""
+  32: 128 targets (108 rounded up) and 64 slots (36 rounded up), never beyond what the packer was given; the
+  longest item (14) to ITEM_BUCKET, 32."""
   items = [_item(list(range(1, 9)), [7, 7, 7], [8, 8, 8]) for _ in range(40)]
   rows, report = pack(items, RowShape.for_length(256))
   assert (rows["target_slot"] >= 0).sum(1).max() == 108 and (rows["slot_item"] >= 0).sum(1).max() == 36
   fitted, shape = fit(rows, RowShape.for_length(256), report.longest_item)
-  assert (shape.max_targets, shape.max_slots, shape.max_item) == (128, 64, 64)
+  assert (shape.max_targets, shape.max_slots, shape.max_item) == (128, 64, 32)
   wide = RowShape(256, 512, 256)  # a packer given more room than any row takes
   rows, report = pack(items, wide)
   fitted, shape = fit(rows, wide, report.longest_item)
-  assert (shape.length, shape.max_targets, shape.max_slots, shape.max_item) == (256, 128, 64, 64)
+  assert (shape.length, shape.max_targets, shape.max_slots, shape.max_item) == (256, 128, 64, 32)
   for name, value in fitted.items():  # every dropped column was padding; every kept one is as packed
     width = value.shape[1]
     np.testing.assert_array_equal(value, rows[name][:, :width], err_msg=name)
@@ -122,7 +123,8 @@ def test_fit_cuts_the_target_and_slot_tables_to_what_the_fullest_row_uses():
       assert width in (128, 64) and (rows[name][:, width:] == (-1 if name in ("target_slot", "slot_item",
                                                                                "slot_candidate") else 0)).all()
   # a longest item past the row is capped at the row; a short one takes a whole ITEM_BUCKET
-  assert fit(rows, wide, 300)[1].max_item == 256 and fit(rows, wide, 5)[1].max_item == 64
+  assert fit(rows, wide, 300)[1].max_item == 256 and fit(rows, wide, 5)[1].max_item == 32
+  assert fit(rows, wide, 33)[1].max_item == 64
 
 
 def test_one_step_spans_the_widest_tables_of_its_row_length():
