@@ -207,7 +207,8 @@ def format_table(run: dict) -> str:
     diff = r.get("max_nll_diff", 0.0)
     eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
     lines.append(
-      f"| {name} | {r.get('row_length', '-')} | {r.get('attention', '-')} | {r['computed']:,} | {r['computed'] / reference['computed']:.2f}x | "
+      f"| {name} | {r.get('row_length', '-')} | {r.get('attention', '-')} | {r['computed']:,} | "
+      f"{r['computed'] / reference['computed']:.2f}x | "
       f"{r['seconds']:.1f} | {r['seconds'] / reference['seconds']:.2f}x | {r['computed'] / r['seconds']:,.0f} | {eff} | "
       f"{r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
     )
@@ -220,7 +221,8 @@ def define_flags() -> None:
   flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
   flags.DEFINE_list("attention", ["auto"],
                     "Attention implementation(s), or auto: what s2sjax.eval's auto runs on each protocol's rows "
-                    "(model/layers.auto_implementation). Reference mode uses the first; accelerator mode measures each.")
+                    "(model/layers.auto_implementation). Reference mode uses the first; accelerator mode measures "
+                    "each.")
   flags.DEFINE_integer("rows", 8, "accelerator mode: rows per step.")
   flags.DEFINE_string("mesh", "data:-1", "accelerator mode: mesh axes, e.g. data:-1,model:2 for a 7B on v5e.")
   flags.DEFINE_bool("compile_only", False,

@@ -1,8 +1,8 @@
 r"""Accelerator benchmark: scoring throughput, achieved FLOP/s and MFU of Qwen2.5-shaped models (random weights).
 
   python -m s2sjax.bench --mode=accelerator [--sizes=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b] [--row_length=2048] \
-      [--attention=auto,xla,dot_product,cudnn,flash,flash_shared] [--protocols=noshare,shared,local] [--dtype=bfloat16] \
-      [--rows=8] [--mesh=data:-1] [--peak_tflops=989] [--compile_only] [--output=FILE.json]
+      [--attention=auto,xla,dot_product,cudnn,flash,flash_shared] [--protocols=noshare,shared,local] \
+      [--dtype=bfloat16] [--rows=8] [--mesh=data:-1] [--peak_tflops=989] [--compile_only] [--output=FILE.json]
 
 Rows are full of benchmark-like items (speech-like prefixes, four options) laid as `bench.PROTOCOLS` lays them:
 `noshare` (every prefix + candidate its own segment), `shared` (each prefix once, candidates branching from it,

@@ -3,7 +3,7 @@ r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the
   python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
       [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=N] [--chunk_rows=32] \
-      [--attention=auto|xla|dot_product|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix]
+      [--attention=auto|xla|dot_product|cudnn|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix]
 
 With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
 (converted on first use) with an untrained audio table, so its S->T shows what a text LM that never learned audio
@@ -255,8 +255,9 @@ def define_flags() -> None:
                     "T->T: read the build tokenized by this rule (joint: S2SBench's reference, first + last as one string).")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.", lower_bound=1)
   flags.DEFINE_enum("attention", "auto", ["auto", *layers.ATTENTION_IMPLEMENTATIONS],
-                    "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in bf16, "
-                    "else xla over item-local windows and dot_product over whole rows (layers.auto_implementation).")
+                    "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in "
+                    "bf16, else xla over item-local windows and dot_product over whole rows "
+                    "(layers.auto_implementation).")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "
