@@ -12,7 +12,8 @@ Row format (docs/architecture.md, "Packed rows"), every row the same shape so th
 With prefix sharing (default) an item's prefix is laid down once and every candidate branches from it: the first
 token of every candidate is predicted from the last prefix position, and a candidate's positions continue from the
 end of its prefix. Without sharing, every prefix + candidate is its own segment, as the reference implementation
-scores it; both give the same numbers.
+scores it; both give the same numbers. A candidate's last token is a target only: no scored position reads it, so
+it is not laid (a one-token candidate lays no position at all and is predicted from the prefix alone).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class _Unit:
 @dataclasses.dataclass(frozen=True)
 class _Laid:
   """An item as rows of either format take it: the fields its prefix writes per position, and per candidate the
-  fields it writes per position and per target (one target per candidate position)."""
+  fields it writes per position and per target: a target per position and one more (text: the last token, never
+  read) or one per position (streams)."""
 
   prefix: dict[str, np.ndarray]
   candidates: tuple[tuple[dict[str, np.ndarray], dict[str, np.ndarray]], ...]
@@ -144,10 +146,21 @@ def _validate(index: int, item: Item, num_codebooks: int) -> str:
   return name
 
 
+def _laid_length(candidate: np.ndarray) -> int:
+  """Positions a text candidate takes in a row: all its tokens but the last, which is only predicted."""
+  return len(candidate) - 1
+
+
 def required_length(item: Item, share_prefix: bool) -> int:
-  """Row length the item needs: its prefix plus all candidates (shared), or plus the longest (not shared)."""
-  lengths = [len(c) for c in item.candidates]
+  """Row length the item needs: its prefix plus all candidates as laid (shared), or plus the longest (not shared)."""
+  lengths = [_laid_length(c) for c in item.candidates]
   return len(item.prefix) + (sum(lengths) if share_prefix else max(lengths))
+
+
+def _scored_length(item: Item, share_prefix: bool) -> int:
+  """Targets the item needs in one row: all its candidates' tokens (shared), or the longest candidate's."""
+  lengths = [len(c) for c in item.candidates]
+  return sum(lengths) if share_prefix else max(lengths)
 
 
 # Short rows save nothing once attention is item-local (a token's cost is its item's, not its row's), while they
@@ -162,43 +175,45 @@ def auto_row_length(items: Sequence[Item], share_prefix: bool, targets_per_token
   text candidates, all of it for spoken ones), and four median items, so that a row packs several and the padding
   of the last one stays small. Long speech items get long rows."""
   laid = np.array([required_length(item, share_prefix) for item in items])
-  scored = np.array([sum(len(c) for c in item.candidates) if share_prefix else max(len(c) for c in item.candidates)
-                     for item in items])
+  scored = np.array([_scored_length(item, share_prefix) for item in items])
   need = max(AUTO_MIN_LENGTH, int(laid.max()), int(np.ceil(scored.max() / targets_per_token)),
              4 * int(np.median(laid)))
   return 1 << (need - 1).bit_length()
 
 
-def _fits_shared(prefix_len: int, lengths: list[int], shape: RowShape, share_prefix: bool) -> bool:
-  """Whether, with sharing on, a prefix and candidates of these lengths fit an empty row as one unit (positions,
-  targets and slots), in either row format."""
-  return (share_prefix and prefix_len + sum(lengths) <= shape.length and sum(lengths) <= shape.max_targets
-          and len(lengths) <= shape.max_slots)
+def _fits_shared(prefix_len: int, laid: list[int], scored: list[int], shape: RowShape, share_prefix: bool) -> bool:
+  """Whether, with sharing on, a prefix and candidates laying `laid` positions and scoring `scored` targets each
+  fit an empty row as one unit (positions, targets and slots), in either row format."""
+  return (share_prefix and prefix_len + sum(laid) <= shape.length and sum(scored) <= shape.max_targets
+          and len(scored) <= shape.max_slots)
 
 
 def lays_shared(item: Item, shape: RowShape, share_prefix: bool) -> bool:
   """Whether the item is laid as one shared unit: with sharing on, when prefix and all candidates fit an empty
   row. An item that does not is laid as the unshared mode lays it (a copy of the prefix per candidate), so both
   modes truncate the same prefix tokens and give the same numbers."""
-  return _fits_shared(len(item.prefix), [len(c) for c in item.candidates], shape, share_prefix)
+  return _fits_shared(len(item.prefix), [_laid_length(c) for c in item.candidates],
+                      [len(c) for c in item.candidates], shape, share_prefix)
 
 
 def _truncation(name: str, item: Item, shape: RowShape, share: bool, policy: str) -> int:
   """How many prefix tokens to drop from the left so the item, laid shared or not (`lays_shared`), fits an empty
   row (0 if it fits)."""
-  longest = required_length(item, share) - len(item.prefix)
-  if longest > shape.max_targets:
-    raise PackingError(f"{name}: a candidate of {longest} tokens exceeds a row's {shape.max_targets} targets")
+  scored = _scored_length(item, share)
+  if scored > shape.max_targets:
+    raise PackingError(f"{name}: a candidate of {scored} tokens exceeds a row's {shape.max_targets} targets")
+  laid = required_length(item, share) - len(item.prefix)
   excess = required_length(item, share) - shape.length
   if excess <= 0:
     return 0
   if policy != "truncate_prefix":
     raise PackingError(
-      f"{name}: {len(item.prefix)} prefix + {longest} candidate tokens exceed the row length {shape.length} "
+      f"{name}: {len(item.prefix)} prefix + {laid} candidate tokens laid exceed the row length {shape.length} "
       "(raise the row length, or use the truncate_prefix policy)"
     )
   if excess >= len(item.prefix):
-    raise PackingError(f"{name}: its longest candidate alone ({longest} tokens) does not fit a row of {shape.length}")
+    raise PackingError(f"{name}: its longest candidate ({laid} tokens laid) leaves no room for a prefix token in a "
+                       f"row of {shape.length}")
   return excess
 
 
@@ -233,7 +248,7 @@ def pack(
     if item.prefix_codes is not None and shape.num_codebooks:
       prefix["audio_codes"] = item.prefix_codes[drop:]
     candidates = [np.asarray(candidate) for candidate in item.candidates]
-    laid.append(_Laid(prefix, tuple(({"tokens": c}, {"target_ids": c}) for c in candidates), share))
+    laid.append(_Laid(prefix, tuple(({"tokens": c[:-1]}, {"target_ids": c}) for c in candidates), share))
   return _pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report)
 
 
@@ -242,13 +257,15 @@ def _pack_laid(laid: list[_Laid], shape: RowShape, share_prefix: bool, empty: Ca
   """First-fit-decreasing packing of laid items (either format) into `empty(count)` rows; completes the report."""
   units = []
   for index, item in enumerate(laid):
-    p, lengths = _length(item.prefix), [_length(targets) for _, targets in item.candidates]
+    p = _length(item.prefix)
+    laid_lengths = [_length(positions) for positions, _ in item.candidates]
+    scored = [_length(targets) for _, targets in item.candidates]
     report.unshared_items += share_prefix and not item.share
     if item.share:
-      units.append(_Unit(index, tuple(range(len(lengths))), p, p + sum(lengths), sum(lengths)))
-      report.tokens_saved_by_sharing += (len(lengths) - 1) * p
+      units.append(_Unit(index, tuple(range(len(scored))), p, p + sum(laid_lengths), sum(scored)))
+      report.tokens_saved_by_sharing += (len(scored) - 1) * p
     else:
-      units.extend(_Unit(index, (c,), p, p + n, n) for c, n in enumerate(lengths))
+      units.extend(_Unit(index, (c,), p, p + laid_lengths[c], n) for c, n in enumerate(scored))
   rows = _first_fit(units, shape)
   arrays = empty(len(rows))
   for r, row_units in enumerate(rows):
@@ -361,13 +378,13 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Se
     cursor += p
     for c in unit.candidates:
       at_positions, at_targets = item.candidates[c]
-      n = _length(at_targets)
-      span = slice(cursor, cursor + n)
+      n, n_laid = _length(at_targets), _length(at_positions)
+      span = slice(cursor, cursor + n_laid)
       for name, value in at_positions.items():
         arrays[name][r, span] = value
       arrays["segment_ids"][r, span] = segment
       arrays["branch_ids"][r, span] = c + 1
-      arrays["positions"][r, span] = p + np.arange(n)
+      arrays["positions"][r, span] = p + np.arange(n_laid)
       # token j of the candidate is predicted by the previous token: the last prefix token for j = 0
       targets = slice(n_targets, n_targets + n)
       arrays["target_pos"][r, targets] = np.concatenate([[last_prefix], cursor + np.arange(n - 1)])
@@ -378,7 +395,7 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Se
       arrays["slot_candidate"][r, n_slots] = c
       n_targets += n
       n_slots += 1
-      cursor += n
+      cursor += n_laid
 
 
 # ---- Parallel streams (Moshi): rows whose every position carries a text token and K codebook tokens ------------------
@@ -487,7 +504,7 @@ def _stream_fit(index: int, item: StreamItem, shape: RowShape, layout: StreamLay
   if max(lengths) > shape.max_targets or p + max(lengths) > shape.length:
     raise PackingError(f"{name}: {p} prefix + {max(lengths)} candidate steps exceed the row ({shape.length} "
                        f"positions, {shape.max_targets} targets)")
-  return _fits_shared(p, lengths, shape, share_prefix)
+  return _fits_shared(p, lengths, lengths, shape, share_prefix)
 
 
 def check_stream_item(item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool = True,

@@ -48,12 +48,13 @@ def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
 
   config = bench_accelerator.SIZES["tiny"]
   assert config.num_params() == param_count(init_params(config, jax.random.PRNGKey(0)))  # the FLOP count's base
-  # one item by hand: a prefix of 5 laid once, candidates of 3 and 2 branching from it
+  # one item by hand: a prefix of 5 laid once, candidates of 3 and 2 tokens branching from it, of which 2 and 1 are
+  # laid (a candidate's last token is only predicted)
   rows, _ = pack([Item(np.arange(1, 6), (np.arange(3), np.arange(2)))], RowShape.for_length(64))
   prefix_pairs = 5 * 6 // 2  # causal over the prefix
-  branch_pairs = sum(c * 5 + c * (c + 1) // 2 for c in (3, 2))  # each candidate token: the prefix, its own branch
+  branch_pairs = sum(c * 5 + c * (c + 1) // 2 for c in (2, 1))  # each laid candidate token: the prefix, its branch
   assert bench_accelerator.attended_keys(rows) == prefix_pairs + branch_pairs
-  tokens, targets = 10, 5
+  tokens, targets = 8, 5
   weights = 2 * (config.num_params() - config.vocab_size * config.hidden_size)  # tied: the table is the head
   attention = 4 * config.num_layers * config.num_heads * config.head_dim * (prefix_pairs + branch_pairs)
   expected = tokens * weights + attention + targets * 2 * config.hidden_size * config.vocab_size

@@ -123,6 +123,14 @@ def _run(setup, output, variants=Variants()):
 
 
 PAPER_WEIGHTS = (100,) + (1,) * (OWN - 1)  # per own codebook: "100 for the semantic tokens and 1 for the acoustic"
+# A step's score is the weighted sum of its scored log-probs, so an error e in each log-prob moves it by up to e times
+# the weights' sum (107 for S->S): each log-prob is held to 1e-5, ten times finer than the fp32 rule. On an AMD EPYC
+# host XLA's and torch's fp32 rounding differ by 1.1e-6 per semantic log-prob, which the weight of 100 makes 1.1e-4.
+LOG_PROB_TOLERANCE = 1e-5
+
+
+def _step_tolerance(scored: str) -> float:
+  return LOG_PROB_TOLERANCE * (sum(PAPER_WEIGHTS) if scored.startswith("s2s") else 1)
 
 
 def _naive(setup, question, c, scored) -> tuple[float, int]:
@@ -175,12 +183,13 @@ def test_every_modality_matches_lmmodel_forward_per_candidate_and_sharing_change
         worst_mean = max(worst_mean, abs(line["nll_sum"] / line["n_tokens"] - total / steps))
     print(f"{scored}: {len(questions)} questions, largest |score - LMModel.forward| {worst_sum:.1e} (weighted sum), "
           f"{worst_mean:.1e} (per step)")
-    assert worst_mean <= 1e-4, (scored, worst_mean)
+    assert worst_mean <= _step_tolerance(scored), (scored, worst_mean)
   unshared = _run(setup, "out_noshare", Variants(share_prefix=False))
   for scored in SCORED:
     for key, line in shared[scored].items():
       assert unshared[scored][key]["n_tokens"] == line["n_tokens"]
-      assert abs(unshared[scored][key]["nll_sum"] - line["nll_sum"]) / line["n_tokens"] <= 1e-4, (scored, key)
+      assert abs(unshared[scored][key]["nll_sum"] - line["nll_sum"]) / line["n_tokens"] <= _step_tolerance(scored), (
+        scored, key)
   again = _run(setup, "out")  # every chunk resumed: the same lines
   assert again == shared
 

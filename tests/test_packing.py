@@ -20,15 +20,16 @@ def _segments(rows):
 
 
 def test_shared_prefix_layout_by_hand():
-  rows, report = pack([_item([11, 12, 13], [21, 22], [31])], RowShape(8, 4, 2))
+  rows, report = pack([_item([11, 12, 13], [21, 22, 23], [31, 32])], RowShape(8, 6, 2))
+  # each candidate's last token (23, 32) is a target only: nothing reads it, so it is not laid
   np.testing.assert_array_equal(rows["tokens"][0], [11, 12, 13, 21, 22, 31, 0, 0])
   np.testing.assert_array_equal(rows["segment_ids"][0], [1, 1, 1, 1, 1, 1, 0, 0])
   np.testing.assert_array_equal(rows["branch_ids"][0], [0, 0, 0, 1, 1, 2, 0, 0])
   np.testing.assert_array_equal(rows["positions"][0], [0, 1, 2, 3, 4, 3, 0, 0])  # both candidates continue at 3
-  # 21 and 31 are predicted from the last prefix token (row index 2); 22 from 21 (index 3)
-  np.testing.assert_array_equal(rows["target_pos"][0], [2, 3, 2, 0])
-  np.testing.assert_array_equal(rows["target_ids"][0], [21, 22, 31, 0])
-  np.testing.assert_array_equal(rows["target_slot"][0], [0, 0, 1, -1])
+  # 21 and 31 are predicted from the last prefix token (row index 2); 22 from 21 (index 3), 23 from 22, 32 from 31
+  np.testing.assert_array_equal(rows["target_pos"][0], [2, 3, 4, 2, 5, 0])
+  np.testing.assert_array_equal(rows["target_ids"][0], [21, 22, 23, 31, 32, 0])
+  np.testing.assert_array_equal(rows["target_slot"][0], [0, 0, 0, 1, 1, -1])
   np.testing.assert_array_equal(rows["slot_item"][0], [0, 0])
   np.testing.assert_array_equal(rows["slot_candidate"][0], [0, 1])
   assert report.tokens_saved_by_sharing == 3 and report.real_tokens == 6 and report.efficiency == 6 / 8
@@ -40,42 +41,48 @@ def test_shared_prefix_layout_by_hand():
 
 def test_without_sharing_every_candidate_is_its_own_segment():
   rows, report = pack([_item([11, 12, 13], [21, 22], [31])], RowShape(8, 4, 2), share_prefix=False)
-  assert _segments(rows) == {(11, 12, 13, 21, 22), (11, 12, 13, 31)}
+  assert _segments(rows) == {(11, 12, 13, 21), (11, 12, 13)}  # a one-token candidate lays no position
   assert not rows["branch_ids"][rows["positions"] < 3].any()  # the prefix copies are branch 0
-  assert report.tokens_saved_by_sharing == 0 and report.real_tokens == 9
+  assert report.tokens_saved_by_sharing == 0 and report.real_tokens == 7
+  # 31 is predicted from the last token of its own prefix copy, which holds nothing else
+  r, m = np.argwhere(rows["target_ids"] == 31)[0]
+  at = rows["target_pos"][r, m]
+  assert rows["tokens"][r, at] == 13 and (rows["segment_ids"][r] == rows["segment_ids"][r, at]).sum() == 3
 
 
 def test_first_fit_decreasing_fills_rows():
-  items = [_item(list(range(1, 1 + n)), [7, 7], [8, 8]) for n in (10, 2, 6, 12, 4, 8)]  # sizes 14, 6, 10, 16, 8, 12
-  rows, report = pack(items, RowShape(24, 12, 8))
-  assert report.rows == 3 and report.real_tokens == 66 and report.efficiency == 66 / 72
+  items = [_item(list(range(1, 1 + n)), [7, 7], [8, 8]) for n in (10, 2, 6, 12, 4, 8)]  # laid 12, 4, 8, 14, 6, 10
+  rows, report = pack(items, RowShape(24, 12, 8))  # 14 + 10, 12 + 8 + 4, 6: the targets (4 an item) fill rows of 3
+  assert report.rows == 3 and report.real_tokens == 54 and report.efficiency == 54 / 72
+  assert sorted(rows["segment_ids"].max(1).tolist()) == [1, 2, 3]
   assert sorted(np.unique(rows["slot_item"][rows["slot_item"] >= 0]).tolist()) == list(range(6))
 
 
 def test_items_longer_than_the_row_name_the_item():
   items = [_item(list(range(1, 30)), [5, 6], [7], name="uttid 1234")]
-  with pytest.raises(PackingError, match="uttid 1234: 29 prefix \\+ 2 candidate tokens exceed the row length 16"):
+  with pytest.raises(PackingError, match="uttid 1234: 29 prefix \\+ 1 candidate tokens laid exceed the row length 16"):
     pack(items, RowShape(16, 8, 4))
 
 
 def test_truncate_prefix_drops_prefix_tokens_from_the_left_only():
   items = [_item(list(range(1, 30)), [50, 60], [70]), _item([1, 2], [3], [4])]
   rows, report = pack(items, RowShape(16, 8, 4), overlong="truncate_prefix")
-  # too long to share (29 + 3 > 16): laid as the unshared mode lays it, 15 dropped so 14 + the longest (2) fit
-  assert report.truncated_items == ["item 0"] and report.truncated_tokens == 15 and report.unshared_items == 1
-  assert {tuple(range(16, 30)) + (50, 60), tuple(range(16, 30)) + (70,)} <= _segments(rows)
-  assert rows["positions"][rows["tokens"] == 16].tolist() == [0, 0]  # positions restart at the kept prefix
+  # too long to share (29 + 1 laid > 16): laid as the unshared mode lays it, 14 dropped so 15 + the longest as laid
+  # (50: 60 is only predicted) fit
+  assert report.truncated_items == ["item 0"] and report.truncated_tokens == 14 and report.unshared_items == 1
+  assert {tuple(range(15, 30)) + (50,), tuple(range(15, 30))} <= _segments(rows)
+  assert rows["positions"][rows["tokens"] == 15].tolist() == [0, 0]  # positions restart at the kept prefix
 
 
 def test_sharing_on_and_off_truncate_an_overlong_item_alike():
-  # prefix 100 + two candidates of 30 in rows of 128: shared it would need 160 and lose 32 prefix tokens, each
-  # candidate alone needs 130 and loses 2; both modes must lay (and so score) the same tokens
+  # prefix 100 + two candidates of 30 (29 laid) in rows of 128: shared it would need 158 and lose 30 prefix tokens,
+  # each candidate alone needs 129 and loses 1; both modes must lay (and so score) the same tokens
   item = _item(list(range(1, 101)), list(range(200, 230)), list(range(300, 330)))
   shared, shared_report = pack([item], RowShape.for_length(128), overlong="truncate_prefix")
   unshared, unshared_report = pack([item], RowShape.for_length(128), share_prefix=False, overlong="truncate_prefix")
-  assert _segments(shared) == _segments(unshared) == {tuple(range(3, 101)) + tuple(range(200, 230)),
-                                                       tuple(range(3, 101)) + tuple(range(300, 330))}
-  assert shared_report.truncated_tokens == unshared_report.truncated_tokens == 2
+  assert _segments(shared) == _segments(unshared) == {tuple(range(2, 101)) + tuple(range(200, 229)),
+                                                       tuple(range(2, 101)) + tuple(range(300, 329))}
+  assert shared_report.truncated_tokens == unshared_report.truncated_tokens == 1
   assert shared_report.unshared_items == 1 and unshared_report.unshared_items == 0
 
 
@@ -87,7 +94,7 @@ def test_malformed_items_are_refused_by_name():
     pack([_item([1], [2], [], name="q9")], shape)
   with pytest.raises(PackingError, match="q10: empty prefix"):
     pack([_item([], [2], [3], name="q10")], shape)
-  with pytest.raises(PackingError, match="q11: its longest candidate alone \\(30 tokens\\)"):
+  with pytest.raises(PackingError, match="q11: its longest candidate \\(29 tokens laid\\) leaves no room"):
     pack([_item([1, 2], list(range(30)), [5], name="q11")], RowShape(24, 48, 4), overlong="truncate_prefix")
 
 
@@ -97,19 +104,20 @@ def test_the_longest_item_is_recorded_and_bounds_every_segment():
   items = [_item(list(range(1, 1 + n)), [7, 7], [8, 8, 8]) for n in (10, 2, 30)]
   shared, shared_report = pack(items, RowShape(64, 32, 8))
   unshared, unshared_report = pack(items, RowShape(64, 32, 8), share_prefix=False)
-  assert shared_report.longest_item == longest_item(shared["segment_ids"]) == 30 + 5
-  assert unshared_report.longest_item == longest_item(unshared["segment_ids"]) == 30 + 3
-  assert shared_report.as_dict()["longest_item"] == 35
+  # the candidates lay 1 and 2 tokens (their last is only predicted)
+  assert shared_report.longest_item == longest_item(shared["segment_ids"]) == 30 + 3
+  assert unshared_report.longest_item == longest_item(unshared["segment_ids"]) == 30 + 2
+  assert shared_report.as_dict()["longest_item"] == 33
 
 
 def test_fit_cuts_the_target_and_slot_tables_to_what_the_fullest_row_uses():
-  """By hand: 40 items of 8 prefix tokens and two 3-token candidates (14 tokens, 6 targets, 2 slots each) fill
-  rows of 256 with 18 items: 108 targets of the 128 the packer may use and 36 slots of 64. Fitted to buckets of
-  32: 128 targets (108 rounded up) and 64 slots (36 rounded up), never beyond what the packer was given; the
-  longest item (14) to ITEM_BUCKET, 32."""
+  """By hand: 40 items of 8 prefix tokens and two 3-token candidates (12 tokens laid, 6 targets, 2 slots each)
+  fill rows of 256 with 21 items: 126 targets of the 128 the packer may use and 42 slots of 64. Fitted to buckets
+  of 32: 128 targets (126 rounded up) and 64 slots (42 rounded up), never beyond what the packer was given; the
+  longest item (12) to ITEM_BUCKET, 32."""
   items = [_item(list(range(1, 9)), [7, 7, 7], [8, 8, 8]) for _ in range(40)]
   rows, report = pack(items, RowShape.for_length(256))
-  assert (rows["target_slot"] >= 0).sum(1).max() == 108 and (rows["slot_item"] >= 0).sum(1).max() == 36
+  assert (rows["target_slot"] >= 0).sum(1).max() == 126 and (rows["slot_item"] >= 0).sum(1).max() == 42
   fitted, shape = fit(rows, RowShape.for_length(256), report.longest_item)
   assert (shape.max_targets, shape.max_slots, shape.max_item) == (128, 64, 32)
   wide = RowShape(256, 512, 256)  # a packer given more room than any row takes
@@ -140,12 +148,13 @@ def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
   from s2sjax.packing import auto_row_length
 
   item = lambda prefix, *candidates: Item(np.ones(prefix, np.int32), tuple(np.ones(c, np.int32) for c in candidates))
-  assert auto_row_length([item(40, 10, 12)] * 9, True, 0.5) == 1024  # 62 tokens laid: 4 x 62 = 248, the minimum
-  short = [item(160, 40, 48)] * 9  # 248 tokens laid shared: 4 x 248 = 992 -> 1024
+  # a candidate lays all its tokens but the last
+  assert auto_row_length([item(40, 10, 12)] * 9, True, 0.5) == 1024  # 60 tokens laid: 4 x 60 = 240, the minimum
+  short = [item(160, 40, 48)] * 9  # 246 tokens laid shared: 4 x 246 = 984 -> 1024
   assert auto_row_length(short, True, 0.5) == 1024
-  assert auto_row_length(short + [item(1200, 80, 80)], True, 0.5) == 2048  # the longest item: 1360 tokens
-  wide = short + [item(40, 600, 600)]  # 1240 laid, but 1200 targets at half a row -> 2400
+  assert auto_row_length(short + [item(1200, 80, 80)], True, 0.5) == 2048  # the longest item: 1358 tokens
+  wide = short + [item(40, 600, 600)]  # 1238 laid, but 1200 targets at half a row -> 2400
   assert auto_row_length(wide, True, 0.5) == 4096
   assert auto_row_length(wide, True, 1.0) == 2048  # spoken candidates: the whole row may score
-  assert auto_row_length(wide, False, 0.5) == 2048  # unshared: 640 laid, 600 scored per copy -> 1200
-  assert auto_row_length([item(360, 40, 40)] * 5, True, 0.5) == 2048  # four median items: 1760
+  assert auto_row_length(wide, False, 0.5) == 2048  # unshared: 639 laid, 600 scored per copy -> 1200
+  assert auto_row_length([item(360, 40, 40)] * 5, True, 0.5) == 2048  # four median items: 1752

@@ -168,7 +168,7 @@ def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
     build_rows(questions, encoder, shape)
   with pytest.raises(AudioError, match=r"audio file .*4_x\.wav cannot be read"):
     build_rows(questions[2:], encoder, shape)
-  with pytest.raises(ValueError, match=r"question 6_x: \d+ prefix \+ \d+ candidate tokens exceed the row length 1024"):
+  with pytest.raises(ValueError, match=r"question 6_x: \d+ prefix \+ \d+ candidate tokens laid exceed the row length 1024"):
     build_rows(questions[3:], encoder, shape)
   rows, table, report = build_rows(questions, encoder, shape, skip_bad=True)
   assert list(table.ids) == ["0_x"] and report["skipped"] == 3
@@ -292,8 +292,8 @@ def test_questions_the_packer_cannot_fit_are_named_or_skipped(qwen_tokenizer_dir
   rows, table, report = build_rows([good, wordy], encoder, narrow, skip_bad=True)
   assert list(table.ids) == ["good"] and report["skipped"] == 1
   assert report["skipped_questions"][0]["where"] == "question wordy"
-  short = RowShape(length=24, max_targets=64, max_slots=4)
-  alone = r"question wordy: its .*candidates? alone \(\d+ tokens\) does? not fit a row of 24"
+  short = RowShape(length=16, max_targets=64, max_slots=4)
+  alone = r"question wordy: its longest candidate \(\d+ tokens laid\) leaves no room for a prefix token in a row of 16"
   with pytest.raises(PackingError, match=alone):
     build_rows([good, wordy], encoder, short, overlong="truncate_prefix")
   rows, table, report = build_rows([good, wordy], encoder, short, skip_bad=True, overlong="truncate_prefix")
