@@ -14,7 +14,9 @@ For the same model and items it prints, side by side: tokens computed and wall t
 with the attention each ran (`--attention=auto`, the default: what `s2sjax.eval` picks for such rows), packing
 efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
 largest disagreement in mean NLL. Each s2sjax protocol runs at each row length given (`auto`, the default: the
-length a build chooses for the items), against the one reference run. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
+length a build chooses for the items), against the one reference run. A last line names the machine and how fast
+one fp32 matmul runs on each side (torch's BLAS, XLA): per token, the two sides' ratio is that of the FLOPs each
+executes times that of these speeds, and the second is the hardware's and the libraries', not the protocols'. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
 (about 200 audio-unit tokens, four options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
 stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
 The default model is the embedded SmolLM2-135M.
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import time
 from typing import Sequence
 
@@ -194,6 +198,47 @@ def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int
           "results": results}
 
 
+def processor() -> str:
+  """The CPU's model name where Linux tells it, else what `platform` knows."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.processor() or platform.machine()
+
+
+def matmul_speeds(dtype, size: int = 2048, repeats: int = 5) -> dict:
+  """GFLOP/s of one [size x size] @ [size x size] matmul in `dtype`, best of `repeats`, on the device each side
+  runs on: torch (the reference) and XLA (s2sjax)."""
+  import torch
+
+  a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  x = torch.from_numpy(a).to(device=device, dtype=getattr(torch, jnp.dtype(dtype).name))
+  y = jnp.asarray(a, dtype)
+  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None  # as the decoder asks
+  xla_matmul = jax.jit(lambda m: jnp.dot(m, m, precision=precision))
+
+  def best(run) -> float:
+    run()  # warm-up (and compilation)
+    seconds = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      run()
+      seconds.append(time.perf_counter() - start)
+    return round(2 * size**3 / min(seconds) / 1e9, 1)
+
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  return {"size": size, "torch_gflops": best(lambda: (x @ x, sync())),
+          "xla_gflops": best(lambda: xla_matmul(y).block_until_ready())}
+
+
+def machine_line(machine: dict) -> str:
+  speeds = machine["matmul"]
+  return (f"machine: {machine['processor']}, {machine['cores']} cores; one {speeds['size']}x{speeds['size']} "
+          f"matmul: torch {speeds['torch_gflops']:.0f} GFLOP/s, XLA {speeds['xla_gflops']:.0f} GFLOP/s")
+
+
 def format_table(run: dict) -> str:
   reference = run["results"]["reference"]
   lines = [
@@ -270,10 +315,13 @@ def main(argv):
     runs.append(run)
   named = FLAGS.checkpoint or "the embedded SmolLM2-135M (default)"  # not the cache path: logs get published
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {named}")
+  machine = {"processor": processor(), "cores": os.cpu_count(), "matmul": matmul_speeds(jnp.dtype(FLAGS.dtype))}
+  print(machine_line(machine))
   if FLAGS.output:
     strip = lambda r: {k: v for k, v in r.items() if k != "mean_nll"}
     with open(FLAGS.output, "w") as f:
-      json.dump([dict(run, results={n: strip(r) for n, r in run["results"].items()}) for run in runs], f, indent=2)
+      json.dump([dict(run, results={n: strip(r) for n, r in run["results"].items()}, machine=machine) for run in runs],
+                f, indent=2)
 
 
 if __name__ == "__main__":
