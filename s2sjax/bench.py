@@ -14,10 +14,12 @@ For the same model and items it prints, side by side: tokens computed and wall t
 with the attention each ran (`--attention=auto`, the default: what `s2sjax.eval` picks for such rows), packing
 efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
 largest disagreement in mean NLL. Each s2sjax protocol runs at each row length given (`auto`, the default: the
-length a build chooses for the items), against the one reference run. A last line names the machine and how fast
-one fp32 matmul runs on each side (torch's BLAS, XLA): per token, the two sides' ratio is that of the FLOPs each
-executes times that of these speeds, and the second is the hardware's and the libraries', not the protocols'. Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech`
-(about 200 audio-unit tokens, four options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
+length a build chooses for the items), against the one reference run. On a CPU a last line names the processor
+and how fast one 2048^2 matmul in the run's dtype goes on each side (torch's BLAS, XLA): per token, the two
+sides' ratio is that of the FLOPs each executes times that of the FLOP/s each reaches (the GFLOP/s column), and
+the probe shows how much of the second is the libraries' and the processor's rather than the protocols'.
+Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech` (about 200 audio-unit tokens, four
+options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
 stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
 The default model is the embedded SmolLM2-135M.
 """
@@ -98,7 +100,13 @@ def reference_model(source: str, dtype):
   from checkpoints_conversion.verify import load_torch_model
 
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  return load_torch_model(source).to(device=device, dtype=getattr(torch, jnp.dtype(dtype).name))
+  return load_torch_model(source).to(device=device, dtype=torch_dtype(dtype))
+
+
+def torch_dtype(dtype):
+  import torch
+
+  return getattr(torch, jnp.dtype(dtype).name)
 
 
 def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batch_size: int) -> tuple[np.ndarray, int, float]:
@@ -198,6 +206,12 @@ def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int
           "results": results}
 
 
+def cpu_machine(dtype) -> dict:
+  """The processor, its cores and the matmul probe, for a run on the CPU (an accelerator's run names its device)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"processor": processor(), "cores": cores, "matmul": matmul_speeds(dtype)}
+
+
 def processor() -> str:
   """The CPU's model name where Linux tells it, else what `platform` knows."""
   try:
@@ -208,19 +222,18 @@ def processor() -> str:
 
 
 def matmul_speeds(dtype, size: int = 2048, repeats: int = 5) -> dict:
-  """GFLOP/s of one [size x size] @ [size x size] matmul in `dtype`, best of `repeats`, on the device each side
-  runs on: torch (the reference) and XLA (s2sjax)."""
+  """GFLOP/s of one [size x size] @ [size x size] matmul in `dtype` on the CPU, best of `repeats` after a warm-up,
+  for torch (the reference's BLAS) and XLA (s2sjax's, at the precision the decoder asks for)."""
   import torch
 
   a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
-  device = "cuda" if torch.cuda.is_available() else "cpu"
-  x = torch.from_numpy(a).to(device=device, dtype=getattr(torch, jnp.dtype(dtype).name))
-  y = jnp.asarray(a, dtype)
-  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None  # as the decoder asks
+  x = torch.from_numpy(a).to(dtype=torch_dtype(dtype))
+  y = jax.device_put(jnp.asarray(a, dtype), jax.devices("cpu")[0])
+  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
   xla_matmul = jax.jit(lambda m: jnp.dot(m, m, precision=precision))
 
   def best(run) -> float:
-    run()  # warm-up (and compilation)
+    run()
     seconds = []
     for _ in range(repeats):
       start = time.perf_counter()
@@ -228,14 +241,14 @@ def matmul_speeds(dtype, size: int = 2048, repeats: int = 5) -> dict:
       seconds.append(time.perf_counter() - start)
     return round(2 * size**3 / min(seconds) / 1e9, 1)
 
-  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-  return {"size": size, "torch_gflops": best(lambda: (x @ x, sync())),
+  return {"size": size, "dtype": jnp.dtype(dtype).name, "torch_gflops": best(lambda: x @ x),
           "xla_gflops": best(lambda: xla_matmul(y).block_until_ready())}
 
 
 def machine_line(machine: dict) -> str:
+  """The machine as the bench's last line prints it."""
   speeds = machine["matmul"]
-  return (f"machine: {machine['processor']}, {machine['cores']} cores; one {speeds['size']}x{speeds['size']} "
+  return (f"machine: {machine['processor']}, {machine['cores']} cores; one {speeds['size']}^2 {speeds['dtype']} "
           f"matmul: torch {speeds['torch_gflops']:.0f} GFLOP/s, XLA {speeds['xla_gflops']:.0f} GFLOP/s")
 
 
@@ -315,8 +328,10 @@ def main(argv):
     runs.append(run)
   named = FLAGS.checkpoint or "the embedded SmolLM2-135M (default)"  # not the cache path: logs get published
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {named}")
-  machine = {"processor": processor(), "cores": os.cpu_count(), "matmul": matmul_speeds(jnp.dtype(FLAGS.dtype))}
-  print(machine_line(machine))
+  machine = {}
+  if jax.default_backend() == "cpu":
+    machine = cpu_machine(FLAGS.dtype)
+    print(machine_line(machine))
   if FLAGS.output:
     strip = lambda r: {k: v for k, v in r.items() if k != "mean_nll"}
     with open(FLAGS.output, "w") as f:

@@ -45,7 +45,7 @@ class Item:
 
 # Item bounds are rounded up to this, and fitted target and slot tables (`fit`) to TABLE_BUCKET, so that tasks
 # with similar items share one compiled step. The item bound sets the item-local window, which grows in blocks of
-# 32 queries (model/layers.LOCAL_BLOCK): a coarser bucket only widens it. StoryCloze items (at most 88 tokens laid)
+# 32 queries (model/layers.LOCAL_BLOCK): a coarser bucket only widens it. StoryCloze items (at most 86 tokens laid)
 # get 128 keys a query block, not the 160 of a bucket of 64 (attention over 30 SmolLM2 layers, 2 rows of 1024 on a
 # 2-core CPU: 547 ms against 649).
 ITEM_BUCKET = 32
@@ -363,8 +363,8 @@ def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
 
 
 def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[_Laid]) -> None:
-  """Lays row r (either format): per unit its prefix, then each candidate branching from it, a target per
-  candidate position and a slot per candidate."""
+  """Lays row r (either format): per unit its prefix, then each candidate branching from it (the positions its
+  `_Laid` entry gives), a target per candidate token and a slot per candidate."""
   cursor, n_targets, n_slots = 0, 0, 0
   for segment, unit in enumerate(units, 1):
     item = laid[unit.item]

@@ -79,18 +79,20 @@ def forward_flops(config: ModelConfig, tokens: float, context: float, scored: fl
 
 
 def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, packing: float = 0.95) -> dict[str, float]:
-  """FLOPs of every task x modality: tokens computed (shared prefixes, packed at `packing`, each attending over
-  the whole row as the step computes it) and the head at the candidate tokens."""
+  """FLOPs of every task x modality: tokens computed (shared prefixes and candidates as laid, without their last
+  token; packed at `packing`, each attending over the whole row: an upper bound where attention is item-local) and
+  the head at every candidate token."""
   out = {}
   for task in benchmarks.names():
     record = benchmarks.get(task)
     sizes = record.sizes
-    candidates = record.candidates * sizes.candidate_tokens
-    text = sizes.prefix_tokens + candidates
-    speech = INSTRUCTION_TOKENS + 2 + sizes.seconds * frame_rate + candidates
+    scored = record.candidates * sizes.candidate_tokens
+    laid = record.candidates * (sizes.candidate_tokens - 1)
+    text = sizes.prefix_tokens + laid
+    speech = INSTRUCTION_TOKENS + 2 + sizes.seconds * frame_rate + laid
     for modality, tokens in (("t2t", text), ("s2t", speech)):
       out[f"{task}/{modality}"] = forward_flops(config, sizes.questions * tokens / packing, row_length,
-                                                sizes.questions * candidates)
+                                                sizes.questions * scored)
   return out
 
 

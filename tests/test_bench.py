@@ -115,3 +115,13 @@ def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypat
                    for length in (256, 512))
   assert first["skipped"].startswith("out of memory: RESOURCE_EXHAUSTED") and second["tokens_per_s"] > 0
   assert "out of memory" in bench_accelerator.format_row(first)
+
+
+def test_the_machine_line_names_the_processor_and_each_sides_matmul_speed():
+  from s2sjax import bench
+
+  speeds = bench.matmul_speeds("float32", size=64, repeats=1)
+  assert speeds["dtype"] == "float32" and speeds["torch_gflops"] > 0 and speeds["xla_gflops"] > 0
+  machine = {"processor": "AMD EPYC", "cores": 2, "matmul": dict(speeds, torch_gflops=236.4, xla_gflops=530.2)}
+  assert bench.machine_line(machine) == ("machine: AMD EPYC, 2 cores; one 64^2 float32 matmul: torch 236 GFLOP/s, "
+                                         "XLA 530 GFLOP/s")

@@ -39,6 +39,16 @@ def test_shared_prefix_layout_by_hand():
   assert mask[4, :5].all() and not mask[2, 3:].any() and not mask[6].any()
 
 
+def test_a_one_token_candidate_lays_nothing_and_is_predicted_from_the_prefix():
+  rows, report = pack([_item([11, 12], [21], [31, 32], [41])], RowShape(8, 6, 4))
+  np.testing.assert_array_equal(rows["tokens"][0], [11, 12, 31, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows["branch_ids"][0], [0, 0, 2, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows["target_pos"][0, :4], [1, 1, 2, 1])  # 21, 31 and 41 from 12; 32 from 31
+  np.testing.assert_array_equal(rows["target_ids"][0, :4], [21, 31, 32, 41])
+  np.testing.assert_array_equal(rows["target_slot"][0, :5], [0, 1, 1, 2, -1])
+  assert report.real_tokens == 3 and report.longest_item == 3
+
+
 def test_without_sharing_every_candidate_is_its_own_segment():
   rows, report = pack([_item([11, 12, 13], [21, 22], [31])], RowShape(8, 4, 2), share_prefix=False)
   assert _segments(rows) == {(11, 12, 13, 21), (11, 12, 13)}  # a one-token candidate lays no position
