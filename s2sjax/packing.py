@@ -111,8 +111,8 @@ class _Unit:
 @dataclasses.dataclass(frozen=True)
 class _Laid:
   """An item as rows of either format take it: the fields its prefix writes per position, and per candidate the
-  fields it writes per position and per target: a target per position and one more (text: the last token, never
-  read) or one per position (streams)."""
+  fields it writes per position and per target: a target per position and one more (the last token or step,
+  which no scored position reads)."""
 
   prefix: dict[str, np.ndarray]
   candidates: tuple[tuple[dict[str, np.ndarray], dict[str, np.ndarray]], ...]
@@ -500,11 +500,13 @@ def _stream_fit(index: int, item: StreamItem, shape: RowShape, layout: StreamLay
   delayed prefix cannot lose steps cleanly."""
   name = _validate_stream_item(index, item, layout)
   p = len(item.prefix) + 1  # the initial step opens every item
-  lengths = [len(c) + (max(layout.delays) if flush else 0) for c in item.candidates]
-  if max(lengths) > shape.max_targets or p + max(lengths) > shape.length:
-    raise PackingError(f"{name}: {p} prefix + {max(lengths)} candidate steps exceed the row ({shape.length} "
-                       f"positions, {shape.max_targets} targets)")
-  return _fits_shared(p, lengths, lengths, shape, share_prefix)
+  lengths = [len(c) + (max(layout.delays) if flush else 0) for c in item.candidates]  # steps predicted
+  laid = [n - 1 for n in lengths]  # as text: a candidate's last step is a target only
+  if max(lengths) > shape.max_targets:
+    raise PackingError(f"{name}: a candidate of {max(lengths)} steps exceeds a row's {shape.max_targets} targets")
+  if p + max(laid) > shape.length:
+    raise PackingError(f"{name}: {p} prefix + {max(laid)} candidate steps laid exceed the row length {shape.length}")
+  return _fits_shared(p, laid, lengths, shape, share_prefix)
 
 
 def check_stream_item(item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool = True,
@@ -527,7 +529,7 @@ def pack_streams(
     share = _stream_fit(index, item, shape, layout, share_prefix, flush)
     prefix_steps, candidates = _stream_unit_steps(item, layout, flush)
     laid.append(_Laid({"stream_tokens": prefix_steps}, tuple(
-      ({"stream_tokens": steps}, {"target_frame": steps, "target_weight": weights}) for steps, weights in candidates
+      ({"stream_tokens": steps[:-1]}, {"target_frame": steps, "target_weight": weights}) for steps, weights in candidates
     ), share))
   return _pack_laid(laid, shape, share_prefix, lambda count: empty_stream_rows(count, shape, layout.num_streams),
                     PackReport(items=len(items)))

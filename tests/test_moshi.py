@@ -214,6 +214,18 @@ def naive_scores(model, config, item, weights, flush):
   return out
 
 
+# A step's score is the weighted sum of its scored log-probs, so an error e in each log-prob moves it by up to e
+# times the weights' sum (102-107 for S->S): each log-prob is held to 5e-6, twenty times finer than the fp32 rule.
+# XLA's and torch's fp32 rounding differ by up to 1.4e-6 per log-prob on the hosts measured; on an AMD EPYC such an
+# error on a semantic log-prob, times its weight of 100, once moved an S->S step by 1.1e-4.
+LOG_PROB_TOLERANCE = 5e-6
+
+
+def step_tolerance(weights) -> float:
+  """The bound on a step's weighted score against LMModel.forward, given the per-stream weights."""
+  return LOG_PROB_TOLERANCE * sum(weights)
+
+
 def score(config, params, items, weights, share, flush=False, mesh=None, batch_size=2, length=64):
   rows, _ = packing.pack_streams(items, packing.RowShape(length, 32, 6), layout_of(config), share, flush)
   rows = moshi_family.weigh(rows, weights)
@@ -244,7 +256,7 @@ def test_packed_prefix_shared_rows_equal_per_sequence_lmmodel(tiny, converted, w
       worst_mean = max(worst_mean, abs(shared.mean_nll[i, c] - total / steps))
   print(f"weights {weights}: largest |weighted NLL - LMModel.forward| {worst_sum:.1e} (sum), "
         f"{worst_mean:.1e} (per step)")
-  assert worst_mean <= 1e-4, worst_mean
+  assert worst_mean <= step_tolerance(weights), worst_mean
 
 
 @pytest.mark.slow

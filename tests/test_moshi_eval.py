@@ -41,7 +41,7 @@ from s2sjax.task_data import Variants, load_task_data  # noqa: E402
 from tasks.prepare import prepare  # noqa: E402
 from tasks.release import read_questions  # noqa: E402
 from tasks.sample import RELEASE_DIR  # noqa: E402
-from tests.test_moshi import LOADER, TINY, release_state_dict, write_release  # noqa: E402
+from tests.test_moshi import LOADER, TINY, release_state_dict, step_tolerance, write_release  # noqa: E402
 
 TASK = "sstorycloze"
 TEXT_CARD = 128  # the tiny tokenizer's pieces fit below it
@@ -123,15 +123,10 @@ def _run(setup, output, variants=Variants()):
 
 
 PAPER_WEIGHTS = (100,) + (1,) * (OWN - 1)  # per own codebook: "100 for the semantic tokens and 1 for the acoustic"
-# A step's score is the weighted sum of its scored log-probs, so an error e in each log-prob moves it by up to e times
-# the weights' sum (107 for S->S): each log-prob is held to 5e-6, twenty times finer than the fp32 rule. XLA's and
-# torch's fp32 rounding differ by up to 1.3e-6 per log-prob on both hosts measured; on an AMD EPYC one such error
-# on a semantic log-prob, times its weight of 100, moved an S->S step by 1.1e-4 (bound: 5.4e-4).
-LOG_PROB_TOLERANCE = 5e-6
 
 
 def _step_tolerance(scored: str) -> float:
-  return LOG_PROB_TOLERANCE * (sum(PAPER_WEIGHTS) if scored.startswith("s2s") else 1)
+  return step_tolerance(PAPER_WEIGHTS if scored.startswith("s2s") else (1,))
 
 
 def _naive(setup, question, c, scored) -> tuple[float, int]:

@@ -168,3 +168,21 @@ def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
   assert auto_row_length(wide, True, 1.0) == 2048  # spoken candidates: the whole row may score
   assert auto_row_length(wide, False, 0.5) == 2048  # unshared: 639 laid, 600 scored per copy -> 1200
   assert auto_row_length([item(360, 40, 40)] * 5, True, 0.5) == 2048  # four median items: 1752
+
+
+def test_stream_candidates_lay_all_their_steps_but_the_last():
+  """Parallel streams (delays 0, initial ids 90 and 91): the item opens with the initial step, then its prefix
+  steps; a candidate lays its steps but the last, which is a target only, as a text candidate's last token."""
+  from s2sjax.packing import StreamItem, StreamLayout, pack_streams
+
+  layout = StreamLayout(delays=(0, 0), initial_ids=(90, 91), predicted=2)
+  prefix = np.array([[1, 11], [2, 12]])
+  item = StreamItem(prefix, (np.array([[3, 13], [4, 14]]), np.array([[5, 15]])), scored=(0, 1), name="q")
+  rows, report = pack_streams([item], RowShape(8, 6, 2), layout)
+  np.testing.assert_array_equal(rows["stream_tokens"][0, :5], [[90, 91], [1, 11], [2, 12], [3, 13], [-1, -1]])
+  np.testing.assert_array_equal(rows["branch_ids"][0, :5], [0, 0, 0, 1, 0])
+  np.testing.assert_array_equal(rows["target_pos"][0, :3], [2, 3, 2])  # 3|13 and 5|15 from 2|12; 4|14 from 3|13
+  np.testing.assert_array_equal(rows["target_frame"][0, :3], [[3, 13], [4, 14], [5, 15]])
+  assert report.real_tokens == 4 and report.longest_item == 4
+  with pytest.raises(PackingError, match=r"q: 3 prefix \+ 1 candidate steps laid exceed the row length 3"):
+    pack_streams([item], RowShape(3, 6, 2), layout)
