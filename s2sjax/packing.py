@@ -202,8 +202,8 @@ def _truncation(name: str, item: Item, shape: RowShape, share: bool, policy: str
   scored = _scored_length(item, share)
   if scored > shape.max_targets:
     raise PackingError(f"{name}: a candidate of {scored} tokens exceeds a row's {shape.max_targets} targets")
-  laid = required_length(item, share) - len(item.prefix)
-  excess = required_length(item, share) - shape.length
+  needed = required_length(item, share)
+  laid, excess = needed - len(item.prefix), needed - shape.length
   if excess <= 0:
     return 0
   if policy != "truncate_prefix":
