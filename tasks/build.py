@@ -12,6 +12,7 @@ by `pack_streams`, which applies the spec's delays, and each scored token carrie
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import os
@@ -33,18 +34,25 @@ from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Problems, Question
 
+# Recordings loaded and tokenized together by `QuestionEncoder.tokenize_audio`: enough for full length buckets,
+# few enough that their waves fit in memory (512 ten-second waves at 24 kHz: 0.5 GB).
+TOKENIZE_CHUNK = 512
+
 @dataclasses.dataclass
 class BuildStats:
   questions: int = 0
   skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   audio_seconds: float = 0.0
   seconds: float = 0.0
+  audio_files: dict[str, int] = dataclasses.field(default_factory=dict)  # resampled / mixed_down counts
 
   def as_dict(self) -> dict:
     return {
       "questions": self.questions, "skipped": len(self.skipped),
       "skipped_questions": [{"where": w, "why": y} for w, y in self.skipped],
       "audio_seconds": round(self.audio_seconds, 2), "build_seconds": round(self.seconds, 2),
+      "audio_files_resampled": self.audio_files.get("resampled", 0),
+      "audio_files_mixed_down": self.audio_files.get("mixed_down", 0),
       "questions_per_second": round(self.questions / self.seconds, 2) if self.seconds else None,
       "audio_seconds_per_second": round(self.audio_seconds / self.seconds, 2) if self.seconds else None,
     }
@@ -88,6 +96,9 @@ class QuestionEncoder:
     self.num_codebooks = (len(spec.codebook_sizes)
                           if self.modality.prefix == SPEECH and spec.audio_mode == "codebook_tables" else 0)
     self._audio_cache: dict[str, tuple[np.ndarray, float]] = {}
+    self._audio_failures: dict[str, AudioError] = {}  # recordings the batched pass could not load, by key
+    self._requests: dict[str, tuple[tuple[str, ...], str]] | None = None  # set while `tokenize_audio` collects
+    self.audio_counts: collections.Counter = collections.Counter()  # files resampled or mixed down
 
   def language(self, question: Question) -> str:
     # S2SBench's reference code applies the last dataset's language to every dataset (the quirk switch).
@@ -102,16 +113,66 @@ class QuestionEncoder:
     are read by `name` (`<uttid>`, `candidates/<uttid>`, joined by `+`)."""
     tokenizer = self.audio_tokenizer
     key = "+".join(_file_digest(p) for p in paths) if tokenizer.reads_audio else name
+    if self._requests is not None:  # `tokenize_audio` is listing what the questions ask for
+      self._requests.setdefault(key, (paths, name))
+      return np.zeros((1, tokenizer.num_codebooks), np.int32), 0.0
+    if key in self._audio_failures:
+      raise self._audio_failures[key]
     if key not in self._audio_cache:
       if not tokenizer.reads_audio:
         codes, seconds = np.concatenate([tokenizer.encode(None, part) for part in name.split("+")]), 0.0
       else:
-        wave = np.concatenate([load_audio(p, tokenizer.sample_rate) for p in paths])
+        wave = self._wave(paths)
         codes, seconds = tokenizer.encode(wave, name), len(wave) / tokenizer.sample_rate
-      if len(codes) == 0:
-        raise AudioError(f"{name}: {' + '.join(paths)} gave no audio frames")
-      self._audio_cache[key] = (codes, seconds)
+      self._remember(key, paths, name, codes, seconds)
     return self._audio_cache[key]
+
+  def _wave(self, paths: tuple[str, ...]) -> np.ndarray:
+    return np.concatenate([load_audio(p, self.audio_tokenizer.sample_rate, self.audio_counts) for p in paths])
+
+  def _remember(self, key: str, paths: tuple[str, ...], name: str, codes: np.ndarray, seconds: float) -> None:
+    if len(codes) == 0:
+      self._audio_failures[key] = AudioError(f"{name}: {' + '.join(paths)} gave no audio frames")
+      raise self._audio_failures[key]
+    self._audio_cache[key] = (codes, seconds)
+
+  def tokenize_audio(self, questions: list[Question], progress: str | None = None) -> None:
+    """Tokenizes every recording the questions will ask for, in batches (a JAX tokenizer's length buckets over the
+    host's devices), before any item is laid; laying then finds each in the cache. A recording that cannot be
+    loaded is kept as its error and raised when its question asks for it, so `skip_bad` still leaves out just
+    that question. Precomputed codes are read where they are asked for."""
+    tokenizer = self.audio_tokenizer
+    if tokenizer is None or not tokenizer.reads_audio:
+      return
+    self._requests = {}
+    try:
+      for question in questions:
+        for c in range(len(question.candidates)):
+          try:
+            self.prefix(question, c)
+            self.candidate(question, c)
+          except (AudioError, PackingError, ValueError):
+            break  # the laying pass meets it again and reports it where skip_bad decides
+      requests = [(key, request) for key, request in self._requests.items() if key not in self._audio_cache]
+    finally:
+      self._requests = None
+    meter = Progress(len(requests), progress, unit="utterances", rate_unit="audio s") if progress else None
+    for start in range(0, len(requests), TOKENIZE_CHUNK):
+      loaded = []
+      for key, (paths, name) in requests[start:start + TOKENIZE_CHUNK]:
+        try:
+          loaded.append((key, paths, name, self._wave(paths)))
+        except AudioError as e:
+          self._audio_failures[key] = e
+          if meter:
+            meter.update(1)
+      waves = [wave for *_, wave in loaded]
+      for (key, paths, name, wave), codes in zip(loaded, tokenizer.encode_batch(waves, [n for _, _, n, _ in loaded],
+                                                                                 meter)):
+        try:
+          self._remember(key, paths, name, codes, len(wave) / tokenizer.sample_rate)
+        except AudioError:
+          pass  # kept in _audio_failures: raised for the question that asks
 
   def units(self, codes: np.ndarray) -> np.ndarray:
     """extended_vocab: each frame's unit as its token id."""
@@ -312,7 +373,9 @@ def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowSh
   in `shape`'s proportions."""
   if auto_length and encoder.layout is not None:
     raise ValueError(f"spec {encoder.spec.name} reads parallel streams: give the row length (--row_length)")
+  encoder.tokenize_audio(questions, progress and f"{progress} audio")
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong, progress)
+  stats.audio_files = dict(encoder.audio_counts)
   if not items:
     raise ValueError("no question could be built")
   if auto_length:

@@ -85,3 +85,26 @@ def test_precomputed_codes_are_checked(tmp_path):
     tokenizer.encode(None, "9")
   with pytest.raises(AudioError, match=r"uttid 8: .* codes outside the codebook sizes \(4, 4\)"):
     tokenizer.encode(None, "8")
+
+
+def test_cut_empty_stereo_and_resampled_wavs(tmp_path):
+  """A copy cut short is refused naming the file (libsndfile would read the half that is there); an empty file
+  likewise; a stereo or 22.05 kHz file is mixed down and resampled, each counted for the build report."""
+  import collections
+
+  import soundfile
+
+  wave = np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32)
+  soundfile.write(tmp_path / "whole.wav", wave, 16000, subtype="FLOAT")
+  np.testing.assert_array_equal(load_audio(str(tmp_path / "whole.wav"), 16000), wave)
+  data = (tmp_path / "whole.wav").read_bytes()
+  (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
+  with pytest.raises(AudioError, match=r"cut\.wav is cut: its header promises 64000 bytes of samples, the file holds"):
+    load_audio(str(tmp_path / "cut.wav"), 16000)
+  (tmp_path / "empty.wav").write_bytes(b"")
+  with pytest.raises(AudioError, match=r"empty\.wav is empty"):
+    load_audio(str(tmp_path / "empty.wav"), 16000)
+  soundfile.write(tmp_path / "stereo.wav", np.stack([wave, -wave / 2], 1), 22050)
+  counts = collections.Counter()
+  mixed = load_audio(str(tmp_path / "stereo.wav"), 16000, counts)
+  assert counts == {"mixed_down": 1, "resampled": 1} and abs(len(mixed) - 16000 * 16000 / 22050) <= 1

@@ -1,43 +1,81 @@
-"""Audio tokenizers: waveform -> integer codes [frames, codebooks], run once when a dataset is built."""
+"""Audio tokenizers: waveform -> integer codes [frames, codebooks], run once when a dataset is built.
+
+Each type is a record in one registry (`TOKENIZERS`), as tasks are: its name (what a spec's
+`audio_tokenizer: {type: ...}` says), the class that reads its files, what those files are, and its frame rate.
+A plugin (`S2SJAX_PLUGINS`) registers its own type the same way. The neural ones run in JAX (`jax_tokenizer`), so
+building data needs no torch.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from s2sjax.registry import Registry, load_object
 from tasks.audio.base import AudioTokenizer
 
-TYPES = ("precomputed", "mel_kmeans", "hubert_kmeans", "mimi")
+
+@dataclasses.dataclass(frozen=True)
+class AudioTokenizerType:
+  name: str
+  loader: str  # "module:Class"; the class's `from_settings(settings, where)` builds the tokenizer
+  files: str  # what --audio_tokenizer_dir (or the spec's paths) must hold
+  frame_rate: float | None  # codes per second; None where the codes were made elsewhere
+  summary: str
 
 
-def from_spec(settings: dict, codebook_sizes: tuple[int, ...], tokenizer_dir: str | None = None) -> AudioTokenizer:
-  """The spec's `audio_tokenizer` settings made concrete. Relative paths are read under `tokenizer_dir`
-  (--audio_tokenizer_dir); for `precomputed` that directory holds the `<uttid>.npy` files."""
+TOKENIZERS: Registry[AudioTokenizerType] = Registry("audio tokenizer")
+register = TOKENIZERS.register
+
+register(AudioTokenizerType(
+  "precomputed", "tasks.audio.precomputed:PrecomputedTokenizer", "<uttid>.npy [frames, codebooks] per spoken "
+  "prefix, candidates/<name>.npy per spoken candidate", None, "codes made elsewhere, read by utterance id"))
+register(AudioTokenizerType(
+  "mel_kmeans", "tasks.audio.mel_kmeans:MelKmeansTokenizer", "a k-means codebook .npy [clusters, 40] "
+  "(`bundled`: the sample's)", 50.0, "log-mel frames to the nearest centroid: the weight-free demo tokenizer"))
+register(AudioTokenizerType(
+  "glm4_voice", "tasks.audio.glm4_voice:Glm4VoiceTokenizer", "a glm-4-voice-tokenizer folder (config.json, "
+  "preprocessor_config.json, model.safetensors)", 12.5, "GLM-4-Voice's WhisperVQ: 16,384 single-codebook units"))
+register(AudioTokenizerType(
+  "baichuan_audio", "tasks.audio.baichuan:BaichuanAudioTokenizer", "the Baichuan-Audio release folder "
+  "(config.json and the audio_tokenizer.* tensors of its safetensors)", 12.5,
+  "Baichuan-Audio's Whisper encoder, VQ bridge and 8-stage RVQ"))
+register(AudioTokenizerType(
+  "mimi", "tasks.audio.mimi:MimiTokenizer", "Kyutai's tokenizer-*.safetensors, or transformers' kyutai/mimi "
+  "folder", 12.5, "Mimi, Moshi's codec: its first N residual codebooks"))
+register(AudioTokenizerType(
+  "hubert_kmeans", "tasks.audio.hubert:HubertKmeansTokenizer", "a transformers HubertModel folder "
+  "(safetensors) and a k-means centroids .npy [units, hidden]", 50.0,
+  "HuBERT layer features to the nearest k-means centroid (TWIST, SIMS units)"))
+
+
+def resolver(kind: str, tokenizer_dir: str | None):
+  """`where(path)`: a spec path made concrete. Relative paths are read under --audio_tokenizer_dir; None or '.'
+  is that folder itself, which must then be given."""
+
+  def where(path: str | None = None) -> str:
+    if path in (None, ".", ""):
+      if tokenizer_dir is None:
+        raise ValueError(f"the {kind} audio tokenizer needs --audio_tokenizer_dir ({TOKENIZERS.get(kind).files})")
+      return tokenizer_dir
+    return path if os.path.isabs(path) or tokenizer_dir is None else os.path.join(tokenizer_dir, path)
+
+  return where
+
+
+def from_spec(settings: dict, codebook_sizes: tuple[int, ...] | None, tokenizer_dir: str | None = None,
+              dtype: str | None = None, mesh: str = "data:-1") -> AudioTokenizer:
+  """The spec's `audio_tokenizer` settings made concrete and checked against the spec's codebooks (None: the
+  tokenizer's own are taken). `dtype` (default: the settings', else float32) and `mesh` apply to the JAX ones."""
+  from tasks.audio.jax_tokenizer import JaxAudioTokenizer
+
   kind = settings.get("type")
-  where = lambda path: path if os.path.isabs(path) or tokenizer_dir is None else os.path.join(tokenizer_dir, path)
-  if kind == "mel_kmeans":
-    from tasks.audio.mel_kmeans import MelKmeansTokenizer
-    from tasks.sample import MEL_KMEANS_CODEBOOK
-
-    codebook = settings.get("codebook", "bundled")
-    tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK if codebook == "bundled" else where(codebook),
-                                   settings.get("dedup", False))
-  elif kind == "precomputed":
-    from tasks.audio.precomputed import PrecomputedTokenizer
-
-    if tokenizer_dir is None:
-      raise ValueError("precomputed audio codes need --audio_tokenizer_dir (a directory of <uttid>.npy files)")
-    tokenizer = PrecomputedTokenizer(tokenizer_dir, codebook_sizes)
-  elif kind == "hubert_kmeans":
-    from tasks.audio.neural import HubertKmeansTokenizer
-
-    tokenizer = HubertKmeansTokenizer(where(settings["model_dir"]), where(settings["centroids"]),
-                                      int(settings["layer"]), settings.get("dedup", True))
-  elif kind == "mimi":
-    from tasks.audio.neural import MimiTokenizer
-
-    tokenizer = MimiTokenizer(where(settings["model_dir"]), int(settings.get("codebooks", 8)))
-  else:
-    raise ValueError(f"unknown audio tokenizer type {kind!r}; types: {', '.join(TYPES)}")
-  if tuple(tokenizer.codebook_sizes) != tuple(codebook_sizes):
-    raise ValueError(f"the {kind} tokenizer makes codebooks {tokenizer.codebook_sizes}, the spec says {codebook_sizes}")
+  record = TOKENIZERS.get(kind)
+  given = {} if codebook_sizes is None else {"codebook_sizes": list(codebook_sizes)}
+  tokenizer = load_object(record.loader).from_settings(dict(settings, **given), resolver(kind, tokenizer_dir))
+  if isinstance(tokenizer, JaxAudioTokenizer):
+    tokenizer.configure(dtype or settings.get("dtype", "float32"), mesh)
+  if codebook_sizes is not None and tuple(tokenizer.codebook_sizes) != tuple(codebook_sizes):
+    raise ValueError(f"the {kind} tokenizer makes codebooks {tuple(tokenizer.codebook_sizes)}, "
+                     f"the spec says {tuple(codebook_sizes)}")
   return tokenizer

@@ -67,6 +67,14 @@ class MelKmeansTokenizer(AudioTokenizer):
     self.codebook_sizes = (len(self.centroids),)
     self.deduplicate = deduplicate
 
+  @classmethod
+  def from_settings(cls, settings: dict, where) -> "MelKmeansTokenizer":
+    """`codebook: bundled` (the default) is the sample's codebook; any other value a .npy path."""
+    from tasks.sample import MEL_KMEANS_CODEBOOK
+
+    codebook = settings.get("codebook", "bundled")
+    return cls(MEL_KMEANS_CODEBOOK if codebook == "bundled" else where(codebook), settings.get("dedup", False))
+
   def encode(self, wave: np.ndarray, uttid: str) -> np.ndarray:
     codes = _nearest(log_mel(wave), self.centroids)[:, None].astype(np.int32)
     return dedup(codes) if self.deduplicate else codes

@@ -25,6 +25,13 @@ class PrecomputedTokenizer(AudioTokenizer):
     self.num_codebooks = len(self.codebook_sizes)
     self._identity: dict | None = None
 
+  @classmethod
+  def from_settings(cls, settings: dict, where) -> "PrecomputedTokenizer":
+    """The codes folder is --audio_tokenizer_dir itself (or the spec's `codes_dir` under it)."""
+    if "codebook_sizes" not in settings:
+      raise ValueError("precomputed codes are read, not made: their codebook sizes come from a spec")
+    return cls(where(settings.get("codes_dir")), tuple(settings["codebook_sizes"]))
+
   def encode(self, wave: np.ndarray | None, uttid: str) -> np.ndarray:
     path = os.path.join(self.codes_dir, f"{uttid}.npy")
     if not os.path.exists(path):

@@ -1,0 +1,139 @@
+r"""Tokenizes a folder of recordings once, into the `precomputed` layout: `<stem>.npy`, int32 [frames, codebooks].
+
+  python -m tasks.audio.tokenize --audio_tokenizer=glm4_voice --audio_tokenizer_dir=glm-4-voice-tokenizer \
+      --input=wavs/ --output=codes/
+  python -m tasks.audio.tokenize --spec=twist --audio_tokenizer_dir=units/ --input=wavs/ --output=codes/
+  python -m tasks.audio.tokenize ... --compare=their_codes/   # how many codes equal codes made elsewhere
+
+The tokenizer is a type of the registry (`tasks.audio.TOKENIZERS`) with settings given as `--setting=KEY=VALUE`,
+or a spec's `audio_tokenizer` (`--spec`). Recordings at another rate are resampled and multichannel ones mixed
+down (both counted); a cut or empty file stops the run naming it, or with `--skip_bad` is left out and listed.
+With `--dtype=bfloat16` the codes' agreement with fp32 is printed too. A summary goes to `<output>/tokenize.json`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+
+import numpy as np
+import yaml
+from absl import flags
+
+from s2sjax import cli
+from s2sjax.spec import load_spec
+from tasks import audio
+from tasks.audio.base import AudioError, load_audio
+from tasks.audio.jax_tokenizer import FLOAT_DTYPES
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
+
+
+def tokenizer_settings(kind: str | None, spec: str | None, settings: list[str]) -> tuple[dict, tuple[int, ...]]:
+  """(settings, codebook sizes) from a spec, or from a type and KEY=VALUE pairs (values read as YAML scalars)."""
+  if (kind is None) == (spec is None):
+    raise ValueError("give one of --audio_tokenizer (a type: " + ", ".join(audio.TOKENIZERS.names()) + ") or --spec")
+  chosen = dict(load_spec(spec).audio_tokenizer) if spec else {"type": kind}
+  for pair in settings:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+      raise ValueError(f"--setting {pair!r}: expected KEY=VALUE")
+    chosen[key] = yaml.safe_load(value)
+  audio.TOKENIZERS.get(chosen["type"])  # an unknown type is named before anything is read
+  return chosen, (tuple(load_spec(spec).codebook_sizes) if spec else None)
+
+
+def recordings(folder: str) -> list[str]:
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(f"--input {folder} is not a folder")
+  found = sorted(n for n in os.listdir(folder) if n.lower().endswith(AUDIO_SUFFIXES))
+  if not found:
+    raise ValueError(f"--input {folder} holds no audio file ({', '.join(AUDIO_SUFFIXES)})")
+  return found
+
+
+def load_codes(folder: str, stems: list[str]) -> dict[str, np.ndarray]:
+  """`<stem>.npy` codes made elsewhere, [frames, codebooks], for the stems that have a file."""
+  found = {}
+  for stem in stems:
+    path = os.path.join(folder, f"{stem}.npy")
+    if os.path.exists(path):
+      codes = np.load(path)
+      found[stem] = codes[:, None] if codes.ndim == 1 else codes
+  return found
+
+
+def agreement(mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> dict:
+  """Frames equal in every codebook (over the longer of the two), and files equal whole, for the stems in both."""
+  stems = [s for s in mine if s in theirs]
+  for stem in stems:
+    if theirs[stem].shape[1:] != mine[stem].shape[1:]:
+      raise ValueError(f"{stem}: the other codes are [frames, {theirs[stem].shape[1]}], ours [frames, "
+                       f"{mine[stem].shape[1]}]")
+  same = lambda a, b: int((a[: len(b)] == b[: len(a)]).all(-1).sum())
+  return {"frames_equal": sum(same(mine[s], theirs[s]) for s in stems),
+          "frames": sum(max(len(mine[s]), len(theirs[s])) for s in stems),
+          "files_equal": sum(int(mine[s].shape == theirs[s].shape and (mine[s] == theirs[s]).all()) for s in stems),
+          "files_compared": len(stems), "files_missing": len(mine) - len(stems)}
+
+
+def main(argv):
+  del argv
+  settings, codebook_sizes = tokenizer_settings(FLAGS.audio_tokenizer, FLAGS.spec, FLAGS.setting)
+  tokenizer = audio.from_spec(settings, codebook_sizes, FLAGS.audio_tokenizer_dir, FLAGS.dtype, FLAGS.mesh)
+  names = recordings(FLAGS.input)
+  counts, skipped, waves, stems = collections.Counter(), {}, [], []
+  for name in names:
+    try:
+      waves.append(load_audio(os.path.join(FLAGS.input, name), tokenizer.sample_rate, counts))
+      stems.append(os.path.splitext(name)[0])
+    except AudioError as e:
+      if not FLAGS.skip_bad:
+        raise
+      skipped[name] = str(e)
+  start = time.time()
+  encoded = dict(zip(stems, tokenizer.encode_batch(waves, stems, progress=f"tokenizing ({settings['type']})")))
+  seconds = time.time() - start
+  os.makedirs(FLAGS.output, exist_ok=True)
+  for stem, codes in encoded.items():
+    np.save(os.path.join(FLAGS.output, f"{stem}.npy"), codes.astype(np.int32))
+  audio_seconds = sum(len(w) for w in waves) / tokenizer.sample_rate
+  summary = {"tokenizer": dict(tokenizer.identity(), fingerprint=tokenizer.fingerprint()), "files": len(encoded),
+             "skipped": skipped, "resampled": counts["resampled"], "mixed_down": counts["mixed_down"],
+             "audio_seconds": round(audio_seconds, 2), "seconds": round(seconds, 2),
+             "audio_seconds_per_second": round(audio_seconds / max(seconds, 1e-9), 1)}
+  if FLAGS.dtype != "float32":
+    reference = audio.from_spec(settings, codebook_sizes, FLAGS.audio_tokenizer_dir, "float32", FLAGS.mesh)
+    summary["agreement_with_float32"] = agreement(encoded, dict(zip(stems, reference.encode_batch(waves))))
+  if FLAGS.compare:
+    summary["compare"] = agreement(encoded, load_codes(FLAGS.compare, stems))
+  with open(os.path.join(FLAGS.output, "tokenize.json"), "w") as f:
+    json.dump(summary, f, indent=2, allow_nan=False)
+  print(f"{len(encoded)} files, {audio_seconds:,.1f} audio s in {seconds:,.1f}s "
+        f"({summary['audio_seconds_per_second']:,} audio s/s) -> {FLAGS.output}; resampled {counts['resampled']}, "
+        f"mixed down {counts['mixed_down']}, skipped {len(skipped)}")
+  for key in ("agreement_with_float32", "compare"):
+    if key in summary:
+      found = summary[key]
+      print(f"{key}: {found['frames_equal']:,}/{found['frames']:,} frames equal, "
+            f"{found['files_equal']}/{found['files_compared']} files identical")
+
+
+
+FLAGS = flags.FLAGS
+
+if __name__ == "__main__":
+  flags.DEFINE_string("audio_tokenizer", None, "Tokenizer type: " + ", ".join(audio.TOKENIZERS.names()) + ".")
+  flags.DEFINE_string("spec", None, "Take the tokenizer and its settings from this spec (e.g. glm4_voice, twist).")
+  flags.DEFINE_multi_string("setting", [], "KEY=VALUE settings of the tokenizer (layer=11, codebooks=8, ...).")
+  flags.DEFINE_string("audio_tokenizer_dir", None, "The tokenizer's files (the release folder).")
+  flags.DEFINE_string("input", None, "A folder of recordings (.wav, .flac, .ogg, .mp3).")
+  flags.DEFINE_string("output", None, "Where <stem>.npy codes and tokenize.json are written.")
+  flags.DEFINE_string("compare", None, "A folder of <stem>.npy codes made elsewhere: print how many equal ours.")
+  flags.DEFINE_enum("dtype", "float32", FLOAT_DTYPES, "Compute dtype; bfloat16 also prints its agreement with fp32.")
+  flags.DEFINE_string("mesh", "data:-1", "Devices the batches are split over (data axis only).")
+  flags.DEFINE_bool("skip_bad", False, "Leave out (and list) recordings that cannot be read, instead of stopping.")
+  flags.mark_flags_as_required(["input", "output"])
+  cli.run(main)
