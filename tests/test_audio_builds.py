@@ -1,0 +1,124 @@
+"""S→T data for the paper's systems built with their own audio tokenizers, in JAX, with torch out of reach:
+`tasks.prepare` reads the upstream oracles' tokenizer folders as release folders, tokenizes the bundled sample's
+wavs, and the codes laid in the rows equal those the tokenizer gives the same wav (which the oracle tests hold to
+the upstream code's own codes)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from s2sjax.spec import SPECS_DIR, load_spec
+from s2sjax.task_data import load_task_data
+from tasks.audio.base import load_audio
+from tasks.release import read_questions
+from tasks.sample import RELEASE_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLES = ROOT.parent / "shared" / "upstream-oracles"
+needs_oracles = pytest.mark.skipif(not ORACLES.exists(), reason="../shared/upstream-oracles is absent")
+
+# Runs a command line with torch invisible, as on a TPU VM without it: transformers sees no torch, and any
+# `import torch` fails loudly.
+WITHOUT_TORCH = """
+import importlib.util, runpy, sys
+_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a, **k: None if name.split(".")[0] == "torch" else _find_spec(name, *a, **k)
+class NoTorch:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == "torch":
+      raise ModuleNotFoundError(f"{name} was imported: building data must not need torch")
+sys.meta_path.insert(0, NoTorch())
+module = sys.argv.pop(1)
+sys.argv[0] = module
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def run_without_torch(module: str, *args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run([sys.executable, "-c", WITHOUT_TORCH, module, *args], cwd=str(ROOT), env=env,
+                        capture_output=True, text=True, timeout=900)
+
+
+def oracle_spec(tmp_path, preset: str, tokenizer) -> str:
+  """The preset with the oracle's scaled codebooks (its only difference from the release: sizes)."""
+  fields = yaml.safe_load(open(os.path.join(SPECS_DIR, f"{preset}.yaml")))
+  fields["codebook_sizes"] = list(tokenizer.codebook_sizes)
+  path = tmp_path / f"{preset}.yaml"
+  path.write_text(yaml.safe_dump(fields))
+  return str(path)
+
+
+def text_tokenizer(tmp_path, qwen_tokenizer_dir, spec) -> str:
+  """Qwen2.5's tokenizer with the spec's special tokens (and, for units in the vocabulary, one per code)."""
+  from transformers import AutoTokenizer
+
+  tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  extra = [t for t in (spec.start_token, spec.end_token, spec.placeholder_token) if t]
+  if spec.unit_token:
+    extra += [spec.unit_token.format(k) for k in range(spec.codebook_sizes[0])]
+  tokenizer.add_tokens(extra, special_tokens=True)
+  tokenizer.save_pretrained(str(tmp_path / "text"))
+  return str(tmp_path / "text")
+
+
+def laid_codes(data, spec, tokenizer_dir) -> list[np.ndarray]:
+  """Each item's audio codes as the rows carry them, in row order: codebook tables at the placeholder positions,
+  units as the ids between the audio start and end tokens."""
+  from transformers import AutoTokenizer
+
+  tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+  found = []
+  for r in range(data.num_rows):
+    tokens, segments, branches = (data.rows[k][r] for k in ("tokens", "segment_ids", "branch_ids"))
+    for segment in sorted(set(segments.tolist()) - {0}):
+      prefix = (segments == segment) & (branches == 0)
+      if spec.audio_mode == "codebook_tables":
+        found.append(data.rows["audio_codes"][r][prefix & (data.rows["audio_codes"][r][:, 0] >= 0)])
+      else:
+        ids = tokens[prefix].tolist()
+        start, end = (tokenizer.convert_tokens_to_ids(t) for t in (spec.start_token, spec.end_token))
+        units = ids[ids.index(start) + 1: ids.index(end)]
+        unit_of = {tokenizer.convert_tokens_to_ids(spec.unit_token.format(k)): k for k in range(spec.codebook_sizes[0])}
+        found.append(np.array([[unit_of[u]] for u in units]))
+  return found
+
+
+@needs_oracles
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,folder,tokenizer_class", [
+    ("baichuan_audio", "baichuan_audio_tokenizer", "tasks.audio.baichuan:BaichuanAudioTokenizer"),
+    ("glm4_voice", "glm4voice_tokenizer", "tasks.audio.glm4_voice:Glm4VoiceTokenizer"),
+])
+def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_path, qwen_tokenizer_dir, preset,
+                                                                          folder, tokenizer_class):
+  from s2sjax.registry import load_object
+
+  tokenizer = load_object(tokenizer_class)(str(ORACLES / folder))
+  spec_path = oracle_spec(tmp_path, preset, tokenizer)
+  spec = load_spec(spec_path)
+  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, spec)
+  data_dir = str(tmp_path / "data")
+  done = run_without_torch("tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}", "--modality=s2t",
+                           f"--tokenizer_dir={tokenizer_dir}", f"--audio_tokenizer_dir={ORACLES / folder}",
+                           f"--data_dir={data_dir}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  data = load_task_data(data_dir, "sstorycloze", "s2t", spec_path, None)
+  report = data.metadata["report"]
+  assert report["audio_seconds"] > 60 and report["audio_files_resampled"] == 0
+  assert data.metadata["audio_tokenizer"]["type"] == preset
+
+  questions = {q.id: q for q in read_questions("sstorycloze", RELEASE_DIR)}
+  expected = {}
+  for question in questions.values():  # a story's two lines carry the same prefix audio
+    wave = load_audio(question.audio_paths[0], 16000)
+    expected.setdefault(tokenizer.encode(wave, question.uttids[0]).tobytes(), None)
+  laid = laid_codes(data, spec, tokenizer_dir)
+  assert len(laid) == len(expected) == len(questions)
+  assert {codes.astype(np.int64).tobytes() for codes in laid} == {
+      np.frombuffer(k, np.int32).astype(np.int64).tobytes() for k in expected}
