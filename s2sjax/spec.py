@@ -12,6 +12,15 @@ prompt templates. Per modality (s2sjax.modalities), the prefix, then the scored 
   S->S: instruction + [start] units(first) | units(candidate)            (the audio runs on: one spoken story)
   S->S without text (unit LMs): [bos] units(first) | units(candidate)
 
+A `chat` spec (an instruct model's own prompt: GLM-4-Voice-9B's web_demo.py l.83-105) puts the prefix in a user
+turn instead, and the candidate is the assistant's reply:
+
+  chat[speech or text] + [start] units(first) [end] or first + chat[reply] | candidate (text or units)
+
+where chat[speech] / chat[text] open the turn for a spoken / written prefix (its system prompt and user marker,
+after the tokenizer's own special tokens) and chat[reply] opens the reply; the instruction and separator are not
+used.
+
 A spoken candidate is scored on its units only, as a text one on its tokens; no end token is scored. The
 `utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
 
@@ -42,6 +51,7 @@ AUDIO_MODES = ("none",) + AUDIO_INPUTS + (PARALLEL_STREAMS,)  # no audio, a way 
 # Keys only parallel_streams specs set: left out of the other specs' `as_dict`, so their digests (and so the names
 # and fingerprints of data built with them) stay as they were.
 STREAM_KEYS = ("stream_delays", "text_initial_id")
+CHAT_KEYS = ("speech", "text", "reply")  # `chat`: what opens the user turn for each kind of prefix, then the reply
 
 # S2SBench's s2t prompt (s2t_infer_ppl.py) and t2t separator (t2t_infer_ppl.py).
 SPEECH_INSTRUCTION = {
@@ -73,8 +83,13 @@ class Spec:
   text_initial_id: int | None = None  # parallel_streams: the text stream's initial token (Moshi's text_card)
   speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
   text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
+  chat: dict[str, str] | None = None  # an instruct model's turns (CHAT_KEYS), in place of the templates above
 
   def __post_init__(self):
+    if self.chat is not None and (set(self.chat) != set(CHAT_KEYS) or not self.text_vocabulary
+                                  or self.audio_mode == PARALLEL_STREAMS):
+      raise SpecError(f"spec {self.name}: chat needs exactly the keys {', '.join(CHAT_KEYS)} (found "
+                      f"{', '.join(sorted(self.chat))}), a text vocabulary and token rows")
     if self.audio_mode not in AUDIO_MODES:
       raise SpecError(f"spec {self.name}: audio_mode {self.audio_mode!r} is not one of {AUDIO_MODES}")
     if self.audio_mode == "codebook_tables" and not self.placeholder_token:
@@ -136,8 +151,10 @@ class Spec:
     return (self.text_initial_id,) + tuple(self.codebook_sizes)
 
   def as_dict(self) -> dict:
-    fields = dataclasses.asdict(self)
-    return fields if self.audio_mode == PARALLEL_STREAMS else {k: v for k, v in fields.items() if k not in STREAM_KEYS}
+    """The fields, less those a spec of its kind does not use (stream keys, an unset chat): the digests, and so the
+    names of data built with the specs that predate them, stay as they were."""
+    unused = (() if self.audio_mode == PARALLEL_STREAMS else STREAM_KEYS) + (("chat",) if self.chat is None else ())
+    return {k: v for k, v in dataclasses.asdict(self).items() if k not in unused}
 
   def digest(self) -> str:
     """A hash of the resolved contents (defaults filled in), so the same spec hashes alike from any file."""

@@ -224,6 +224,8 @@ class QuestionEncoder:
                            "(the spec's start_token, or the tokenizer's bos or eos), and there is none")
         opening = np.asarray([separator], np.int32)
       return opening, None, 0.0
+    if self.spec.chat is not None:
+      return self._chat_prefix(question, c)
     if m.name == "t2t":
       return self._text_pair(question, c)[0], None, 0.0
     if m.prefix == TEXT:  # t2s: the text, then the audio the candidate speaks
@@ -239,13 +241,33 @@ class QuestionEncoder:
     end = [self.ids.end] if (self.ids.end is not None and m.candidate == TEXT) else []
     return np.concatenate([opening, self.units(codes), end]).astype(np.int32), None, seconds
 
+  def _chat_prefix(self, question: Question, c: int) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """An instruct model's prefix: the user turn holding the prefix (its text, or its audio between the start and
+    end tokens), then what opens the assistant's reply, which the candidate continues."""
+    chat, speaks = self.spec.chat, self.modality.prefix == SPEECH
+    turn = self.text_ids(chat["speech" if speaks else "text"], special=True)
+    reply = self.text_ids(chat["reply"], special=False)
+    if not speaks:
+      return np.concatenate([turn, self.text_ids(question.prefixes[c], special=False), reply]).astype(np.int32), \
+          None, 0.0
+    codes, seconds = self.audio_codes((question.audio_paths[c],), question.uttids[c])
+    start, end = ([t] if t is not None else [] for t in (self.ids.start, self.ids.end))
+    if self.spec.audio_mode == "codebook_tables":
+      audio = np.full(len(codes), self.ids.placeholder, np.int32)
+      blank = lambda n: np.full((n, codes.shape[1]), -1, np.int32)
+      laid = np.concatenate([blank(len(turn) + len(start)), codes, blank(len(end) + len(reply))])
+    else:
+      audio, laid = self.units(codes), None
+    return np.concatenate([turn, start, audio, end, reply]).astype(np.int32), laid, seconds
+
   def candidate(self, question: Question, c: int) -> tuple[np.ndarray, float]:
     """(ids, audio seconds) of candidate c: exactly the tokens that are scored (for parallel streams, its streams
     [n, 1 + K], the scored ones among them)."""
-    if self.modality.name == "t2t" and self.layout is None:
+    if self.modality.name == "t2t" and self.layout is None and self.spec.chat is None:
       return self._text_pair(question, c)[1], 0.0
     if self.modality.candidate == TEXT:
-      separator = self.spec.text_separator[self.language(question)] if self.modality.prefix == TEXT else ""
+      separator = (self.spec.text_separator[self.language(question)]
+                   if self.modality.prefix == TEXT and self.spec.chat is None else "")
       ids = self.text_ids(separator + question.candidates[c], special=False)
       return (ids if self.layout is None else self._streams(text=ids)), 0.0
     spoken = _candidate_name(question, c)
