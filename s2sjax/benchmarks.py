@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from s2sjax import plugins
+from s2sjax.registry import Registry
 
 # How the release's jsonl lines become questions (tasks/release.py reads each format):
 #   story_pairs:     `uttid, first, last`; uttid 2k holds the right ending, 2k+1 the wrong one of the same story
@@ -54,29 +54,8 @@ class Benchmark:
     return self.builder or f"tasks.{self.name}.{self.name}_dataset_builder:Builder"
 
 
-_REGISTRY: dict[str, Benchmark] = {}
-
-
-def register(benchmark: Benchmark) -> Benchmark:
-  """Adds a task; registering the same name twice with another record is an error."""
-  known = _REGISTRY.get(benchmark.name)
-  if known is not None and known != benchmark:
-    raise ValueError(f"task {benchmark.name!r} is already registered with another record")
-  _REGISTRY[benchmark.name] = benchmark
-  return benchmark
-
-
-def names() -> list[str]:
-  """Every registered task, in registration order (the package's three first)."""
-  plugins.load_plugins()
-  return list(_REGISTRY)
-
-
-def get(name: str) -> Benchmark:
-  plugins.load_plugins()
-  if name not in _REGISTRY:
-    raise KeyError(f"unknown task {name!r}; tasks: {', '.join(_REGISTRY)} (your own: see S2SJAX_PLUGINS)")
-  return _REGISTRY[name]
+TASKS: Registry[Benchmark] = Registry("task")
+register, names, get = TASKS.register, TASKS.names, TASKS.get
 
 
 # S2SBench's three tasks: release files as the release ships them, sizes from its README (S2SBench's own

@@ -1,0 +1,364 @@
+r"""Audio seconds tokenized per wall second: each JAX tokenizer at its release's real shapes (random weights) side by
+side, in one run, with a PyTorch forward of the same shapes and weights on the same machine.
+
+  python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans] [--audio_seconds=60] \
+      [--output=bench_audio.json]
+
+The references: transformers' `WhisperEncoderLayer`s under the causal convolutions, block mask, pooling and
+codebook search for GLM-4-Voice; the same layers under Baichuan's convolutions, bridge and RVQ, written here;
+transformers' `MimiModel.encode` and `HubertModel`. Each side tokenizes the same recordings (the bundled sample's
+speech) once to warm up (JAX: compile) and once timed; both start from the same host features. FLOPs per audio
+second are XLA's count for one unpadded 10.24 s segment, so each side's FLOP/s is that times its audio s/s.
+The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+from absl import flags
+
+from s2sjax import cli
+from tasks.audio.base import load_audio
+from tasks.sample import RELEASE_DIR
+
+SAMPLE_SPEECH = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")
+FLOP_SEGMENT_SECONDS = 10.24  # a multiple of every tokenizer's frame (1280 samples at 16 kHz, 1920 at 24 kHz)
+
+
+@dataclasses.dataclass
+class Side:
+  seconds: float
+  warmup_seconds: float
+
+  def as_dict(self, audio_seconds: float, flops_per_audio_second: float) -> dict:
+    return {"seconds": round(self.seconds, 2), "warmup_seconds": round(self.warmup_seconds, 2),
+            "audio_seconds_per_second": round(audio_seconds / self.seconds, 2),
+            "gflop_per_second": round(flops_per_audio_second * audio_seconds / self.seconds / 1e9, 1)}
+
+
+def recordings(sample_rate: int, audio_seconds: float) -> list[np.ndarray]:
+  """The bundled sample's spoken prefixes, in name order, until `audio_seconds` are gathered."""
+  waves, total = [], 0.0
+  for name in sorted(os.listdir(SAMPLE_SPEECH), key=lambda n: int(os.path.splitext(n)[0])):
+    waves.append(load_audio(os.path.join(SAMPLE_SPEECH, name), sample_rate))
+    total += len(waves[-1]) / sample_rate
+    if total >= audio_seconds:
+      break
+  return waves
+
+
+def timed(run) -> tuple[float, object]:
+  start = time.perf_counter()
+  out = run()
+  return time.perf_counter() - start, out
+
+
+def flops_per_audio_second(tokenizer) -> float:
+  """XLA's FLOP count of the tokenizer's forward on one unpadded segment, per second of its audio."""
+  import jax
+
+  wave = np.random.default_rng(0).normal(0, 0.1, int(FLOP_SEGMENT_SECONDS * tokenizer.sample_rate))
+  features, _ = tokenizer.prepare(wave.astype(np.float32))
+  length = -(-len(features) // tokenizer.time_multiple) * tokenizer.time_multiple
+  padded = np.zeros((1, length, features.shape[1]), np.float32)
+  padded[0, : len(features)] = features
+  compiled = jax.jit(tokenizer.apply).lower(tokenizer.params, padded, np.array([len(features)], np.int32)).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost["flops"]) / FLOP_SEGMENT_SECONDS
+
+
+# ---- the references: torch forwards of the same shapes, and release folders holding their weights -------------
+
+
+def _save(tensors: dict, path: str) -> None:
+  from safetensors.numpy import save_file
+
+  save_file({k: np.ascontiguousarray(v.detach().float().numpy()) for k, v in tensors.items()}, path)
+
+
+def _whisper_layers(d_model: int, heads: int, ffn: int, layers: int):
+  import torch
+  from transformers import WhisperConfig
+  from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
+
+  config = WhisperConfig(d_model=d_model, encoder_attention_heads=heads, encoder_ffn_dim=ffn, encoder_layers=layers,
+                         attn_implementation="sdpa")
+  return torch.nn.ModuleList([WhisperEncoderLayer(config) for _ in range(layers)]).eval()
+
+
+def _sinusoids(length: int, channels: int) -> "torch.Tensor":
+  import torch
+
+  scales = torch.exp(-np.log(10000) / (channels // 2 - 1) * torch.arange(channels // 2))
+  angles = torch.arange(length)[:, None] * scales[None]
+  return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def _nearest(x, codebook):
+  import torch
+
+  return torch.cdist(x, codebook).argmin(-1)
+
+
+class Reference:
+  """A torch forward at a release's shapes that writes its random weights as that release's folder."""
+
+  kind: str
+
+  def jax_tokenizer(self, folder: str):
+    from s2sjax.registry import load_object
+    from tasks import audio
+
+    return load_object(audio.TOKENIZERS.get(self.kind).loader)(folder)
+
+
+class Glm4VoiceReference(Reference):
+  """GLM-4-Voice's tokenizer at the release's shapes: 16 layers of 1280 (of 32: the quantizer sits at 16), 20 heads,
+  FFN 5120, causal convolutions, blocks of 200 frames, average pooling by 4, 16,384 codes."""
+
+  kind = "glm4_voice"
+  d, heads, ffn, layers, codes, block, pool = 1280, 20, 5120, 16, 16384, 200, 4
+
+  def __init__(self, folder: str):
+    import torch
+
+    torch.manual_seed(0)
+    self.conv1, self.conv2 = torch.nn.Conv1d(128, self.d, 3), torch.nn.Conv1d(self.d, self.d, 3, stride=2)
+    self.stack = _whisper_layers(self.d, self.heads, self.ffn, self.layers)
+    self.positions = _sinusoids(1500, self.d)
+    self.codebook = torch.randn(self.codes, self.d)
+    tensors = {"conv1.weight": self.conv1.weight, "conv1.bias": self.conv1.bias, "conv2.weight": self.conv2.weight,
+               "conv2.bias": self.conv2.bias, "embed_positions.weight": self.positions,
+               "codebook.weight": self.codebook}
+    for i, layer in enumerate(self.stack):
+      tensors.update({f"layers.{i}.{k}": v for k, v in layer.state_dict().items()})
+    _save(tensors, os.path.join(folder, "model.safetensors"))
+    config = {"model_type": "whisper", "architectures": ["WhisperVQEncoder"], "d_model": self.d,
+              "encoder_attention_heads": self.heads, "encoder_ffn_dim": self.ffn, "encoder_layers": 32,
+              "num_mel_bins": 128, "max_source_positions": 1500, "activation_function": "gelu",
+              "encoder_causal_convolution": True, "encoder_causal_attention": False, "quantize_causal_encoder": False,
+              "quantize_causal_block_size": self.block, "quantize_position": self.layers,
+              "pooling_position": self.layers, "pooling_type": "avg", "pooling_kernel_size": self.pool,
+              "quantize_vocab_size": self.codes, "quantize_encoder_only": True}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+      json.dump(config, f)
+    with open(os.path.join(folder, "preprocessor_config.json"), "w") as f:
+      json.dump({"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128, "hop_length": 160,
+                 "n_fft": 400, "chunk_length": 30, "n_samples": 480000, "nb_max_frames": 3000,
+                 "padding_side": "right", "padding_value": 0.0, "sampling_rate": 16000,
+                 "return_attention_mask": False}, f)
+
+  def __call__(self, features: np.ndarray) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    mel = torch.from_numpy(np.ascontiguousarray(features[:, :128].T))[None]
+    valid = torch.from_numpy(features[::2, 128] > 0.5)  # the feature extractor's mask, at the conv's stride
+    x = F.gelu(self.conv1(F.pad(mel, (2, 0))))
+    x = F.gelu(self.conv2(F.pad(x, (2, 0)))).transpose(1, 2)
+    frames = x.shape[1]
+    x = x + self.positions[:frames]
+    blocks = torch.arange(frames) // self.block
+    visible = (blocks[None, :] <= blocks[:, None]) & valid[None, :]
+    mask = torch.where(visible, 0.0, torch.finfo(torch.float32).min)[None, None]
+    for layer in self.stack:
+      x = layer(x, mask)
+      x = x[0] if isinstance(x, tuple) else x
+    pooled = F.avg_pool1d(F.pad(x.transpose(1, 2), (0, -frames % self.pool)), self.pool).transpose(1, 2)
+    return _nearest(pooled[0], self.codebook).numpy()
+
+
+class BaichuanReference(Reference):
+  """Baichuan-Audio's tokenizer at the release's shapes: 32 layers of 1280, 20 heads, FFN 5120, the bridge to 5120,
+  RVQ of 8192, 4096, 2048 and five 1024 codes."""
+
+  kind = "baichuan_audio"
+  d, heads, ffn, layers, pool = 1280, 20, 5120, 32, 4
+  sizes = (8192, 4096, 2048, 1024, 1024, 1024, 1024, 1024)
+
+  def __init__(self, folder: str):
+    import torch
+
+    torch.manual_seed(0)
+    wide = self.d * self.pool
+    self.conv1 = torch.nn.Conv1d(128, self.d, 3, padding=1)
+    self.conv2 = torch.nn.Conv1d(self.d, self.d, 3, stride=2, padding=1)
+    self.stack = _whisper_layers(self.d, self.heads, self.ffn, self.layers)
+    self.norm = torch.nn.LayerNorm(self.d)
+    self.positions = _sinusoids(1500, self.d)
+    self.gate = torch.nn.Conv1d(self.d, wide, self.pool, stride=self.pool, bias=False)
+    self.up = torch.nn.Conv1d(self.d, wide, self.pool, stride=self.pool, bias=False)
+    self.down = torch.nn.Linear(wide, wide, bias=False)
+    self.bridge_norm = torch.nn.LayerNorm(wide)
+    self.codebooks = [torch.randn(n, wide) for n in self.sizes]
+    model, bridge = "audio_tokenizer.audio_model.", "audio_tokenizer.audio_bridge_model."
+    tensors = {f"{model}conv1.weight": self.conv1.weight, f"{model}conv1.bias": self.conv1.bias,
+               f"{model}conv2.weight": self.conv2.weight, f"{model}conv2.bias": self.conv2.bias,
+               f"{model}layer_norm.weight": self.norm.weight, f"{model}layer_norm.bias": self.norm.bias,
+               f"{model}positional_embedding": self.positions, f"{bridge}gate_proj.weight": self.gate.weight,
+               f"{bridge}up_proj.weight": self.up.weight, f"{bridge}down_proj.weight": self.down.weight,
+               f"{bridge}layer_norm.weight": self.bridge_norm.weight, f"{bridge}layer_norm.bias": self.bridge_norm.bias}
+    tensors.update({f"{bridge}vq_list.{i}.codebook.embed": c for i, c in enumerate(self.codebooks)})
+    for i, layer in enumerate(self.stack):
+      tensors.update({f"{model}layers.{i}.{k}": v for k, v in layer.state_dict().items()})
+    _save(tensors, os.path.join(folder, "model.safetensors"))
+    audio_config = {"enable": True, "d_model": self.d, "encoder_layers": self.layers,
+                    "encoder_attention_heads": self.heads, "encoder_ffn_dim": self.ffn, "num_mel_bins": 128,
+                    "n_fft": 400, "hop_length": 160, "sampling_rate": 16000, "max_audio_seconds": 30,
+                    "kernel_size": 3, "stride_size": 2, "avg_pooler": self.pool, "split_overlap": 0.0,
+                    "activation_function": "gelu", "vq_config": {"enable": True, "codebook_sizes": list(self.sizes)}}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+      json.dump({"model_type": "omni", "audio_config": audio_config}, f)
+
+  def __call__(self, features: np.ndarray) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    mel = torch.from_numpy(np.ascontiguousarray(features.T))[None]
+    x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2)
+    x = x + self.positions[: x.shape[1]]
+    for layer in self.stack:
+      x = layer(x, None)
+      x = x[0] if isinstance(x, tuple) else x
+    x = self.norm(x).transpose(1, 2)
+    x = F.pad(x, (0, -x.shape[2] % self.pool))
+    grouped = x.transpose(1, 2).reshape(1, -1, self.d * self.pool)
+    c = self.down((F.silu(self.gate(x)) * self.up(x)).transpose(1, 2))
+    encoder_frames = (mel.shape[2] - 1) // 2 + 1
+    residual = self.bridge_norm(c + grouped)[0, : encoder_frames // self.pool]  # trailing frames are dropped
+    codes = []
+    for codebook in self.codebooks:
+      index = _nearest(residual, codebook)
+      codes.append(index)
+      residual = residual - codebook[index]
+    return torch.stack(codes, -1).numpy()
+
+
+class MimiReference(Reference):
+  """transformers' MimiModel at its default (the release's) config, random weights; its first 8 codebooks."""
+
+  kind, codebooks = "mimi", 8
+
+  def __init__(self, folder: str):
+    import torch
+    from transformers import MimiConfig, MimiModel
+
+    torch.manual_seed(0)
+    self.model = MimiModel(MimiConfig()).eval()
+    self.model.save_pretrained(folder)
+
+  def jax_tokenizer(self, folder: str):
+    from tasks.audio.mimi import MimiTokenizer
+
+    return MimiTokenizer(folder, self.codebooks)
+
+  def __call__(self, features: np.ndarray) -> np.ndarray:
+    import torch
+
+    wave = torch.from_numpy(np.ascontiguousarray(features[:, 0]))[None, None]
+    return self.model.encode(wave, num_quantizers=self.codebooks).audio_codes[0].T.numpy()
+
+
+class HubertReference(Reference):
+  """transformers' HubertModel at its default (HuBERT base) config, random weights, layer 11 (twist.yaml's) to the
+  nearest of 500 centroids."""
+
+  kind, layer, units = "hubert_kmeans", 11, 500
+
+  def __init__(self, folder: str):
+    import torch
+    from transformers import HubertConfig, HubertModel
+
+    torch.manual_seed(0)
+    self.model = HubertModel(HubertConfig()).eval()
+    self.model.save_pretrained(folder)
+    self.centroids = torch.randn(self.units, self.model.config.hidden_size)
+    np.save(os.path.join(folder, "km500.npy"), self.centroids.numpy())
+
+  def jax_tokenizer(self, folder: str):
+    from tasks.audio.hubert import HubertKmeansTokenizer
+
+    return HubertKmeansTokenizer(folder, os.path.join(folder, "km500.npy"), self.layer, deduplicate=False)
+
+  def __call__(self, features: np.ndarray) -> np.ndarray:
+    import torch
+
+    wave = torch.from_numpy(np.ascontiguousarray(features[:, 0]))[None]
+    hidden = self.model(wave, output_hidden_states=True).hidden_states[self.layer][0]
+    return _nearest(hidden, self.centroids).numpy()
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+REFERENCES = {r.kind: r for r in (Glm4VoiceReference, BaichuanReference, MimiReference, HubertReference)}
+
+
+def bench_one(kind: str, audio_seconds: float) -> dict:
+  import torch
+
+  with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-") as folder:
+    reference = REFERENCES[kind](folder)
+    tokenizer = reference.jax_tokenizer(folder)
+    waves = recordings(tokenizer.sample_rate, audio_seconds)
+  seconds = sum(len(w) for w in waves) / tokenizer.sample_rate
+  warm_jax, _ = timed(lambda: tokenizer.encode_batch(waves))
+  jax_seconds, ours = timed(lambda: tokenizer.encode_batch(waves))
+
+  def torch_run(some):  # from the same host features the JAX side computes (the sample's waves are under 30 s)
+    with torch.inference_mode():
+      return [reference(tokenizer.prepare(w)[0]) for w in some]
+
+  warm_torch, _ = timed(lambda: torch_run(waves[:1]))
+  torch_seconds, theirs = timed(lambda: torch_run(waves))
+  flops = flops_per_audio_second(tokenizer)
+  equal = sum(int((a.reshape(len(a), -1)[: len(b)] == b.reshape(len(b), -1)[: len(a)]).all(-1).sum())
+              for a, b in zip(ours, theirs))
+  frames = sum(max(len(a), len(b)) for a, b in zip(ours, theirs))
+  return {"tokenizer": kind, "utterances": len(waves), "audio_seconds": round(seconds, 2),
+          "gflop_per_audio_second": round(flops / 1e9, 2),
+          "jax": Side(jax_seconds, warm_jax).as_dict(seconds, flops),
+          "torch": Side(torch_seconds, warm_torch).as_dict(seconds, flops),
+          "speedup": round(torch_seconds / jax_seconds, 2), "codes_equal": f"{equal}/{frames}"}
+
+
+def machine() -> dict:
+  import jax
+  import torch
+
+  return {"processor": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
+          "jax_backend": jax.default_backend(), "jax_devices": jax.device_count(), "torch_threads": torch.get_num_threads()}
+
+
+def main(argv):
+  del argv
+  results = [bench_one(kind, FLAGS.audio_seconds) for kind in FLAGS.tokenizers]
+  print("| tokenizer | audio s | GFLOP / audio s | torch audio s/s | JAX audio s/s | JAX / torch | torch GFLOP/s | "
+        "JAX GFLOP/s | codes equal |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for r in results:
+    print(f"| {r['tokenizer']} | {r['audio_seconds']} | {r['gflop_per_audio_second']} | "
+          f"{r['torch']['audio_seconds_per_second']} | {r['jax']['audio_seconds_per_second']} | {r['speedup']}x | "
+          f"{r['torch']['gflop_per_second']} | {r['jax']['gflop_per_second']} | {r['codes_equal']} |")
+  found = machine()
+  print(f"machine: {found['processor']}, {found['cores']} cores, JAX {found['jax_backend']} x{found['jax_devices']}, "
+        f"torch {found['torch_threads']} threads")
+  if FLAGS.output:
+    with open(FLAGS.output, "w") as f:
+      json.dump({"machine": found, "results": results}, f, indent=2, allow_nan=False)
+
+
+FLAGS = flags.FLAGS
+
+if __name__ == "__main__":
+  flags.DEFINE_list("tokenizers", list(REFERENCES), "Tokenizers to measure: " + ", ".join(REFERENCES) + ".")
+  flags.DEFINE_float("audio_seconds", 60.0, "Seconds of the sample's speech each side tokenizes.")
+  flags.DEFINE_string("output", None, "Write the figures as JSON here.")
+  cli.run(main)
