@@ -10,7 +10,11 @@ registered through $S2SJAX_PLUGINS is accepted too.
 
 Every key and shape is checked against the abstract target tree before anything is written; tensors are then
 read, transformed and written one leaf at a time. Modules a layout knows scoring never runs (Baichuan-Audio's
-audio tokenizer, vision towers) are left out without flags and listed.
+audio tokenizer, vision towers) are left out without flags, listed in the manifest and named in the report the
+command prints, with what each is and where a user gets it instead (`report`).
+
+Moshi releases (`--family=moshi`) are read in the releases' fused attention keys or today's `LMModel.state_dict()`
+names, LoRA factors merged into the weights they adapt (`s2sjax.families.moshi.LMStateDict`).
 
 A tokenizer that is remote code (tokenizer_config.json's `auto_map`, as GLM-4's `ChatGLM4Tokenizer`) is run only
 with --trust_remote_code; its code and model files are then copied with the checkpoint, as the source ships them.
@@ -209,32 +213,68 @@ def convert(
       output, plan.config, leaves, extras=extras, tokenizer_dir=tokenizer_dir,
       manifest=manifest, overwrite=overwrite,
     )
-  for prefix, count in plan.skipped_modules.items():
-    logging.info("left out %s* (%d keys): a module of the %s release that scoring does not run", prefix, count,
-                 plan.layout.name)
   logging.info("wrote %s in %.1fs (%d kept, %d skipped)", output, time.time() - start, len(plan.kept), len(plan.skipped))
   return manifest
 
 
+def _moshi_files(source_path: str, source_config: dict) -> list[str]:
+  """The release's LM weights (config.json's `moshi_name`), then, with `lora: true`, its LoRA factors (`lora_name`,
+  as Kyutai's loader reads them on top: moshi/models/loaders.py l.229, l.260)."""
+  files = [os.path.join(source_path, source_config.get("moshi_name", moshi_family.MOSHI_NAME))]
+  if source_config.get("lora") and source_config.get("lora_name"):
+    files.append(os.path.join(source_path, source_config["lora_name"]))
+  for path, key in zip(files, ("moshi_name", "lora_name")):
+    if not os.path.exists(path):
+      raise ConversionError(f"{path} (config.json's {key}) does not exist")
+  return files
+
+
+def report(manifest: dict, output: str) -> str:
+  """What the command prints: the conversion, then each module of the release it left out, what that module is
+  and where a user gets it instead, and any LoRA factors merged."""
+  lines = [f"converted {manifest['source_description']} -> {output} ({manifest['dtype']})"]
+  skipped = manifest.get("skipped_modules") or {}
+  notes = families.layout_for_model_type(manifest["source_model_type"]).skipped_notes if skipped else {}
+  for prefix, count in skipped.items():
+    what = notes.get(prefix, "a module scoring does not run")
+    lines.append(f"left out {prefix}* ({count} tensor{'' if count == 1 else 's'}): {what}")
+  if manifest.get("lora_merged"):
+    merged = manifest["lora_merged"]
+    lines.append(f"merged LoRA factors into {len(merged['weights'])} weights (W + {merged['scaling']} * B @ A)")
+  return "\n".join(lines)
+
+
 def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
   """A Moshi PyTorch release folder (config.json of LMModel arguments; the LM's safetensors named by its
-  `moshi_name`, default model.safetensors; its sentencepiece model named by `tokenizer_name`; Mimi's file beside
-  them is not read) -> a Moshi checkpoint, with the text tokenizer as tokenizer/. Every key and shape is checked
-  before any tensor is read."""
+  `moshi_name`, default model.safetensors, in the release's fused attention keys or today's `LMModel.state_dict()`
+  names; with `lora: true` the LoRA factors of `lora_name`; its sentencepiece model named by `tokenizer_name`;
+  Mimi's file beside them is not read) -> a Moshi checkpoint, with the text tokenizer as tokenizer/. LoRA factors
+  are merged into their weights. Every key and shape is checked before any tensor is read."""
   config_path = os.path.join(source_path, "config.json")
   if not os.path.exists(config_path):
     raise ConversionError(f"{source_path} has no config.json (the LMModel arguments of the release)")
   with open(config_path) as f:
     source_config = json.load(f)
-  weights = os.path.join(source_path, source_config.get("moshi_name", moshi_family.MOSHI_NAME))
-  if not os.path.exists(weights):
-    raise ConversionError(f"{weights} (config.json's moshi_name) does not exist")
+  paths = _moshi_files(source_path, source_config)
   try:
     config = moshi_family.parse_config(source_config)
   except ValueError as e:
     raise ConversionError(f"{source_path}: {e}") from e
-  source = safetensors_io.SafetensorsFile(weights)
-  ruled, problems, skipped = moshi_family.plan(config, {k: source.shape(k) for k in source.keys()})
+  files, problems = {}, []
+  for path in paths:
+    source = safetensors_io.SafetensorsFile(path)
+    for key in source.keys():
+      if key in files:
+        problems.append(f"{key} is in both {files[key].path} and {path}")
+      files.setdefault(key, source)
+  state = moshi_family.LMStateDict(config, {k: f.shape(k) for k, f in files.items()}, lambda k: files[k].read(k),
+                                   source_config.get("lora_scaling", moshi_family.LORA_SCALING))
+  ruled, found, skipped = moshi_family.plan(config, state)
+  problems += found
+  if source_config.get("lora") and not state.lora:
+    problems.append(f"config.json says lora=true, but {' and '.join(paths)} hold no LoRA factors (Kyutai's loader "
+                    "would add randomly initialised ones)")
+  weights = " + ".join(paths)
   if problems:
     raise ConversionError(f"{weights} does not fit a moshi target:\n  " + "\n  ".join(problems))
   with tempfile.TemporaryDirectory() as staging:
@@ -243,7 +283,9 @@ def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwri
     manifest = {"source": os.path.abspath(source_path), "source_description": f"{weights} (Moshi release)",
                 "source_model_type": moshi_family.NAME, "source_config": source_config, "dtype": dtype,
                 "skipped": skipped, "tokenizer": tokenizer_record}
-    leaves = with_progress(moshi_family.convert_leaves(config, ruled, source.read, jnp.dtype(dtype)), len(ruled),
+    if state.lora:
+      manifest["lora_merged"] = {"scaling": state.lora_scaling, "weights": sorted(state.lora)}
+    leaves = with_progress(moshi_family.convert_leaves(config, ruled, state.read, jnp.dtype(dtype)), len(ruled),
                            f"converting {os.path.basename(os.path.normpath(source_path))}")
     checkpoint.write_checkpoint(output, config, leaves, tokenizer_dir=tokenizer_dir, manifest=manifest,
                                 overwrite=overwrite)
@@ -303,7 +345,7 @@ def main(argv):
   del argv
   manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite,
                      FLAGS.trust_remote_code)
-  print(f"converted {manifest['source_description']} -> {FLAGS.output} ({manifest['dtype']})")
+  print(report(manifest, FLAGS.output))
   if FLAGS.verify:
     from checkpoints_conversion import verify
 

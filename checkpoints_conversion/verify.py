@@ -49,21 +49,43 @@ def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed:
 
 
 def load_moshi_lm(source_path: str):
-  """Kyutai's own `LMModel` (the `moshi` package) from a release folder, in fp32, through upstream's loader (its
-  load hook reads the fused `in_proj_weight` layout)."""
+  """Kyutai's own `LMModel` (the `moshi` package) from a release folder, in fp32. Through upstream's loader, which
+  reads either attention spelling and, with `lora: true`, the `lora_name` factors on top; a LoRA-wrapped
+  `LMModel`'s own state dict (`frozen_W` and the factors in one file, which that loader does not read) is loaded into
+  a model wrapped as upstream wraps it (`replace_all_linear_with_lora`)."""
   import json
 
   import torch
   from moshi.models import loaders
+  from moshi.modules.lora import replace_all_linear_with_lora
+  from safetensors import safe_open
 
   with open(os.path.join(source_path, "config.json")) as f:
     config = json.load(f)
   weights = os.path.join(source_path, config.get("moshi_name", moshi_family.MOSHI_NAME))
   lm_kwargs = {k: v for k, v in config.items() if k not in moshi_family.LOADER_KEYS}
-  return loaders.get_moshi_lm(weights, lm_kwargs=lm_kwargs, device="cpu", dtype=torch.float32).eval()
+  lora_name = config.get("lora_name") if config.get("lora") else None
+  lora_weights = os.path.join(source_path, lora_name) if lora_name else None
+  with safe_open(weights, "pt") as f:
+    ranks = [f.get_slice(k).get_shape()[0] for k in f.keys() if k.endswith(".lora_A.weight")]
+  if not ranks or lora_weights:
+    return loaders.get_moshi_lm(weights, lm_kwargs=lm_kwargs, device="cpu", dtype=torch.float32,
+                                lora_weights=lora_weights).eval()
+  from safetensors.torch import load_file
+
+  model = loaders.get_moshi_lm(None, lm_kwargs={k: v for k, v in lm_kwargs.items() if k not in moshi_family.LORA_KEYS},
+                               device="cpu", dtype=torch.float32)
+  replace_all_linear_with_lora(model, ranks[0], float(config.get("lora_scaling", moshi_family.LORA_SCALING)))
+  model.load_state_dict(load_file(weights))
+  return model.eval()
 
 
 def compare_moshi_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed: int = 0) -> dict:
+  """`compare_moshi_model` against the release's `LMModel` as upstream loads it (`load_moshi_lm`)."""
+  return compare_moshi_model(load_moshi_lm(source_path), ckpt_dir, length, seed)
+
+
+def compare_moshi_model(model, ckpt_dir: str, length: int = 512, seed: int = 0) -> dict:
   """Max and mean |log p_torch - log p_jax| over the text stream's and every predicted codebook's full
   distribution at `length` random steps (some codes -1), where `LMModel.forward` marks them valid; fp32."""
   import torch
@@ -76,7 +98,7 @@ def compare_moshi_with_torch(source_path: str, ckpt_dir: str, length: int = 512,
                           rng.integers(0, config.card, (1, config.n_q, length))], axis=1)
   codes[:, :, rng.random(length) < 0.02] = -1  # upstream's zero token, embedded as nothing
   with torch.no_grad():
-    out = load_moshi_lm(source_path)(torch.from_numpy(codes))
+    out = model(torch.from_numpy(codes))
   text, text_mask, audio, audio_mask = stream_log_probs(config, params, codes)
   diffs = [np.abs(text - torch.log_softmax(out.text_logits.float(), -1).numpy()[:, 0])[text_mask]]
   if audio is not None:

@@ -1,7 +1,10 @@
 """Moshi's parallel multi-stream family against Kyutai's own PyTorch `LMModel` (`moshi` package, tiny random
-weights): a release-layout checkpoint converts, every stream's log-probs match `LMModel.forward`, packed
-prefix-shared rows score each candidate as a per-sequence `LMModel.forward` does, and what does not fit is named."""
+weights): a release-layout checkpoint converts, and so does today's `LMModel.state_dict()` (per-weight-set attention
+names) with or without LoRA factors; every stream's log-probs match `LMModel.forward` (`--verify` and
+`python -m s2sjax.logprobs`), packed prefix-shared rows score each candidate as a per-sequence `LMModel.forward`
+does, and what does not fit is named."""
 
+import copy
 import json
 import os
 import re
@@ -13,9 +16,11 @@ import pytest
 
 import moshi.models.lm as lm
 import torch
+from moshi.modules.lora import replace_all_linear_with_lora
+from safetensors.torch import save_file
 
 from checkpoints_conversion import convert, safetensors_io, verify  # noqa: E402
-from s2sjax import checkpoint, packing, scoring, sharding  # noqa: E402
+from s2sjax import checkpoint, logprobs, packing, scoring, sharding  # noqa: E402
 from s2sjax.families import moshi as moshi_family  # noqa: E402
 from s2sjax.model import moshi  # noqa: E402
 from s2sjax.model.config import ConfigError  # noqa: E402
@@ -54,6 +59,16 @@ def release_state_dict(model) -> dict:
 def write_release(directory, state: dict, config: dict) -> str:
   os.makedirs(directory, exist_ok=True)
   safetensors_io.write(os.path.join(directory, "model.safetensors"), state)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f)
+  return str(directory)
+
+
+def save_state_dict(directory, state: dict, config: dict, name: str = "model.safetensors") -> str:
+  """A folder of torch tensors as the installed `safetensors` package saves them (moshi-finetune's way), and a
+  config.json."""
+  os.makedirs(directory, exist_ok=True)
+  save_file({k: v.detach().contiguous() for k, v in state.items()}, os.path.join(directory, name))
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(config, f)
   return str(directory)
@@ -151,6 +166,102 @@ def test_conversion_names_what_does_not_fit(tiny, tmp_path):
   with pytest.raises(convert.ConversionError, match=r"missing key emb\.4\.weight"):
     convert.convert(write_release(tmp_path / "c", state, {**TINY, **LOADER, "n_q": 5, "delays": [0, 0, 1, 1, 2, 2]}),
                     str(tmp_path / "out_c"), family="moshi")
+
+
+def same_leaves(a: str, b: str) -> None:
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(a), checkpoint.load_params(b))
+
+
+@pytest.mark.slow
+def test_lmmodel_state_dict_of_today_converts_and_verifies(tiny, converted, tmp_path):
+  """moshi 0.2.13's `LMModel.state_dict()` names attention one module per weight set (`in_projs.{i}`,
+  `out_projs.{i}`): it converts to the release layout's very leaves, and `--verify` holds it to upstream's loader."""
+  folder, model = tiny
+  source = save_state_dict(tmp_path / "current", model.state_dict(), {**TINY, **LOADER})
+  assert "depformer.layers.0.self_attn.in_projs.2.weight" in model.state_dict()
+  out = str(tmp_path / "ckpt")
+  convert.convert(source, out, family="moshi")
+  same_leaves(converted, out)
+  result = verify.compare_with_torch(source, out, length=64)
+  assert result["max_abs_diff"] <= 1e-4, result
+
+
+@pytest.fixture(scope="module")
+def wrapped(tiny):
+  """The tiny model LoRA-wrapped as moshi wraps it (`replace_all_linear_with_lora`, rank 2, scaling 0.5), its
+  factors random and non-zero, and that model's own state dict (`frozen_W`, `lora_A`, `lora_B` per linear)."""
+  _, model = tiny
+  torch.manual_seed(1)
+  lora = copy.deepcopy(model)
+  replace_all_linear_with_lora(lora, 2, 0.5)
+  with torch.no_grad():
+    for name, p in lora.named_parameters():
+      if name.endswith("lora_B.weight"):
+        p.copy_(0.1 * torch.randn_like(p))
+  return lora, lora.state_dict()
+
+
+@pytest.mark.slow
+def test_lora_factors_are_merged_as_lora_linear_computes(tiny, wrapped, tmp_path):
+  """A LoRA-wrapped LMModel's state dict converts with W + scaling * B @ A in every linear, and its log-probs are
+  the wrapped model's; moshi-finetune's layout (base weights + `lora_name` factors, `lora: true`) converts to the
+  same leaves and verifies against upstream's own loader, which reads the factors on top."""
+  _, model = tiny
+  lora, state = wrapped
+  one = save_state_dict(tmp_path / "one_file", state, {**TINY, **LOADER, "lora_scaling": 0.5})
+  manifest = convert.convert(one, str(tmp_path / "ckpt_one"), family="moshi")
+  linears = sorted(k.removesuffix(".lora_A.weight") + ".weight" for k in state if k.endswith(".lora_A.weight"))
+  assert manifest["lora_merged"] == {"scaling": 0.5, "weights": linears}
+  assert verify.compare_moshi_model(lora, str(tmp_path / "ckpt_one"), length=64)["max_abs_diff"] <= 1e-4
+  assert verify.compare_with_torch(one, str(tmp_path / "ckpt_one"), length=64)["max_abs_diff"] <= 1e-4  # --verify
+  two = save_state_dict(tmp_path / "two_files", model.state_dict(), {
+    **TINY, **LOADER, "lora": True, "lora_name": "lora.safetensors", "lora_rank": 2, "lora_scaling": 0.5})
+  save_file({k: v.contiguous() for k, v in state.items() if ".lora_" in k}, os.path.join(two, "lora.safetensors"))
+  convert.convert(two, str(tmp_path / "ckpt_two"), family="moshi")
+  same_leaves(str(tmp_path / "ckpt_one"), str(tmp_path / "ckpt_two"))
+  assert verify.compare_with_torch(two, str(tmp_path / "ckpt_two"), length=64)["max_abs_diff"] <= 1e-4
+
+
+def test_lora_and_spellings_that_do_not_fit_are_named(tiny, wrapped, tmp_path):
+  folder, model = tiny
+  _, state = wrapped
+  lone = "transformer.layers.0.gating.linear_in"
+  cases = [
+    (save_state_dict(tmp_path / "lone", {k: v for k, v in state.items() if k != f"{lone}.lora_B.weight"},
+                     {**TINY, **LOADER}),
+     rf"LoRA factor {lone}\.lora_A\.weight has no {lone}\.lora_B\.weight"),
+    (save_state_dict(tmp_path / "no_factors", model.state_dict(), {**TINY, **LOADER, "lora": True}),
+     r"config\.json says lora=true, but .* hold no LoRA factors"),
+    (write_release(tmp_path / "twice", {**release_state_dict(model), "transformer.layers.1.self_attn.in_projs.0.weight":
+                                        model.state_dict()["transformer.layers.1.self_attn.in_projs.0.weight"].numpy()},
+                   {**TINY, **LOADER}),
+     r"transformer\.layers\.1\.self_attn\.in_projs\.0\.weight is stored twice, as "),
+  ]
+  for source, named in cases:
+    with pytest.raises(convert.ConversionError, match=named):
+      convert.convert(source, str(tmp_path / "out"), family="moshi")
+
+
+@pytest.mark.slow
+def test_logprobs_reads_moshi_streams_as_lmmodel_forward(tiny, converted):
+  """`s2sjax.logprobs` on Moshi: the text stream as input_ids, the codebook streams as audio_codes [T, K] (every
+  stream, or Moshi's own alone with the user's silent): the text head's and the depformer's log-softmax are
+  `LMModel.forward`'s where its masks hold, NaN where they do not."""
+  _, model = tiny
+  config, params = load(converted)
+  codes = random_codes(np.random.default_rng(5), config, 1, 40)
+  for given in (config.n_q, config.dep_q):
+    streams = codes.copy()
+    streams[:, 1 + given :] = -1
+    with torch.no_grad():
+      out = model(torch.from_numpy(streams))
+    ours = logprobs.moshi_log_probs(config, params, streams[0, 0], streams[0, 1 : 1 + given].T)
+    assert ours.text.shape == (40, config.text_card_out) and ours.codebooks.shape == (40, config.dep_q, config.card)
+    pairs = [(ours.text, torch.log_softmax(out.text_logits, -1)[0, 0].numpy(), out.text_mask[0, 0].numpy()),
+             (ours.codebooks.transpose(1, 0, 2), torch.log_softmax(out.logits, -1)[0].numpy(), out.mask[0].numpy())]
+    for mine, reference, mask in pairs:
+      assert np.isnan(mine[~mask]).all() and not np.isnan(mine[mask]).any()
+      assert np.abs(mine[mask] - reference[mask]).max() <= 1e-4
 
 
 def test_a_spec_of_another_stream_layout_is_refused():

@@ -1,4 +1,7 @@
-"""The planner's memory figures agree with XLA's memory analysis of the compiled scoring step (within 20%)."""
+"""The planner's memory figures agree with XLA's memory analysis of the compiled scoring step (within 20%); its
+named architectures are the published configs'."""
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -42,6 +45,15 @@ def test_plan_picks_a_mesh_that_fits_and_times_the_benchmark():
   assert set(p["seconds"]) == {f"{t}/{m}" for t in benchmarks.names() for m in ("t2t", "s2t")}
   assert p["total_seconds"] == pytest.approx(one_chip["total_seconds"] / 8)
   assert np.isclose(plan.MODELS["qwen2.5-7b"].num_params() / 1e9, 7.6, atol=0.1)  # Qwen2.5-7B has 7.6B parameters
+
+
+def test_glm_4_voice_9b_is_glm_4_9b_with_its_own_vocabulary_epsilon_and_rope():
+  """THUDM/glm-4-voice-9b's config.json: padded_vocab_size 168,960, layernorm_epsilon 3.90625e-08, rope_ratio 1;
+  every other size glm-4-9b's."""
+  voice, base = plan.MODELS["glm-4-voice-9b"], plan.MODELS["glm-4-9b"]
+  assert (voice.vocab_size, voice.rms_norm_eps, voice.rope_theta) == (168960, 3.90625e-08, 10000.0)
+  assert dataclasses.replace(voice, vocab_size=base.vocab_size, rms_norm_eps=base.rms_norm_eps) == base
+  assert voice.num_params() - base.num_params() == 2 * (168960 - 151552) * 4096  # the embedding's and head's rows
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ OmniForCausalLM.__init__, OmniAudioTokenizer.__init__, OmniModel.get_multimodal_
 import numpy as np
 import pytest
 
-from checkpoints_conversion.convert import convert
+from checkpoints_conversion.convert import convert, report
 from s2sjax import checkpoint
 from s2sjax.model.config import ConfigError, from_hf_config
 from s2sjax.model.decoder import sequence_log_probs
@@ -63,6 +63,13 @@ def test_baichuan_release_converts_without_flags_and_scores_audio_like_the_refer
   assert manifest["skipped_modules"] == {"audio_tokenizer.": 5, "model.visual_model.": 1,
                                          "model.visual_bridge_model.": 1}
   assert sorted(manifest["kept_as_extras"]) == sorted(BAICHUAN_RELEASE_KEPT + ("audio_head.heads.0.weight",))
+  # the command's report names each module left out and what it is, the audio tokenizer as read from the release
+  printed = report(manifest, str(tmp_path / "ckpt")).splitlines()
+  assert printed[1:] == [
+    "left out audio_tokenizer.* (5 tensors): the release's audio tokenizer (wave -> codes); the JAX Baichuan-Audio "
+    "tokenizer reads it from the release folder itself: --audio_tokenizer_dir=<that folder>",
+    "left out model.visual_model.* (1 tensor): the vision tower (scoring takes no images)",
+    "left out model.visual_bridge_model.* (1 tensor): the vision bridge (scoring takes no images)"]
   config, params = checkpoint.load_config(tmp_path / "ckpt"), checkpoint.load_params(tmp_path / "ckpt")
 
   rng = np.random.default_rng(7)

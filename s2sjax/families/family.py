@@ -34,8 +34,10 @@ class Layout:
   rules: Callable[[ModelConfig, SourceConfig], list[Rule]]  # every target leaf's source tensors
   kept_prefixes: tuple[str, ...] = ()  # source keys kept verbatim as extras (converted, unused for text scoring)
   # Modules of the release that scoring never runs (audio encoders, vocoders, vision towers): left out without
-  # --skip_prefix, and listed in the manifest and the log.
+  # --skip_prefix, and listed in the manifest and the converter's report.
   skipped_prefixes: tuple[str, ...] = ()
+  # What a skipped module is and where a user gets it instead (prefix -> a sentence), for the converter's report.
+  skipped_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
   ignored_suffixes: tuple[str, ...] = ()  # buffers the checkpoint saves that carry no weights
   verifiable: bool = False  # transformers ships this layout's PyTorch model, so `--verify` can run it
 

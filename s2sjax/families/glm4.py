@@ -85,6 +85,11 @@ def chatglm_rules(config: ModelConfig, cfg: Mapping[str, Any]) -> list[keymap.Ru
   return keymap.decoder_rules(config, names)
 
 
+# THUDM/glm-4-9b's config.json sizes
+GLM_4_9B = dict(model_type="chatglm", padded_vocab_size=151552, hidden_size=4096, ffn_hidden_size=13696, num_layers=40,
+                num_attention_heads=32, kv_channels=128, multi_query_attention=True, multi_query_group_num=2,
+                layernorm_epsilon=1.5625e-07, add_qkv_bias=True)
+
 FAMILY = register(Family(
   name=NAME,
   layouts=(
@@ -95,9 +100,10 @@ FAMILY = register(Family(
            ignored_suffixes=("rotary_pos_emb.inv_freq",)),
   ),
   audio_inputs=("extended_vocab",),
-  planner_shapes={  # THUDM/glm-4-9b's sizes
-    "glm-4-9b": dict(model_type="chatglm", padded_vocab_size=151552, hidden_size=4096, ffn_hidden_size=13696,
-                     num_layers=40, num_attention_heads=32, kv_channels=128, multi_query_attention=True,
-                     multi_query_group_num=2, layernorm_epsilon=1.5625e-07, add_qkv_bias=True),
+  planner_shapes={
+    "glm-4-9b": GLM_4_9B,
+    # THUDM/glm-4-voice-9b's config.json: glm-4-9b's decoder with a vocabulary widened for its 16,384 speech
+    # tokens, a smaller epsilon, rope_ratio 1 (theta 10,000)
+    "glm-4-voice-9b": dict(GLM_4_9B, padded_vocab_size=168960, layernorm_epsilon=3.90625e-08, rope_ratio=1),
   },
 ))

@@ -1,8 +1,11 @@
 """Moshi (Kyutai's `LMModel`): a text stream and Mimi codebook streams read in parallel, a depth transformer per
 step (`s2sjax.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
-`LMModel` keyword arguments (plus the loader's file names) and `model.safetensors` in upstream's state-dict keys,
-attention stored fused as `in_proj_weight` / `out_proj.weight` (the depformer's per-step weight sets stacked in
-them, as `StreamingMultiheadAttention._load_hook` reads them back).
+`LMModel` keyword arguments (plus the loader's file names) and `model.safetensors` in upstream's state-dict keys.
+Attention comes in either of the spellings Kyutai's loader reads (`LMStateDict`): the releases' fused
+`in_proj_weight` / `out_proj.weight` (the depformer's per-step weight sets stacked in them), or today's
+`LMModel.state_dict()` names, one module per weight set (`in_projs.{i}.weight` / `out_projs.{i}.weight`, moshi
+0.2.13 and so moshi-finetune's outputs). LoRA factors (a LoRA-wrapped `LMModel`'s own state dict, or config.json's
+`lora: true` with its `lora_name` file) are merged into the weights they adapt.
 
 Why this family is not a `Family` of the registry: that abstraction's layouts parse into the shared decoder's
 `ModelConfig` and the converter, checkpoint writer and scorer all build `s2sjax.model.decoder`. Moshi's parameters
@@ -17,7 +20,8 @@ checkpoints are the same directory format (`model_config.json` says `family: mos
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+import re
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -50,11 +54,14 @@ DEFAULTS: dict[str, Any] = {
 REFUSED = {
   "demux_second_text_stream": False, "demux_second_stream": False, "norm_emb": False, "quantize": False,
   "causal": True, "cross_attention": False, "skip_self_attn": False, "conditioners": None, "fuser": None,
-  "lora": False,
 }
 # Keys whose value does not change the model's outputs.
 INERT = ("existing_text_end_padding_id", "extra_heads_num_heads", "extra_heads_dim", "gradient_checkpointing",
-         "betas", "depformer_context", "lora_rank", "lora_scaling", "depformer_betas")
+         "betas", "depformer_context", "depformer_betas")
+# LoRA keys (`get_moshi_lm` pops them, moshi/models/loaders.py l.399-401): the converter merges the factors, so the
+# model never sees them. `lora_rank` is read off the factors' shapes.
+LORA_KEYS = ("lora", "lora_rank", "lora_scaling")
+LORA_SCALING = 2.0  # get_moshi_lm's default when config.json gives no lora_scaling (loaders.py l.401)
 # Moshiko / Moshika 7B (kyutai-labs/moshi configs/moshi_7b_202409.json = loaders._lm_kwargs): the published
 # architecture, for the planner and as what a release's config.json looks like.
 MOSHIKO_CONFIG: dict[str, Any] = {
@@ -82,7 +89,7 @@ def parse_config(cfg: Mapping[str, Any]) -> MoshiConfig:
     raise ConfigError(f"config.json model_type {model_type!r}: only 'moshi' releases are read (the loader changes "
                       f"{model_type} weights after loading them)")
   cfg = {k: v for k, v in cfg.items() if k not in LOADER_KEYS}
-  known = set(DEFAULTS) | set(REFUSED) | set(INERT) | {
+  known = set(DEFAULTS) | set(REFUSED) | set(INERT) | set(LORA_KEYS) | {
     "num_layers", "depformer_num_heads", "depformer_num_layers", "depformer_layer_scale", "depformer_gating",
     "depformer_max_period", "depformer_kv_repeat", "depformer_positional_scale"}
   unknown = sorted(set(cfg) - known)
@@ -177,7 +184,8 @@ class Rule:
 
 
 def _transformer_rules(t: TransformerConfig, target: tuple[str, ...], prefix: str, per_step: bool) -> list[Rule]:
-  """A StreamingTransformer's layers. Attention's in_proj rows are [q | k | v] per weight set, the sets stacked."""
+  """A StreamingTransformer's layers, in LMModel's module names (`LMStateDict`): attention has one in_projs /
+  out_projs module per weight set, an in_projs weight's rows being [q | k | v]."""
   d, kvd, h = t.dim, t.kv_heads * t.head_dim, t.hidden
   out_rows = d + 2 * kvd
   sets = range(t.weight_sets)
@@ -185,15 +193,13 @@ def _transformer_rules(t: TransformerConfig, target: tuple[str, ...], prefix: st
   lead = 2 if per_step else 1
   rules = []
 
-  def fused(name: str, key: str, total: int, start: int, size: int, kind: str = "linear") -> Rule:
-    pieces = tuple(Piece(f"{layer(i)}.{key}", (total * len(sets), d) if kind == "linear" else (total,),
-                         (s * total + start, s * total + start + size)) for i in range(t.num_layers) for s in sets)
-    return Rule((*target, "layers", name), pieces, kind, lead)
+  def projection(name: str, which: str, total: int, start: int, size: int) -> Rule:
+    pieces = tuple(Piece(f"{layer(i)}.self_attn.{which}_projs.{s}.weight", (total, d), (start, start + size))
+                   for i in range(t.num_layers) for s in sets)
+    return Rule((*target, "layers", name), pieces, "linear", lead)
 
-  rules += [fused("q", "self_attn.in_proj_weight", out_rows, 0, d),
-            fused("k", "self_attn.in_proj_weight", out_rows, d, kvd),
-            fused("v", "self_attn.in_proj_weight", out_rows, d + kvd, kvd),
-            fused("o", "self_attn.out_proj.weight", d, 0, d)]
+  rules += [projection("q", "in", out_rows, 0, d), projection("k", "in", out_rows, d, kvd),
+            projection("v", "in", out_rows, d + kvd, kvd), projection("o", "out", d, 0, d)]
   if per_step:  # the gating is a ModuleList, one per weight set
     gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{s}.{part}.weight", shape)
                                        for i in range(t.num_layers) for s in sets)
@@ -252,11 +258,108 @@ def rules(config: MoshiConfig) -> list[Rule]:
   return out
 
 
-def plan(config: MoshiConfig, keys: Mapping[str, tuple[int, ...]]) -> tuple[list[Rule], list[str], list[str]]:
-  """(rules, problems, skipped keys) of a source with these {key: shape}: every missing key (named with the leaf it
-  feeds), every mis-shaped one and every key no rule reads."""
+# ---- the state dict's spellings --------------------------------------------------------------------------------------
+
+# The fused attention spellings Kyutai's loader splits into LMModel's per-weight-set modules
+# (`StreamingMultiheadAttention._load_hook`, moshi/modules/transformer.py l.423-446): a key's suffix after
+# `self_attn.` -> (in | out, the LoRA factor it is or ""); weight set i holds the i-th of its equal row blocks.
+FUSED_ATTENTION = {
+  "in_proj_weight": ("in", ""), "in_proj.weight": ("in", ""), "out_proj.weight": ("out", ""),
+  "in_proj.lora_A.weight": ("in", "lora_A."), "in_proj.lora_B.weight": ("in", "lora_B."),
+  "out_proj.lora_A.weight": ("out", "lora_A."), "out_proj.lora_B.weight": ("out", "lora_B."),
+}
+# A LoRA-wrapped linear (moshi/modules/lora.py `LoRALinear`): its base weight under `frozen_W`, its factors beside.
+_LORA_PART = re.compile(r"(?P<module>.+)\.(?P<part>frozen_W|lora_A|lora_B)\.(?P<leaf>weight|bias)")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+  key: str  # the file's key
+  rows: tuple[int, int] | None = None  # a row block of a fused tensor
+
+
+class LMStateDict:
+  """A Moshi state dict in `LMModel`'s own module names, whichever spelling the files use: fused attention split
+  into its weight sets, a LoRA-wrapped linear's `frozen_W` read as its weight and its factors merged into it
+  (W + scaling * B @ A, as `LoRALinear.forward` and `replace_lora_with_linear` compute it, moshi/modules/lora.py).
+  `shapes` and `read` speak those names; `problems` lists what does not fit (a tensor stored under two spellings, a
+  lone LoRA factor, factors that do not fit their weight) instead of raising, so all are reported together."""
+
+  def __init__(self, config: MoshiConfig, shapes: Mapping[str, tuple[int, ...]], read: Callable[[str], np.ndarray],
+               lora_scaling: float = LORA_SCALING):
+    self._read, self.lora_scaling = read, float(lora_scaling)
+    self.problems: list[str] = []
+    self._stored: dict[str, _Stored] = {}
+    self.shapes: dict[str, tuple[int, ...]] = {}
+    for key, shape in shapes.items():
+      for name, stored, stored_shape in self._spellings(config, key, tuple(shape)):
+        if name in self._stored:
+          self.problems.append(f"{name} is stored twice, as {self._stored[name].key} and as {key}")
+        else:
+          self._stored[name], self.shapes[name] = stored, stored_shape
+    self.lora: dict[str, tuple[str, str]] = {}  # adapted weight -> its (lora_A, lora_B) names
+    self._pair_lora_factors()
+
+  def _spellings(self, config: MoshiConfig, key: str, shape: tuple[int, ...]):
+    """(name, where it is stored, shape) of each LMModel tensor the file's `key` holds."""
+    head, sep, tail = key.rpartition(".self_attn.")
+    if sep and tail in FUSED_ATTENTION:
+      which, factor = FUSED_ATTENTION[tail]
+      sets = config.depformer.weight_sets if key.startswith("depformer.") and config.depformer else 1
+      if shape[0] % sets:
+        self.problems.append(f"{key}: {shape[0]} rows do not split into the attention's {sets} weight sets")
+        return []
+      n = shape[0] // sets
+      return [(f"{head}.self_attn.{which}_projs.{i}.{factor}weight", _Stored(key, (i * n, (i + 1) * n)),
+               (n, *shape[1:])) for i in range(sets)]
+    part = _LORA_PART.fullmatch(key)
+    if part and part["part"] == "frozen_W":
+      return [(f"{part['module']}.{part['leaf']}", _Stored(key), shape)]
+    return [(key, _Stored(key), shape)]
+
+  def _pair_lora_factors(self) -> None:
+    factors: dict[str, dict[str, str]] = {}
+    for name in self.shapes:
+      part = _LORA_PART.fullmatch(name)
+      if part and part["part"] != "frozen_W" and part["leaf"] == "weight":
+        factors.setdefault(part["module"], {})[part["part"]] = name
+    for module, names in sorted(factors.items()):
+      found = {part: self.shapes.pop(name) for part, name in names.items()}  # merged, never read on their own
+      if len(found) == 1:
+        (have,) = found
+        lack = "lora_B" if have == "lora_A" else "lora_A"
+        self.problems.append(f"LoRA factor {module}.{have}.weight has no {module}.{lack}.weight: the update "
+                             "W + scaling * B @ A needs both")
+        continue
+      weight = f"{module}.weight"
+      (rank, inputs), (outputs, rank_b) = found["lora_A"], found["lora_B"]
+      if weight not in self.shapes:
+        self.problems.append(f"LoRA factors {module}.lora_A/lora_B.weight have no {weight} (or frozen_W) to adapt")
+      elif rank != rank_b or self.shapes[weight] != (outputs, inputs):
+        self.problems.append(f"LoRA factors of {module} do not fit its weight: lora_B {found['lora_B']} @ lora_A "
+                             f"{found['lora_A']} against {weight} {self.shapes[weight]}")
+      else:
+        self.lora[weight] = (names["lora_A"], names["lora_B"])
+
+  def _read_stored(self, name: str) -> np.ndarray:
+    stored = self._stored[name]
+    array = self._read(stored.key)
+    return array if stored.rows is None else array[stored.rows[0] : stored.rows[1]]
+
+  def read(self, name: str) -> np.ndarray:
+    array = self._read_stored(name)
+    if name not in self.lora:
+      return array
+    down, up = (np.asarray(self._read_stored(n), np.float32) for n in self.lora[name])
+    return np.asarray(array, np.float32) + self.lora_scaling * (up @ down)
+
+
+def plan(config: MoshiConfig, state: LMStateDict) -> tuple[list[Rule], list[str], list[str]]:
+  """(rules, problems, skipped names) of a state dict: what its spellings do not fit, every missing tensor (named
+  with the leaf it feeds), every mis-shaped one and every tensor no rule reads."""
   ruled = rules(config)
-  problems, rest = check_rules(set(dict(flatten(abstract_params(config)))), ruled, keys)
+  problems, rest = check_rules(set(dict(flatten(abstract_params(config)))), ruled, state.shapes)
+  problems = state.problems + problems
   skipped = [k for k in rest if k.startswith(SKIPPED_PREFIXES)]
   unexpected = [k for k in rest if k not in skipped]
   if unexpected:

@@ -63,8 +63,14 @@ BAICHUAN_AUDIO_NAMES = dataclasses.replace(
 # modeling_omni.py: OmniForCausalLM holds `audio_tokenizer` (OmniAudioTokenizer: audio_model, audio_bridge_model,
 # audio_decoder, audio_flow_matching_decoder: wave <-> codes, run before the decoder or after it) and `audio_head`
 # (next-code prediction: kept, since a generator needs it); OmniModel holds `visual_model` / `visual_bridge_model`
-# when visual_config or video_config is enabled. Scoring with precomputed codes runs none of them.
-BAICHUAN_AUDIO_MODULES = ("audio_tokenizer.", "model.visual_model.", "model.visual_bridge_model.")
+# when visual_config or video_config is enabled. Scoring with precomputed codes runs none of them: each is left out
+# by its prefix, with what the converter's report says of it.
+BAICHUAN_AUDIO_MODULES = {
+  "audio_tokenizer.": "the release's audio tokenizer (wave -> codes); the JAX Baichuan-Audio tokenizer reads it from "
+                      "the release folder itself: --audio_tokenizer_dir=<that folder>",
+  "model.visual_model.": "the vision tower (scoring takes no images)",
+  "model.visual_bridge_model.": "the vision bridge (scoring takes no images)",
+}
 
 
 def baichuan_audio_rules(config: ModelConfig, cfg: Mapping[str, Any]) -> list[keymap.Rule]:
@@ -94,7 +100,8 @@ FAMILY = register(Family(
     Layout(HF, ("qwen2",), parse_hf_config, keymap.rules_in(keymap.HF_NAMES),
            ignored_suffixes=keymap.HF_IGNORED_SUFFIXES, verifiable=True),
     Layout("baichuan_audio", ("omni",), parse_baichuan_audio_config, baichuan_audio_rules,
-           kept_prefixes=("audio_head.",), skipped_prefixes=BAICHUAN_AUDIO_MODULES,
+           kept_prefixes=("audio_head.",), skipped_prefixes=tuple(BAICHUAN_AUDIO_MODULES),
+           skipped_notes=BAICHUAN_AUDIO_MODULES,
            ignored_suffixes=keymap.HF_IGNORED_SUFFIXES),
   ),
   audio_inputs=("codebook_tables", "extended_vocab"),
