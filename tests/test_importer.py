@@ -57,6 +57,7 @@ def test_full_replica_counts_and_mapping(tmp_path):
 
 
 @needs_realdata
+@needs_espeak
 def test_replica_speech_is_readable_and_plausibly_long(tmp_path):
   report = import_all(str(tmp_path), STORYCLOZE, XSTORYCLOZE, None, speech=True, workers=2, limit=3)
   for task, language in (("sstorycloze", "en"), ("zh_sstorycloze", "zh")):
