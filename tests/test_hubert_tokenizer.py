@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tasks.audio.base import dedup
-from tasks.audio.hubert import HubertError, HubertKmeansTokenizer, hidden_states, nearest_centroid
+from tasks.audio.hubert import HubertError, HubertKmeansTokenizer, hidden_states
+from tasks.audio.ops import nearest
 from tasks.audio.weights import WeightsError
 
 LENGTHS = (1203, 2000, 230)  # samples; 20 samples per frame below: 59, 99 and 11 frames (fewer than the pos kernel)
@@ -92,7 +93,7 @@ def _tokenizer(directory, layer: int, centroids="random.npy", deduplicate=False)
 def _forward(params, waves, lengths, config):
   """`HubertKmeansTokenizer.features` and its codes, jitted once for every tokenizer of one config and shape."""
   features = hidden_states(params, waves, lengths, config)
-  return features, nearest_centroid(features, params["centroids"])
+  return features, nearest(features, params["centroids"])
 
 
 def _features(tokenizer, waves, lengths) -> tuple[np.ndarray, np.ndarray]:

@@ -16,11 +16,12 @@ import numpy as np
 
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.weights import ReleaseWeights
-from tasks.audio.whisper_mel import whisper_log_mel
+from tasks.audio import whisper
+from tasks.audio.ops import conv1d, dense, squared_distances
+from tasks.audio.whisper import whisper_log_mel
 
 # OmniForCausalLM holds the tokenizer as `self.audio_tokenizer` (modeling_omni.py l.784).
 PREFIX = "audio_tokenizer."
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; upstream never sets another
 
 
 class BaichuanConfigError(ValueError):
@@ -130,18 +131,7 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
       out["bias"] = weights.take(f"{key}.bias", (n_out,))
     return out
 
-  def layer(i):
-    key = f"audio_model.layers.{i}"
-    return {"attn_norm": norm(f"{key}.self_attn_layer_norm", d),
-            "q": linear(f"{key}.self_attn.q_proj", d, d),
-            "k": linear(f"{key}.self_attn.k_proj", d, d, bias=False),  # l.83: the key projection has no bias
-            "v": linear(f"{key}.self_attn.v_proj", d, d),
-            "out": linear(f"{key}.self_attn.out_proj", d, d),
-            "mlp_norm": norm(f"{key}.final_layer_norm", d),
-            "fc1": linear(f"{key}.fc1", d, ffn),
-            "fc2": linear(f"{key}.fc2", ffn, d)}
-
-  layers = [layer(i) for i in range(config.encoder_layers)]
+  layers = [whisper.read_layer(weights, f"audio_model.layers.{i}", d, ffn) for i in range(config.encoder_layers)]
   if weights.has(f"audio_model.layers.{config.encoder_layers}.fc1.weight"):
     raise BaichuanConfigError(f"{weights.path} holds more encoder layers than audio_config.encoder_layers="
                               f"{config.encoder_layers}")
@@ -173,54 +163,10 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
 
 # ---- the forward: pure functions of (params, features, lengths) -------------------------------------------------
 
-def _einsum(spec, *operands):
-  import jax.numpy as jnp
-
-  return jnp.einsum(spec, *operands, precision="highest")
-
-
-def _dense(x, p):
-  y = _einsum("...i,io->...o", x, p["kernel"].astype(x.dtype))
-  return y + p["bias"].astype(x.dtype) if "bias" in p else y
-
-
 def _layer_norm(x, p):
-  """LayerNorm over the last axis in float32, returned in x's dtype."""
-  import jax.numpy as jnp
+  from s2sjax.model.layers import layer_norm
 
-  x32 = x.astype(jnp.float32)
-  mean = x32.mean(-1, keepdims=True)
-  variance = ((x32 - mean) ** 2).mean(-1, keepdims=True)
-  y = (x32 - mean) / jnp.sqrt(variance + LAYER_NORM_EPS)
-  return (y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
-
-
-def _conv(x, p, stride):
-  """Conv1d with padding 1 each side on time-major x [B, T, C_in] (l.171-173)."""
-  import jax
-
-  y = jax.lax.conv_general_dilated(x, p["kernel"].astype(x.dtype), window_strides=(stride,), padding=((1, 1),),
-                                   dimension_numbers=("NWC", "WIO", "NWC"), precision="highest")
-  return y + p["bias"].astype(x.dtype)
-
-
-def _encoder_layer(hidden, p, key_valid, heads):
-  """Pre-norm transformer layer (l.142-152); attention non-causal over each row's valid frames only (upstream packs
-  the rows and runs varlen flash attention, l.93-99)."""
-  import jax
-  import jax.numpy as jnp
-
-  batch, frames, width = hidden.shape
-  split = lambda t: t.reshape(batch, frames, heads, width // heads)
-  x = _layer_norm(hidden, p["attn_norm"])
-  q, k, v = split(_dense(x, p["q"])), split(_dense(x, p["k"])), split(_dense(x, p["v"]))
-  logits = _einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(width // heads)
-  logits = jnp.where(key_valid[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  attended = _einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, frames, width)
-  hidden = hidden + _dense(attended, p["out"])
-  x = _layer_norm(hidden, p["mlp_norm"])
-  return hidden + _dense(jax.nn.gelu(_dense(x, p["fc1"]), approximate=False), p["fc2"])
+  return layer_norm(x, p["scale"], p["bias"], whisper.LAYER_NORM_EPS)
 
 
 def _residual_quantize(x, codebooks):
@@ -233,9 +179,7 @@ def _residual_quantize(x, codebooks):
   codes = []
   for embed in codebooks:
     embed = embed.astype(jnp.float32)
-    norms = (residual**2).sum(-1, keepdims=True) + (embed**2).sum(-1)
-    squared = norms + _einsum("...d,cd->...c", residual, embed) * -2
-    index = jnp.argmin(jnp.sqrt(jnp.maximum(squared, 0)), axis=-1)
+    index = jnp.argmin(jnp.sqrt(jnp.maximum(squared_distances(residual, embed), 0)), axis=-1)
     residual = residual - embed[index]
     codes.append(index)
   return jnp.stack(codes, -1).astype(jnp.int32)
@@ -258,9 +202,10 @@ def forward(params: dict, features, lengths, config: BaichuanAudioConfig) -> dic
   lengths = jnp.asarray(lengths, jnp.int32)
   mel_valid = (jnp.arange(features.shape[1]) < lengths[:, None])[..., None]
   x = jnp.where(mel_valid, features, 0).astype(dtype)
-  x = jax.nn.gelu(_conv(x, params["conv1"], 1), approximate=False)
+  # Both convolutions pad 1 each side, non-causal (l.171-173).
+  x = jax.nn.gelu(conv1d(x, params["conv1"], 1, padding=((1, 1),)), approximate=False)
   x = jnp.where(mel_valid, x, 0)  # a row's conv2 sees zeros past its own length, as it does alone
-  x = jax.nn.gelu(_conv(x, params["conv2"], config.stride_size), approximate=False)
+  x = jax.nn.gelu(conv1d(x, params["conv2"], config.stride_size, padding=((1, 1),)), approximate=False)
   # Lengths after conv1 (k3 p1) and conv2 (k3 s2 p1): processor_omni.py l.293-302.
   encoder_length = (lengths - 1) // config.stride_size + 1
   frames = x.shape[1]
@@ -268,8 +213,10 @@ def forward(params: dict, features, lengths, config: BaichuanAudioConfig) -> dic
   positions = jnp.pad(params["positions"], ((0, max(0, frames - config.max_positions)), (0, 0)))[:frames]
   hidden = x + positions.astype(dtype)
   valid = jnp.arange(frames) < encoder_length[:, None]
-  hidden, _ = jax.lax.scan(
-      lambda h, p: (_encoder_layer(h, p, valid, config.encoder_attention_heads), None), hidden, params["layers"])
+  # Attention non-causal over each row's valid frames only (upstream packs the rows for varlen flash, l.93-99).
+  layer = lambda h, p: (whisper.encoder_layer(h, p, valid[:, None, :], config.encoder_attention_heads,
+                                              jax.lax.Precision.HIGHEST), None)
+  hidden, _ = jax.lax.scan(layer, hidden, params["layers"])
   encoder_out = jnp.where(valid[..., None], _layer_norm(hidden, params["final_norm"]), 0)
 
   # Bridge (l.437-452): zero frames up to a multiple of avg_pooler, gated pooling convs, residual = the group's
@@ -277,8 +224,8 @@ def forward(params: dict, features, lengths, config: BaichuanAudioConfig) -> dic
   pool = config.avg_pooler
   grouped = jnp.pad(encoder_out, ((0, 0), (0, -frames % pool), (0, 0)))
   grouped = grouped.reshape(grouped.shape[0], -1, pool * grouped.shape[-1])
-  gate, up = (_einsum("bgi,io->bgo", grouped, params[name].astype(dtype)) for name in ("gate", "up"))
-  mixed = _einsum("bgi,io->bgo", jax.nn.silu(gate) * up, params["down"].astype(dtype))
+  gate, up = (dense(grouped, {"kernel": params[name]}) for name in ("gate", "up"))
+  mixed = dense(jax.nn.silu(gate) * up, {"kernel": params["down"]})
   bridge_ln = _layer_norm(mixed + grouped, params["bridge_norm"])
   return {"encoder_out": encoder_out, "encoder_length": encoder_length, "bridge_ln": bridge_ln,
           "codes": _residual_quantize(bridge_ln, params["codebooks"])}

@@ -19,14 +19,15 @@ import numpy as np
 
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.weights import ReleaseWeights
-from tasks.audio.whisper_mel import whisper_log_mel
+from tasks.audio import whisper
+from tasks.audio.ops import conv1d, matmul_precision, nearest
+from tasks.audio.whisper import whisper_log_mel
 
 # utils.py l.60-65: audio is cut into 30 s pieces, each tokenized alone, their tokens concatenated.
 SEGMENT_SECONDS = 30
 SAMPLE_RATE = 16000
 # utils.py l.21-23: a training checkpoint (WhisperVQForConditionalGeneration) keeps the encoder under this prefix.
 TRAINING_PREFIX = "model.encoder."
-LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, as WhisperVQEncoderLayer builds it
 CONV_KERNEL = 3
 CONV_STRIDES = (1, 2)  # conv1, conv2 (modeling_whisper.py l.1080-1081)
 
@@ -152,22 +153,8 @@ def read_params(weights: ReleaseWeights, shape: WhisperVQShape) -> dict:
   d, f = shape.d_model, shape.ffn
   conv = lambda name, c_in: {"kernel": weights.take(f"{name}.weight", (d, c_in, CONV_KERNEL)).transpose(2, 1, 0),
                              "bias": weights.take(f"{name}.bias", (d,))}
-  norm = lambda name: {"scale": weights.take(f"{name}.weight", (d,)), "bias": weights.take(f"{name}.bias", (d,))}
 
-  def linear(name, c_in, c_out, bias=True):
-    out = {"kernel": weights.take(f"{name}.weight", (c_out, c_in)).T.copy()}
-    if bias:
-      out["bias"] = weights.take(f"{name}.bias", (c_out,))
-    return out
-
-  layers = []
-  for i in range(shape.layers):
-    p = f"layers.{i}."
-    layers.append({
-        "attention_norm": norm(p + "self_attn_layer_norm"),
-        "q": linear(p + "self_attn.q_proj", d, d), "k": linear(p + "self_attn.k_proj", d, d, bias=False),
-        "v": linear(p + "self_attn.v_proj", d, d), "out": linear(p + "self_attn.out_proj", d, d),
-        "mlp_norm": norm(p + "final_layer_norm"), "fc1": linear(p + "fc1", d, f), "fc2": linear(p + "fc2", f, d)})
+  layers = [whisper.read_layer(weights, f"layers.{i}", d, f) for i in range(shape.layers)]
   return {"conv1": conv("conv1", shape.n_mels), "conv2": conv("conv2", d),
           "positions": weights.take("embed_positions.weight", (shape.max_positions, d)),
           "layers": layers, "codebook": weights.take("codebook.weight", (shape.codebook_size, d))}
@@ -176,39 +163,10 @@ def read_params(weights: ReleaseWeights, shape: WhisperVQShape) -> dict:
 # ---- the forward: pure functions of (params, arrays) ----------------------------------------------------------
 
 
-def _precision(dtype):
-  import jax
-  import jax.numpy as jnp
-
-  # fp32 must mean fp32 on accelerators too (TPU's default is one bf16 pass, GPUs' TF32): codes sit on argmins.
-  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
-
-
 def causal_conv(x, params, stride: int, precision):
   """CausalConv1d (modeling_whisper.py l.91-121): kernel-1 zeros on the left only (the padding=1 it is built with
   is dropped), so an output frame reads its own and earlier input frames."""
-  import jax
-
-  width = params["kernel"].shape[0]
-  y = jax.lax.conv_general_dilated(x, params["kernel"], window_strides=(stride,), padding=((width - 1, 0),),
-                                   dimension_numbers=("NWC", "WIO", "NWC"), precision=precision)
-  return y + params["bias"]
-
-
-def layer_norm(x, params):
-  import jax.numpy as jnp
-
-  x32 = x.astype(jnp.float32)
-  mean = x32.mean(-1, keepdims=True)
-  var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
-  return ((x32 - mean) / jnp.sqrt(var + LAYER_NORM_EPS) * params["scale"] + params["bias"]).astype(x.dtype)
-
-
-def dense(x, params, precision):
-  import jax.numpy as jnp
-
-  y = jnp.einsum("...i,io->...o", x, params["kernel"], precision=precision)
-  return y + params["bias"] if "bias" in params else y
+  return conv1d(x, params, stride, padding=((params["kernel"].shape[0] - 1, 0),), precision=precision)
 
 
 def block_causal_visibility(key_valid, block_size: int | None):
@@ -223,32 +181,6 @@ def block_causal_visibility(key_valid, block_size: int | None):
   return (block[None, :] <= block[:, None])[None] & key_valid[:, None, :]
 
 
-def attention(x, params, visible, heads: int, precision):
-  """Whisper self-attention (SDPA, scale 1/sqrt(head_dim)); k_proj has no bias. A masked key gets finfo.min as the
-  upstream additive mask does, so an all-masked row (an empty batch row) stays finite."""
-  import jax
-  import jax.numpy as jnp
-
-  batch, frames, d_model = x.shape
-  split = lambda y: y.reshape(batch, frames, heads, d_model // heads)
-  q, k, v = (split(dense(x, params[name], precision)) for name in ("q", "k", "v"))
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision, preferred_element_type=jnp.float32)
-  scores = scores / math.sqrt(d_model // heads)
-  scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=precision).reshape(batch, frames, d_model)
-  return dense(out, params["out"], precision)
-
-
-def encoder_layer(x, params, visible, heads: int, precision):
-  """Pre-norm Whisper encoder layer (WhisperVQEncoderLayer, modeling_whisper.py l.694-765), exact-erf gelu."""
-  import jax
-
-  x = x + attention(layer_norm(x, params["attention_norm"]), params, visible, heads, precision)
-  hidden = jax.nn.gelu(dense(layer_norm(x, params["mlp_norm"]), params["fc1"], precision), approximate=False)
-  return x + dense(hidden, params["fc2"], precision)
-
-
 def pool(x, kernel: int, kind: str):
   """AvgPool1d / MaxPool1d over time after right zero-padding to a multiple of `kernel` (modeling_whisper.py
   l.1275-1280)."""
@@ -258,18 +190,6 @@ def pool(x, kernel: int, kind: str):
   x = jnp.pad(x, ((0, 0), (0, -frames % kernel), (0, 0)))
   windows = x.reshape(batch, -1, kernel, d_model)
   return windows.mean(2) if kind == "avg" else windows.max(2)
-
-
-def nearest_code(x, codebook):
-  """vector_quantize (modeling_whisper.py l.68-82): argmin over codes of |c|^2 + |x|^2 - 2 x.c, the first index on
-  a tie; in fp32 whatever the compute dtype."""
-  import jax
-  import jax.numpy as jnp
-
-  x, codebook = x.astype(jnp.float32), codebook.astype(jnp.float32)
-  cross = jnp.einsum("bfd,cd->bfc", x, codebook, precision=jax.lax.Precision.HIGHEST)
-  distances = ((codebook ** 2).sum(-1) + (x ** 2).sum(-1, keepdims=True)) - 2.0 * cross
-  return jnp.argmin(distances, axis=-1).astype(jnp.int32)
 
 
 def forward(params, shape: WhisperVQShape, mel, mel_valid, with_intermediates: bool = False):
@@ -287,7 +207,7 @@ def forward(params, shape: WhisperVQShape, mel, mel_valid, with_intermediates: b
   import jax
   import jax.numpy as jnp
 
-  precision = _precision(params["conv1"]["kernel"].dtype)
+  precision = matmul_precision(params["conv1"]["kernel"].dtype)
   x = jax.nn.gelu(causal_conv(mel, params["conv1"], CONV_STRIDES[0], precision), approximate=False)
   x = jax.nn.gelu(causal_conv(x, params["conv2"], CONV_STRIDES[1], precision), approximate=False)
   frames = x.shape[1]
@@ -300,10 +220,10 @@ def forward(params, shape: WhisperVQShape, mel, mel_valid, with_intermediates: b
   visible = block_causal_visibility(mel_valid[:, :: CONV_STRIDES[0] * CONV_STRIDES[1]], shape.block_size)
   layer0_input, layer_outputs = x, []
   for layer in params["layers"]:
-    x = encoder_layer(x, layer, visible, shape.heads, precision)
+    x = whisper.encoder_layer(x, layer, visible, shape.heads, precision)
     layer_outputs.append(x)
   pooled = pool(x, shape.pooling_kernel, shape.pooling_type)
-  codes = nearest_code(pooled, params["codebook"])
+  codes = nearest(pooled, params["codebook"])  # vector_quantize, modeling_whisper.py l.68-82
   if with_intermediates:
     return codes, {"layer0_input": layer0_input, "layer_outputs": layer_outputs, "prequant": pooled}
   return codes

@@ -18,8 +18,10 @@ import os
 
 import numpy as np
 
+from s2sjax.model.layers import attention, layer_norm
 from tasks.audio.base import dedup, hash_array
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
+from tasks.audio.ops import conv1d, dense, nearest
 from tasks.audio.weights import INDEX, SINGLE, ReleaseWeights
 
 SAMPLE_RATE = 16000
@@ -173,24 +175,8 @@ def positional_conv(weights: ReleaseWeights, config: HubertArchitecture) -> dict
 
 # ---- the forward: pure functions of (params, waves, lengths) -----------------------------------------------------
 
-def _dense(x, p):
-  import jax.numpy as jnp
-
-  return jnp.einsum("...i,io->...o", x, p["kernel"].astype(x.dtype), precision="highest") + p["bias"].astype(x.dtype)
-
-
 def _norm(x, p, eps):
-  from s2sjax.model.layers import layer_norm
-
   return layer_norm(x, p["scale"], p["bias"], eps)
-
-
-def _conv(x, kernel, stride, padding=((0, 0),), groups=1):
-  import jax
-
-  return jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), window_strides=(stride,), padding=padding,
-                                      dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=groups,
-                                      precision="highest")
 
 
 def _masked_group_norm(x, p, valid):
@@ -213,17 +199,16 @@ def _encoder_layer(hidden, p, valid, config: HubertArchitecture):
   import jax
   import jax.numpy as jnp
 
-  from s2sjax.model.layers import attention
 
   batch, frames, width = hidden.shape
   heads, eps = config.num_attention_heads, config.layer_norm_eps
   split = lambda t: t.reshape(batch, frames, heads, width // heads)
-  feed_forward = lambda x: _dense(jax.nn.gelu(_dense(x, p["ffn_in"]), approximate=False), p["ffn_out"])
+  feed_forward = lambda x: dense(jax.nn.gelu(dense(x, p["ffn_in"]), approximate=False), p["ffn_out"])
   mask = jnp.broadcast_to(valid[:, None, :], (batch, frames, frames))
 
   def attend(x):
-    q, k, v = (split(_dense(x, p[name])) for name in ("q", "k", "v"))
-    return _dense(attention(q, k, v, mask, precision=jax.lax.Precision.HIGHEST).reshape(hidden.shape), p["out"])
+    q, k, v = (split(dense(x, p[name])) for name in ("q", "k", "v"))
+    return dense(attention(q, k, v, mask, precision=jax.lax.Precision.HIGHEST).reshape(hidden.shape), p["out"])
 
   if config.do_stable_layer_norm:
     hidden = hidden + attend(_norm(hidden, p["attn_norm"], eps))
@@ -244,7 +229,7 @@ def hidden_states(params: dict, waves, lengths, config: HubertArchitecture):
   frame_counts = conv_lengths(lengths, config)
   x = jnp.where((jnp.arange(waves.shape[1]) < lengths[:, None])[..., None], waves, 0).astype(dtype)
   for i, (p, stride) in enumerate(zip(params["convs"], config.conv_stride)):
-    x = _conv(x, p["kernel"], stride)
+    x = conv1d(x, {"kernel": p["kernel"]}, stride)
     if "bias" in p:
       x = x + p["bias"].astype(dtype)
     if config.feat_extract_norm == "layer":
@@ -254,31 +239,21 @@ def hidden_states(params: dict, waves, lengths, config: HubertArchitecture):
     x = jax.nn.gelu(x, approximate=False)
   if "projection_norm" in params:
     x = _norm(x, params["projection_norm"], config.layer_norm_eps)
-  x = _dense(x, params["projection"])
+  x = dense(x, params["projection"])
 
   valid = jnp.arange(x.shape[1]) < frame_counts[-1][:, None]
   # Alone, the positional conv's zero padding starts right after the row's last frame: zero the padding frames.
   x = jnp.where(valid[..., None], x, 0)
   width = config.num_conv_pos_embeddings
   # padding width//2 each side, then SamePad drops the last output when width is even: (width//2, (width-1)//2).
-  positions = _conv(x, params["pos_conv"]["kernel"], 1, ((width // 2, (width - 1) // 2),),
-                    config.num_conv_pos_embedding_groups)
-  x = x + jax.nn.gelu(positions + params["pos_conv"]["bias"].astype(dtype), approximate=False)
+  positions = conv1d(x, params["pos_conv"], 1, ((width // 2, (width - 1) // 2),),
+                     groups=config.num_conv_pos_embedding_groups)
+  x = x + jax.nn.gelu(positions, approximate=False)
   if "encoder_norm" in params:
     x = _norm(x, params["encoder_norm"], config.layer_norm_eps)
   if "layers" in params:
     x, _ = jax.lax.scan(lambda h, p: (_encoder_layer(h, p, valid, config), None), x, params["layers"])
   return x
-
-
-def nearest_centroid(features, centroids):
-  """int32 index of the nearest centroid by squared L2 (the first of equal distances), in fp32; |f|^2 is the same
-  for every centroid of a frame and left out."""
-  import jax.numpy as jnp
-
-  f32, c32 = features.astype(jnp.float32), centroids.astype(jnp.float32)
-  distances = (c32 * c32).sum(-1) - 2 * jnp.einsum("...d,ud->...u", f32, c32, precision="highest")
-  return jnp.argmin(distances, axis=-1).astype(jnp.int32)
 
 
 def read_centroids(path: str, hidden: int) -> np.ndarray:
@@ -345,7 +320,7 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
     return hidden_states(params, waves, lengths, self.config)
 
   def apply(self, params, features, lengths):
-    return nearest_centroid(self.features(params, features, lengths), params["centroids"])[..., None]
+    return nearest(self.features(params, features, lengths), params["centroids"])[..., None]
 
   def finish(self, codes: np.ndarray) -> np.ndarray:
     return dedup(codes) if self.deduplicate else codes

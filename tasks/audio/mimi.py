@@ -25,7 +25,9 @@ import os
 
 import numpy as np
 
+from s2sjax.model.layers import layer_norm
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
+from tasks.audio.ops import conv1d, nearest
 from tasks.audio.weights import ReleaseWeights, WeightsError
 
 KYUTAI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"  # loaders.py l.34, MIMI_NAME
@@ -433,15 +435,8 @@ def causal_conv(x, conv: dict, stride: int = 1, dilation: int = 1, pad_mode: str
   """[B, T, C_in] -> [B, T / stride, C_out]: a causal convolution, left-padded by its effective kernel minus its
   stride (conv.py l.240, l.255: the zero or first-value state a fresh StreamingConv1d starts from). T must be a
   multiple of the stride, as moshi asserts (conv.py l.248)."""
-  import jax
-  import jax.numpy as jnp
-
-  kernel = conv["kernel"]
-  effective = (kernel.shape[0] - 1) * dilation + 1
-  x = _pad_left(x, effective - stride, pad_mode)
-  y = jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), (stride,), "VALID", rhs_dilation=(dilation,),
-                                   dimension_numbers=("NWC", "WIO", "NWC"), precision=jax.lax.Precision.HIGHEST)
-  return y + conv["bias"].astype(x.dtype) if "bias" in conv else y
+  effective = (conv["kernel"].shape[0] - 1) * dilation + 1
+  return conv1d(_pad_left(x, effective - stride, pad_mode), conv, stride, "VALID", dilation)
 
 
 def pad_past(x, lengths, mode: str):
@@ -472,14 +467,6 @@ def seanet(params, x, lengths, arch: MimiArchitecture, per_layer_padding: bool):
     x = causal_conv(h, stage["down"], stride=ratio, pad_mode=arch.pad_mode)
     lengths = -(-lengths // ratio)
   return causal_conv(jax.nn.elu(x), params["final"], pad_mode=arch.pad_mode), lengths
-
-
-def _layer_norm(x, scale, bias, eps: float):
-  import jax.numpy as jnp
-
-  mean = x.mean(-1, keepdims=True)
-  var = ((x - mean) ** 2).mean(-1, keepdims=True)
-  return (x - mean) / jnp.sqrt(var + eps) * scale + bias
 
 
 def rope_tables(steps: int, head_dim: int, theta: float):
@@ -517,7 +504,7 @@ def transformer(params, x, arch: MimiArchitecture):
   def layer(x, p):
     p = jax.tree_util.tree_map(lambda a: a.astype(x.dtype), p)
     batch = x.shape[0]
-    h = _layer_norm(x, p["norm1_scale"], p["norm1_bias"], arch.norm_eps)
+    h = layer_norm(x, p["norm1_scale"], p["norm1_bias"], arch.norm_eps)
     q = jnp.matmul(h, p["q"], precision=highest).reshape(batch, steps, arch.num_heads, arch.head_dim)
     k = jnp.matmul(h, p["k"], precision=highest).reshape(batch, steps, arch.num_kv_heads, arch.head_dim)
     v = jnp.matmul(h, p["v"], precision=highest).reshape(batch, steps, arch.num_kv_heads, arch.head_dim)
@@ -528,24 +515,11 @@ def transformer(params, x, arch: MimiArchitecture):
     weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=highest).reshape(batch, steps, -1)
     x = x + p["attn_scale"] * jnp.matmul(attended, p["o"], precision=highest)
-    h = _layer_norm(x, p["norm2_scale"], p["norm2_bias"], arch.norm_eps)
+    h = layer_norm(x, p["norm2_scale"], p["norm2_bias"], arch.norm_eps)
     h = jax.nn.gelu(jnp.matmul(h, p["fc1"], precision=highest), approximate=False)
     return x + p["mlp_scale"] * jnp.matmul(h, p["fc2"], precision=highest), None
 
   return jax.lax.scan(layer, x, params)[0]
-
-
-def nearest(x, centroids):
-  """Index of the nearest centroid (Euclidean; ties to the lowest index, as torch.cdist + argmin) for each
-  [..., dim] vector, in float32 whatever the compute dtype."""
-  import jax
-  import jax.numpy as jnp
-
-  x, centroids = x.astype(jnp.float32), centroids.astype(jnp.float32)
-  distances = ((x ** 2).sum(-1, keepdims=True)
-               - 2 * jnp.matmul(x, centroids.T, precision=jax.lax.Precision.HIGHEST)
-               + (centroids ** 2).sum(-1))
-  return jnp.argmin(distances, axis=-1).astype(jnp.int32)
 
 
 def quantize(params, latents):

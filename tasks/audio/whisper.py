@@ -1,0 +1,88 @@
+"""What both Whisper-based speech tokenizers (GLM-4-Voice's WhisperVQ, Baichuan-Audio's encoder) share: Whisper's
+log-mel features, computed on the host in numpy without torch, and the Whisper encoder layer, read from a
+release's tensors and run in JAX.
+
+The features' rule is transformers' `WhisperFeatureExtractor` (torch path): a periodic Hann STFT centred with
+reflect padding, the power spectrum without its last frame, slaney mel filters, log10 clamped at 1e-10, floored at
+8 below the maximum, then (x + 4) / 4. How the wave is padded first is each model's own rule and the caller's job.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+@functools.lru_cache(maxsize=None)
+def mel_filters(n_mels: int, n_fft: int, sample_rate: int) -> np.ndarray:
+  """[n_fft // 2 + 1, n_mels] slaney filters, as the Whisper feature extractor builds them."""
+  from transformers.audio_utils import mel_filter_bank
+
+  return mel_filter_bank(num_frequency_bins=1 + n_fft // 2, num_mel_filters=n_mels, min_frequency=0.0,
+                         max_frequency=sample_rate / 2, sampling_rate=sample_rate, norm="slaney",
+                         mel_scale="slaney").astype(np.float64)
+
+
+def power_spectrum(wave: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
+  """[len(wave) // hop, n_fft // 2 + 1] |STFT|^2: frames centred (reflect padding of n_fft // 2 each side), a
+  periodic Hann window, and the last frame dropped as Whisper drops it."""
+  if len(wave) <= n_fft // 2:
+    raise ValueError(f"{len(wave)} samples are too few for a centred STFT of {n_fft} (reflect padding)")
+  padded = np.pad(wave.astype(np.float64), n_fft // 2, mode="reflect")
+  frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop][: len(wave) // hop]
+  window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+  return np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
+
+
+def whisper_log_mel(wave: np.ndarray, n_mels: int = 128, n_fft: int = 400, hop: int = 160,
+                    sample_rate: int = 16000) -> np.ndarray:
+  """float32 [n_mels, len(wave) // hop]: Whisper's normalised log-mel of the (already padded) wave."""
+  mel = power_spectrum(wave, n_fft, hop) @ mel_filters(n_mels, n_fft, sample_rate)
+  log_mel = np.log10(np.maximum(mel, 1e-10))
+  log_mel = np.maximum(log_mel, log_mel.max() - 8.0)
+  return ((log_mel + 4.0) / 4.0).T.astype(np.float32)
+
+
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: neither release sets another
+
+
+def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
+  """One encoder layer's tensors under `key` (`layers.3`), in Whisper's names: pre-norm attention whose key
+  projection has no bias, then a pre-norm gelu MLP. Kernels [in, out]."""
+  norm = lambda name: {"scale": weights.take(f"{key}.{name}.weight", (d_model,)),
+                       "bias": weights.take(f"{key}.{name}.bias", (d_model,))}
+
+  def linear(name, n_in, n_out, bias=True):
+    out = {"kernel": weights.take(f"{key}.{name}.weight", (n_out, n_in)).T.copy()}
+    if bias:
+      out["bias"] = weights.take(f"{key}.{name}.bias", (n_out,))
+    return out
+
+  return {"attention_norm": norm("self_attn_layer_norm"), "q": linear("self_attn.q_proj", d_model, d_model),
+          "k": linear("self_attn.k_proj", d_model, d_model, bias=False),
+          "v": linear("self_attn.v_proj", d_model, d_model), "out": linear("self_attn.out_proj", d_model, d_model),
+          "mlp_norm": norm("final_layer_norm"), "fc1": linear("fc1", d_model, ffn), "fc2": linear("fc2", ffn, d_model)}
+
+
+def encoder_layer(x, params: dict, visible, heads: int, precision):
+  """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees. A
+  hidden key gets finfo.min, as upstream's additive masks, so a row with no visible key (an empty batch row) stays
+  finite. Attention logits and softmax in fp32."""
+  import jax
+  import jax.numpy as jnp
+
+  from s2sjax.model.layers import layer_norm
+  from tasks.audio.ops import dense
+
+  batch, frames, width = x.shape
+  norm = lambda y, p: layer_norm(y, p["scale"], p["bias"], LAYER_NORM_EPS)
+  split = lambda y: y.reshape(batch, frames, heads, width // heads)
+  h = norm(x, params["attention_norm"])
+  q, k, v = (split(dense(h, params[name], precision)) for name in ("q", "k", "v"))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision, preferred_element_type=jnp.float32)
+  logits = jnp.where(visible[:, None], logits / np.sqrt(width // heads), jnp.finfo(jnp.float32).min)
+  attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1).astype(v.dtype), v, precision=precision)
+  x = x + dense(attended.reshape(batch, frames, width), params["out"], precision)
+  hidden = jax.nn.gelu(dense(norm(x, params["mlp_norm"]), params["fc1"], precision), approximate=False)
+  return x + dense(hidden, params["fc2"], precision)
