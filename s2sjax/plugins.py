@@ -1,7 +1,8 @@
 """Extensions outside the package: modules named in `S2SJAX_PLUGINS` (comma-separated, importable) are imported
-once, before a registry (tasks: `s2sjax.benchmarks`, model families: `s2sjax.families`) is first read. A plugin
-module registers what it adds when imported, so a new task or family is one file of the user's own, and every
-command line (`tasks.prepare`, `s2sjax.eval`, `checkpoints_conversion.convert`) sees it.
+once, before a registry (s2sjax.registry: tasks, model families, spec presets, audio tokenizers) is first listed or
+asked for a name it lacks. A plugin module registers what it adds when imported, with that registry's `register`,
+so a new task, family, spec or audio tokenizer is one file of the user's own, and every command line
+(`tasks.prepare`, `s2sjax.eval`, `checkpoints_conversion.convert`) sees it.
 
   S2SJAX_PLUGINS=my_lab.toy_task,my_lab.my_family python -m s2sjax.eval --task=toy ...
 """

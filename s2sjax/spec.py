@@ -1,10 +1,11 @@
 """The speech-LLM spec: everything that differs between speech LLMs when their benchmark rows are built.
 
-A spec is a small YAML (presets in `s2sjax/specs/`): how audio enters the model (`none`, `extended_vocab`: unit k
-is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token; `parallel_streams`: a text
-stream and K codebook streams side by side, one step per audio frame, as Moshi reads them), which audio tokenizer makes
-the units, the special tokens around audio, whether the model reads text at all (a unit LM does not), and the
-prompt templates. Per modality (s2sjax.modalities), the prefix, then the scored candidate:
+A spec is a small YAML (presets: `SPECS`, the package's `s2sjax/specs/*.yaml` and a plugin's own): how audio
+enters the model (`none`, `extended_vocab`: unit k is an ordinary token; `codebook_tables`: K codebooks summed at
+a placeholder token; `parallel_streams`: a text stream and K codebook streams side by side, one step per audio
+frame, as Moshi reads them), which audio tokenizer makes the units, the special tokens around audio, whether the
+model reads text at all (a unit LM does not), and the prompt templates. Per modality (s2sjax.modalities), the
+prefix, then the scored candidate:
 
   T->T: first + separator | candidate text                   (S2SBench's; separator " " in English, "" in Chinese)
   S->T: instruction + [start] units(first) [end] | candidate text        (S2SBench's; instruction per language)
@@ -36,12 +37,14 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any
+import re
+from typing import Any, Mapping
 
 import yaml
 
 from s2sjax.families.family import AUDIO_INPUTS
 from s2sjax.modalities import SPEECH, Modality
+from s2sjax.registry import Registry
 
 SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
 # Not a way the shared decoder takes audio (families/family.py's AUDIO_INPUTS) but a model of its own: Moshi's
@@ -96,7 +99,8 @@ class Spec:
       raise SpecError(f"spec {self.name}: codebook_tables needs placeholder_token")
     if self.audio_mode == "extended_vocab":
       if len(self.codebook_sizes) != 1 or (self.unit_token is None) == (self.unit_offset is None):
-        raise SpecError(f"spec {self.name}: extended_vocab needs one codebook and exactly one of unit_token, unit_offset")
+        raise SpecError(f"spec {self.name}: extended_vocab needs one codebook and exactly one of unit_token, "
+                        "unit_offset")
     if self.audio_mode != "none" and not self.audio_tokenizer.get("type"):
       raise SpecError(f"spec {self.name}: audio_tokenizer.type is required with audio_mode {self.audio_mode}")
     streams = self.audio_mode == PARALLEL_STREAMS
@@ -161,19 +165,66 @@ class Spec:
     return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def available_specs() -> list[str]:
-  return sorted(f[: -len(".yaml")] for f in os.listdir(SPECS_DIR) if f.endswith(".yaml"))
-
-
 def is_spec_path(name_or_path: str) -> bool:
   return name_or_path.endswith((".yaml", ".yml"))
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecFile:
+  """A preset read from its YAML when asked for. A relative `path` is one of the package's own, read from
+  `SPECS_DIR` at that moment; a plugin gives its file's absolute path."""
+
+  name: str
+  path: str
+
+
+def _no_spec(name: str, presets: list[str]) -> SpecError:
+  return SpecError(f"no spec {name!r}: presets are {', '.join(presets)}, or give a .yaml path")
+
+
+def _preset_problems(preset: Spec | SpecFile, registered: Mapping[str, Spec | SpecFile]) -> list[str]:
+  """A preset's name is `--spec=NAME` and the first part of its data's config names (s2sjax.task_data)."""
+  problems = []
+  if not re.fullmatch(r"[A-Za-z0-9_.]+", preset.name) or is_spec_path(preset.name):
+    problems.append("a preset's name is letters, digits, '_' and '.', and does not end in .yaml")
+  if isinstance(preset, SpecFile) and not os.path.isfile(os.path.join(SPECS_DIR, preset.path)):
+    problems.append(f"its file {preset.path} does not exist")
+  return problems
+
+
+# A plugin adds a preset with `register(SpecFile(name, yaml_path))` or `register(Spec(...))`; `--spec=NAME` then
+# finds it.
+SPECS: Registry[Spec | SpecFile] = Registry("spec", check=_preset_problems, unknown=_no_spec)
+register = SPECS.register
+# The package's presets, one per YAML file, named after it.
+PRESETS = tuple(sorted(f[: -len(".yaml")] for f in os.listdir(SPECS_DIR) if f.endswith(".yaml")))
+for _name in PRESETS:
+  register(SpecFile(_name, f"{_name}.yaml"))
+
+
+def available_specs() -> list[str]:
+  """The package's presets: each is a default builder config of every task (tasks/tfds_builder.py, which reads
+  this while it is imported, before any plugin is). A plugin's presets are listed by `SPECS.names()`."""
+  return list(PRESETS)
+
+
 def load_spec(name_or_path: str) -> Spec:
-  """A preset by name (see `available_specs()`) or a YAML file path."""
-  path = name_or_path if is_spec_path(name_or_path) else os.path.join(SPECS_DIR, f"{name_or_path}.yaml")
-  if not os.path.exists(path):
-    raise SpecError(f"no spec {name_or_path!r}: presets are {', '.join(available_specs())}, or give a .yaml path")
+  """A registered preset by name (the package's, see `available_specs()`, or a plugin's) or a YAML file path."""
+  if is_spec_path(name_or_path):
+    if not os.path.exists(name_or_path):
+      raise _no_spec(name_or_path, SPECS.names())
+    return _read_spec(name_or_path)
+  preset = SPECS.get(name_or_path)
+  if isinstance(preset, Spec):
+    return preset
+  spec = _read_spec(os.path.join(SPECS_DIR, preset.path))
+  if spec.name != preset.name:
+    raise SpecError(f"spec preset {preset.name!r} ({preset.path}) is named {spec.name!r} inside: the data built "
+                    "with it would carry two names")
+  return spec
+
+
+def _read_spec(path: str) -> Spec:
   with open(path, encoding="utf-8") as f:
     return spec_from_dict(yaml.safe_load(f) or {}, where=path)
 

@@ -1,77 +1,62 @@
-"""Where families are found. A family module calls `register` when imported (the built-ins are imported by
-`s2sjax.families`, a user's own through $S2SJAX_PLUGINS); the config parser, converter, GGUF reader, exporter,
-verifier and planner look families and layouts up here, by name, by config.json `model_type` or by GGUF
-architecture, and never list them themselves.
+"""Where families are found: `FAMILIES`, a `s2sjax.registry.Registry` as tasks, spec presets and audio tokenizers
+are. A family module calls `register` when imported (the built-ins are imported by `s2sjax.families`, a user's own
+through $S2SJAX_PLUGINS); the config parser, converter, GGUF reader, exporter, verifier and planner look families
+and layouts up here, by name, by config.json `model_type` or by GGUF architecture, and never list them themselves.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from s2sjax import plugins
 from s2sjax.families.family import AUDIO_INPUTS, HF, Family, GgufLayout, Layout
 from s2sjax.model.config import ConfigError, ModelConfig
-
-_FAMILIES: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-  """Adds a family; refuses one whose name, model_types, layout names, GGUF architecture or planner shapes clash
-  with a registered family's, since every lookup must have one answer."""
-  problems = _clashes(family)
-  if problems:
-    raise ValueError(f"cannot register model family {family.name!r}: " + "; ".join(problems))
-  _FAMILIES[family.name] = family
-  return family
+from s2sjax.registry import Registry
 
 
-def _clashes(new: Family) -> list[str]:
-  problems = [f"a family named {new.name!r} is registered already"] if new.name in _FAMILIES else []
-  readers = {t: f"{f.name}/{l.name}" for f in _FAMILIES.values() for l in f.layouts for t in l.model_types}
-  names = set(_FAMILIES) | {l.name for f in _FAMILIES.values() for l in f.layouts if l.name != HF}
-  seen = {new.name}
+def _clashes(new: Family, registered: Mapping[str, Family]) -> list[str]:
+  """What besides its name would give a lookup two answers: model_types, layout names (vendor layouts share the
+  --family namespace with families), GGUF architecture, planner shapes; and what the family names wrongly."""
+  families = registered.values()
+  readers = {t: f"{f.name}/{l.name}" for f in families for l in f.layouts for t in l.model_types}
+  taken = set(registered) | {l.name for f in families for l in f.layouts if l.name != HF}
+  problems, seen = [], {new.name}
   for layout in new.layouts:
     problems += [f"model_type {t!r} is read by {readers[t]} already" for t in layout.model_types if t in readers]
     if layout.name != HF:
-      if layout.name in names | seen:
+      if layout.name in taken | seen:
         problems.append(f"layout name {layout.name!r} is taken (family and layout names must differ)")
       seen.add(layout.name)
   problems += [f"unknown audio input {a!r} (known: {', '.join(AUDIO_INPUTS)})" for a in new.audio_inputs
                if a not in AUDIO_INPUTS]
   if new.export and new.export.layout not in {l.name for l in new.layouts}:
     problems.append(f"export.layout {new.export.layout!r} is not one of the family's layouts")
-  if new.gguf and any(f.gguf and f.gguf.architecture == new.gguf.architecture for f in _FAMILIES.values()):
+  if new.gguf and any(f.gguf and f.gguf.architecture == new.gguf.architecture for f in families):
     problems.append(f"GGUF architecture {new.gguf.architecture!r} is read by another family already")
-  problems += [f"planner shape {n!r} is another family's" for n in new.planner_shapes if n in _planner_shape_names()]
+  shapes = {name for f in families for name in f.planner_shapes}
+  problems += [f"planner shape {n!r} is another family's" for n in new.planner_shapes if n in shapes]
   return problems
 
 
-def _planner_shape_names() -> set[str]:
-  return {name for f in _FAMILIES.values() for name in f.planner_shapes}
+def _unknown(name: str, known: list[str]) -> ConfigError:
+  return ConfigError(f"unknown model family {name!r}; registered: {', '.join(known)}. A family of your own "
+                     f"registers when its module is imported: name that module in ${plugins.ENV}")
 
 
-def _registered() -> dict[str, Family]:
-  plugins.load_plugins()  # a user's family modules register themselves before any lookup
-  return _FAMILIES
+FAMILIES: Registry[Family] = Registry("family", check=_clashes, unknown=_unknown)
+# Adds a family; refuses one whose name, model_types, layout names, GGUF architecture or planner shapes clash with
+# a registered family's, since every lookup must have one answer.
+register = FAMILIES.register
+get = FAMILIES.get
 
 
 def names() -> tuple[str, ...]:
   """Registered family names, in registration order."""
-  return tuple(_registered())
-
-
-def get(name: str) -> Family:
-  families = _registered()
-  if name not in families:
-    raise ConfigError(
-      f"unknown model family {name!r}; registered: {', '.join(families)}. A family of your own registers when "
-      f"its module is imported: name that module in ${plugins.ENV}"
-    )
-  return families[name]
+  return tuple(FAMILIES.names())
 
 
 def all_layouts() -> Iterator[tuple[Family, Layout]]:
-  for family in _registered().values():
+  for family in FAMILIES:
     for layout in family.layouts:
       yield family, layout
 
@@ -106,7 +91,7 @@ def describe() -> str:
 
 def gguf_layout(architecture: str) -> GgufLayout:
   """How llama.cpp files of this `general.architecture` are read."""
-  readable = {f.gguf.architecture: f.gguf for f in _registered().values() if f.gguf}
+  readable = {f.gguf.architecture: f.gguf for f in FAMILIES if f.gguf}
   if architecture not in readable:
     raise ConfigError(f"GGUF architecture {architecture!r} is not supported (supported: {', '.join(readable)})")
   return readable[architecture]
@@ -116,6 +101,6 @@ def planner_shapes() -> dict[str, ModelConfig]:
   """Every family's published architectures by name, each parsed from its config.json sizes."""
   return {
     name: layout_for_model_type(cfg.get("model_type")).parse_config(cfg)
-    for family in _registered().values()
+    for family in FAMILIES
     for name, cfg in family.planner_shapes.items()
   }
