@@ -170,9 +170,11 @@ class QuestionEncoder(abc.ABC):
     return self.audio_codes((question.audio_paths[c],), question.uttids[c])
 
   def _candidate_codes(self, question: Question, c: int) -> tuple[np.ndarray, float]:
-    """The spoken candidate's codes; under the utterance protocol, of the prefix's recording and its heard as one."""
+    """The spoken candidate's codes; under the utterance protocol, of the prefix's recording and its heard as one
+    (a question without prefix audio, as the official spoken StoryCloze's, holds the whole story in the candidate's
+    recording)."""
     spoken = _candidate_name(question, c)
-    if self.protocol == "utterance":
+    if self.protocol == "utterance" and question.audio_paths[c]:
       return self.audio_codes((question.audio_paths[c], question.candidate_audio_paths[c]),
                               f"{question.uttids[c]}+{spoken}")
     return self.audio_codes((question.candidate_audio_paths[c],), spoken)
