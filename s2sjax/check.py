@@ -13,16 +13,20 @@ Prints one verdict per check and exits non-zero when any fails:
   `evaluator.check_fit`;
 - smoke: one row scored: its NLL is finite, and scoring it again with the audio codes zeroed (or every audio unit
   set to unit 0) changes it, so the audio really reaches the model.
+
+The model checked is the one `s2sjax.eval` scores: the checkpoint fitted to the spec (`default_model.fit_to_spec`;
+the demo spec's units are untrained vocabulary rows of the embedded default), its config hash verified.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import numpy as np
 
-from s2sjax import checkpoint, families, modalities
+from s2sjax import checkpoint, default_model, families, modalities
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.spec import Spec, SpecError, load_spec, resolve_audio_ids, spec_from_dict
@@ -82,8 +86,12 @@ def spec_verdicts(spec: Spec, tokenizer, config: ModelConfig, source_config: dic
                             f"checkpoint audio_placeholder_id = {config.audio_placeholder_id}"))
   if spec.audio_mode == "extended_vocab":
     top = max(ids.unit_ids)
-    verdicts.append(Verdict("unit ids", top < config.vocab_size,
-                            f"units {ids.unit_ids[0]}..{top} against {config.vocab_size} embedding rows"))
+    fitted = default_model.fitted_config(config, spec)
+    added = fitted.vocab_size - config.vocab_size
+    verdicts.append(Verdict("unit ids", top < fitted.vocab_size,
+                            f"units {id_ranges(ids.unit_ids)} against {fitted.vocab_size} embedding rows"
+                            + (f" ({config.vocab_size} of the checkpoint and {added} untrained rows the evaluator "
+                               f"adds for spec {spec.name})" if added else "")))
   return verdicts or [Verdict("spec tokens", True, f"spec {spec.name} names no special tokens")]
 
 
@@ -98,8 +106,10 @@ def data_verdicts(td: TaskData, config: ModelConfig, tokenizer) -> list[Verdict]
     spec = td.metadata["spec"]
     if td.metadata.get("audio_ids"):
       resolved = dataclasses.asdict(resolve_audio_ids(spec_from_dict(spec), tokenizer))
-      verdicts.append(Verdict("data special ids", resolved == td.metadata["audio_ids"],
-                              f"data {td.metadata['audio_ids']}, checkpoint's tokenizer {resolved}"))
+      same = resolved == td.metadata["audio_ids"]
+      verdicts.append(Verdict("data special ids", same, (
+        f"data and the checkpoint's tokenizer agree: {_ids_text(resolved)}" if same else
+        f"data {_ids_text(td.metadata['audio_ids'])}, checkpoint's tokenizer {_ids_text(resolved)}")))
   codes = td.rows["audio_codes"]
   if codes.shape[-1]:
     top = codes.reshape(-1, codes.shape[-1]).max(axis=0)
@@ -112,6 +122,22 @@ def data_verdicts(td: TaskData, config: ModelConfig, tokenizer) -> list[Verdict]
   except EvalError as e:
     verdicts.append(Verdict("check_fit", False, str(e)))
   return verdicts
+
+
+def id_ranges(ids) -> str:
+  """A list of ids as runs: `49152..49407` (256 ids), `3, 7..9`."""
+  ids = sorted(ids)
+  runs, start = [], 0
+  for i in range(1, len(ids) + 1):
+    if i == len(ids) or ids[i] != ids[i - 1] + 1:
+      runs.append(str(ids[start]) if start == i - 1 else f"{ids[start]}..{ids[i - 1]}")
+      start = i
+  return ", ".join(runs) + (f" ({len(ids)} ids)" if len(ids) > 2 else "")
+
+
+def _ids_text(audio_ids: dict) -> str:
+  return ", ".join(f"{role} {id_ranges(value) if isinstance(value, list) else value}"
+                   for role, value in audio_ids.items())
 
 
 def _without_audio(td: TaskData, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -151,19 +177,27 @@ def smoke_verdicts(config: ModelConfig, params, td: TaskData) -> list[Verdict]:
 
 
 def run(ckpt_dir: str, trust_remote_code: bool = False, spec: str | None = None, data: TaskData | None = None,
-        smoke: bool = True) -> list[Verdict]:
-  config = checkpoint.load_config(ckpt_dir)
+        smoke: bool = True, accept_config_change: bool = False) -> list[Verdict]:
+  """Every check of a checkpoint (and data), on the model the evaluator scores: fitted to the spec as it is."""
+  config = checkpoint.load_config(ckpt_dir, accept_config_change)
   manifest = checkpoint.load_manifest(ckpt_dir)
   verdicts = [config_verdict(manifest)]
   tokenizer, verdict = tokenizer_verdict(ckpt_dir, config, trust_remote_code)
   verdicts.append(verdict)
-  spec_name = spec or (data.metadata["spec"]["name"] if data is not None else None)
-  if tokenizer is not None and spec_name is not None:
-    verdicts += spec_verdicts(load_spec(spec_name), tokenizer, config, manifest.get("source_config"))
+  if spec is not None:
+    loaded = load_spec(spec)
+  elif data is not None:
+    loaded = spec_from_dict(data.metadata["spec"])
+  else:
+    loaded = None
+  fitted = default_model.fitted_config(config, loaded) if loaded is not None else config
+  if tokenizer is not None and loaded is not None:
+    verdicts += spec_verdicts(loaded, tokenizer, config, manifest.get("source_config"))
   if data is not None:
-    verdicts += data_verdicts(data, config, tokenizer)
+    verdicts += data_verdicts(data, fitted, tokenizer)
     if smoke:
-      verdicts += smoke_verdicts(config, checkpoint.load_params(ckpt_dir), data)
+      params = checkpoint.load_params(ckpt_dir, accept_changed_config=accept_config_change)
+      verdicts += smoke_verdicts(*default_model.fit_to_spec(config, params, loaded), data)
   return verdicts
 
 
@@ -179,12 +213,13 @@ def main(argv) -> None:
   from s2sjax.task_data import load_task_data
 
   f = flags.FLAGS
+  local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
   data = None
   if f.data_dir:
     if not (f.task and f.spec):
       raise SystemExit("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
-    data = load_task_data(f.data_dir, f.task, f.modality, f.spec, f.row_length)
-  verdicts = run(f.checkpoint, f.trust_remote_code, f.spec, data)
+    data = load_task_data(local(f.data_dir), f.task, f.modality, f.spec, f.row_length, verify=f.verify_data)
+  verdicts = run(local(f.checkpoint), f.trust_remote_code, f.spec, data, accept_config_change=f.accept_config_change)
   print(table(verdicts))
   failed = sum(not v.ok for v in verdicts)
   print(f"{failed} check(s) failed" if failed else "all checks passed")
@@ -203,5 +238,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("task", None, "Task of the built data.")
   flags.DEFINE_enum("modality", "s2t", list(modalities.NAMES), "Modality of the built data.")
   flags.DEFINE_integer("row_length", None, "Row length of the built data (default: the -auto build).")
+  flags.DEFINE_bool("verify_data", True, "Hold the built data to its checksums (--noverify_data skips it).")
+  flags.DEFINE_bool("accept_config_change", False, "Check a checkpoint whose model_config.json was edited.")
   flags.mark_flags_as_required(["checkpoint"])
   cli.run(main)

@@ -6,14 +6,21 @@
                             model, s2sjax/model/moshi.py) is stored as it is
     DIR/extras/             orbax PyTree of tensors kept from the source but not used by the decoder (audio heads)
     DIR/tokenizer/          the tokenizer files, when the source had them
-    DIR/manifest.json       provenance (source, dtype, kept and skipped keys) and every leaf's checksum
-                            (s2sjax/checksums.py), verified on load; written last
+    DIR/manifest.json       provenance (source, dtype, kept and skipped keys), every leaf's checksum
+                            (s2sjax/checksums.py), the size of every file under params/ and extras/, and hashes of
+                            model_config.json and of the tokenizer files, all verified on load; written last
 
 Leaves are written one at a time (orbax partial saves) and layers unstacked, so writing needs memory for about
 one layer's largest tensor, not the model.
 Everything goes to a hidden sibling directory (named after the host and process writing it) that is renamed
 into place only when complete: a directory without `manifest.json` was never finished, and a later write removes
-the leftovers of writers that died. `overwrite` replaces only a finished checkpoint or an empty directory.
+the leftovers of writers that died. `overwrite` replaces only a finished checkpoint or an empty directory, and
+only once the new one is complete: the old one is renamed aside, the new one into place, then the old one removed
+(a failed write leaves the old checkpoint as it was).
+
+The config is part of a checkpoint's identity: a model_config.json (or tokenizer file) changed after it was
+written is refused by name, unless the caller accepts the change on purpose (`accept_changed_config`,
+`--accept_config_change`).
 """
 
 from __future__ import annotations
@@ -36,11 +43,14 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax import checksums, sharding
+from s2sjax.output_dir import DamagedFileError, fsync_path, read_json, strict_json
 from s2sjax.model import decoder, moshi
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
 
 MANIFEST = "manifest.json"
+CONFIG = "model_config.json"
+ACCEPT_FLAG = "--accept_config_change"
 LeafPath = tuple[str, ...]
 
 
@@ -127,10 +137,15 @@ def _staging_dir(out_dir: epath.Path) -> epath.Path:
 
 def _remove_stale_staging(out_dir: epath.Path) -> list[str]:
   """Deletes staging directories of `out_dir` left by writers on this host that are no longer running (a kill
-  leaves them behind, possibly GBs); those of other hosts are left and named in the log."""
+  leaves them behind, possibly GBs), and the old checkpoints they had renamed aside once a finished one is in
+  place again; those of other hosts are left and named in the log."""
   removed = []
-  for staging in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
-    host, _, rest = staging.name.rpartition(".partial-")[2].partition("-")
+  leftovers = list(out_dir.parent.glob(f".{out_dir.name}.partial-*"))
+  if (out_dir / MANIFEST).exists():  # a swap that was cut short left the old one aside: the new one is whole
+    leftovers += list(out_dir.parent.glob(f".{out_dir.name}.replaced-*"))
+  for staging in leftovers:
+    kind = ".partial-" if ".partial-" in staging.name else ".replaced-"
+    host, _, rest = staging.name.rpartition(kind)[2].partition("-")
     pid = rest.partition("-")[0]
     if host != socket.gethostname() or not pid.isdigit():
       logging.warning("%s: a staging directory of another host (or an older version) is left as it is", staging)
@@ -180,7 +195,7 @@ def write_checkpoint(
   staging = _staging_dir(out_dir)
   staging.mkdir(parents=True)
   try:
-    (staging / "model_config.json").write_text(config.to_json())
+    (staging / CONFIG).write_text(config.to_json())
     written = _save_leaves(staging / "params", leaves)
     expected = {path: leaf.shape for path, leaf in disk_layout(_model(config)[0](config)).items()}
     _check_shapes(expected, {path: shape for path, (shape, _) in written.items()})
@@ -189,15 +204,60 @@ def write_checkpoint(
       shutil.copytree(str(tokenizer_dir), str(staging / "tokenizer"))
     sums = {"params": {"/".join(p): c for p, (_, c) in sorted(written.items())},
             "extras": {"/".join(p): c for p, (_, c) in sorted(written_extras.items())}}
-    (staging / MANIFEST).write_text(json.dumps(dict(manifest or {}, checksums=sums), indent=2, sort_keys=True,
-                                               default=str))
-    if out_dir.exists():
-      shutil.rmtree(str(out_dir))
-    staging.rename(out_dir)
+    record = dict(manifest or {}, checksums=sums, files=_file_sizes(staging), config_sha256=_config_hash(staging),
+                  tokenizer_sha256=_tokenizer_hash(staging))
+    (staging / MANIFEST).write_text(strict_json(record, f"{out_dir}/{MANIFEST}", indent=2, sort_keys=True,
+                                                default=str))
+    fsync_path(staging / MANIFEST)
+    fsync_path(staging)
+    _swap_into_place(staging, out_dir)
   except BaseException:
     shutil.rmtree(str(staging), ignore_errors=True)
     raise
   return out_dir
+
+
+def _swap_into_place(staging: epath.Path, out_dir: epath.Path) -> None:
+  """The finished staging directory becomes `out_dir`; an old checkpoint there is renamed aside first and removed
+  only once the new one is in place, so no moment leaves neither (a kill between the renames leaves the old one as
+  `.<name>.replaced-<host>-<pid>-<id>`, removed by the next write once a checkpoint is in place)."""
+  old = None
+  if out_dir.exists():
+    old = out_dir.parent / f".{out_dir.name}.replaced-{staging.name.rpartition('.partial-')[2]}"
+    out_dir.rename(old)
+  staging.rename(out_dir)
+  fsync_path(out_dir.parent)
+  if old is not None:
+    shutil.rmtree(str(old), ignore_errors=True)
+
+
+def _file_sizes(ckpt_dir: epath.Path) -> dict[str, int]:
+  """{relative path: bytes} of every file under params/ and extras/: what orbax will read back."""
+  return {f"{folder}/{name}": path.stat().length for folder in ("params", "extras")
+          for name, path in _files(ckpt_dir / folder)}
+
+
+def _config_hash(ckpt_dir: epath.Path) -> str:
+  return hashlib.sha256((ckpt_dir / CONFIG).read_bytes()).hexdigest()
+
+
+def _tokenizer_files(ckpt_dir: epath.Path) -> list[epath.Path]:
+  """The tokenizer's files: the regular, visible files of tokenizer/ (what transformers reads; a notebook's
+  `.ipynb_checkpoints` or a `.DS_Store` left there is not the tokenizer)."""
+  folder = ckpt_dir / "tokenizer"
+  if not folder.exists():
+    return []
+  return sorted((p for p in folder.iterdir() if not p.name.startswith(".") and not p.is_dir()), key=lambda p: p.name)
+
+
+def _tokenizer_hash(ckpt_dir: epath.Path) -> str | None:
+  files = _tokenizer_files(ckpt_dir)
+  if not files:
+    return None
+  digest = hashlib.sha256()
+  for path in files:
+    digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+  return digest.hexdigest()
 
 
 def flatten(tree: Mapping[str, Any], prefix: LeafPath = ()) -> list[tuple[LeafPath, Any]]:
@@ -237,34 +297,83 @@ def _require_finished(ckpt_dir: epath.Path) -> None:
     raise CheckpointError(f"checkpoint {ckpt_dir} does not exist")
 
 
-def load_config(ckpt_dir: str | epath.Path) -> ModelConfig | moshi.MoshiConfig:
-  """The checkpoint's ModelConfig, or its MoshiConfig when model_config.json says `family: moshi`."""
+def _read_json(path: epath.Path, what: str) -> Any:
+  try:
+    value = read_json(path, what, "the checkpoint is damaged: restore it or re-convert it")
+  except DamagedFileError as e:
+    raise CheckpointError(str(e)) from None
+  if not isinstance(value, dict):
+    raise CheckpointError(f"{path}, {what}, holds a JSON {type(value).__name__}, not an object: restore it or "
+                          "re-convert it")
+  return value
+
+
+def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False) -> ModelConfig | moshi.MoshiConfig:
+  """The checkpoint's ModelConfig, or its MoshiConfig when model_config.json says `family: moshi`. A
+  model_config.json that differs from the one written with the checkpoint (the manifest's hash) is refused, unless
+  `accept_changed_config` (an edit made on purpose)."""
   ckpt_dir = epath.Path(ckpt_dir)
-  _require_finished(ckpt_dir)
-  text = (ckpt_dir / "model_config.json").read_text()
-  return (moshi.MoshiConfig if json.loads(text).get("family") == moshi.FAMILY else ModelConfig).from_json(text)
+  manifest = load_manifest(ckpt_dir)
+  path = ckpt_dir / CONFIG
+  if not path.exists():
+    raise CheckpointError(f"{path} is missing: restore it or re-convert the checkpoint")
+  fields = _read_json(path, "the model's config")
+  recorded = manifest.get("config_sha256")
+  if recorded is not None and recorded != _config_hash(ckpt_dir) and not accept_changed_config:
+    raise CheckpointError(
+      f"{path} differs from the config written with the checkpoint (its hash in {MANIFEST}): edited or replaced "
+      f"after conversion, so the parameters may not mean what it says. Restore it or re-convert; to score the "
+      f"edited config on purpose, pass {ACCEPT_FLAG}")
+  text = path.read_text()
+  try:
+    return (moshi.MoshiConfig if fields.get("family") == moshi.FAMILY else ModelConfig).from_json(text)
+  except (TypeError, KeyError) as e:  # a field missing or unknown: the dataclass's own words
+    raise CheckpointError(f"{path} does not describe a model ({type(e).__name__}: {e}): restore it or re-convert "
+                          "the checkpoint") from None
 
 
 def load_manifest(ckpt_dir: str | epath.Path) -> dict:
   ckpt_dir = epath.Path(ckpt_dir)
   _require_finished(ckpt_dir)
-  return json.loads((ckpt_dir / MANIFEST).read_text())
+  return _read_json(ckpt_dir / MANIFEST, "the checkpoint's manifest")
 
 
-def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True) -> Params:
+def _check_files(ckpt_dir: epath.Path, recorded: Mapping[str, int], folder: str) -> None:
+  """Every file orbax wrote under `folder`, there and of the size it was written with: a deleted data file or
+  process folder, or a truncated one, is named here rather than in a page of orbax's errors."""
+  recorded = {name: size for name, size in recorded.items() if name.startswith(folder + "/")}
+  found = dict((f"{folder}/{name}", path) for name, path in _files(ckpt_dir / folder))
+  problems = [f"{name} is missing" for name in sorted(recorded.keys() - found.keys())]
+  problems += [f"{name} holds {found[name].stat().length} bytes, {size} were written (truncated or replaced)"
+               for name, size in sorted(recorded.items()) if name in found and found[name].stat().length != size]
+  if problems:
+    shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+    raise CheckpointError(f"{ckpt_dir} is damaged: {shown}. Restore it or re-convert it.")
+
+
+def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True,
+                accept_changed_config: bool = False) -> Params:
   """Restores the parameters onto `mesh` (default: every device, data-parallel), sharded by the logical rules,
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
-  the parameters), and a leaf that differs is refused by name."""
+  the parameters), and a leaf that differs is refused by name; a deleted or truncated file is refused by name
+  before orbax reads anything."""
   from orbax.checkpoint.experimental import v1 as ocp
 
   ckpt_dir = epath.Path(ckpt_dir)
-  config = load_config(ckpt_dir)
+  config = load_config(ckpt_dir, accept_changed_config)
+  manifest = load_manifest(ckpt_dir)
+  if "files" in manifest:
+    _check_files(ckpt_dir, manifest["files"], "params")
   mesh = mesh or sharding.make_mesh()
   abstract_params, param_logical_axes = _model(config)
   abstract = abstract_params(config)
   shardings = dict(flatten(sharding.logical_to_sharding(param_logical_axes(config), abstract, mesh)))
-  saved = dict(flatten(ocp.metadata(ckpt_dir / "params").metadata))
+  try:
+    saved = dict(flatten(ocp.metadata(ckpt_dir / "params").metadata))
+  except Exception as e:  # orbax's many kinds of "cannot read this": one line, naming the folder
+    raise CheckpointError(f"{ckpt_dir}/params cannot be read ({type(e).__name__}: {_first_line(e)}); restore or "
+                          "re-convert it") from e
   stored = disk_layout(abstract)
   mismatched = sorted(set(saved) ^ set(stored))
   if mismatched:
@@ -279,8 +388,9 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
     _merge(target, _nest(path, jax.ShapeDtypeStruct(leaf.shape, saved[path].dtype, sharding=layer_sharding(path))))
   try:
     restored = ocp.load(ckpt_dir / "params", target)
-  except (ValueError, OSError, RuntimeError) as e:  # what unreadable (truncated, corrupted) files raise
-    raise CheckpointError(f"{ckpt_dir}/params cannot be read ({type(e).__name__}: {e}); re-convert it") from e
+  except Exception as e:  # what unreadable (truncated, corrupted) files raise, of many types
+    raise CheckpointError(f"{ckpt_dir}/params cannot be read ({type(e).__name__}: {_first_line(e)}); restore or "
+                          "re-convert it") from e
   if "layers" in abstract:  # the decoder's layers, stored one at a time
     per_layer = restored.pop("layers")
     layers = {}
@@ -289,7 +399,7 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
       stack = jax.jit(lambda *xs: jnp.stack(xs), out_shardings=shardings[("layers",) + path])
       _merge(layers, _nest(path, stack(*slices)))
     restored["layers"] = layers
-  expected = load_manifest(ckpt_dir).get("checksums", {}).get("params")
+  expected = manifest.get("checksums", {}).get("params")
   if verify and expected is not None:
     _verify(ckpt_dir, restored, expected)
   if dtype is None:
@@ -297,6 +407,10 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
   cast = jax.jit(lambda tree: jax.tree.map(lambda leaf: leaf.astype(dtype), tree),  # one program for the tree
                  out_shardings=jax.tree.map(lambda leaf: leaf.sharding, restored))
   return cast(restored)
+
+
+def _first_line(error: BaseException) -> str:
+  return (str(error).strip().splitlines() or [""])[0][:300]
 
 
 def _verify(ckpt_dir: epath.Path, params: Params, expected: Mapping[str, str]) -> None:
@@ -323,13 +437,13 @@ def content_id(ckpt_dir: str | epath.Path) -> str:
   checksums were recorded are hashed from their files' bytes instead."""
   ckpt_dir = epath.Path(ckpt_dir)
   manifest = load_manifest(ckpt_dir)
-  digest = hashlib.sha256((ckpt_dir / "model_config.json").read_bytes())
+  digest = hashlib.sha256((ckpt_dir / CONFIG).read_bytes())
   if "checksums" in manifest:
     digest.update(json.dumps(manifest["checksums"], sort_keys=True).encode())
-    folders = ["tokenizer"]
-  else:
-    folders = ["params", "extras", "tokenizer"]
-  for folder in folders:
+    for path in _tokenizer_files(ckpt_dir):
+      digest.update(f"tokenizer/{path.name}".encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+  for folder in ("params", "extras", "tokenizer"):
     for name, path in _files(ckpt_dir / folder):
       digest.update(f"{folder}/{name}".encode() + b"\0" + path.read_bytes())
   return digest.hexdigest()[:16]
@@ -346,19 +460,30 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
   return found
 
 
-def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False):
+def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, accept_changed_config: bool = False):
   """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
-  local temporary folder first: transformers reads local folders only. A tokenizer shipped as code (GLM-4's
-  `tokenization_chatglm.py`) runs only with `trust_remote_code`."""
+  local temporary folder first: transformers reads local folders only (stray folders and hidden files left in
+  tokenizer/ are not copied). A tokenizer shipped as code (GLM-4's `tokenization_chatglm.py`) runs only with
+  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config."""
   import tempfile
 
   from s2sjax import text_tokenizer
 
-  tokenizer_dir = epath.Path(ckpt_dir) / "tokenizer"
+  ckpt_dir = epath.Path(ckpt_dir)
+  tokenizer_dir = ckpt_dir / "tokenizer"
   if not tokenizer_dir.exists():
     return None
+  files = _tokenizer_files(ckpt_dir)
+  if not files:  # an empty folder (or one holding only a notebook's leftovers) holds no tokenizer
+    return None
+  recorded = load_manifest(ckpt_dir).get("tokenizer_sha256")
+  if recorded is not None and recorded != _tokenizer_hash(ckpt_dir) and not accept_changed_config:
+    raise CheckpointError(
+      f"{tokenizer_dir}'s files ({', '.join(p.name for p in files) or 'none'}) differ from the ones written with "
+      f"the checkpoint (their hash in {MANIFEST}): edited or replaced after conversion. Restore them or re-convert; "
+      f"to use them on purpose, pass {ACCEPT_FLAG}")
   with tempfile.TemporaryDirectory() as local:
-    for item in tokenizer_dir.iterdir():
+    for item in files:
       (epath.Path(local) / item.name).write_bytes(item.read_bytes())
     return text_tokenizer.load(local, trust_remote_code, f"{ckpt_dir}'s tokenizer")
 

@@ -17,6 +17,7 @@ from absl import flags
 from s2sjax import checkpoint, cli
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
+from s2sjax.spec import Spec
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -45,6 +46,26 @@ def default_checkpoint() -> str:
 
     convert(default_gguf(), out, overwrite=True)
   return out
+
+
+def fit_to_spec(config: ModelConfig, params: Params, spec: Spec) -> tuple[ModelConfig, Params]:
+  """The model as the evaluator scores it with `spec`'s data (the pre-flight check loads the same): for the demo
+  spec, every unit of the spec becomes an untrained vocabulary row, whichever modalities run, so T->T scores do not
+  depend on whether a spoken modality runs beside them (256 more rows in the softmax move each NLL by up to
+  6.5e-5); any other spec leaves the model as it is."""
+  fitted = fitted_config(config, spec)
+  if fitted == config:
+    return config, params
+  return with_untrained_unit_rows(config, params, fitted.vocab_size)
+
+
+def fitted_config(config: ModelConfig, spec: Spec) -> ModelConfig:
+  """The config `fit_to_spec` gives, without touching parameters."""
+  if (not isinstance(config, ModelConfig) or spec.name != "demo" or spec.audio_mode != "extended_vocab"
+      or spec.unit_offset is None):
+    return config
+  units = spec.unit_offset + spec.codebook_sizes[0]
+  return config if units <= config.vocab_size else dataclasses.replace(config, vocab_size=units)
 
 
 def with_untrained_unit_rows(config: ModelConfig, params: Params, vocab_size: int, seed: int = 0

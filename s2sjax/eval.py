@@ -2,13 +2,18 @@ r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the
 
   python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
-      [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=N] [--chunk_rows=32] \
-      [--attention=auto|xla|dot_product|cudnn|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix]
+      [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=N] [--chunk_rows=32] [--step_pattern=REGEX] \
+      [--attention=auto|xla|dot_product|cudnn|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix] \
+      [--noverify_checkpoint] [--noverify_data] [--accept_config_change]
 
 With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
 (converted on first use) with an untrained audio table, so its S->T shows what a text LM that never learned audio
-does (its spoken candidates are units it never learned either). Several checkpoints of one run (a glob or a list) give curves over steps. Rerunning into the same
---output_dir scores only what is missing, and refuses chunks another checkpoint, dtype, chunking or data made.
+does (its spoken candidates are units it never learned either). Several checkpoints of one run (a glob or a list)
+give curves over steps, each step read from its folder's name (s2sjax/checkpoint_paths.py; --step_pattern for
+other names). Rerunning into the same --output_dir scores only what is missing, and refuses chunks another
+checkpoint, dtype, chunking or data made. What is read is held to what wrote it: the checkpoint's parameters and
+config (--noverify_checkpoint skips the parameter pass; --accept_config_change accepts an edited config), the
+built data's record and checksums (--noverify_data skips the checksums), each scores file to its chunks.
 --noshare_prefix, --reference_language_quirk and --overlong pick the build `tasks.prepare` made with those flags
 (flash needs rows without shared prefixes; flash_shared takes shared ones in two cascaded passes).
 
@@ -37,7 +42,8 @@ from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
 from s2sjax.spec import load_spec
-from s2sjax.task_data import DataError, TaskData, Variants, load_task_data, tokenizer_identity
+from s2sjax.spec import spec_from_dict
+from s2sjax.task_data import MissingDataError, TaskData, Variants, load_task_data, tokenizer_identity
 
 FLAGS = flags.FLAGS
 DEMO_NAME = "SmolLM2-135M (demo)"
@@ -62,6 +68,9 @@ class EvalConfig:
   scoring: ScoringOptions = ScoringOptions(attention="auto")
   tokenizer_dir: str | None = None  # for a checkpoint without tokenizer/ (one with its own may use it too)
   verify_checkpoint: bool = True  # hold every parameter leaf against the checksum written with it
+  verify_data: bool = True  # hold the built rows and question table against the checksums written with them
+  accept_config_change: bool = False  # score a model_config.json (or tokenizer files) edited after conversion
+  step_pattern: str | None = None  # a regex whose first group reads the step from a checkpoint's folder name
   break_lock: bool = False  # take the output directory from a run that died on another host
   trust_remote_code: bool = False  # run a tokenizer shipped as code (GLM-4's)
 
@@ -83,29 +92,28 @@ def scored_sets(cfg: EvalConfig) -> list[tuple[str, str, Variants]]:
 def ensure_data(cfg: EvalConfig, data_dir: str, task: str, modality: str, variants: Variants,
                 tokenizer_dir: str) -> TaskData:
   try:
-    return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants)
-  except DataError:
+    return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants, cfg.verify_data)
+  except MissingDataError:
     if not cfg.is_default:
       raise
   from tasks.prepare import prepare  # the embedded default builds the bundled sample on first use
 
   logging.info("building the bundled sample: %s %s", task, modality)
   prepare(task, cfg.spec, modality, cfg.row_length, data_dir, variants=variants, tokenizer_dir=tokenizer_dir)
-  return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants)
+  return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants, cfg.verify_data)
 
 
-def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True):
-  """Config and params of one checkpoint (checksums verified), fitted to the data's spec: the demo spec's units
-  become untrained vocabulary rows of the embedded default model. A Moshi checkpoint gives its MoshiConfig and
-  tree, which the Evaluator scores with the stream scorer."""
-  config = checkpoint.load_config(path)
-  params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify)
-  spec = data[0].metadata["spec"]
-  units = max((max(td.metadata["audio_ids"]["unit_ids"]) + 1 for td in data if td.metadata.get("audio_ids")),
-              default=0)
-  if spec["name"] == "demo" and units > config.vocab_size:
-    config, params = default_model.with_untrained_unit_rows(config, params, units)
-  return config, params
+def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True, accept_config_change: bool = False):
+  """Config and params of one checkpoint (config hash and parameter checksums verified), fitted to the data's spec
+  (`default_model.fit_to_spec`: the demo spec's units become untrained vocabulary rows, whichever modalities run;
+  `s2sjax.check` loads the same model). A Moshi checkpoint gives its MoshiConfig and tree, which the Evaluator
+  scores with the stream scorer."""
+  if not data:
+    raise EvalError("no task data to score: nothing was built or asked for")
+  config = checkpoint.load_config(path, accept_config_change)
+  params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify,
+                                  accept_changed_config=accept_config_change)
+  return default_model.fit_to_spec(config, params, spec_from_dict(data[0].metadata["spec"]))
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
@@ -123,8 +131,19 @@ def run(cfg: EvalConfig) -> list[dict]:
   invocation's checkpoints on the other processes."""
   from tasks.prepare import default_data_dir
 
-  paths = [default_model.default_checkpoint()] if not cfg.checkpoints else checkpoint_paths.expand(cfg.checkpoints)
+  if not cfg.tasks:
+    raise EvalError("no task to score (--task=all found none built in --data_dir): build them first with "
+                    "python -m tasks.prepare --data_dir=DIR")
+  paths = ([default_model.default_checkpoint()] if not cfg.checkpoints
+           else checkpoint_paths.expand(cfg.checkpoints, cfg.step_pattern))
   names = [DEMO_NAME] if cfg.is_default else checkpoint_paths.run_names(paths)
+  steps = checkpoint_paths.steps(paths, cfg.step_pattern) if cfg.checkpoints else [None]  # the default has none
+  chunk_rows = cfg.chunk_rows
+  if chunk_rows < cfg.scoring.batch_size:  # every chunk would be padded to a whole batch of steps
+    print(f"--chunk_rows={chunk_rows} is below --batch_size={cfg.scoring.batch_size}: raised to "
+          f"{cfg.scoring.batch_size} (a chunk is scored in whole batches; fewer rows pad the rest)", flush=True)
+    chunk_rows = cfg.scoring.batch_size
+  cfg = dataclasses.replace(cfg, chunk_rows=chunk_rows)
   data_dir = cfg.data_dir or default_data_dir()
   data = [ensure_data(cfg, data_dir, t, m, v, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
           for t, m, v in scored_sets(cfg)]
@@ -134,16 +153,16 @@ def run(cfg: EvalConfig) -> list[dict]:
   options = dataclasses.replace(cfg.scoring, attention=attention)
   with _output_lock(cfg):
     evaluator, runs = None, []
-    for path, name in zip(paths, names):
-      identity = None if text_free else _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code)
-      config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint)
+    for path, name, step in zip(paths, names, steps):
+      identity = None if text_free else _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code,
+                                                            cfg.accept_config_change)
+      config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint, cfg.accept_config_change)
       for td in data:
         check_fit(config, td, identity)
       if evaluator is None or evaluator.config != config:
         evaluator = Evaluator(config, data, options, mesh=mesh)
-      record = {"name": name, "path": path if "://" in path else os.path.abspath(path),
-                "step": None if cfg.is_default else checkpoint_paths.step_of(path), "spec": cfg.spec,
-                "row_length": cfg.row_length or "auto"}
+      record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
+                "spec": cfg.spec, "row_length": cfg.row_length or "auto"}
       scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path))
       if jax.process_index() == 0:
         _write_flips(cfg, data, record, scores)
@@ -166,8 +185,10 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
   folder = checkpoint_paths.safe_name(record["name"])
   scores = {}
   for td in data:
-    store = ChunkStore(os.path.join(cfg.output_dir, "chunks", folder, f"{td.task}-{td.label}"),
+    store = ChunkStore(reports.chunk_dir(cfg.output_dir, folder, td.task, td.label),
                        {"checkpoint": record["path"], "checkpoint_content": content,
+                        "vocab_size": getattr(evaluator.config, "vocab_size", None),
+                        "step": _step_identity(evaluator, td),
                         "dtype": evaluator.options.dtype, "chunk_rows": cfg.chunk_rows, "data": td.fingerprint})
     start = time.time()
     title = modalities.title(td.label)
@@ -179,8 +200,18 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
             f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
             f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
             flush=True)
-      reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s})
+      reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s},
+                        {(td.task, td.label): store})
   return scores
+
+
+def _step_identity(evaluator: Evaluator, td: TaskData) -> str:
+  """What of the compiled step changes a chunk's bits beyond the model and the rows: the attention kernel and its
+  item-local window, which spans the longest item of every task sharing the step (so T->T run beside S->T is
+  scored by another program than T->T alone, ~1e-6 nats apart): chunks of another step are scored again, never
+  mixed."""
+  scorer = evaluator.scorer(td)
+  return f"{getattr(scorer, 'attention', 'streams')} window {getattr(scorer, 'window', None)}"
 
 
 def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
@@ -217,7 +248,8 @@ def _output_lock(cfg: EvalConfig):
     yield
 
 
-def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code: bool) -> dict:
+def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code: bool,
+                        accept_config_change: bool = False) -> dict:
   """The identity of the tokenizer the checkpoint reads text with: its own, or --tokenizer_dir's. A checkpoint
   without one is refused: data built for another vocabulary would be scored silently. A tokenizer shipped as code
   runs only when the user says they trust it."""
@@ -226,7 +258,7 @@ def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code:
                     "--trust_remote_code")
   if tokenizer_dir:
     return tokenizer_identity(text_tokenizer.load(tokenizer_dir, trust_remote_code))
-  tokenizer = checkpoint.load_tokenizer(path, trust_remote_code)
+  tokenizer = checkpoint.load_tokenizer(path, trust_remote_code, accept_config_change)
   if tokenizer is None:
     raise EvalError(f"{path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
                     "pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
@@ -262,6 +294,12 @@ def define_flags() -> None:
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "
                     "--noverify_checkpoint skips it on a trusted bucket).")
+  flags.DEFINE_bool("verify_data", True, "Hold the built rows and question table against their checksums (one pass; "
+                    "--noverify_data skips it on a trusted bucket).")
+  flags.DEFINE_bool("accept_config_change", False, "Score a checkpoint whose model_config.json or tokenizer files "
+                    "were edited after conversion (refused otherwise).")
+  flags.DEFINE_string("step_pattern", None, "Regex whose first group is the training step in a checkpoint's folder "
+                      r"name, for names other than step_N, checkpoint-N, ckpt-N or N (e.g. 'ckpt-(\d+)-fp16').")
   flags.DEFINE_bool("trust_remote_code", False, "Run a tokenizer shipped as code (GLM-4-Voice's); read it first.")
   flags.DEFINE_bool("break_lock", False, "Take the output directory from a run that died (its lock names it).")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
@@ -280,6 +318,9 @@ def all_tasks(data_dir: str | None) -> list[str]:
     return benchmarks.names()
   built = [t for t in benchmarks.names() if os.path.isdir(os.path.join(data_dir, t))]
   missing = [t for t in benchmarks.names() if t not in built]
+  if not built:
+    raise EvalError(f"--task=all: no task is built in {data_dir}: build them with python -m tasks.prepare "
+                    f"--data_dir={data_dir} (or name --task)")
   if missing:
     print(f"--task=all: {', '.join(missing)} not built in {data_dir}, left out", flush=True)
   return built
@@ -295,7 +336,8 @@ def config_from_flags() -> EvalConfig:
     variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong,
                       tokenization=FLAGS.tokenization),
     tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
-    verify_checkpoint=FLAGS.verify_checkpoint, break_lock=FLAGS.break_lock,
+    verify_checkpoint=FLAGS.verify_checkpoint, verify_data=FLAGS.verify_data,
+    accept_config_change=FLAGS.accept_config_change, step_pattern=FLAGS.step_pattern, break_lock=FLAGS.break_lock,
     trust_remote_code=FLAGS.trust_remote_code,
     scoring=ScoringOptions(batch_size=FLAGS.batch_size, dtype=FLAGS.dtype, attention=FLAGS.attention),
   )

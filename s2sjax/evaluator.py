@@ -8,6 +8,7 @@ import dataclasses
 from typing import Callable
 
 import jax.numpy as jnp
+import numpy as np
 
 from s2sjax import benchmarks, families, metrics, modalities
 from s2sjax.families import moshi as moshi_family
@@ -103,6 +104,27 @@ def _check_streams_fit(config: ModelConfig | MoshiConfig, data: TaskData) -> Non
     raise EvalError(f"{where} does not fit the moshi checkpoint: {e}") from None
 
 
+def check_finite(td: TaskData, rows: dict[str, np.ndarray], nll_sum: np.ndarray) -> None:
+  """Refuses sums that are NaN or infinite, naming the task, modality and first candidates, before anything is
+  saved or any metric computed: a NaN loss compares false both ways, so the metrics would be silently wrong (a
+  broken checkpoint scored "accuracy 0.0%" with `acc` 1.0, and bare NaN reached metrics.json)."""
+  laid = rows["slot_item"] >= 0
+  bad = laid & ~np.isfinite(nll_sum)
+  if not bad.any():
+    return
+  where = {(int(item), int(within)): (q, c)
+           for q, row in enumerate(td.questions.slots) for c, (item, within) in enumerate(row)}
+  found = sorted(where.get((int(rows["slot_item"][r, s]), int(rows["slot_candidate"][r, s])), (-1, -1))
+                 for r, s in np.argwhere(bad))[:3]  # in the question table's order
+  found = [(td.questions.ids[q] if q >= 0 else "?", c if c >= 0 else "?") for q, c in found]
+  kinds = sorted({("nan" if np.isnan(v) else "inf") for v in nll_sum[bad][:100]})
+  raise EvalError(
+    f"{td.task}/{modalities.title(td.label)}: {int(bad.sum())} of {int(laid.sum())} candidates scored a non-finite "
+    f"NLL ({'/'.join(kinds)}), first: {', '.join(f'question {q} candidate {c}' for q, c in found)}. The model "
+    "computes NaN/Inf: a broken parameter (its checksum holds only the bits it was written with) or an overflow "
+    "(try --dtype=float32); nothing was saved")
+
+
 class Evaluator:
   """Scores a fixed set of tasks x modalities for any params of one model config."""
 
@@ -147,6 +169,7 @@ class Evaluator:
 
   def score(self, params: Params, td: TaskData, progress: bool = False) -> QuestionScores:
     nll_sum, n_tokens = self.scorer(td).score(self.params_adapter(params), td.rows, progress=progress)
+    check_finite(td, td.rows, nll_sum)
     candidates = collect(td.rows, nll_sum, n_tokens, td.questions.candidates_per_item())
     return td.questions.scores(candidates.nll_sum, candidates.n_tokens)
 

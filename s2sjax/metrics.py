@@ -76,6 +76,10 @@ def bootstrap_interval(decisions: np.ndarray, groups: int, seed: int = 0) -> tup
 def task_metrics(decision: str, scores: QuestionScores) -> dict:
   loss, correct = scores.loss, scores.correct
   n = len(loss)
+  if not np.isfinite(loss).all():  # NaN compares false both ways: every metric would be quietly wrong
+    q, c = np.argwhere(~np.isfinite(loss))[0]
+    raise ValueError(f"{int((~np.isfinite(loss)).sum())} candidates have a non-finite loss (first: question "
+                     f"{scores.ids[q]} candidate {c}): no metric is computed from them")
   decisions = s2sbench_decisions(decision, loss, correct)
   positive = loss[np.arange(n), correct]
   negative = _others(loss, correct)

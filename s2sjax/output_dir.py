@@ -6,16 +6,21 @@
 permissions) is refused at once, and a second run into the same directory is refused with the first one's host
 and pid. A lock left by a run that died on this host is taken over (its pid is gone); one from another host is
 broken only when asked (`--break_lock`). `write_atomic` writes a temporary sibling and renames it over the target,
-so a kill or a full disk leaves the previous file whole.
+so a kill or a full disk leaves the previous file whole; on a local disk the file and its directory are fsynced
+before and after the rename, so a power loss cannot leave a renamed file without its bytes (a zero-byte chunk).
+The JSON the project writes is strict (`strict_json`: no NaN or Infinity), and the JSON it reads back names its
+file when it is not JSON (`read_json`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
 import time
+from typing import Any
 
 from absl import logging
 from etils import epath
@@ -27,6 +32,37 @@ class OutputError(ValueError):
   """An output directory that cannot be written, or that another run is writing."""
 
 
+class DamagedFileError(ValueError):
+  """A file the project wrote that no longer reads back (truncated, zero bytes, edited)."""
+
+
+def _local(path: epath.Path) -> bool:
+  return "://" not in str(path)
+
+
+def fsync_path(path) -> None:
+  """Flushes a local file's or directory's bytes and entries to the disk (a bucket's writes are durable when they
+  return)."""
+  path = epath.Path(path)
+  if not _local(path):
+    return
+  fd = os.open(str(path), os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def rename_durably(source, target) -> None:
+  """`source` renamed over `target`, with the bytes of both and their directory's entries on the disk before and
+  after (without the first fsync, a power loss can leave the new name over an empty file)."""
+  source, target = epath.Path(source), epath.Path(target)
+  fsync_path(source)
+  fsync_path(source.parent)
+  source.replace(target)
+  fsync_path(target.parent)
+
+
 def write_atomic(path, data: bytes) -> None:
   """Writes `data` to `path` through a temporary sibling renamed over it; a failed write (ENOSPC, EROFS, ...)
   removes the temporary file, keeps the old one, and names the path."""
@@ -35,13 +71,50 @@ def write_atomic(path, data: bytes) -> None:
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_bytes(data)
-    tmp.replace(path)
+    rename_durably(tmp, path)
   except OSError as e:
     try:
       tmp.unlink(missing_ok=True)
     except OSError:
       pass
     raise OutputError(f"cannot write {path}: {e.strerror or e} (the previous file, if any, is unchanged)") from e
+
+
+def _first_non_finite(value: Any, where: str = "") -> str | None:
+  """The key path of the first NaN or infinity in a JSON-ready value, if any."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return where or "the value"
+  items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+  for key, item in items:
+    found = _first_non_finite(item, f"{where}/{key}" if where else str(key))
+    if found:
+      return found
+  return None
+
+
+def strict_json(value: Any, where: str, **dumps_kwargs) -> str:
+  """`json.dumps` that refuses NaN and infinities (bare `NaN` is not JSON: other readers reject the file), naming
+  the file and the key that holds one."""
+  try:
+    return json.dumps(value, allow_nan=False, **dumps_kwargs)
+  except ValueError:
+    raise OutputError(f"{where}: {_first_non_finite(value)} is not a finite number; strict JSON cannot hold it, so "
+                      "nothing was written") from None
+
+
+def read_json(path, what: str = "", hint: str = "") -> Any:
+  """A JSON file's value; one that is not JSON (truncated, damaged) is a ValueError naming the file, what it is
+  (`what`) and what to do (`hint`)."""
+  path = epath.Path(path)
+  text = path.read_text()
+  try:
+    return json.loads(text)
+  except ValueError as e:
+    reason = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+    where = f" (line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+    raise DamagedFileError(f"{path}{f', {what},' if what else ''} is not valid JSON: {reason}{where}, "
+                           f"{'an empty file' if not text.strip() else 'truncated or damaged'}"
+                           + (f": {hint}" if hint else "")) from None
 
 
 def _alive_here(owner: dict) -> bool:
@@ -71,14 +144,27 @@ class RunLock:
     try:
       self.directory.mkdir(parents=True, exist_ok=True)
       if self.path.exists():
-        self._take_over(json.loads(self.path.read_text() or "{}"))
+        self._take_over(self._owner())
       self._create()
     except OSError as e:
       raise OutputError(f"cannot write to the output directory {self.directory} ({e.strerror or e}): choose "
                         "another --output_dir") from e
     return self
 
-  def _take_over(self, owner: dict) -> None:
+  def _owner(self) -> dict | None:
+    """The lock's owner; None when the lock is damaged (a run killed while writing it, a disk that lost it)."""
+    try:
+      owner = json.loads(self.path.read_text() or "{}")
+    except ValueError:
+      return None
+    return owner if isinstance(owner, dict) else None
+
+  def _take_over(self, owner: dict | None) -> None:
+    if owner is None:
+      if not self.break_lock:
+        raise OutputError(f"{self.path} is damaged (not JSON), so which run holds {self.directory} cannot be told: "
+                          "if no run is writing it, rerun with --break_lock (or delete the file)")
+      owner = {}
     where = f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
     if _alive_here(owner) and not self.break_lock:
       raise OutputError(
@@ -96,14 +182,16 @@ class RunLock:
     try:
       fd = os.open(str(self.path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:  # another run took it between our check and our create
-      self._take_over(json.loads(self.path.read_text() or "{}"))
+      self._take_over(self._owner())
       fd = os.open(str(self.path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     with os.fdopen(fd, "wb") as f:
       f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
 
   def __exit__(self, *exc) -> None:
     try:
-      if self.path.exists() and json.loads(self.path.read_text() or "{}") == self.owner:
+      if self.path.exists() and self._owner() == self.owner:
         self.path.unlink()
     except (OSError, ValueError):
       logging.warning("could not remove the lock %s", self.path)

@@ -11,6 +11,7 @@ right candidate and the candidate texts. Metrics and result files take it; `scor
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -121,9 +122,19 @@ class QuestionScores:
       by_question.setdefault(str(line["question"]), []).append(line)
     ids = tuple(by_question)
     rows = [sorted(by_question[q], key=lambda line: line["candidate"]) for q in ids]
+    missing = [k for k in ("question", "uttid", "candidate", "text", "correct", "nll_sum", "n_tokens")
+               if any(k not in line for line in lines)]
+    if missing:
+      raise ValueError(f"{where}: lines without {missing}: not a scores file of this version, or damaged")
     for q, row in zip(ids, rows):
       if [line["candidate"] for line in row] != list(range(len(row))) or sum(line["correct"] for line in row) != 1:
         raise ValueError(f"{where}: question {q} does not hold candidates 0..{len(row) - 1} with one right one")
+    widths = collections.Counter(len(row) for row in rows)
+    if len(widths) > 1:
+      usual = widths.most_common(1)[0][0]
+      short = next(q for q, row in zip(ids, rows) if len(row) != usual)
+      raise ValueError(f"{where}: question {short} holds {len(by_question[short])} candidates, the others {usual} "
+                       "(lines lost or added: the file is damaged)")
     return cls(ids, tuple(tuple(line["uttid"] for line in row) for row in rows),
                tuple(tuple(line["text"] for line in row) for row in rows),
                np.array([[line["correct"] for line in row].index(True) for row in rows], np.int64),

@@ -10,22 +10,28 @@ TensorBoard scalars.
 
 The summaries (metrics.json, the tables, the curves) are recomputed from every completed scores file in OUT
 (`read_runs`), so a later run of another task, modality or checkpoint adds to them and never drops what is there.
-Every file is written whole or not at all (`output_dir.write_atomic`). Paths go through etils `epath`, so OUT
-may be a `gs://` bucket.
+A scores file is written from the chunks, and its line count and hash are recorded beside them
+(`chunks/<checkpoint>/<task>-<modality>/scores.json`); before the summaries are recomputed each file is held to
+that record, and one that differs (lines lost, edited) is rewritten from its chunks, with a line saying so.
+Every file is written whole or not at all (`output_dir.write_atomic`), as strict JSON (no NaN). Paths go through
+etils `epath`, so OUT may be a `gs://` bucket.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import sys
 
 import numpy as np
 from etils import epath
 
 from s2sjax import benchmarks, modalities
+from s2sjax.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
 from s2sjax.evaluator import summarize
-from s2sjax.output_dir import write_atomic
+from s2sjax.output_dir import read_json, strict_json, write_atomic
 from s2sjax.questions import QuestionScores
 
 RUN_RECORD = "run.json"
@@ -36,25 +42,85 @@ def _write_text(path, text: str) -> None:
   write_atomic(path, text.encode("utf-8"))
 
 
-def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScores]) -> None:
-  """One checkpoint's files: its record and a scores file per task x modality scored now."""
+def chunk_dir(out_dir, run_folder: str, task: str, modality: str) -> epath.Path:
+  """Where the chunks of one checkpoint's task x modality lie (s2sjax/chunk_store.py)."""
+  return epath.Path(out_dir) / "chunks" / run_folder / f"{task}-{modality}"
+
+
+def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScores],
+              stores: dict[tuple[str, str], ChunkStore] | None = None) -> None:
+  """One checkpoint's files: its record and a scores file per task x modality scored now; the line count and hash
+  of each are recorded in its chunk store (`stores`), which `read_runs` holds the file to."""
   write_json(epath.Path(run_dir) / RUN_RECORD, record)
-  for (task, modality), s in scores.items():
-    write_jsonl(epath.Path(run_dir) / f"{task}-{modality}{SCORES_SUFFIX}", s.to_lines())
+  for key, s in scores.items():
+    _write_scores(epath.Path(run_dir) / f"{key[0]}-{key[1]}{SCORES_SUFFIX}", s, (stores or {}).get(key))
+
+
+def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | None) -> None:
+  lines = scores.to_lines()
+  data = "".join(strict_json(line, str(path), ensure_ascii=False, sort_keys=True) + "\n" for line in lines).encode()
+  write_atomic(path, data)
+  if store is not None:
+    store.write_scores_record(len(lines), hashlib.sha256(data).hexdigest())
+
+
+def _read_scores(path: epath.Path) -> QuestionScores:
+  """A scores file as it stands; a line that is not JSON, or questions that are not whole, name the file."""
+  lines = []
+  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    if not line:
+      continue
+    try:
+      lines.append(json.loads(line))
+    except ValueError as e:
+      raise ValueError(f"{path}:{number} is not JSON ({e}): the file is damaged; rerun the evaluation of that task "
+                       "and modality into this directory to score it again") from None
+  return QuestionScores.from_lines(lines, where=str(path))
+
+
+def _checked_scores(out_dir, run_folder: str, path: epath.Path, task: str, modality: str) -> QuestionScores:
+  """A scores file held to the record written with it: intact, it is read; damaged or gone (lines lost, edited),
+  it is rewritten from its chunks, with a line saying so. Files of versions that kept no record are read as they
+  are."""
+  store = ChunkStore(chunk_dir(out_dir, run_folder, task, modality), {})
+  record = store.scores_record()
+  data = path.read_bytes() if path.exists() else None
+  if record is None:
+    return _read_scores(path)
+  if data is not None and hashlib.sha256(data).hexdigest() == record.get("sha256"):
+    return _read_scores(path)
+  lines = None if data is None else data.count(b"\n")
+  found = ("missing" if data is None else f"{lines} of the {record.get('lines')} lines written"
+           if lines != record.get("lines") else "edited: its hash differs from the one written")
+  try:
+    scores = scores_from_chunks(store)
+  except ValueError as e:
+    raise ValueError(f"{path} is damaged ({found}) and its chunks cannot rebuild it ({e}): rerun that task and "
+                     f"modality ({task}, {modality}) into {out_dir} to score it again") from None
+  _write_scores(path, scores, store)
+  print(f"{path}: damaged ({found}): rewritten from its chunks ({len(scores)} questions)", file=sys.stderr,
+        flush=True)
+  return scores
 
 
 def read_runs(out_dir) -> list[dict]:
   """Every checkpoint with completed scores in OUT, in step order: its record, and the metrics and degradation
-  reports of everything it has scored (what metrics.json holds)."""
+  reports of everything it has scored (what metrics.json holds), each scores file checked against its chunks
+  first."""
   runs = []
   for record_path in sorted(epath.Path(out_dir).glob(f"*/{RUN_RECORD}")):
-    record = json.loads(record_path.read_text())
+    record = read_json(record_path, "a checkpoint's run record", "rerun the evaluation into this directory")
+    folder = record_path.parent.name
+    names = {path.name[: -len(SCORES_SUFFIX)] for path in record_path.parent.glob(f"*{SCORES_SUFFIX}")}
+    chunks = epath.Path(out_dir) / "chunks" / folder
+    if chunks.exists():  # a scores file deleted since: its chunks' record names it
+      names |= {p.parent.name for p in chunks.glob(f"*/{SCORES_RECORD}")}
     scores = {}
-    for path in sorted(record_path.parent.glob(f"*{SCORES_SUFFIX}")):
-      task, _, modality = path.name[: -len(SCORES_SUFFIX)].rpartition("-")
-      modality = modalities.canonical(modality)  # earlier versions wrote text, speech
-      lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-      scores[(task, modality)] = QuestionScores.from_lines(lines, where=str(path))
+    for name in sorted(names):
+      task, _, modality = name.rpartition("-")
+      path = record_path.parent / f"{name}{SCORES_SUFFIX}"
+      checked = _checked_scores(out_dir, folder, path, task, modality)
+      scores[(task, modalities.canonical(modality))] = checked  # earlier versions wrote text, speech
     summary = summarize(scores)
     runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                  "degradation": summary.get("degradation", {})})
@@ -68,12 +134,8 @@ def write_summaries(out_dir, runs: list[dict]) -> None:
   plot_curves(out_dir, runs)
 
 
-def write_jsonl(path, lines: list[dict]) -> None:
-  _write_text(path, "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n" for line in lines))
-
-
 def write_json(path, value) -> None:
-  _write_text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+  _write_text(path, strict_json(value, str(path), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def table_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:

@@ -3,6 +3,11 @@
 `tasks.prepare` writes one TFDS config per task x spec x modality x row length x variant (`demo-s2t-1024`,
 `-noshare`, ...) under `<data_dir>/<task>/<config>/<version>`; the names are made here, by `config_name`, so the
 build and the reader cannot disagree. Reading needs no TensorFlow (array_record through TFDS's data source).
+
+Built data carries its own integrity, as checkpoints do: the build records what it is (`build_record`: task,
+modality, spec, row length, variants) and checksums of its rows and of its question table (`integrity`), and the
+reader holds the folder to both: a folder copied under another config's name, a damaged shard or an edited
+`metadata.json` is refused by name (`verify=False`, `--noverify_data`, skips the checksums on a trusted bucket).
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import os
 import re
 
 import numpy as np
+from absl import logging
 from etils import epath
 
 from s2sjax import benchmarks, modalities
+from s2sjax.output_dir import strict_json
 from s2sjax.packing import RowShape
 from s2sjax.questions import QuestionTable
 from s2sjax.spec import is_spec_path, load_spec
@@ -26,7 +33,11 @@ DATA_VERSION = "1.1.0"
 
 
 class DataError(ValueError):
-  """Built data that is missing or does not fit; the message says what to run."""
+  """Built data that is missing, damaged or does not fit; the message says what to run."""
+
+
+class MissingDataError(DataError):
+  """No build at all where one was asked for (the embedded default builds it then)."""
 
 
 PROTOCOLS = ("s2sbench", "utterance")
@@ -86,21 +97,120 @@ def tokenizer_identity(tokenizer) -> dict:
           "size": len(tokenizer), "vocab_sha": digest}
 
 
-def load_rows(data_dir: str, task: str, config: str) -> tuple[dict[str, np.ndarray], dict]:
-  """All packed rows of a built task/config, in row order, and its metadata."""
+def rows_checksum(rows: dict[str, np.ndarray]) -> str:
+  """A hash of every stored row field (name, shape, int32 bytes), in name order: what the build wrote is what the
+  evaluator reads."""
+  digest = hashlib.sha256()
+  for name in sorted(rows):
+    array = np.ascontiguousarray(rows[name], dtype="<i4")
+    digest.update(f"{name}{list(array.shape)}".encode() + b"\0" + array.tobytes())
+  return digest.hexdigest()
+
+
+def questions_checksum(records: list[dict]) -> str:
+  """A hash of the question table as metadata.json holds it (which candidate is right, where each one lies)."""
+  return hashlib.sha256(strict_json(records, "the question table", sort_keys=True, ensure_ascii=False).encode()
+                        ).hexdigest()
+
+
+def build_record(task: str, spec: str, modality: str, row_length: int | None, variants: Variants) -> dict:
+  """What a build is, as it records it and as a reader asks for it."""
+  return {"task": task, "config": config_name(spec, modality, row_length, variants), "spec": spec_label(spec),
+          "modality": modalities.get(modality).name, "row_length": row_length, **dataclasses.asdict(variants)}
+
+
+def _recorded_build(metadata: dict, asked: dict) -> dict:
+  """The build record of a folder; for builds made before records, rebuilt from the fields they hold."""
+  if "build" in metadata:
+    return metadata["build"]
+  spec = metadata.get("spec", {}).get("name")
+  if spec == asked["spec"] or asked["spec"].startswith(f"{spec}-"):  # a YAML spec's label adds its digest
+    spec = asked["spec"]
+  variants = Variants(metadata.get("share_prefix", True), metadata.get("reference_language_quirk", False),
+                      metadata.get("overlong", "error"), metadata.get("protocol", "s2sbench"),
+                      metadata.get("tokenization", "separate"))
+  return build_record(metadata.get("task", asked["task"]), spec, metadata.get("modality", asked["modality"]),
+                      asked["row_length"], variants)
+
+
+def _shard_problems(builder, read: bool = False) -> list[str]:
+  """Each shard of the split that is missing, or holds fewer records than the build wrote (truncated); with
+  `read`, also each whose records do not read back (a damaged chunk: array_record hashes its chunks)."""
+  from array_record.python.array_record_module import ArrayRecordReader
+
+  split = builder.info.splits["test"]
+  problems = []
+  for shard, expected in zip(split.filepaths, split.shard_lengths):
+    name = os.path.basename(str(shard))
+    if not epath.Path(shard).exists():
+      problems.append(f"{name} is missing")
+      continue
+    try:
+      reader = ArrayRecordReader(str(shard))
+      found = reader.num_records()
+      if read:
+        reader.read_all()
+    except (RuntimeError, ValueError, OSError) as e:
+      problems.append(f"{name} cannot be read ({_first_line(e)})")
+      continue
+    if found != expected:
+      problems.append(f"{name} holds {found} rows, the build wrote {expected} (truncated)")
+  return problems
+
+
+def _first_line(error: BaseException) -> str:
+  return (str(error).strip().splitlines() or [""])[0][:200]
+
+
+def _rebuild_hint(task: str, data_dir: str, config: str) -> str:
+  return (f"rebuild it with python -m tasks.prepare --task={task} --data_dir={data_dir} --overwrite and the flags "
+          f"that name {config}")
+
+
+def load_rows(data_dir: str, task: str, config: str, verify: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+  """All packed rows of a built task/config, in row order, and its metadata; with `verify`, the rows and the
+  question table are held to the checksums written with the build. A missing, truncated or unreadable shard is
+  one error naming the file."""
   import tensorflow_datasets as tfds
 
   path = os.path.join(str(data_dir), task, config, DATA_VERSION)
   if not epath.Path(path).exists():
-    raise DataError(f"no built data at {path}: build it with python -m tasks.prepare --task={task} "
-                    f"--data_dir={data_dir} and the spec, modality, row length and variant flags that name {config}")
-  builder = tfds.builder_from_directory(path)
-  source = builder.as_data_source(split="test")
-  examples = sorted((source[i] for i in range(len(source))), key=lambda e: int(e["row"]))
+    raise MissingDataError(f"no built data at {path}: build it with python -m tasks.prepare --task={task} "
+                           f"--data_dir={data_dir} and the spec, modality, row length and variant flags that name "
+                           f"{config}")
+  hint = _rebuild_hint(task, data_dir, config)
+  try:
+    builder = tfds.builder_from_directory(path)
+  except Exception as e:  # a missing or truncated dataset_info.json / features.json / metadata.json
+    raise DataError(f"{path} is not a readable build ({type(e).__name__}: {_first_line(e)}): {hint}") from None
+  problems = _shard_problems(builder)
+  if problems:
+    raise DataError(f"{path} is damaged: shard {'; shard '.join(problems)}: {hint}")
+  try:
+    source = builder.as_data_source(split="test")
+    examples = sorted((source[i] for i in range(len(source))), key=lambda e: int(e["row"]))
+  except Exception as e:  # array_record's and TFDS's errors for damaged shards name no file: find the shard
+    problems = _shard_problems(builder, read=True) or [f"? ({type(e).__name__}: {_first_line(e)})"]
+    raise DataError(f"{path} is damaged: shard {'; shard '.join(problems)}: {hint}") from None
+  if not examples:
+    raise DataError(f"{path} holds no rows: {hint}")
   rows = {name: np.stack([np.asarray(e[name]) for e in examples]) for name in examples[0] if name != "row"}
+  metadata = dict(builder.info.metadata)
+  integrity = metadata.get("integrity")
+  if verify and integrity is None:
+    logging.warning("%s was built before builds recorded checksums: read unverified (tasks.prepare --overwrite "
+                    "rebuilds it with them)", path)
+  if verify and integrity is not None:
+    if rows_checksum(rows) != integrity.get("rows"):
+      raise DataError(f"{path}: the rows differ from the checksum written with the build (a damaged or replaced "
+                      f"shard): {hint}; --noverify_data reads them anyway")
+    if questions_checksum(metadata.get("questions", [])) != integrity.get("questions"):
+      raise DataError(f"{path}/metadata.json: the question table differs from the checksum written with the build "
+                      f"(edited or damaged: which candidate is right is no longer what was built): {hint}; "
+                      "--noverify_data reads it anyway")
   if "tokens" in rows and "audio_codes" not in rows:  # token rows without codebook tables
     rows["audio_codes"] = np.zeros(rows["tokens"].shape + (0,), np.int32)
-  return rows, dict(builder.info.metadata)
+  return rows, metadata
 
 
 @dataclasses.dataclass
@@ -152,6 +262,19 @@ class TaskData:
 
 
 def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int | None,
-                   variants: Variants = Variants()) -> TaskData:
-  rows, metadata = load_rows(data_dir, task, config_name(spec, modality, row_length, variants))
+                   variants: Variants = Variants(), verify: bool = True) -> TaskData:
+  """The build of `task` named by the rest, refused when the folder holds another build (copied or moved under
+  this name) or, with `verify`, when its rows or question table differ from their checksums."""
+  asked = build_record(task, spec, modality, row_length, variants)
+  rows, metadata = load_rows(data_dir, task, asked["config"], verify)
+  recorded = _recorded_build(metadata, asked)
+  differ = [f"{key} {recorded.get(key)!r}, not {value!r}" for key, value in asked.items()
+            if key != "config" and recorded.get(key) != value]
+  if differ:
+    path = os.path.join(str(data_dir), task, asked["config"], DATA_VERSION)
+    title = lambda record: modalities.title(record["modality"]) if record.get("modality") in modalities.NAMES else "?"
+    raise DataError(f"{path} holds the build {recorded.get('task')}/{recorded.get('config')} ({title(recorded)}), "
+                    f"not the {task}/{asked['config']} ({title(asked)}) asked for "
+                    f"({'; '.join(differ)}): a folder copied or moved under another name. "
+                    f"{_rebuild_hint(task, data_dir, asked['config']).capitalize()}")
   return TaskData(task, modalities.get(modality).name, rows, metadata)

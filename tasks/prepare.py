@@ -7,7 +7,8 @@ r"""Builds the packed rows of S2SBench tasks.
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
 question it left out (--skip_bad) with the reason, and every problem of a file as a whole. Built data is reused
 only when it was built from the same inputs (release files, spec, text and audio tokenizers); otherwise prepare
-refuses, unless --overwrite.
+refuses, unless --overwrite. --overwrite builds the new data beside the old (a hidden `.rebuild-*` folder of the
+data dir) and swaps it in only once it is complete: a rebuild that fails leaves the earlier build as it was.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
+import socket
+import uuid
 
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
 from s2sjax import benchmarks, cli, modalities, text_tokenizer
+from s2sjax.output_dir import fsync_path
 from s2sjax.spec import load_spec
 from s2sjax.task_data import Variants, config_name
 from tasks.release import task_paths
@@ -70,10 +75,55 @@ def prepare(task: str, spec: str, modality: str, row_length: int | None, data_di
         f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
         f"{builder.info.metadata.get('source')}, now {manual_dir}): pass --overwrite to rebuild it, or use another "
         "--data_dir")
-  mode = (tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS if overwrite
-          else tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, download_mode=mode))
+  _remove_dead_rebuilds(data_dir)
+  if builder.is_prepared() and overwrite:
+    return _rebuild_beside(builder, task, config, data_dir, manual_dir, builder_kwargs)
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+    manual_dir=manual_dir, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
   return dict(builder.info.metadata)
+
+
+REBUILD_PREFIX = ".rebuild-"
+
+
+def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, builder_kwargs: dict) -> dict:
+  """--overwrite of a finished build: the new one is built in a hidden data dir beside it, then the old version
+  folder is renamed aside, the new one into its place, and the old one removed. TFDS's own overwrite deletes the
+  old build first, so a rebuild that failed (a bad wav) lost the good one."""
+  staging = os.path.join(data_dir, f"{REBUILD_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  try:
+    builder = builder_class(task)(config=config, data_dir=staging, **builder_kwargs)
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+    metadata = dict(builder.info.metadata)
+    target = str(old.data_dir)
+    aside = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.replaced-{os.path.basename(staging)}")
+    fsync_path(builder.data_dir)
+    os.rename(target, aside)
+    os.rename(str(builder.data_dir), target)
+    fsync_path(os.path.dirname(target))
+    shutil.rmtree(aside, ignore_errors=True)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return metadata
+
+
+def _remove_dead_rebuilds(data_dir: str) -> None:
+  """Rebuild folders left by prepare runs of this host that were killed (their pid is gone)."""
+  if not os.path.isdir(data_dir):
+    return
+  for name in os.listdir(data_dir):
+    if not name.startswith(REBUILD_PREFIX):
+      continue
+    parts = name[len(REBUILD_PREFIX):].rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+      continue
+    try:
+      os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+      logging.info("removing %s, the rebuild of a prepare run that died", name)
+      shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+    except PermissionError:
+      pass
 
 
 def main(argv):

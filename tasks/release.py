@@ -125,17 +125,19 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question
   with open(path, "rb") as f:  # decoded line by line: one bad line is a problem of that line, not of the file
     for number, raw in enumerate(f, 1):
       where = f"{os.path.basename(path)}:{number}"
+      # the last line of a file cut short (an interrupted copy or download) has no newline and does not parse
+      cut = "the file ends mid-line, this line cut short (a truncated copy?): " if not raw.endswith(b"\n") else ""
       try:
         line = raw.decode("utf-8")
       except UnicodeDecodeError as e:
-        problems.add(where, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+        problems.add(where, f"{cut}not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
         continue
       if not line.strip():
         continue
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        problems.add(where, f"not JSON ({e.msg})")
+        problems.add(where, f"{cut}not JSON ({e.msg})")
         continue
       if not isinstance(record, dict):
         problems.add(where, f"not a JSON object (got {type(record).__name__})")

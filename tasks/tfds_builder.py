@@ -5,7 +5,9 @@ files and format, language) comes from its record in `s2sjax.benchmarks`. One Bu
 row length x variant (`demo-s2t-1024`, ...; names from `s2sjax.task_data.config_name`). The split `test` holds
 the packed rows (docs/architecture.md's row format plus a `row` index); `metadata.json` holds the question table
 (which slots make each question, which candidate is right), counts, packing efficiency, truncations and skips,
-the text tokenizer's identity and the audio tokenizer's fingerprint. Neither building nor reading needs TensorFlow.
+the text tokenizer's identity and the audio tokenizer's fingerprint, what the build is (`build`: task, modality,
+spec, row length, variants) and checksums of its rows and question table (`integrity`), which the evaluator holds
+the folder to (s2sjax/task_data.py). Neither building nor reading needs TensorFlow.
 
 Inputs: the S2SBench release under TFDS's manual_dir (default: the bundled sample; a manual_dir that does not
 exist is an error), the text tokenizer (`tokenizer_dir`, default `<manual_dir>/tokenizer`; `tasks.prepare` gives
@@ -28,7 +30,9 @@ from s2sjax import modalities, text_tokenizer
 from s2sjax.modalities import SPEECH
 from s2sjax.packing import RowShape, fit
 from s2sjax.spec import PARALLEL_STREAMS, Spec, available_specs, load_spec
-from s2sjax.task_data import DATA_VERSION, Variants, config_name, spec_label, tokenizer_identity
+from s2sjax.output_dir import strict_json
+from s2sjax.task_data import (DATA_VERSION, Variants, build_record, config_name, questions_checksum, rows_checksum,
+                              spec_label, tokenizer_identity)
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
 from tasks.release import Problems, ReleaseError, candidate_audio_dir, read_questions, source_fingerprint, task_paths
@@ -229,7 +233,11 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       summary["skipped_questions"] = ([{"where": w, "why": y} for w, y in problems.entries]
                                       + summary["skipped_questions"])
     summary["file_problems"] = [{"where": w, "why": y} for w, y in (problems.file_entries if problems else [])]
-    self.info.metadata.update({
+    stored = {name: rows[name] for name in rows if name != "audio_codes" or config.row_shape.num_codebooks}
+    records = table.to_records()
+    variants = Variants(config.share_prefix, config.reference_language_quirk, config.overlong, config.protocol,
+                        config.tokenization)
+    metadata = {
       "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
       "row_shape": dataclasses.asdict(shape),  # as laid: the tables the rows use, the longest item (packing.fit)
       "share_prefix": config.share_prefix,
@@ -239,11 +247,14 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
       "protocol": config.protocol, "tokenization": config.tokenization,
       "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
-      "inputs": inputs.fingerprint, "report": summary, "questions": table.to_records(),
-    })
-    return {"test": self._generate_examples(rows, config.row_shape.num_codebooks)}
+      "inputs": inputs.fingerprint, "report": summary, "questions": records,
+      "build": build_record(self.TASK, config.spec, config.modality, config.row_length, variants),
+      "integrity": {"rows": rows_checksum(stored), "questions": questions_checksum(records)},
+    }
+    strict_json(metadata, f"{self.TASK}/{config.name} metadata.json")  # TFDS would write a NaN as bare NaN
+    self.info.metadata.update(metadata)
+    return {"test": self._generate_examples(stored)}
 
-  def _generate_examples(self, rows: dict[str, np.ndarray], num_codebooks: int):
+  def _generate_examples(self, rows: dict[str, np.ndarray]):
     for r in range(len(rows["segment_ids"])):
-      example = {name: rows[name][r] for name in rows if name != "audio_codes" or num_codebooks}
-      yield r, dict(example, row=r)
+      yield r, dict({name: rows[name][r] for name in rows}, row=r)

@@ -177,9 +177,10 @@ def test_killed_run_resumes_to_identical_files(setup, tmp_path):
   from s2sjax.chunk_store import KILL_AFTER_CHUNKS
 
   reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
-  _run(setup, reference, tasks=["scmmlu"], modalities=["s2t"], chunk_rows=1)
+  _run(setup, reference, tasks=["scmmlu"], modalities=["s2t"], chunk_rows=1,
+       scoring=ScoringOptions(batch_size=1, attention="auto"))
   command = [sys.executable, "-m", "s2sjax.eval", "--task=scmmlu", "--modality=speech", f"--checkpoint={setup['ckpt']}",
-             f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=4", "--chunk_rows=1",
+             f"--data_dir={setup['data_dir']}", f"--output_dir={resumed}", "--batch_size=1", "--chunk_rows=1",
              "--row_length=1024"]
   killed = subprocess.run(command, env={**os.environ, KILL_AFTER_CHUNKS: "3"}, capture_output=True, timeout=300)
   assert killed.returncode == -signal.SIGKILL
@@ -284,8 +285,8 @@ def test_a_rerun_never_resumes_from_another_runs_chunks(setup, tmp_path):
   _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"])
   with pytest.raises(EvalError, match=r"holds results of another run \(dtype: 'float32' there, 'bfloat16' now\)"):
     _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"], scoring=ScoringOptions(batch_size=4, dtype="bfloat16"))
-  with pytest.raises(EvalError, match=r"\(chunk_rows: 4 there, 2 now\)"):
-    _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"], chunk_rows=2)
+  with pytest.raises(EvalError, match=r"\(chunk_rows: 4 there, 8 now\)"):
+    _run(setup, out, tasks=["sstorycloze"], modalities=["t2t"], chunk_rows=8)
   # same folder name, another run's checkpoint: named apart, so it does not land in ckpt-100's chunks either
   assert checkpoint_paths.run_names(["/r/a/ckpt-100", "/r/b/ckpt-100", "/r/b/ckpt-200"]) == [
     "a/ckpt-100", "b/ckpt-100", "b/ckpt-200"]
@@ -340,7 +341,7 @@ def test_a_chunk_that_lost_candidates_is_never_saved(setup, tmp_path, monkeypatc
   out = tmp_path / "out"
   with pytest.raises(EvalError, match=r"sstorycloze/t2t rows 0-\d+: 1 laid candidates scored no tokens; nothing was"):
     _run(setup, str(out), tasks=["sstorycloze"], modalities=["t2t"])
-  assert not list(out.rglob("*.npz"))
+  assert not list(out.rglob("chunk-*.npz"))
 
 
 def test_chunk_stores_refuse_other_rows_and_rescore_replaced_checkpoints_and_chunks_of_unknown_origin(tmp_path):
