@@ -16,7 +16,9 @@ from s2sjax.registry import Registry
 # How the release's jsonl lines become questions (tasks/release.py reads each format):
 #   story_pairs:     `uttid, first, last`; uttid 2k holds the right ending, 2k+1 the wrong one of the same story
 #   multiple_choice: `uttid, first, A, B, C, D, answer`; one prefix, four options
-RELEASE_FORMATS = ("story_pairs", "multiple_choice")
+# story_pairs, multiple_choice: S2SBench's jsonl layouts; spoken_pairs: slp-rl/SpokenStoryCloze's folders of whole
+# spoken stories (tasks/spoken_storycloze.py), scored S->S under the utterance protocol only.
+RELEASE_FORMATS = ("story_pairs", "multiple_choice", "spoken_pairs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +46,17 @@ class Benchmark:
   candidates: int  # per question
   sizes: PlannerSizes
   builder: str = ""  # "module:Class" of the TFDS builder; default tasks.<name>.<name>_dataset_builder:Builder
+  ties: str = "reference"  # s2sjax.metrics.TIE_RULES: how a tie counts (SlamKit's spoken StoryCloze: "half")
 
   def __post_init__(self):
     if self.release_format not in RELEASE_FORMATS:
       raise ValueError(f"task {self.name}: release_format {self.release_format!r} is not one of {RELEASE_FORMATS}")
+
+  @property
+  def has_text(self) -> bool:
+    """Whether the release writes its questions (jsonl): a folder of whole recordings (spoken_pairs) does not, and is
+    asked S->S only."""
+    return self.release_format != "spoken_pairs"
 
   @property
   def builder_path(self) -> str:
@@ -71,7 +80,17 @@ register(Benchmark(
   "cmmlu/cmmlu_rewrite_options", decision="answer_vs_distractors", candidates=4, sizes=PlannerSizes(4743, 25, 6, 5.0)))
 # TWIST's topic StoryCloze (Hassid et al., 2023): sStoryCloze's stories, the wrong ending the right ending of
 # another story (tasks.importer.topic_stories, a fixed seed), so a model that only tracks the topic gets it right.
-# Not part of the S2SBench release: the replica importer and the bundled sample write it.
+# Not part of the S2SBench release: the replica importer and the bundled sample write it, with a pairing of this
+# project's own and espeak-ng speech, so it is titled "(replica)": its numbers are not TWIST's or Moshi's.
 register(Benchmark(
-  "tstorycloze", "tStoryCloze", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
+  "tstorycloze", "tStoryCloze (replica)", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
   "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
+# The official spoken StoryCloze (slp-rl/SpokenStoryCloze, TWIST's sSC and tSC): whole spoken stories, read as
+# SlamKit reads them (tasks/release.py _spoken_pairs), scored S->S under the utterance protocol with ties counted
+# half, as SlamKit's modelling metric counts them: the protocol of TWIST's and Moshi's published numbers.
+register(Benchmark(
+  "spoken_sstorycloze", "SpokenStoryCloze sSC", "en", "spoken_pairs", "sSC", "sSC", "sSC", decision="pair",
+  candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+register(Benchmark(
+  "spoken_tstorycloze", "SpokenStoryCloze tSC", "en", "spoken_pairs", "tSC", "tSC", "tSC", decision="pair",
+  candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))

@@ -186,13 +186,14 @@ def summarize(scores: dict[tuple[str, str], QuestionScores]) -> dict:
   s2sjax.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones)."""
   result: dict = {}
   for (task, modality), s in scores.items():
-    result.setdefault(task, {})[modality] = metrics.task_metrics(benchmarks.get(task).decision, s)
+    record = benchmarks.get(task)
+    result.setdefault(task, {})[modality] = metrics.task_metrics(record.decision, s, record.ties)
   for task in dict.fromkeys(task for task, _ in scores):
     for reference, other in modalities.COMPARISONS:
       if (task, reference) in scores and (task, other) in scores:
         first, second = common_questions(scores[(task, reference)], scores[(task, other)])
         result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
-          metrics.degradation(benchmarks.get(task).decision, first, second))
+          metrics.degradation(benchmarks.get(task).decision, first, second, benchmarks.get(task).ties))
   return result
 
 

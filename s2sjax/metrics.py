@@ -5,6 +5,9 @@ rule (its registry record's `decision`, one of `DECISIONS`) turns losses into co
   * pair (stories): uttid 2k (right ending) against 2k+1 (wrong); right iff loss(2k) < loss(2k+1), strictly;
   * answer_vs_distractors (sCMMLU): the answer against each of the 3 distractors; right iff loss(answer) <=
     loss(distractor); the accuracy is over 3N comparisons, not a 4-way choice.
+A tie (equal losses) is what the rule's comparison makes it (wrong for stories, right for sCMMLU's <=); with
+ties="half" it counts half, as SlamKit's modelling metric (slamkit/metric/modelling_metric.py) and so TWIST's and
+Moshi's spoken StoryCloze numbers count it. The number of tied comparisons is reported either way.
 Extras: 4-way argmin accuracy, lm-eval-style `acc` (summed log-prob) and `acc_norm` (per byte of the candidate
 text), the mean negative - positive loss gap, 95% bootstrap intervals, and the paired degradation report of one
 modality against another (S->T against T->T, and the rest of s2sjax.modalities.COMPARISONS): a paired bootstrap
@@ -22,6 +25,7 @@ import scipy.stats
 from s2sjax.questions import QuestionScores
 
 BOOTSTRAP_SAMPLES = 1000
+TIE_RULES = ("reference", "half")  # a tie as the decision rule's comparison makes it, or half right
 
 
 def _others(loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -55,9 +59,20 @@ def comparisons(decision: str, loss: np.ndarray, correct: np.ndarray) -> np.ndar
   return DECISIONS[decision](loss, correct)
 
 
-def s2sbench_decisions(decision: str, loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
-  """The reference's decisions, flat: [N] for stories, [N * 3] (answer vs each distractor) for sCMMLU."""
-  return comparisons(decision, loss, correct).ravel()
+def tied(loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
+  """[N, k] whether each comparison's right candidate and its rival have exactly equal losses."""
+  return loss[np.arange(len(loss)), correct][:, None] == _others(loss, correct)
+
+
+def s2sbench_decisions(decision: str, loss: np.ndarray, correct: np.ndarray, ties: str = "reference") -> np.ndarray:
+  """The decisions, flat: [N] for stories, [N * 3] (answer vs each distractor) for sCMMLU; 1 right, 0 wrong, and
+  with ties="half" 0.5 for a tie."""
+  if ties not in TIE_RULES:
+    raise ValueError(f"ties={ties!r}: choose one of {', '.join(TIE_RULES)}")
+  decided = comparisons(decision, loss, correct).astype(np.float64)
+  if ties == "half":
+    decided = np.where(tied(loss, correct), 0.5, decided)
+  return decided.ravel()
 
 
 def _argmin_accuracy(values: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -73,22 +88,24 @@ def bootstrap_interval(decisions: np.ndarray, groups: int, seed: int = 0) -> tup
   return float(low), float(high)
 
 
-def task_metrics(decision: str, scores: QuestionScores) -> dict:
+def task_metrics(decision: str, scores: QuestionScores, ties: str = "reference") -> dict:
   loss, correct = scores.loss, scores.correct
   n = len(loss)
   if not np.isfinite(loss).all():  # NaN compares false both ways: every metric would be quietly wrong
     q, c = np.argwhere(~np.isfinite(loss))[0]
     raise ValueError(f"{int((~np.isfinite(loss)).sum())} candidates have a non-finite loss (first: question "
                      f"{scores.ids[q]} candidate {c}): no metric is computed from them")
-  decisions = s2sbench_decisions(decision, loss, correct)
+  decisions = s2sbench_decisions(decision, loss, correct, ties)
   positive = loss[np.arange(n), correct]
   negative = _others(loss, correct)
-  low, high = bootstrap_interval(decisions.astype(np.float64), n)
+  low, high = bootstrap_interval(decisions, n)
   metrics = {
     "questions": n,
     "comparisons": int(decisions.size),
     "accuracy": float(decisions.mean()),  # S2SBench's number
     "accuracy_ci95": [low, high],
+    "ties": int(tied(loss, correct).sum()),
+    "tie_rule": ties,
     "positive_loss": float(positive.mean()),
     "negative_loss": float(negative.mean()),
     "positive_ppl": float(np.exp(positive.mean())),
@@ -116,20 +133,20 @@ def question_decisions(decision: str, loss: np.ndarray, correct: np.ndarray) -> 
   return comparisons(decision, loss, correct).all(axis=1)
 
 
-def degradation(decision: str, reference: QuestionScores, other: QuestionScores) -> dict:
+def degradation(decision: str, reference: QuestionScores, other: QuestionScores, ties: str = "reference") -> dict:
   """A modality against a reference one (S->T against T->T) on the same questions: accuracies, the drop (with a
   paired bootstrap interval over questions), ratio, and McNemar on per-question decisions."""
   if reference.ids != other.ids:
     raise ValueError("the two modalities' runs hold different questions")
-  r = s2sbench_decisions(decision, reference.loss, reference.correct)
-  o = s2sbench_decisions(decision, other.loss, other.correct)
+  r = s2sbench_decisions(decision, reference.loss, reference.correct, ties)
+  o = s2sbench_decisions(decision, other.loss, other.correct, ties)
   questions = len(reference)
   b, c, p = mcnemar_p(question_decisions(decision, reference.loss, reference.correct),
                       question_decisions(decision, other.loss, other.correct))
   return {
     "reference_accuracy": float(r.mean()), "accuracy": float(o.mean()),
     "degradation": float(r.mean() - o.mean()),
-    "degradation_ci95": list(bootstrap_interval(r.astype(np.float64) - o.astype(np.float64), questions)),
+    "degradation_ci95": list(bootstrap_interval(r - o, questions)),
     "ratio": float(o.mean() / r.mean()) if r.mean() else None,
     "mcnemar": {"questions": questions, "reference_only_right": b, "other_only_right": c, "p_value": p},
   }

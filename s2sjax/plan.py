@@ -85,6 +85,8 @@ def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, pac
   out = {}
   for task in benchmarks.names():
     record = benchmarks.get(task)
+    if not record.has_text:  # asked S->S only (the utterance protocol), not the T->T / S->T planned here
+      continue
     sizes = record.sizes
     scored = record.candidates * sizes.candidate_tokens
     laid = record.candidates * (sizes.candidate_tokens - 1)

@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 
-from s2sjax import benchmarks
+from s2sjax import benchmarks, modalities
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -182,8 +182,11 @@ def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] 
   jsonl, _ = task_paths(task, release_dir)
   _require(jsonl)
   digest = hashlib.sha256()
-  with open(jsonl, "rb") as f:
-    digest.update(f.read())
+  if os.path.isdir(jsonl):  # a task whose release is a folder of recordings (spoken_pairs)
+    digest.update(folder_digest(jsonl, ".wav").encode())
+  else:
+    with open(jsonl, "rb") as f:
+      digest.update(f.read())
   for audio_dir in audio_dirs:
     if os.path.isdir(audio_dir):
       digest.update(folder_digest(audio_dir, ".wav").encode())
@@ -244,7 +247,57 @@ def _multiple_choice(jsonl: str, wav, candidate_wav, language: str, collect: Pro
 
 
 # One reader per `release_format` of s2sjax.benchmarks.
-READERS = {"story_pairs": _story_pairs, "multiple_choice": _multiple_choice}
+SPOKEN_SEPARATOR = "_"  # SlamKit's storycloze() builds its dataset with sep="_"
+
+
+def _spoken_number(name: str, where: str) -> int:
+  head = name.split(SPOKEN_SEPARATOR)[0]
+  if not head.isdigit():
+    raise ReleaseError(f"{where}/{name}: a SpokenStoryCloze recording is named <n>{SPOKEN_SEPARATOR}<...>.wav, with a "
+                       f"number n before the first {SPOKEN_SEPARATOR!r}")
+  return int(head)
+
+
+def check_asked(task: str, modality: str, protocol: str) -> None:
+  """A release of whole spoken stories (spoken_pairs) has no text and no prefix recording: it is asked S->S under
+  the utterance protocol only, as SlamKit scores it."""
+  if benchmarks.get(task).release_format == "spoken_pairs" and (modalities.get(modality).name != "s2s"
+                                                               or protocol != "utterance"):
+    raise ReleaseError(f"{task} holds whole spoken stories, no text and no separate prefix: build it with "
+                       f"--modality=s2s --protocol=utterance (asked: {modality}, protocol {protocol})")
+
+
+def _spoken_pairs(where: str, wav, candidate_wav, language: str, collect: Problems) -> list[Question]:
+  """The official spoken StoryCloze (slp-rl/SpokenStoryCloze) as SlamKit's ModellingMetricDataset reads it
+  (slamkit/metric/modelling_metric.py): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, sorted by
+  the number n; question i is recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each
+  scored whole (S->S, the utterance protocol). An odd count, or two recordings of one number (their order, so
+  which is right, would be the folder listing's), is refused naming the folder."""
+  if not os.path.isdir(where):
+    raise ReleaseError(f"{where} does not exist: a SpokenStoryCloze task reads that folder of recordings (is "
+                       "--manual_dir the SpokenStoryCloze release, holding sSC/ and tSC/?)")
+  numbered = sorted((_spoken_number(n, where), n) for n in os.listdir(where) if n.endswith(".wav"))
+  for (a, first), (b, second) in zip(numbered, numbered[1:]):
+    if a == b:
+      raise ReleaseError(f"{where}: {first} and {second} share the number {a}, so which is the right ending cannot "
+                         "be told (recordings are numbered one by one: 2i right, 2i+1 wrong)")
+  names = [n for _, n in numbered]
+  if not names:
+    raise ReleaseError(f"{where} holds no .wav recording")
+  if len(names) % 2:
+    raise ReleaseError(f"{where} holds {len(names)} recordings: an odd count leaves {names[-1]} without its pair "
+                       "(recordings 2i and 2i+1, sorted by their number, are one story's right and wrong telling)")
+  questions = []
+  for i in range(len(names) // 2):
+    right, wrong = names[2 * i], names[2 * i + 1]
+    stems = tuple(os.path.splitext(n)[0] for n in (right, wrong))
+    questions.append(Question(id=str(i), language=language, uttids=stems, prefixes=("", ""), audio_paths=("", ""),
+                              candidates=stems, correct=0,
+                              candidate_audio_paths=tuple(os.path.join(where, n) for n in (right, wrong))))
+  return questions
+
+
+READERS = {"story_pairs": _story_pairs, "multiple_choice": _multiple_choice, "spoken_pairs": _spoken_pairs}
 
 
 def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None,

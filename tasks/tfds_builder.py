@@ -35,7 +35,8 @@ from s2sjax.task_data import (DATA_VERSION, Variants, build_record, config_name,
                               spec_label, tokenizer_identity)
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
-from tasks.release import Problems, ReleaseError, candidate_audio_dir, read_questions, source_fingerprint, task_paths
+from tasks.release import (Problems, ReleaseError, candidate_audio_dir, check_asked, read_questions, source_fingerprint,
+                           task_paths)
 
 ROW_LENGTHS = (1024, 2048)
 AUTO_MAX_LENGTH = 16384  # a build without a row length refuses items longer than this
@@ -215,6 +216,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     config = self.builder_config
+    check_asked(self.TASK, config.modality, config.protocol)
     inputs = self.build_inputs(self._manual_dir(dl_manager))
     spec, tokenizer, audio_tokenizer = inputs.spec, inputs.tokenizer, inputs.audio_tokenizer
     problems = Problems() if self.skip_bad else None

@@ -97,6 +97,13 @@ def test_hand_built_cases_with_ties():
   assert result["argmin_accuracy"] == 0.0 and result["positive_loss"] == 1.0
   assert result["negative_loss"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
   assert result["loss_gap"] == pytest.approx((1.0 + 2.0 + 0.5) / 3 - 1.0)
+  # SlamKit's rule (ties="half"): a tie counts half; the ties are counted under either rule
+  assert metrics.task_metrics("pair", story, ties="half")["accuracy"] == 0.75
+  assert metrics.task_metrics("pair", story)["ties"] == metrics.task_metrics("pair", story, ties="half")["ties"] == 1
+  half = metrics.task_metrics("answer_vs_distractors", cmmlu, ties="half")
+  assert half["accuracy"] == pytest.approx(1.5 / 3) and half["ties"] == 1
+  with pytest.raises(ValueError, match="ties='both': choose one of reference, half"):
+    metrics.task_metrics("pair", story, ties="both")
 
 
 def test_acc_norm_divides_by_candidate_bytes():

@@ -2,6 +2,8 @@
 pairs SlamKit's ModellingMetricDataset makes: sorted by the leading number, recordings 2i (right) and 2i+1
 (wrong), each a whole story."""
 
+import os
+
 import numpy as np
 import pytest
 import soundfile
@@ -9,9 +11,10 @@ import soundfile
 from s2sjax.spec import spec_from_dict
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.encoders import QuestionEncoder
-from tasks.release import ReleaseError
-from tasks.sample import MEL_KMEANS_CODEBOOK
-from tasks.spoken_storycloze import read_pairs
+from tasks.release import ReleaseError, read_questions
+from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
+
+read_pairs = read_questions  # the official layout is a release format like the others: spoken_pairs
 
 # As upstream names them: each recording's own number (2i the right telling, 2i+1 the wrong), then any text.
 NAMES = ["10_b41c.wav", "2_a17f.wav", "11_b41c.wav", "3_a17f.wav", "0_99e0.wav", "1_99e0.wav"]
@@ -26,7 +29,7 @@ def write_release(root, names=NAMES, folder="tSC"):
 
 
 def test_pairs_are_slamkits_sorted_by_number_then_two_by_two(tmp_path):
-  questions = read_pairs("tstorycloze", write_release(tmp_path))
+  questions = read_pairs("spoken_tstorycloze", write_release(tmp_path))
   # numbers 0, 1, 2, 3, 10, 11: not the text order (0, 1, 10, 11, 2, 3)
   assert [q.uttids for q in questions] == [("0_99e0", "1_99e0"), ("2_a17f", "3_a17f"), ("10_b41c", "11_b41c")]
   assert all(q.correct == 0 and q.audio_paths == ("", "") for q in questions)
@@ -35,18 +38,18 @@ def test_pairs_are_slamkits_sorted_by_number_then_two_by_two(tmp_path):
 
 def test_an_odd_count_or_a_name_without_its_number_is_refused_naming_it(tmp_path):
   with pytest.raises(ReleaseError, match=r"tSC holds 5 recordings: an odd count leaves 11_b41c.wav without"):
-    read_pairs("tstorycloze", write_release(tmp_path / "odd", NAMES[1:]))
+    read_pairs("spoken_tstorycloze", write_release(tmp_path / "odd", NAMES[1:]))
   with pytest.raises(ReleaseError, match=r"2_a\.wav and 2_b\.wav share the number 2"):
-    read_pairs("tstorycloze", write_release(tmp_path / "twice", ["2_a.wav", "2_b.wav"]))
+    read_pairs("spoken_tstorycloze", write_release(tmp_path / "twice", ["2_a.wav", "2_b.wav"]))
   with pytest.raises(ReleaseError, match=r"story_1\.wav: a SpokenStoryCloze recording is named <n>_<\.\.\.>\.wav"):
-    read_pairs("tstorycloze", write_release(tmp_path / "bad", ["story_1.wav", "2_x.wav"]))
-  with pytest.raises(ReleaseError, match="has no sSC/ folder"):
-    read_pairs("sstorycloze", write_release(tmp_path / "topic"))
+    read_pairs("spoken_tstorycloze", write_release(tmp_path / "bad", ["story_1.wav", "2_x.wav"]))
+  with pytest.raises(ReleaseError, match="sSC does not exist: a SpokenStoryCloze task reads that folder"):
+    read_pairs("spoken_sstorycloze", write_release(tmp_path / "topic"))
 
 
 def test_each_recording_is_scored_whole_under_the_utterance_protocol(tmp_path):
   """bos, then the whole recording's units and eos: nothing of it is prefix, as SlamKit scores it."""
-  question = read_pairs("tstorycloze", write_release(tmp_path))[0]
+  question = read_pairs("spoken_tstorycloze", write_release(tmp_path))[0]
   spec = spec_from_dict({"name": "units", "audio_mode": "extended_vocab", "audio_tokenizer": {"type": "mel_kmeans"},
                          "codebook_sizes": [256], "unit_offset": 2, "text_vocabulary": False, "bos_id": 1})
   tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
@@ -56,3 +59,63 @@ def test_each_recording_is_scored_whole_under_the_utterance_protocol(tmp_path):
   wave, _ = soundfile.read(question.candidate_audio_paths[0], dtype="float32")
   assert prefix.tolist() == [1] and seconds == pytest.approx(len(wave) / 16000)
   np.testing.assert_array_equal(candidate, np.concatenate([2 + tokenizer.encode(wave, "x")[:, 0], [1]]))
+
+
+@pytest.mark.slow
+def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp_path):
+  """Built and scored as TWIST's and Moshi's numbers are: each recording whole, by a unit LM, SlamKit's mean NLL
+  per recording (checked against a naive forward). Ties: SlamKit scores each recording alone, so a pair of
+  identical recordings ties exactly there; packed in rows here, the two copies sit at other positions and their
+  fp32 sums differ in the 8th digit, so the pair is made exact before the rules are compared: wrong under
+  S2SBench's strict rule, half right under SlamKit's, and only that pair moves."""
+  import shutil
+
+  import torch
+  import yaml
+
+  from checkpoints_conversion.convert import convert
+  from s2sjax import benchmarks, checkpoint, metrics
+  from s2sjax.evaluator import Evaluator, ScoringOptions, summarize
+  from s2sjax.task_data import Variants, load_task_data
+  from tasks.prepare import prepare
+  from tests.hf_models import save_hf, tiny_model
+
+  speech = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")
+  folder = tmp_path / "release" / "tSC"
+  folder.mkdir(parents=True)
+  for n, source in enumerate(["0.wav", "2.wav", "4.wav", "4.wav", "6.wav", "8.wav"]):  # the second pair: a tie
+    shutil.copy(os.path.join(speech, source), folder / f"{n}_story{n // 2}.wav")
+  spec = tmp_path / "units.yaml"
+  spec.write_text(yaml.safe_dump({"name": "units", "audio_mode": "extended_vocab", "codebook_sizes": [256],
+                                  "audio_tokenizer": {"type": "mel_kmeans"}, "unit_offset": 2,
+                                  "text_vocabulary": False, "bos_id": 1}))
+  model = tiny_model("qwen2", vocab_size=258)
+  ckpt = str(tmp_path / "unit_lm")
+  convert(save_hf(model, str(tmp_path / "hf")), ckpt)
+  utterance = Variants(protocol="utterance")
+  with pytest.raises(ReleaseError, match="holds whole spoken stories.*--modality=s2s --protocol=utterance"):
+    prepare("spoken_tstorycloze", str(spec), "s2t", 1024, str(tmp_path / "data"), manual_dir=str(tmp_path / "release"))
+  prepare("spoken_tstorycloze", str(spec), "s2s", 1024, str(tmp_path / "data"), manual_dir=str(tmp_path / "release"),
+          variants=utterance)
+  td = load_task_data(str(tmp_path / "data"), "spoken_tstorycloze", "s2s", str(spec), 1024, utterance)
+  scores = Evaluator(checkpoint.load_config(ckpt), [td], ScoringOptions(batch_size=2)).score(
+      checkpoint.load_params(ckpt), td)
+
+  tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
+  for q, question in enumerate(read_questions("spoken_tstorycloze", str(tmp_path / "release"))):
+    for c, path in enumerate(question.candidate_audio_paths):
+      wave, _ = soundfile.read(path, dtype="float32")
+      ids = [1] + (2 + tokenizer.encode(wave, "x")[:, 0]).tolist() + [1]
+      with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+      naive = -float(sum(log_probs[j, ids[j + 1]] for j in range(len(ids) - 1))) / (len(ids) - 1)
+      assert abs(scores.loss[q, c] - naive) < 1e-4
+
+  assert abs(scores.loss[1, 0] - scores.loss[1, 1]) < 1e-5  # the same recording twice
+  assert summarize({("spoken_tstorycloze", "s2s"): scores})["spoken_tstorycloze"]["s2s"]["ties"] == 0
+  scores.nll_sum[1, 1] = scores.nll_sum[1, 0]
+  half = summarize({("spoken_tstorycloze", "s2s"): scores})["spoken_tstorycloze"]["s2s"]
+  strict = metrics.task_metrics("pair", scores)
+  assert benchmarks.get("spoken_tstorycloze").ties == "half" and half["tie_rule"] == "half"
+  assert half["ties"] == strict["ties"] == 1 and strict["tie_rule"] == "reference"
+  assert half["accuracy"] - strict["accuracy"] == pytest.approx(0.5 / 3)
