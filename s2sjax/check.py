@@ -1,7 +1,7 @@
 r"""A pre-flight a user runs before a long pod job: does this checkpoint (and this data) score what they think?
 
   python -m s2sjax.check --checkpoint=DIR [--trust_remote_code] [--spec=NAME_OR_YAML]
-      [--data_dir=DIR --task=TASK --modality=t2t|s2t|t2s|s2s --row_length=N]
+      [--data_dir=DIR --task=TASK --modality=t2t|s2t|t2s|s2s|text|speech --row_length=N]
 
 Prints one verdict per check and exits non-zero when any fails:
 
@@ -218,7 +218,8 @@ def main(argv) -> None:
   if f.data_dir:
     if not (f.task and f.spec):
       raise SystemExit("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
-    data = load_task_data(local(f.data_dir), f.task, f.modality, f.spec, f.row_length, verify=f.verify_data)
+    data = load_task_data(local(f.data_dir), f.task, modalities.get(f.modality).name, f.spec, f.row_length,
+                          verify=f.verify_data)
   verdicts = run(local(f.checkpoint), f.trust_remote_code, f.spec, data, accept_config_change=f.accept_config_change)
   print(table(verdicts))
   failed = sum(not v.ok for v in verdicts)
@@ -236,7 +237,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("spec", None, "Spec preset name or YAML path whose special tokens are checked.")
   flags.DEFINE_string("data_dir", None, "Built data to check against the checkpoint (with --task, --spec).")
   flags.DEFINE_string("task", None, "Task of the built data.")
-  flags.DEFINE_enum("modality", "s2t", list(modalities.NAMES), "Modality of the built data.")
+  flags.DEFINE_enum("modality", "s2t", [*modalities.NAMES, "text", "speech"],
+                    "Modality of the built data: t2t, s2t, t2s, s2s, or text (t2t), speech (s2t), as eval takes.")
   flags.DEFINE_integer("row_length", None, "Row length of the built data (default: the -auto build).")
   flags.DEFINE_bool("verify_data", True, "Hold the built data to its checksums (--noverify_data skips it).")
   flags.DEFINE_bool("accept_config_change", False, "Check a checkpoint whose model_config.json was edited.")

@@ -2,6 +2,9 @@
 
 - a quiet console: third-party INFO records (orbax's partial saves, TFDS, transformers) are hidden unless
   `--verbosity` is given; warnings and errors are always shown;
+- SIGINT (Ctrl-C) and SIGTERM raise `Interrupted` in the main thread, so a command stops within seconds through
+  its own cleanup (the lock released, what is complete kept and summarized), says in one line what it kept and
+  how to resume, and exits 128 + the signal's number; a second signal ends it at once;
 - a user's mistake (a bad path, data that does not fit, a refused checkpoint) is printed as its message, not as a
   40-line traceback, and the program exits 1; `--verbosity=1` shows the traceback too.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging as std_logging
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -47,12 +51,40 @@ def _quiet() -> None:
     tfds.disable_progress_bar()  # a build reports its own throughput
 
 
+class Interrupted(KeyboardInterrupt):
+  """SIGINT or SIGTERM arrived. `message` is what the command kept and how to resume (set by the command's own
+  cleanup; a generic line otherwise)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+    self.message = f"stopped by {signal.Signals(signum).name}: rerun the same command to go on"
+
+
+def _interrupt(signum, frame) -> None:
+  del frame
+  for each in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once (a cleanup that hangs)
+    signal.signal(each, signal.SIG_DFL)
+  raise Interrupted(signum)
+
+
+def catch_interrupts() -> None:
+  """SIGINT and SIGTERM raise `Interrupted` (absl and Python would raise KeyboardInterrupt on SIGINT only, and
+  die on SIGTERM with no cleanup at all)."""
+  for each in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(each, _interrupt)
+
+
 def _one_line_errors(main):
   @functools.wraps(main)
   def wrapped(argv):
     _quiet()
+    catch_interrupts()
     try:
       return main(argv)
+    except Interrupted as e:
+      print(e.message, file=sys.stderr, flush=True)
+      sys.exit(128 + e.signum)
     except USER_ERRORS as e:
       if flags.FLAGS.verbosity >= 1:
         raise
@@ -64,5 +96,7 @@ def _one_line_errors(main):
 
 
 def run(main) -> None:
-  """absl's app.run with the console and error handling above."""
+  """absl's app.run with the console and error handling above; `--help` lists `--verbosity` with the command's
+  own flags (absl lists it only under --helpfull), since every error's hint names it."""
+  flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["verbosity"])
   app.run(_one_line_errors(main))

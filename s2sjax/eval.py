@@ -11,11 +11,13 @@ With only task and modality it runs the embedded default: the bundled sample (bu
 does (its spoken candidates are units it never learned either). Several checkpoints of one run (a glob or a list)
 give curves over steps, each step read from its folder's name (s2sjax/checkpoint_paths.py; --step_pattern for
 other names). Rerunning into the same --output_dir scores only what is missing, and refuses chunks another
-checkpoint, dtype, chunking or data made. What is read is held to what wrote it: the checkpoint's parameters and
-config (--noverify_checkpoint skips the parameter pass; --accept_config_change accepts an edited config), the
-built data's record and checksums (--noverify_data skips the checksums), each scores file to its chunks.
---noshare_prefix, --reference_language_quirk and --overlong pick the build `tasks.prepare` made with those flags
-(flash needs rows without shared prefixes; flash_shared takes shared ones in two cascaded passes).
+checkpoint, dtype, chunking or data made; SIGINT (Ctrl-C) or SIGTERM stops a run within seconds, keeping its
+finished chunks, writing the summaries of what is complete and releasing the lock, so a rerun goes on. What is read
+is held to what wrote it: the checkpoint's parameters and config (--noverify_checkpoint skips the parameter pass;
+--accept_config_change accepts an edited config), the built data's record and checksums (--noverify_data skips the
+checksums), each scores file to its chunks. --noshare_prefix, --reference_language_quirk and --overlong pick the
+build `tasks.prepare` made with those flags (flash needs rows without shared prefixes; flash_shared takes shared
+ones in two cascaded passes).
 
 This module is the command line and the wiring of the three packages (it builds the bundled sample through
 `tasks` and converts the default model through `checkpoints_conversion`); the work is done by `Evaluator`
@@ -27,11 +29,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 
 import jax
 import numpy as np
 from absl import flags, logging
+from etils import epath
 
 from s2sjax import (benchmarks, checkpoint, checkpoint_paths, cli, default_model, flips, metrics, modalities, peers,
                     reports, sharding, text_tokenizer)
@@ -136,6 +140,9 @@ def run(cfg: EvalConfig) -> list[dict]:
                     "python -m tasks.prepare --data_dir=DIR")
   paths = ([default_model.default_checkpoint()] if not cfg.checkpoints
            else checkpoint_paths.expand(cfg.checkpoints, cfg.step_pattern))
+  missing = [path for path in paths if cfg.checkpoints and not epath.Path(path).exists()]
+  if missing:  # said before the data is looked for: a mistyped path is the first thing to mend
+    raise checkpoint.CheckpointError(f"--checkpoint {', '.join(missing)} does not exist")
   names = [DEMO_NAME] if cfg.is_default else checkpoint_paths.run_names(paths)
   steps = checkpoint_paths.steps(paths, cfg.step_pattern) if cfg.checkpoints else [None]  # the default has none
   chunk_rows = cfg.chunk_rows
@@ -151,7 +158,7 @@ def run(cfg: EvalConfig) -> list[dict]:
   mesh = sharding.make_mesh(cfg.mesh)
   attention = pick_attention(cfg.scoring.attention, data, cfg.scoring.dtype)
   options = dataclasses.replace(cfg.scoring, attention=attention)
-  with _output_lock(cfg):
+  with _output_lock(cfg), _summarized_when_interrupted(cfg):
     evaluator, runs = None, []
     for path, name, step in zip(paths, names, steps):
       identity = None if text_free else _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code,
@@ -230,6 +237,24 @@ def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
       found = flips.find_flips(benchmark.decision, scores[(task, reference)], scores[(task, other)])
       flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
                         benchmark.title, (reference, other), found, prefixes, audio)
+
+
+@contextlib.contextmanager
+def _summarized_when_interrupted(cfg: EvalConfig):
+  """On SIGINT or SIGTERM (`cli.Interrupted`), process 0 writes metrics.json and the tables for every task x
+  modality scored in full, and the interruption's line says what was kept and how to resume; the lock is released
+  as the block around this one ends."""
+  try:
+    yield
+  except cli.Interrupted as e:
+    if jax.process_index() == 0:
+      reports.write_summaries(cfg.output_dir, reports.read_runs(cfg.output_dir))
+      chunks = len(list(epath.Path(cfg.output_dir).glob("chunks/*/*/chunk-*.npz")))
+      scored = len(list(epath.Path(cfg.output_dir).glob(f"*/*{reports.SCORES_SUFFIX}")))
+      e.message = (f"interrupted by {signal.Signals(e.signum).name}: kept {chunks} finished chunks in "
+                   f"{cfg.output_dir}/chunks; metrics.json and the tables cover the {scored} task x modality "
+                   "scores files completed; rerun the same command to score only the rest")
+    raise
 
 
 @contextlib.contextmanager

@@ -2,14 +2,14 @@
 
     OUT/.s2sjax-lock    {host, pid, started, command} of the run writing OUT; removed when it ends
 
-`RunLock` is taken before anything is scored, so a directory that cannot be written (read-only, missing
-permissions) is refused at once, and a second run into the same directory is refused with the first one's host
-and pid. A lock left by a run that died on this host is taken over (its pid is gone); one from another host is
-broken only when asked (`--break_lock`). `write_atomic` writes a temporary sibling and renames it over the target,
-so a kill or a full disk leaves the previous file whole; on a local disk the file and its directory are fsynced
-before and after the rename, so a power loss cannot leave a renamed file without its bytes (a zero-byte chunk).
-The JSON the project writes is strict (`strict_json`: no NaN or Infinity), and the JSON it reads back names its
-file when it is not JSON (`read_json`).
+`RunLock` (also under another name: `tasks.prepare`'s lock beside a build) is taken before anything is scored, so a
+directory that cannot be written (read-only, missing permissions) is refused at once, and a second run into the
+same directory is refused with the first one's host and pid. A lock left by a run that died on this host is taken
+over (its pid is gone); one from another host is broken only when asked (`--break_lock`). `write_atomic` writes a
+temporary sibling and renames it over the target, so a kill or a full disk leaves the previous file whole; on a
+local disk the file and its directory are fsynced before and after the rename, so a power loss cannot leave a
+renamed file without its bytes (a zero-byte chunk). The JSON the project writes is strict (`strict_json`: no NaN or
+Infinity), and the JSON it reads back names its file when it is not JSON (`read_json`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ LOCK_NAME = ".s2sjax-lock"
 
 class OutputError(ValueError):
   """An output directory that cannot be written, or that another run is writing."""
+
+
+class LockHeldError(OutputError):
+  """The lock is held by a live run (`owner`: its host, pid, start and command)."""
+
+  def __init__(self, message: str, owner: dict):
+    super().__init__(message)
+    self.owner = owner
 
 
 class DamagedFileError(ValueError):
@@ -78,6 +86,9 @@ def write_atomic(path, data: bytes) -> None:
     except OSError:
       pass
     raise OutputError(f"cannot write {path}: {e.strerror or e} (the previous file, if any, is unchanged)") from e
+  except BaseException:  # interrupted (SIGINT, SIGTERM) mid-write: no temporary file is left behind
+    tmp.unlink(missing_ok=True)
+    raise
 
 
 def _first_non_finite(value: Any, where: str = "") -> str | None:
@@ -133,9 +144,9 @@ def _alive_here(owner: dict) -> bool:
 class RunLock:
   """`with RunLock(OUT):` — OUT is this run's until the block ends."""
 
-  def __init__(self, directory, break_lock: bool = False):
+  def __init__(self, directory, break_lock: bool = False, name: str = LOCK_NAME):
     self.directory = epath.Path(directory)
-    self.path = self.directory / LOCK_NAME
+    self.path = self.directory / name
     self.break_lock = break_lock
     self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": " ".join(sys.argv)[:500]}
@@ -167,9 +178,9 @@ class RunLock:
       owner = {}
     where = f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
     if _alive_here(owner) and not self.break_lock:
-      raise OutputError(
+      raise LockHeldError(
         f"{self.directory} is being written by another run ({where}: {owner.get('command', '?')}): wait for it, "
-        f"use another --output_dir, or if that run is dead, rerun with --break_lock (or delete {self.path})")
+        f"use another --output_dir, or if that run is dead, rerun with --break_lock (or delete {self.path})", owner)
     logging.warning("taking over the lock of %s from %s (%s)", self.directory, where,
                     "broken on request" if self.break_lock else "that process is gone")
     self.path.unlink(missing_ok=True)

@@ -186,14 +186,14 @@ def write_tables(out_dir, runs: list[dict]) -> None:
 
 def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
   """Accuracy and positive/negative loss over steps, one line per task x modality (paper Appendix A)."""
+  points = [h for h in history if h.get("step") is not None]
+  if len(points) < 2:  # before importing matplotlib: an interrupted run writes its summaries within seconds
+    return []
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  points = [h for h in history if h.get("step") is not None]
-  if len(points) < 2:
-    return []
   points.sort(key=lambda h: h["step"])
   steps = [h["step"] for h in points]
   series = sorted({(t, m) for h in points for t, v in h["tasks"].items() for m in v})

@@ -9,23 +9,27 @@ question it left out (--skip_bad) with the reason, and every problem of a file a
 only when it was built from the same inputs (release files, spec, text and audio tokenizers); otherwise prepare
 refuses, unless --overwrite. --overwrite builds the new data beside the old (a hidden `.rebuild-*` folder of the
 data dir) and swaps it in only once it is complete: a rebuild that fails leaves the earlier build as it was.
+Two runs building one config into one data dir at once take turns: the second waits for the first's build (a
+lock beside it names the holder) and reuses it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
 import shutil
 import socket
+import time
 import uuid
 
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
 from s2sjax import benchmarks, cli, modalities, text_tokenizer
-from s2sjax.output_dir import fsync_path
+from s2sjax.output_dir import LOCK_NAME, LockHeldError, RunLock, fsync_path
 from s2sjax.spec import load_spec
 from s2sjax.task_data import Variants, config_name
 from tasks.release import task_paths
@@ -62,7 +66,42 @@ def prepare(task: str, spec: str, modality: str, row_length: int | None, data_di
   name = config.name
   if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
     config = name  # TFDS refuses a custom config named like a predefined one; names say everything
-  builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
+  with _build_lock(builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs), task, name):
+    # made again under the lock: a build another run finished while this one waited is found, and reused
+    builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
+    return _prepare_locked(builder, task, name, config, data_dir, manual_dir, overwrite, builder_kwargs)
+
+
+BUILD_LOCK_WAIT_S = 1.0
+
+
+@contextlib.contextmanager
+def _build_lock(builder, task: str, name: str):
+  """One build of a config into a data dir at a time: `<data_dir>/<task>/.<config>.s2sjax-lock` (holder named, as
+  the output directory's lock; one left by a dead run of this host is taken over). A second run waits for the
+  first, saying once whose build it waits for; TFDS would fail it at the rename of its finished build."""
+  config_dir = os.path.dirname(str(builder.data_dir))  # <data_dir>/<task>/<config>/<version>
+  lock = RunLock(os.path.dirname(config_dir), name=f".{os.path.basename(config_dir)}{LOCK_NAME}")
+  said = False
+  while True:
+    try:
+      lock.__enter__()
+      break
+    except LockHeldError as e:
+      if not said:
+        owner = e.owner
+        print(f"{task}/{name}: waiting for the build of pid {owner.get('pid')} on {owner.get('host')} (started "
+              f"{owner.get('started')}; {lock.path}), then reusing it", flush=True)
+        said = True
+      time.sleep(BUILD_LOCK_WAIT_S)
+  try:
+    yield
+  finally:
+    lock.__exit__(None, None, None)
+
+
+def _prepare_locked(builder, task: str, name: str, config, data_dir: str, manual_dir: str, overwrite: bool,
+                    builder_kwargs: dict) -> dict:
   if builder.is_prepared() and not overwrite:
     built = builder.info.metadata.get("inputs")
     now = builder.build_inputs(manual_dir).fingerprint
