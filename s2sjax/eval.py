@@ -77,6 +77,7 @@ class EvalConfig:
   step_pattern: str | None = None  # a regex whose first group reads the step from a checkpoint's folder name
   break_lock: bool = False  # take the output directory from a run that died on another host
   trust_remote_code: bool = False  # run a tokenizer shipped as code (GLM-4's)
+  ties: str | None = None  # metrics.TIE_RULES: how a tie counts; None: each task's own rule
 
   @property
   def is_default(self) -> bool:
@@ -169,11 +170,11 @@ def run(cfg: EvalConfig) -> list[dict]:
       if evaluator is None or evaluator.config != config:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
-                "spec": cfg.spec, "row_length": cfg.row_length or "auto"}
+                "spec": cfg.spec, "row_length": cfg.row_length or "auto", "ties": cfg.ties}
       scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path))
       if jax.process_index() == 0:
         _write_flips(cfg, data, record, scores)
-      summary = summarize(scores)
+      summary = summarize(scores, cfg.ties)
       runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                    "degradation": summary.get("degradation", {})})
       if jax.process_index() == 0:
@@ -326,6 +327,8 @@ def define_flags() -> None:
   flags.DEFINE_string("step_pattern", None, "Regex whose first group is the training step in a checkpoint's folder "
                       r"name, for names other than step_N, checkpoint-N, ckpt-N or N (e.g. 'ckpt-(\d+)-fp16').")
   flags.DEFINE_bool("trust_remote_code", False, "Run a tokenizer shipped as code (GLM-4-Voice's); read it first.")
+  flags.DEFINE_enum("ties", None, list(metrics.TIE_RULES), "How a tie counts: reference (the decision rule's: wrong for "
+                    "stories, right for sCMMLU), half (SlamKit's); default each task's own (half for SpokenStoryCloze).")
   flags.DEFINE_bool("break_lock", False, "Take the output directory from a run that died (its lock names it).")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
   flags.DEFINE_string("coordinator_address", None, "With --distributed off a managed cluster: host:port of process 0.")
@@ -337,10 +340,10 @@ def define_flags() -> None:
 
 
 def all_tasks(data_dir: str | None) -> list[str]:
-  """`--task=all`: every registered task, or with --data_dir the ones built there (S2SBench's release has no
-  tStoryCloze, for one), saying which are left out."""
+  """`--task=all`: every task of the bundled sample (the tasks with text), or with --data_dir the ones built there
+  (S2SBench's release has no tStoryCloze, for one), saying which are left out."""
   if data_dir is None:
-    return benchmarks.names()
+    return [t for t in benchmarks.names() if benchmarks.get(t).has_text]
   built = [t for t in benchmarks.names() if os.path.isdir(os.path.join(data_dir, t))]
   missing = [t for t in benchmarks.names() if t not in built]
   if not built:
@@ -363,7 +366,7 @@ def config_from_flags() -> EvalConfig:
     tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
     verify_checkpoint=FLAGS.verify_checkpoint, verify_data=FLAGS.verify_data,
     accept_config_change=FLAGS.accept_config_change, step_pattern=FLAGS.step_pattern, break_lock=FLAGS.break_lock,
-    trust_remote_code=FLAGS.trust_remote_code,
+    trust_remote_code=FLAGS.trust_remote_code, ties=FLAGS.ties,
     scoring=ScoringOptions(batch_size=FLAGS.batch_size, dtype=FLAGS.dtype, attention=FLAGS.attention),
   )
 

@@ -181,19 +181,20 @@ class Evaluator:
     return result
 
 
-def summarize(scores: dict[tuple[str, str], QuestionScores]) -> dict:
+def summarize(scores: dict[tuple[str, str], QuestionScores], ties: str | None = None) -> dict:
   """Metrics of every (task, modality), and the degradation matrix of every task: each pair of
-  s2sjax.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones)."""
+  s2sjax.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones).
+  `ties` (metrics.TIE_RULES) overrides each task's own rule for ties."""
   result: dict = {}
+  rule = lambda task: ties or benchmarks.get(task).ties
   for (task, modality), s in scores.items():
-    record = benchmarks.get(task)
-    result.setdefault(task, {})[modality] = metrics.task_metrics(record.decision, s, record.ties)
+    result.setdefault(task, {})[modality] = metrics.task_metrics(benchmarks.get(task).decision, s, rule(task))
   for task in dict.fromkeys(task for task, _ in scores):
     for reference, other in modalities.COMPARISONS:
       if (task, reference) in scores and (task, other) in scores:
         first, second = common_questions(scores[(task, reference)], scores[(task, other)])
         result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
-          metrics.degradation(benchmarks.get(task).decision, first, second, benchmarks.get(task).ties))
+          metrics.degradation(benchmarks.get(task).decision, first, second, rule(task)))
   return result
 
 

@@ -121,7 +121,7 @@ def read_runs(out_dir) -> list[dict]:
       path = record_path.parent / f"{name}{SCORES_SUFFIX}"
       checked = _checked_scores(out_dir, folder, path, task, modality)
       scores[(task, modalities.canonical(modality))] = checked  # earlier versions wrote text, speech
-    summary = summarize(scores)
+    summary = summarize(scores, record.get("ties"))
     runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                  "degradation": summary.get("degradation", {})})
   return sorted(runs, key=lambda r: (r["step"] is None, r["step"] or 0, r["name"]))
