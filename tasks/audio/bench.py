@@ -8,7 +8,8 @@ The references: transformers' `WhisperEncoderLayer`s under the causal convolutio
 codebook search for GLM-4-Voice; the same layers under Baichuan's convolutions, bridge and RVQ, written here;
 transformers' `MimiModel.encode` and `HubertModel`. Each side tokenizes the same recordings (the bundled sample's
 speech) once to warm up (JAX: compile) and once timed; both start from the same host features. FLOPs per audio
-second are XLA's count for one unpadded 10.24 s segment, so each side's FLOP/s is that times its audio s/s.
+second are torch's count of the reference forward on one 10.24 s segment (XLA's cost analysis counts a scanned
+layer once), so each side's FLOP/s is that times its audio s/s.
 The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
 """
 
@@ -60,19 +61,17 @@ def timed(run) -> tuple[float, object]:
   return time.perf_counter() - start, out
 
 
-def flops_per_audio_second(tokenizer) -> float:
-  """XLA's FLOP count of the tokenizer's forward on one unpadded segment, per second of its audio."""
-  import jax
+def flops_per_audio_second(reference, tokenizer) -> float:
+  """FLOPs of the torch reference's forward on one 10.24 s segment (torch's FlopCounterMode: every matmul,
+  convolution and attention as executed), per second of its audio: the model's work, the same for both sides."""
+  import torch
+  from torch.utils.flop_counter import FlopCounterMode
 
   wave = np.random.default_rng(0).normal(0, 0.1, int(FLOP_SEGMENT_SECONDS * tokenizer.sample_rate))
-  features, _ = tokenizer.prepare(wave.astype(np.float32))
-  length = -(-len(features) // tokenizer.time_multiple) * tokenizer.time_multiple
-  padded = np.zeros((1, length, features.shape[1]), np.float32)
-  padded[0, : len(features)] = features
-  compiled = jax.jit(tokenizer.apply).lower(tokenizer.params, padded, np.array([len(features)], np.int32)).compile()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost["flops"]) / FLOP_SEGMENT_SECONDS
+  counter = FlopCounterMode(display=False)
+  with torch.no_grad(), counter:
+    reference(tokenizer.prepare(wave.astype(np.float32))[0])
+  return counter.get_total_flops() / FLOP_SEGMENT_SECONDS
 
 
 # ---- the references: torch forwards of the same shapes, and release folders holding their weights -------------
@@ -318,7 +317,7 @@ def bench_one(kind: str, audio_seconds: float) -> dict:
 
   warm_torch, _ = timed(lambda: torch_run(waves[:1]))
   torch_seconds, theirs = timed(lambda: torch_run(waves))
-  flops = flops_per_audio_second(tokenizer)
+  flops = flops_per_audio_second(reference, tokenizer)
   equal = sum(int((a.reshape(len(a), -1)[: len(b)] == b.reshape(len(b), -1)[: len(a)]).all(-1).sum())
               for a, b in zip(ours, theirs))
   frames = sum(max(len(a), len(b)) for a, b in zip(ours, theirs))
