@@ -9,13 +9,12 @@ vector_quantize.py (codebook search), modeling_omni.py (`OmniAudioTokenizer`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import numpy as np
 
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.weights import ReleaseWeights
+from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio import whisper
 from tasks.audio.ops import conv1d, dense, squared_distances
 from tasks.audio.whisper import whisper_log_mel
@@ -58,11 +57,7 @@ class BaichuanAudioConfig:
 
 def read_config(config_path: str) -> BaichuanAudioConfig:
   """The tokenizer's settings from a release config.json, refusing by name the switches this port lacks."""
-  try:
-    with open(config_path) as f:
-      config = json.load(f)
-  except (OSError, ValueError) as e:
-    raise BaichuanConfigError(f"{config_path} cannot be read as JSON ({e})") from e
+  config = read_json(config_path, BaichuanConfigError)
   audio = config.get("audio_config")
   if not isinstance(audio, dict):
     raise BaichuanConfigError(f"{config_path} has no audio_config")

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 
 import numpy as np
 
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.weights import ReleaseWeights
+from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio import whisper
 from tasks.audio.ops import conv1d, matmul_precision, nearest
 from tasks.audio.whisper import whisper_log_mel
@@ -64,25 +63,15 @@ class WhisperVQShape:
     return self.frames_per_code * self.hop
 
 
-def _read_json(path: str) -> dict:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except OSError as e:
-    raise Glm4VoiceError(f"{path} cannot be read ({e})") from e
-  except ValueError as e:
-    raise Glm4VoiceError(f"{path} is not valid JSON ({e})") from e
-
-
 def read_shape(model_dir: str) -> WhisperVQShape:
   """The release's config, with every switch this port does not implement refused by name. Missing switches take
   WhisperVQConfig's defaults (configuration_whisper.py l.5-21), as from_pretrained gives them. Two settings do not
   reach the codes: quantize_encoder_only (the layers past quantize_position run after the quantizer) and
   scale_embedding (the encoder computes embed_scale but never applies it, modeling_whisper.py l.1075)."""
   config_path = os.path.join(model_dir, "config.json")
-  config = _read_json(config_path)
+  config = read_json(config_path, Glm4VoiceError)
   preprocessor_path = os.path.join(model_dir, "preprocessor_config.json")
-  preprocessor = _read_json(preprocessor_path)
+  preprocessor = read_json(preprocessor_path, Glm4VoiceError)
 
   def need(table: dict, path: str, key: str):
     if table.get(key) is None:

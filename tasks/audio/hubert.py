@@ -12,7 +12,6 @@ output; in the pre-norm variant never after its final LayerNorm, since 5.x recor
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
@@ -22,7 +21,7 @@ from s2sjax.model.layers import attention, layer_norm
 from tasks.audio.base import dedup, hash_array
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, dense, nearest
-from tasks.audio.weights import INDEX, SINGLE, ReleaseWeights
+from tasks.audio.weights import INDEX, SINGLE, ReleaseWeights, read_json
 
 SAMPLE_RATE = 16000
 # HubertForCTC and friends hold the HubertModel as `self.hubert` (HubertPreTrainedModel.base_model_prefix).
@@ -76,11 +75,7 @@ IMPLEMENTED = (("feat_extract_activation", "gelu", "gelu"), ("hidden_act", "gelu
 
 def read_config(config_path: str) -> HubertArchitecture:
   """A HubertModel config.json, refusing by name the switches this port lacks."""
-  try:
-    with open(config_path) as f:
-      config = json.load(f)
-  except (OSError, ValueError) as e:
-    raise HubertError(f"{config_path} cannot be read as JSON ({e})") from e
+  config = read_json(config_path, HubertError)
   if config.get("model_type", "hubert") != "hubert":
     raise HubertError(f"{config_path}: model_type={config['model_type']!r}, this port reads HuBERT (\"hubert\") only")
   for key, implemented, default in IMPLEMENTED:

@@ -19,7 +19,6 @@ MimiConv1d.forward). `padding` chooses the rule: "kyutai" or "transformers"; by 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
@@ -28,7 +27,7 @@ import numpy as np
 from s2sjax.model.layers import layer_norm
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, nearest
-from tasks.audio.weights import ReleaseWeights, WeightsError
+from tasks.audio.weights import ReleaseWeights, WeightsError, read_json
 
 KYUTAI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"  # loaders.py l.34, MIMI_NAME
 LAYOUTS = ("kyutai", "transformers")
@@ -101,14 +100,6 @@ class MimiArchitecture:
   @property
   def frame_rate(self) -> float:
     return self.sample_rate / self.frame_size
-
-
-def _read_json(path: str) -> dict:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise MimiConfigError(f"{path} cannot be read as JSON ({e})") from e
 
 
 class _Fields:
@@ -559,7 +550,7 @@ def detect_layout(path: str) -> str:
   is a Mimi config."""
   if os.path.isdir(path):
     config = os.path.join(path, "config.json")
-    if os.path.exists(config) and _read_json(config).get("model_type") == "mimi":
+    if os.path.exists(config) and read_json(config, MimiConfigError).get("model_type") == "mimi":
       return "transformers"
     return "kyutai"
   if not os.path.exists(path):
@@ -572,13 +563,13 @@ def kyutai_files(path: str, mimi_config: str | None) -> tuple[str, dict, str]:
   whose config.json may name them (`mimi_name`, `mimi_config_name`, loaders.py l.226-258)."""
   if os.path.isdir(path):
     repo_config = os.path.join(path, "config.json")
-    entries = _read_json(repo_config) if os.path.exists(repo_config) else {}
+    entries = read_json(repo_config, MimiConfigError) if os.path.exists(repo_config) else {}
     if mimi_config is None and entries.get("mimi_config_name"):
       mimi_config = os.path.join(path, entries["mimi_config_name"])
     path = os.path.join(path, entries.get("mimi_name", KYUTAI_FILE))
   if mimi_config is None:
     return path, KYUTAI_MIMI_CONFIG, "moshi.models.loaders._mimi_config"
-  return path, _read_json(mimi_config), mimi_config
+  return path, read_json(mimi_config, MimiConfigError), mimi_config
 
 
 class MimiTokenizer(JaxAudioTokenizer):
@@ -596,7 +587,8 @@ class MimiTokenizer(JaxAudioTokenizer):
       arch, names = kyutai_architecture(config, source), _KyutaiNames()
     else:
       config_path = os.path.join(path, "config.json")
-      weights_path, arch, names = path, transformers_architecture(_read_json(config_path), config_path), \
+      config = read_json(config_path, MimiConfigError)
+      weights_path, arch, names = path, transformers_architecture(config, config_path), \
           _TransformersNames()
     padding = padding or layout
     if padding not in PADDINGS:

@@ -17,6 +17,15 @@ class WeightsError(ValueError):
   """A release file that cannot serve its model: absent, unreadable, a tensor missing or of the wrong shape."""
 
 
+def read_json(path: str, error: type[ValueError] = WeightsError) -> dict:
+  """A release's JSON file (config.json and the like), or `error` naming it: absent, unreadable, not JSON."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise error(f"{path} cannot be read as JSON ({e})") from e
+
+
 def _files(path: str) -> dict[str, str]:
   """key -> the safetensors file holding it, for a file, a folder's model.safetensors or a sharded folder."""
   from safetensors import safe_open
