@@ -9,6 +9,7 @@ lets utterances of different lengths share a batch and gives the same codes alon
 from __future__ import annotations
 
 import abc
+import collections
 import math
 import time
 
@@ -88,7 +89,7 @@ class JaxAudioTokenizer(AudioTokenizer):
     meter = (Progress(len(waves), progress, unit="utterances", rate_unit="audio s") if isinstance(progress, str)
              else progress)
     seconds = [len(w) / self.sample_rate for w in waves]
-    remaining = [sum(1 for p in pieces if p[0] == i) for i in range(len(waves))]
+    remaining = collections.Counter(index for index, _, _ in pieces)  # segments still to run, per wave
     codes: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(len(waves))}
     for batch in self._batches(pieces):
       for (order, (index, _, n_codes)), row in zip(batch, self._run([p for _, p in batch])):

@@ -35,14 +35,15 @@ def tokenizer_settings(kind: str | None, spec: str | None, settings: list[str]) 
   """(settings, codebook sizes) from a spec, or from a type and KEY=VALUE pairs (values read as YAML scalars)."""
   if (kind is None) == (spec is None):
     raise ValueError("give one of --audio_tokenizer (a type: " + ", ".join(audio.TOKENIZERS.names()) + ") or --spec")
-  chosen = dict(load_spec(spec).audio_tokenizer) if spec else {"type": kind}
+  loaded = load_spec(spec) if spec else None
+  chosen = dict(loaded.audio_tokenizer) if loaded else {"type": kind}
   for pair in settings:
     key, sep, value = pair.partition("=")
     if not sep or not key:
       raise ValueError(f"--setting {pair!r}: expected KEY=VALUE")
     chosen[key] = yaml.safe_load(value)
   audio.TOKENIZERS.get(chosen["type"])  # an unknown type is named before anything is read
-  return chosen, (tuple(load_spec(spec).codebook_sizes) if spec else None)
+  return chosen, (tuple(loaded.codebook_sizes) if loaded else None)
 
 
 def recordings(folder: str) -> list[str]:
