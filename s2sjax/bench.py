@@ -22,6 +22,17 @@ Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech` 
 options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
 stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
 The default model is the embedded SmolLM2-135M.
+
+  python -m s2sjax.bench --mode=lm_eval --cmmlu_dir=CMMLU/data --subjects=agronomy,anatomy,ancient_chinese \
+      --items=40 [--num_fewshot=0] [--row_length=1024] [--float64_requests=40]
+
+runs lm-eval's own CMMLU tasks (its template and descriptions, first-n shots from dev; long contexts, one-token
+choices) over a local copy of the CMMLU data (or, with --lm_eval_workload=xstorycloze_zh --xstorycloze_dir=DIR, its
+xstorycloze_zh over the release's TSVs) through both lm-eval backends on the same weights, side by side: lm-eval's
+`hf` (transformers, its logits cache computing each context once) and `s2sjax` (s2sjax.lm_eval), and the s2sjax
+scorer on the rows the backend laid before it fitted them (whole-row tables and dense attention), with wall time,
+requests/s, what each s2sjax protocol computed, and each backend's largest and mean distance to a float64
+transformers forward of the first `--float64_requests` requests.
 """
 
 from __future__ import annotations
@@ -206,6 +217,198 @@ def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int
           "results": results}
 
 
+def cmmlu_tasks(cmmlu_dir: str, subjects: Sequence[str], folder: str) -> list[str]:
+  """lm-eval's own CMMLU task of each subject (its `_default_template_yaml` and the subject's description), read
+  from a local copy of the CMMLU data (`dev/` and `test/` CSVs) instead of the hub: YAMLs written to `folder`,
+  their task names returned."""
+  import lm_eval
+  import yaml
+
+  own = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "cmmlu")
+  names = []
+  for subject in subjects:
+    subject_yaml = os.path.join(own, f"cmmlu_{subject}.yaml")
+    if not os.path.exists(subject_yaml):
+      raise ValueError(f"lm-eval has no CMMLU subject {subject!r} ({subject_yaml})")
+    with open(subject_yaml, encoding="utf-8") as f:
+      description = yaml.safe_load(f)["description"]
+    files = {split: os.path.join(cmmlu_dir, split, f"{subject}.csv") for split in ("dev", "test")}
+    missing = [path for path in files.values() if not os.path.exists(path)]
+    if missing:
+      raise ValueError(f"--cmmlu_dir={cmmlu_dir} has no {missing[0]} (the CMMLU repo's data/ folder)")
+    name = f"cmmlu_local_{subject}"
+    config = {"include": os.path.join(own, "_default_template_yaml"), "task": name, "description": description,
+              "dataset_path": "csv", "dataset_kwargs": {"data_files": files}}
+    with open(os.path.join(folder, f"{name}.yaml"), "w", encoding="utf-8") as f:
+      yaml.safe_dump(config, f, allow_unicode=True)
+    names.append(name)
+  return names
+
+
+def xstorycloze_zh_task(xstorycloze_dir: str, folder: str) -> list[str]:
+  """lm-eval's xstorycloze_zh (its default_ar.yaml: the four sentences joined by spaces, the two endings, train
+  for shots, eval scored) over the XStoryCloze release's own TSVs, whose columns keep StoryCloze's names: a YAML
+  written to `folder`, its task name returned."""
+  import yaml
+
+  files = {split: os.path.join(xstorycloze_dir, f"spring2016.val.zh.tsv.split_20_80_{split}.tsv")
+           for split in ("train", "eval")}
+  missing = [path for path in files.values() if not os.path.exists(path)]
+  if missing:
+    raise ValueError(f"--xstorycloze_dir={xstorycloze_dir} has no {missing[0]} (the XStoryCloze release's TSVs)")
+  sentences = "[InputSentence1, InputSentence2, InputSentence3, InputSentence4]|join(' ')"
+  config = {"task": "xstorycloze_zh_local", "dataset_path": "csv",
+            "dataset_kwargs": {"data_files": files, "delimiter": "\t"}, "output_type": "multiple_choice",
+            "training_split": "train", "validation_split": "eval", "doc_to_text": "{{" + sentences + "}}",
+            "doc_to_target": "{{AnswerRightEnding - 1}}",
+            "doc_to_choice": "{{[RandomFifthSentenceQuiz1, RandomFifthSentenceQuiz2]}}",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
+  with open(os.path.join(folder, "xstorycloze_zh_local.yaml"), "w", encoding="utf-8") as f:
+    yaml.safe_dump(config, f, allow_unicode=True)
+  return ["xstorycloze_zh_local"]
+
+
+def lm_eval_requests(task_names: Sequence[str], folder: str, limit: int, num_fewshot: int, seed: int = 1234):
+  """The tasks' loglikelihood requests (lm-eval `Instance`s) for their first `limit` documents, with
+  `num_fewshot` shots chosen under lm-eval's default few-shot seed, as `simple_evaluate` builds them."""
+  from lm_eval.tasks import TaskManager
+
+  requests = []
+  for task in TaskManager(include_path=folder, include_defaults=False).load(list(task_names))["tasks"].values():
+    task.set_config(key="num_fewshot", value=num_fewshot)
+    task.set_fewshot_seed(seed=seed)
+    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    requests += task.instances
+  return requests
+
+
+def encoded_pairs(lm, requests) -> list[tuple[list[int], list[int]]]:
+  """The (context, continuation) tokens lm-eval's `TemplateLM.loglikelihood` makes of the requests for the s2sjax
+  backend `lm`, truncated as it scores them."""
+  from lm_eval.api.model import TemplateLM
+
+  captured = []
+  lm._loglikelihood_tokens = lambda encoded, **kwargs: captured.extend(encoded) or [(0.0, False)] * len(encoded)
+  try:
+    TemplateLM.loglikelihood(lm, requests, disable_tqdm=True)
+  finally:
+    del lm._loglikelihood_tokens  # the class's method again
+  return [lm._fit(context, continuation) for _, context, continuation in captured]
+
+
+def float64_loglikelihoods(model64, pairs) -> np.ndarray:
+  """Each continuation's log-likelihood from a float64 transformers forward (float64 log-softmax too); pairs with
+  the same inputs (one-token continuations of one context) share one forward."""
+  import torch
+
+  forwards: dict[tuple[int, ...], np.ndarray] = {}
+  out = np.zeros(len(pairs))
+  for i, (context, continuation) in enumerate(pairs):
+    tokens = context + continuation
+    inputs = tuple(tokens[:-1])
+    if inputs not in forwards:
+      with torch.no_grad():
+        logits = model64(torch.tensor([inputs])).logits[0].double()
+      forwards = {inputs: torch.log_softmax(logits, -1).numpy()}  # one context's rows at a time
+    n = len(continuation)
+    out[i] = forwards[inputs][np.arange(len(inputs) - n, len(inputs)), continuation].sum()
+  return out
+
+
+def unfitted_protocol(ours, pairs) -> dict:
+  """The s2sjax scorer as the backend ran before it fitted its rows: items end to end, the target and slot tables
+  of the packer's capacity (half the row, a quarter), dense attention over whole rows. Timed after a compile."""
+  _, items, capacity = ours.items_for(pairs)
+  rows, report = pack(items, capacity)
+  scorer = Scorer(ours.config, capacity, mesh=ours.mesh, batch_size=ours.batch_size or 8, dtype=ours.dtype)
+  scorer.score(ours.params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)
+  start = time.time()
+  scorer.score(ours.params, rows, progress=False)
+  return dict(seconds=time.time() - start, rows=report.rows, length=capacity.length, targets=capacity.max_targets,
+              window="dense, whole rows")
+
+
+def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str], limit: int, num_fewshot: int,
+                row_length: int, batch_size: int, ref_batch_size: int, float64_requests: int) -> dict:
+  """lm-eval's requests of a workload (`cmmlu`: the subjects' tasks; `xstorycloze_zh`) for the first `limit`
+  documents of each task through its `hf` backend and the `s2sjax` one on the same weights (and the s2sjax scorer
+  on unfitted rows): wall times, what was computed, distances to float64, agreement."""
+  import copy
+  import tempfile
+
+  from lm_eval.models.huggingface import HFLM
+
+  from s2sjax.lm_eval import S2SJaxLM
+
+  ours = S2SJaxLM(pretrained=ckpt, row_length=row_length, batch_size=batch_size)
+  with tempfile.TemporaryDirectory() as folder:
+    tasks = (cmmlu_tasks(data_dir, subjects, folder) if workload == "cmmlu" else xstorycloze_zh_task(data_dir, folder))
+    requests = lm_eval_requests(tasks, folder, limit, num_fewshot)
+  pairs = encoded_pairs(ours, requests)
+  start = time.time()
+  ours.loglikelihood(requests, disable_tqdm=True)  # compiles the step for these rows (or loads it from the cache)
+  first_s = time.time() - start
+  start = time.time()
+  got = ours.loglikelihood(requests, disable_tqdm=True)
+  seconds = time.time() - start
+  call = ours.last_call
+  s2sjax_side = dict(seconds=seconds, first_call_s=first_s, rows=call["pack"]["rows"], length=row_length,
+                     efficiency=call["pack"]["packing_efficiency"], targets=call["shape"].max_targets,
+                     window=f"item-local, {call['window'].span} keys")
+  unfitted = unfitted_protocol(ours, pairs)
+  torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
+  hf = HFLM(pretrained=torch_model, tokenizer=ours.tokenizer, batch_size=ref_batch_size, max_length=row_length - 1)
+  hf.loglikelihood(requests[:ref_batch_size], disable_tqdm=True)  # warm-up, untimed
+  start = time.time()
+  want = hf.loglikelihood(requests, disable_tqdm=True)
+  hf_seconds = time.time() - start
+  ll, ll_hf = np.array([g[0] for g in got]), np.array([w[0] for w in want])
+  exact = float64_loglikelihoods(copy.deepcopy(torch_model).double().cpu(), pairs[:float64_requests])
+  n64 = len(exact)
+  documents = [(r.task_name, r.doc_id) for r in requests]
+  decisions = lambda values: [int(np.argmax([v for v, d in zip(values, documents) if d == doc]))
+                              for doc in dict.fromkeys(documents)]
+  error = lambda values: dict(max_abs_err_float64=float(np.abs(values[:n64] - exact).max()),
+                              mean_abs_err_float64=float(np.abs(values[:n64] - exact).mean()))
+  return {
+    "workload": workload, "tasks": tasks, "documents": len(set(documents)), "requests": len(requests),
+    "num_fewshot": num_fewshot,
+    "context_tokens": dict(mean=float(np.mean([len(c) for c, _ in pairs])), max=max(len(c) for c, _ in pairs)),
+    "hf": dict(seconds=hf_seconds, batch_size=ref_batch_size, window=torch_model.config._attn_implementation,
+               **error(ll_hf)),
+    "s2sjax": dict(s2sjax_side, **error(ll)),
+    "s2sjax, unfitted rows": unfitted,
+    "float64_requests": n64, "max_abs_diff_s2sjax_hf": float(np.abs(ll - ll_hf).max()),
+    "decisions_identical": decisions(ll) == decisions(ll_hf),
+    "is_greedy_identical": [g[1] for g in got] == [w[1] for w in want],
+  }
+
+
+def format_lm_eval(run: dict) -> str:
+  hf_s = run["hf"]["seconds"]
+  lines = [
+    f"### lm-eval {run['workload']} ({', '.join(run['tasks'])}): {run['documents']} documents, {run['requests']} "
+    f"requests, {run['num_fewshot']}-shot, contexts {run['context_tokens']['mean']:.0f} tokens on average "
+    f"(longest {run['context_tokens']['max']})",
+    "",
+    "| backend | wall s | vs hf | requests/s | rows x L | targets a row | attention | max abs err vs float64 "
+    "| mean abs err vs float64 |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for name in ("hf", "s2sjax", "s2sjax, unfitted rows"):
+    r = run[name]
+    rows = f"{r['rows']} x {r['length']}" if "rows" in r else f"batches of {r['batch_size']}"
+    errors = (f"{r['max_abs_err_float64']:.1e} | {r['mean_abs_err_float64']:.1e}" if "max_abs_err_float64" in r
+              else "- | -")
+    lines.append(f"| {name} | {r['seconds']:.1f} | {r['seconds'] / hf_s:.2f}x | {run['requests'] / r['seconds']:.1f} "
+                 f"| {rows} | {r.get('targets', '-')} | {r['window']} | {errors} |")
+  lines += ["", f"s2sjax vs hf: max |difference| {run['max_abs_diff_s2sjax_hf']:.1e} over {run['requests']} requests; "
+            f"decisions identical: {run['decisions_identical']}; is_greedy identical: {run['is_greedy_identical']}; "
+            f"float64 over the first {run['float64_requests']} requests; s2sjax's first call, which compiled its "
+            f"step, took {run['s2sjax']['first_call_s']:.1f} s"]
+  return "\n".join(lines)
+
+
 def cpu_machine(dtype) -> dict:
   """The processor, its cores and the matmul probe, for a run on the CPU (an accelerator's run names its device)."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -274,8 +477,15 @@ def format_table(run: dict) -> str:
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum("mode", "reference", ["reference", "accelerator"],
-                    "reference: PyTorch protocol vs s2sjax; accelerator: Qwen2.5-shaped throughput and MFU.")
+  flags.DEFINE_enum("mode", "reference", ["reference", "accelerator", "lm_eval"],
+                    "reference: PyTorch protocol vs s2sjax; accelerator: Qwen2.5-shaped throughput and MFU; lm_eval: "
+                    "lm-eval's CMMLU tasks through its hf backend and s2sjax's.")
+  flags.DEFINE_enum("lm_eval_workload", "cmmlu", ["cmmlu", "xstorycloze_zh"], "lm_eval mode: the tasks.")
+  flags.DEFINE_string("cmmlu_dir", None, "lm_eval mode: the CMMLU repo's data/ folder (dev/ and test/ CSVs).")
+  flags.DEFINE_string("xstorycloze_dir", None, "lm_eval mode: the XStoryCloze release's folder (its zh TSVs).")
+  flags.DEFINE_list("subjects", ["agronomy", "anatomy", "ancient_chinese"], "lm_eval mode: CMMLU subjects.")
+  flags.DEFINE_integer("num_fewshot", 0, "lm_eval mode: shots before each question (lm-eval's first_n from dev).")
+  flags.DEFINE_integer("float64_requests", 40, "lm_eval mode: requests also scored by a float64 transformers forward.")
   flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
   flags.DEFINE_list("attention", ["auto"],
                     "Attention implementation(s), or auto: what s2sjax.eval's auto runs on each protocol's rows "
@@ -320,6 +530,21 @@ def main(argv):
                           FLAGS.mesh, FLAGS.peak_tflops, FLAGS.compile_only, FLAGS.output, FLAGS.protocols)
     return
   ckpt = FLAGS.checkpoint or default_model.default_checkpoint()
+  if FLAGS.mode == "lm_eval":
+    data_flag = "cmmlu_dir" if FLAGS.lm_eval_workload == "cmmlu" else "xstorycloze_dir"
+    if not FLAGS[data_flag].value:
+      raise ValueError(f"--mode=lm_eval --lm_eval_workload={FLAGS.lm_eval_workload} needs --{data_flag}")
+    run = run_lm_eval(ckpt, FLAGS.lm_eval_workload, FLAGS[data_flag].value, FLAGS.subjects, FLAGS.items,
+                      FLAGS.num_fewshot, row_lengths()[0] or 1024, FLAGS.batch_size, FLAGS.ref_batch_size,
+                      FLAGS.float64_requests)
+    print(format_lm_eval(run), "\n", flush=True)
+    machine = cpu_machine(FLAGS.dtype) if jax.default_backend() == "cpu" else {}
+    if machine:
+      print(machine_line(machine))
+    if FLAGS.output:
+      with open(FLAGS.output, "w") as f:
+        json.dump(dict(run, machine=machine), f, indent=2)
+    return
   runs = []
   for workload in FLAGS.workload:
     run = run_workload(workload, ckpt, FLAGS.items, row_lengths(), FLAGS.batch_size, FLAGS.ref_batch_size,

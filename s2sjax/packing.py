@@ -14,6 +14,9 @@ token of every candidate is predicted from the last prefix position, and a candi
 end of its prefix. Without sharing, every prefix + candidate is its own segment, as the reference implementation
 scores it; both give the same numbers. A candidate's last token is a target only: no scored position reads it, so
 it is not laid (a one-token candidate lays no position at all and is predicted from the prefix alone).
+
+With `align` (`pack`), every item starts at a multiple of it, padding between: at NEIGHBOUR_FREE_ALIGN an item's
+scores are the same bits whatever shares its row (`scoring.Scorer(neighbour_free=True)`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,18 @@ class Item:
 # 2-core CPU: 547 ms against 649).
 ITEM_BUCKET = 32
 TABLE_BUCKET = 32
+
+# Where an item sits in its row changes its fp32 numbers, by the rounding of XLA:CPU's reductions: a sum over an
+# axis (the softmax's over keys) groups its terms by their index mod 64 (measured: 150 terms moved by 1 to 32
+# places sum to other bits, moved by 64 or 128 to the same; zeros after them change nothing), so an item moved by
+# a few positions adds its keys in another grouping (SmolLM2-135M: up to 1.1e-4 on an xstorycloze_zh ending's
+# log-likelihood from one packing to another). Masked keys add exact zeros. Over item-local windows (queries in
+# blocks of 32, model/attention/xla.py) a key's index is its position less its block's window start: items that
+# start at multiples of the block, in windows that reach back a multiple of 64 (`neighbour_free_bound`), keep every
+# key's index, so their scores are the same bits whatever shares their rows (`scoring.Scorer(neighbour_free=True)`).
+# Over whole rows the dense matmuls group keys by larger blocks (items at multiples of 64 still move).
+NEIGHBOUR_FREE_ALIGN = 32  # model/attention.LOCAL_BLOCK
+REDUCTION_PERIOD = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,13 +243,17 @@ def pack(
   shape: RowShape,
   share_prefix: bool = True,
   overlong: str = "error",
+  align: int = 1,
 ) -> tuple[dict[str, np.ndarray], PackReport]:
   """First-fit-decreasing packing of `items` into rows of `shape`. Returns (rows: field -> [R, ...] arrays, report).
 
   overlong: "error" (default: names the item) or "truncate_prefix" (drops prefix tokens from the left, never
-  candidate tokens; counted in the report)."""
+  candidate tokens; counted in the report). align: every item (every prefix copy, unshared) starts at a multiple
+  of it in its row (`NEIGHBOUR_FREE_ALIGN`); 1 packs them end to end."""
   if overlong not in ("error", "truncate_prefix"):
     raise ValueError(f"overlong must be 'error' or 'truncate_prefix', not {overlong!r}")
+  if align < 1 or shape.length % align:
+    raise ValueError(f"align must divide the row length {shape.length}, not {align}")
   report = PackReport(items=len(items))
   laid = []
   for index, item in enumerate(items):
@@ -249,11 +268,11 @@ def pack(
       prefix["audio_codes"] = item.prefix_codes[drop:]
     candidates = [np.asarray(candidate) for candidate in item.candidates]
     laid.append(_Laid(prefix, tuple(({"tokens": c[:-1]}, {"target_ids": c}) for c in candidates), share))
-  return _pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report)
+  return _pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report, align)
 
 
 def _pack_laid(laid: list[_Laid], shape: RowShape, share_prefix: bool, empty: Callable[[int], dict[str, np.ndarray]],
-               report: PackReport) -> tuple[dict[str, np.ndarray], PackReport]:
+               report: PackReport, align: int = 1) -> tuple[dict[str, np.ndarray], PackReport]:
   """First-fit-decreasing packing of laid items (either format) into `empty(count)` rows; completes the report."""
   units = []
   for index, item in enumerate(laid):
@@ -266,10 +285,10 @@ def _pack_laid(laid: list[_Laid], shape: RowShape, share_prefix: bool, empty: Ca
       report.tokens_saved_by_sharing += (len(scored) - 1) * p
     else:
       units.extend(_Unit(index, (c,), p, p + laid_lengths[c], n) for c, n in enumerate(scored))
-  rows = _first_fit(units, shape)
+  rows = _first_fit(units, shape, align)
   arrays = empty(len(rows))
   for r, row_units in enumerate(rows):
-    _lay_row(arrays, r, row_units, laid)
+    _lay_row(arrays, r, row_units, laid, align)
   report.rows = len(rows)
   report.longest_item = max((unit.tokens for unit in units), default=0)
   report.real_tokens = int((arrays["segment_ids"] > 0).sum())
@@ -293,6 +312,13 @@ def fit(rows: dict[str, np.ndarray], shape: RowShape, longest_item: int) -> tupl
                                      max_item=bucket(longest_item, ITEM_BUCKET, shape.length))
 
 
+def neighbour_free_bound(longest_item: int) -> int:
+  """The item bound (`RowShape.max_item`) at least `longest_item` whose item-local window reaches back
+  (max_item - 1, model/attention.local_window) a multiple of REDUCTION_PERIOD: an item's keys then keep their
+  window indices mod 64 whatever the longest item of a run (see NEIGHBOUR_FREE_ALIGN)."""
+  return -(-max(longest_item - 1, 1) // REDUCTION_PERIOD) * REDUCTION_PERIOD + 1
+
+
 def spanning(shapes: Sequence[RowShape]) -> RowShape:
   """The narrowest shape whose step reads rows of each of `shapes` (one length and codebook count): the widest
   tables and the longest item of any, or no item bound (dense attention) if one records none. Tasks built with
@@ -305,11 +331,12 @@ def spanning(shapes: Sequence[RowShape]) -> RowShape:
                              max_item=0 if any(s.max_item == 0 for s in shapes) else max(s.max_item for s in shapes))
 
 
-def _first_fit(units: list[_Unit], shape: RowShape) -> list[list[_Unit]]:
-  """First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host."""
+def _first_fit(units: list[_Unit], shape: RowShape, align: int = 1) -> list[list[_Unit]]:
+  """First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host. A unit
+  starts at the row's first multiple of `align` past the units before it."""
   order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))
   rows: list[list[_Unit]] = []
-  free: list[list[int]] = []  # per row: [tokens, targets, slots] still available
+  free: list[list[int]] = []  # per row: [tokens, targets, slots] still available, tokens from the next start
   for u in order:
     unit = units[u]
     need = (unit.tokens, unit.targets, len(unit.candidates))
@@ -321,7 +348,8 @@ def _first_fit(units: list[_Unit], shape: RowShape) -> list[list[_Unit]]:
       free.append([shape.length, shape.max_targets, shape.max_slots])
       r = len(rows) - 1
     rows[r].append(unit)
-    free[r] = [free[r][0] - need[0], free[r][1] - need[1], free[r][2] - need[2]]
+    tokens_left = free[r][0] - need[0]
+    free[r] = [tokens_left - tokens_left % align, free[r][1] - need[1], free[r][2] - need[2]]
   return rows
 
 
@@ -362,11 +390,14 @@ def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
                 {"target_ids": np.zeros((count, M), np.int32)})
 
 
-def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[_Laid]) -> None:
-  """Lays row r (either format): per unit its prefix, then each candidate branching from it (the positions its
-  `_Laid` entry gives), a target per candidate token and a slot per candidate."""
+def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[_Laid],
+             align: int = 1) -> None:
+  """Lays row r (either format): per unit, from the next multiple of `align`, its prefix, then each candidate
+  branching from it (the positions its `_Laid` entry gives), a target per candidate token and a slot per
+  candidate."""
   cursor, n_targets, n_slots = 0, 0, 0
   for segment, unit in enumerate(units, 1):
+    cursor = -(-cursor // align) * align
     item = laid[unit.item]
     p = unit.prefix_len
     span = slice(cursor, cursor + p)

@@ -1,7 +1,10 @@
 """The sharded scoring step: packed rows in, per-candidate summed NLL and token counts out.
 
 `hidden = decoder(tokens, positions, mask)`; gather `hidden[target_pos]`; apply the head there only (in chunks of
-targets, so `[L, vocab]` logits are never built); fp32 `logsumexp - logit[target]`; sum per candidate slot.
+targets, so `[L, vocab]` logits are never built); fp32 `logsumexp - logit[target]` per target. `Scorer` sums a
+candidate's targets on the host in float64, in its tokens' order: its sum then depends on its own tokens only,
+not on where its row puts them or on what else the row holds (an fp32 sum in the step rounds as the table's
+layout groups it).
 
 `Scorer` jits that step once per row shape over a device mesh. On many hosts every process packs the same rows,
 takes every P-th one, pads to an equal step count with empty rows, and checks that shapes and counts agree before
@@ -27,7 +30,8 @@ from s2sjax import sharding
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
-from s2sjax.packing import RowShape, empty_rows, empty_stream_rows, longest_item
+from s2sjax.packing import (NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, empty_stream_rows, longest_item,
+                            neighbour_free_bound)
 from s2sjax.progress import Progress
 
 STEP_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
@@ -38,10 +42,11 @@ def score_batch(
   config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
   window: layers.LocalWindow | None = None,
 ) -> dict:
-  """Per slot [B, C] for one batch of packed rows: `nll_sum`, `n_tokens`, and `greedy_misses`, how many of the
-  candidate's tokens are not the argmax of the logits that predict them (lm-eval's is_greedy; one argmax over
-  logits the step computes anyway). Pure; jitted by `Scorer`. With a `window`, attention is item-local: its
-  window mask is built once for all layers, and no [L, L] mask."""
+  """For one batch of packed rows, per target [B, M]: `target_nll` and `target_missed`, whether the target is not
+  the argmax of the logits that predict it (lm-eval's is_greedy; one argmax over logits the step computes anyway);
+  and per slot [B, C] in fp32 (a training loop's loss; `Scorer` sums the targets itself, `slot_sums`): `nll_sum`,
+  `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
+  mask is built once for all layers, and no [L, L] mask."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
   if window:
     mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
@@ -61,10 +66,32 @@ def score_batch(
   slots = batch["target_slot"]
   onehot = (slots[..., None] == jnp.arange(num_slots)).astype(jnp.float32)  # [B, M, C]; slot -1 matches none
   return {
+    "target_nll": nll, "target_missed": missed,
     "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
     "n_tokens": onehot.sum(axis=1).astype(jnp.int32),
     "greedy_misses": (missed[..., None] & (onehot > 0)).sum(axis=1, dtype=jnp.int32),  # a count: no matmul
   }
+
+
+# What the Scorer's step returns per target, and the per-slot sum `slot_sums` makes of each.
+TARGET_OUTPUTS = {"target_nll": "nll_sum", "target_missed": "greedy_misses"}
+
+
+def slot_sums(rows: dict[str, np.ndarray], per_target: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Per slot [R, C] of the rows: `n_tokens`, and each per-target output [R, M] summed over the slot's targets
+  in float64 (`TARGET_OUTPUTS` names the sums), one target after another in table order: a candidate's targets
+  are its tokens in order, so its sum is the same bits wherever it lies."""
+  slot = rows["target_slot"]
+  num_rows, width = rows["slot_item"].shape
+  used = slot >= 0
+  flat = (np.arange(num_rows)[:, None] * width + slot)[used]
+  sums = {"n_tokens": np.bincount(flat, minlength=num_rows * width).reshape(num_rows, width)}
+  for name, value in per_target.items():
+    total = np.bincount(flat, weights=value[:, : slot.shape[1]][used].astype(np.float64), minlength=num_rows * width)
+    sums[TARGET_OUTPUTS[name]] = total.reshape(num_rows, width)
+  if "greedy_misses" in sums:
+    sums["greedy_misses"] = sums["greedy_misses"].astype(np.int64)
+  return sums
 
 
 def by_target_chunks(fn: Callable, target_chunk: int, *arrays: jax.Array):
@@ -101,6 +128,13 @@ def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
     if len(bad):
       r, pos = bad[0]
       raise ValueError(f"audio_codes[row {r}, position {pos}, codebook {k}] = {codes[r, pos, k]} >= table size {size}")
+
+
+def _misaligned_item(segment_ids: np.ndarray, align: int) -> tuple[int, int] | None:
+  """(row, position) of the first segment of rows [R, L] that does not start at a multiple of `align`, or None."""
+  starts = (segment_ids > 0) & (segment_ids != np.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1])
+  bad = np.argwhere(starts & (np.arange(segment_ids.shape[1]) % align != 0))
+  return (int(bad[0][0]), int(bad[0][1])) if len(bad) else None
 
 
 def _has_shared_prefixes(rows: dict[str, np.ndarray]) -> bool:
@@ -149,8 +183,9 @@ class _RowScorer:
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in fields}
     _check_batch_shards_have_one_process(self._batch_shardings["row_id"], self.batch_size)
 
-    def step(params, batch):  # row ids ride along so every process can place the replicated results
-      return {**score(params, batch), "row_id": batch["row_id"]}
+    def step(params, batch):  # per target only (`slot_sums`); row ids ride along so every process can place them
+      out = score(params, batch)
+      return {**{name: out[name] for name in TARGET_OUTPUTS if name in out}, "row_id": batch["row_id"]}
 
     self._step = jax.jit(
       step,
@@ -198,8 +233,8 @@ class _RowScorer:
                        f"slots of the step's {self.shape}")
 
   def _score_rows(self, params: Params, rows: dict[str, np.ndarray], progress: bool) -> dict[str, np.ndarray]:
-    """Scores all rows (the same full set on every process, already checked); returns every per-slot output of the
-    step (nll_sum, n_tokens, ...) as [R, the rows' C]."""
+    """Scores all rows (the same full set on every process, already checked); returns per slot [R, the rows' C]
+    n_tokens and the sums of the step's per-target outputs (`slot_sums`: nll_sum, greedy_misses)."""
     num_rows = len(rows["segment_ids"])
     self._check_widths(rows)
     self._agree_across_processes(num_rows)
@@ -207,9 +242,8 @@ class _RowScorer:
     count, index = jax.process_count(), jax.process_index()
     mine = np.arange(index, num_rows, count)
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
-    width = rows["slot_item"].shape[1]  # the rows' own slots: a wider step's further slots score nothing
-    slots = {"nll_sum": np.zeros((num_rows, width), np.float64),
-             "n_tokens": np.zeros((num_rows, width), np.int64)}  # any other output: as it comes
+    targets = rows["target_slot"].shape[1]  # the rows' own table: a wider step's further targets score nothing
+    per_target: dict[str, np.ndarray] = {}
     meter = Progress(num_rows) if progress else None
     with self._mesh_context():
       for step in range(steps):
@@ -219,13 +253,11 @@ class _RowScorer:
         real = row_id >= 0
         for name, value in out.items():
           if name != "row_id":
-            value = np.asarray(value.addressable_data(0))
-            kind = np.float64 if np.issubdtype(value.dtype, np.floating) else np.int64
-            value = value[real, :width]
-            slots.setdefault(name, np.zeros((num_rows, width), kind))[row_id[real], : value.shape[1]] = value
+            value = np.asarray(value.addressable_data(0))[real, :targets]
+            per_target.setdefault(name, np.zeros((num_rows, targets), value.dtype))[row_id[real]] = value
         if meter:
           meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
-    return slots
+    return slot_sums(rows, per_target)
 
   def _local_batch(self, rows: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
     """This process's part of a step: the rows at `indices`, then padding rows (row id -1) that score nothing."""
@@ -258,15 +290,25 @@ class Scorer(_RowScorer):
     target_chunk: int = 256,
     attention: str = "xla",
     local_attention: bool = True,
+    neighbour_free: bool = False,
   ):
     """attention: xla | dot_product | cudnn | flash | flash_shared (see model/layers.attention); flash needs rows without
     sharing, flash_shared takes any.
     local_attention: with xla, dot_product or cudnn and a shape that records its longest item (`RowShape.max_item`),
     each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
-    without the record, keeps the dense [L, L] mask (the reference)."""
+    without the record, keeps the dense [L, L] mask (the reference).
+    neighbour_free: rows packed with `align=packing.NEIGHBOUR_FREE_ALIGN` score every candidate to the same bits
+    whatever shares its row and whatever the run's longest item: item-local windows always (as wide as the row if
+    need be), reaching back a multiple of `packing.REDUCTION_PERIOD` (`packing.neighbour_free_bound`)."""
     self.attention = attention
     local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
     self.window = layers.local_window(shape.max_item, shape.length) if local else None
+    self.neighbour_free = neighbour_free
+    if neighbour_free:
+      if not (local and shape.max_item > 0 and shape.length % NEIGHBOUR_FREE_ALIGN == 0):
+        raise ValueError(f"neighbour_free scoring needs item-local attention (xla, dot_product or cudnn) and a shape "
+                         f"that records its longest item in rows of a multiple of {NEIGHBOUR_FREE_ALIGN}, not {shape}")
+      self.window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(shape.max_item) - 1)
     score = lambda params, batch: score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention,
                                               self.window)
     super().__init__(config, shape, mesh, batch_size, param_logical_axes(config), abstract_params(config),
@@ -295,6 +337,9 @@ class Scorer(_RowScorer):
     if self.attention == "flash" and _has_shared_prefixes(rows):
       raise ValueError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, build "
                        "the rows without sharing (--noshare_prefix, configs ending in -noshare) or use --attention=xla")
+    if self.neighbour_free and (misplaced := _misaligned_item(rows["segment_ids"], NEIGHBOUR_FREE_ALIGN)):
+      raise ValueError(f"neighbour_free scoring reads rows whose items start at multiples of {NEIGHBOUR_FREE_ALIGN}: "
+                       f"row {misplaced[0]} starts one at {misplaced[1]} (pack them with align={NEIGHBOUR_FREE_ALIGN})")
     if self.window and longest_item(rows["segment_ids"]) > self.shape.max_item:
       raise ValueError(f"the rows hold an item of {longest_item(rows['segment_ids'])} tokens, beyond the "
                        f"{self.shape.max_item} their shape records: item-local attention would drop keys (pack them "
@@ -369,8 +414,9 @@ def silent_streams(config, positions: jax.Array, laid: int) -> jax.Array:
 
 
 def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict) -> dict:
-  """Per slot [B, C]: `nll_sum`, the candidate's NLL summed over its steps' scored tokens, each times its stream's
-  weight (`target_weight`), and `n_tokens`, its steps (its targets: one per frame of the candidate). So the
+  """Per target [B, M] `target_nll`, the step's scored tokens' NLL, each times its stream's weight
+  (`target_weight`); per slot [B, C] (as `score_batch`): `nll_sum`, the candidate's summed over its steps, and
+  `n_tokens`, its steps (its targets: one per frame of the candidate). So the
   reported loss, nll_sum / n_tokens, is the weighted NLL per timestep, Kyutai's S->S score "normalized by the
   sequence length" (s2sjax/families/moshi.py). Dividing by the candidate's total weight instead ranks candidates of
   equal length alike; across lengths it can differ on near-ties only, as the total is not exactly a multiple of the
@@ -403,7 +449,7 @@ def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params:
 
   nll = by_target_chunks(target_nll, target_chunk, hidden, batch["target_frame"], batch["target_weight"])
   onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
-  return {"nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
+  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
           "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
 
 

@@ -120,8 +120,46 @@ def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypat
 def test_the_machine_line_names_the_processor_and_each_sides_matmul_speed():
   from s2sjax import bench
 
-  speeds = bench.matmul_speeds("float32", size=64, repeats=1)
-  assert speeds["dtype"] == "float32" and speeds["torch_gflops"] > 0 and speeds["xla_gflops"] > 0
+  speeds = bench.matmul_speeds("float32", size=64, repeats=1)  # a measurement: its figures are not asserted on
+  assert set(speeds) == {"size", "dtype", "torch_gflops", "xla_gflops"} and speeds["dtype"] == "float32"
   machine = {"processor": "AMD EPYC", "cores": 2, "matmul": dict(speeds, torch_gflops=236.4, xla_gflops=530.2)}
   assert bench.machine_line(machine) == ("machine: AMD EPYC, 2 cores; one 64^2 float32 matmul: torch 236 GFLOP/s, "
                                          "XLA 530 GFLOP/s")
+
+
+@pytest.mark.slow
+def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends():
+  import pathlib
+
+  from s2sjax import default_model
+
+  cmmlu = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata" / "cmmlu" / "data"
+  if not cmmlu.exists():
+    pytest.skip(f"the CMMLU data is not at {cmmlu}")
+  run = bench.run_lm_eval(default_model.default_checkpoint(), "cmmlu", str(cmmlu), ["agronomy"], limit=3,
+                          num_fewshot=1, row_length=512, batch_size=2, ref_batch_size=4, float64_requests=8)
+  assert (run["documents"], run["requests"], run["float64_requests"]) == (3, 12, 8)
+  assert run["decisions_identical"] and run["is_greedy_identical"] and run["max_abs_diff_s2sjax_hf"] < 1e-4
+  for backend in ("hf", "s2sjax"):  # fp32 against float64, over one-token choices after ~300-token contexts
+    assert run[backend]["max_abs_err_float64"] < 1e-4
+  # the fitted rows: a target table of 32 (12 targets, 4 a context) and windows over the items, not the row
+  assert run["s2sjax"]["targets"] == 32 and run["s2sjax, unfitted rows"]["targets"] == 256
+  table = bench.format_lm_eval(run)
+  assert "| s2sjax | " in table and "| hf | " in table and "| s2sjax, unfitted rows | " in table
+
+
+def test_the_cmmlu_requests_are_lm_evals_own(tmp_path):
+  import pathlib
+
+  cmmlu = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata" / "cmmlu" / "data"
+  if not cmmlu.exists():
+    pytest.skip(f"the CMMLU data is not at {cmmlu}")
+  names = bench.cmmlu_tasks(str(cmmlu), ["anatomy"], str(tmp_path))
+  requests = bench.lm_eval_requests(names, str(tmp_path), limit=2, num_fewshot=1)
+  assert [r.args[1] for r in requests] == [" A", " B", " C", " D"] * 2  # one-token choices after its delimiter
+  context = requests[0].args[0]
+  # lm-eval's CMMLU prompt: the subject's description, a first-n shot from dev with its answer, the question
+  assert context.startswith("以下是关于解剖学的单项选择题，请直接给出正确答案的选项。\n\n")
+  assert context.count("答案：") == 2 and context.count("\nA. ") == 2 and context.endswith("答案：")
+  with pytest.raises(ValueError, match="lm-eval has no CMMLU subject 'anatomie'"):
+    bench.cmmlu_tasks(str(cmmlu), ["anatomie"], str(tmp_path))

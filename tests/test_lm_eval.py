@@ -1,8 +1,10 @@
 """The `s2sjax` lm-eval backend against lm-eval's own `hf` backend on the same SmolLM2-135M weights (the embedded
-default's GGUF, loaded by transformers): per-request log-likelihoods, greedy flags, rolling windows, and a local
-StoryCloze 2016 task through the command line."""
+default's GGUF, loaded by transformers): per-request log-likelihoods, greedy flags, rolling windows, few-shot and
+chat-templated requests, the same bits whatever shares a request's row, and a local StoryCloze 2016 task through
+lm-eval's own command line and `simple_evaluate`."""
 
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -26,8 +28,9 @@ from s2sjax.lm_eval import S2SJaxLM  # noqa: E402
 pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STORYCLOZE = (ROOT.parent / "shared" / "realdata" / "storycloze"
-              / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv")
+REALDATA = ROOT.parent / "shared" / "realdata" / "storycloze"
+STORYCLOZE = REALDATA / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv"
+STORYCLOZE_VAL = REALDATA / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"  # the few-shot examples
 ROW_LENGTH = 256
 TOLERANCE = 1e-4  # per request (a continuation's summed log-likelihood), fp32
 TASK_YAML = """task: storycloze_2016_local
@@ -35,8 +38,10 @@ dataset_path: csv
 dataset_kwargs:
   data_files:
     test: {path}
+    validation: {val_path}
 output_type: multiple_choice
 test_split: test
+fewshot_split: validation
 doc_to_text: "{{{{[InputSentence1, InputSentence2, InputSentence3, InputSentence4]|join(' ')}}}}"
 doc_to_target: "{{{{AnswerRightEnding - 1}}}}"
 doc_to_choice: "{{{{[RandomFifthSentenceQuiz1, RandomFifthSentenceQuiz2]}}}}"
@@ -50,9 +55,10 @@ metadata:
 
 def storycloze_task(folder: pathlib.Path) -> str:
   """Writes the local task YAML (StoryCloze 2016 test, read from the shared real data) and returns its name."""
-  if not STORYCLOZE.exists():
-    pytest.skip(f"the StoryCloze 2016 test CSV is not at {STORYCLOZE}")
-  (folder / "storycloze_2016_local.yaml").write_text(TASK_YAML.format(path=json.dumps(str(STORYCLOZE))))
+  if not (STORYCLOZE.exists() and STORYCLOZE_VAL.exists()):
+    pytest.skip(f"the StoryCloze 2016 test and validation CSVs are not in {REALDATA}")
+  (folder / "storycloze_2016_local.yaml").write_text(
+    TASK_YAML.format(path=json.dumps(str(STORYCLOZE)), val_path=json.dumps(str(STORYCLOZE_VAL))))
   return "storycloze_2016_local"
 
 
@@ -120,24 +126,104 @@ def per_request(samples: list[dict]) -> tuple[np.ndarray, list[str]]:
   return np.array([float(r[0]) for r in resps]), [str(r[1]) for r in resps]
 
 
-def test_storycloze_through_the_command_line_matches_the_hf_backend(tmp_path, hf):
+def test_storycloze_through_lm_evals_own_command_line_matches_the_hf_backend(tmp_path, hf):
+  # lm-eval's CLI as its users drive it (subcommand, flags, --output_path's layout), with s2sjax registered
   task = storycloze_task(tmp_path)
-  out = tmp_path / "results.json"
-  args = f"checkpoint={default_model.default_checkpoint()},mesh=data:-1,dtype=float32,row_length=512"
+  out = tmp_path / "out"
+  args = f"pretrained={default_model.default_checkpoint()},mesh=data:-1,dtype=float32,row_length=512"
   run = subprocess.run(
-    [sys.executable, "-m", "s2sjax.lm_eval", f"--model_args={args}", f"--tasks={task}", f"--include_path={tmp_path}",
-     "--limit=40", f"--output_path={out}", "--log_samples"],
+    [sys.executable, "-m", "s2sjax.lm_eval", "run", "--model", "s2sjax", "--model_args", args, "--tasks", task,
+     "--include_path", str(tmp_path), "--limit", "40", "--output_path", str(out), "--log_samples", "--seed", "1234",
+     "--batch_size", "4", "--device", "cpu"],
     cwd=ROOT, capture_output=True, text=True, timeout=600,
     env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},  # one device: 8 host devices take 4x the memory
   )
   assert run.returncode == 0, run.stderr[-3000:]
-  assert "acc_norm" in run.stdout  # the results table
-  ours = json.loads(out.read_text())
+  assert "acc_norm" in run.stdout  # lm-eval's results table
+  (folder,) = out.iterdir()  # lm-eval's folder per model, named from `pretrained`
+  assert folder.name == str(default_model.default_checkpoint()).replace("/", "__")
+  (results_file,) = folder.glob("results_*.json")
+  (samples_file,) = folder.glob(f"samples_{task}_*.jsonl")
+  ours = json.loads(results_file.read_text())
+  assert ours["config"]["model"] == "s2sjax" and ours["config"]["row_length"] == 512
+  samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+  assert {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "doc_hash", "acc"} <= set(samples[0])
   theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], task_manager=TaskManager(include_path=str(tmp_path)),
                                    limit=40, log_samples=True)
-  (ll, greedy), (ll_hf, greedy_hf) = per_request(ours["samples"][task]), per_request(theirs["samples"][task])
+  (ll, greedy), (ll_hf, greedy_hf) = per_request(samples), per_request(theirs["samples"][task])
   assert len(ll) == len(ll_hf) == 80
   np.testing.assert_allclose(ll, ll_hf, atol=TOLERANCE, rtol=0)
   assert greedy == greedy_hf
   for metric in ("acc,none", "acc_norm,none"):
     assert ours["results"][task][metric] == theirs["results"][task][metric]
+
+
+def test_simple_evaluate_builds_the_backend_by_name_with_lm_evals_own_arguments(tmp_path, hf):
+  # what simple_evaluate and create_from_arg_string pass: device (one of the 8 host devices), batch_size (auto),
+  # max_batch_size
+  task = storycloze_task(tmp_path)
+  manager = TaskManager(include_path=str(tmp_path))
+  results = lm_eval.simple_evaluate(
+    model="s2sjax", model_args=f"checkpoint={default_model.default_checkpoint()},row_length={ROW_LENGTH}",
+    device="cpu:0", batch_size="auto", max_batch_size=4, tasks=[task], task_manager=manager, limit=6,
+    log_samples=True)
+  theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], task_manager=manager, limit=6, log_samples=True)
+  (ll, greedy), (ll_hf, greedy_hf) = per_request(results["samples"][task]), per_request(theirs["samples"][task])
+  np.testing.assert_allclose(ll, ll_hf, atol=TOLERANCE, rtol=0)
+  assert greedy == greedy_hf
+  # 6 stories (12 requests, 6 contexts) fill 2 rows of 256 at 32-aligned starts: auto takes both in one step
+  assert results["config"]["batch_sizes"] == [2] and results["config"]["device"] == "cpu:0"
+
+
+def test_few_shot_and_chat_templated_requests_match_the_hf_backend(tmp_path, ours, hf):
+  task = storycloze_task(tmp_path)
+  manager = TaskManager(include_path=str(tmp_path))
+  for options in (dict(num_fewshot=2), dict(num_fewshot=1, apply_chat_template=True, fewshot_as_multiturn=True)):
+    got, want = (lm_eval.simple_evaluate(model=model, tasks=[task], task_manager=manager, limit=5, log_samples=True,
+                                         **options)["samples"][task] for model in (ours, hf))
+    arguments = lambda samples: [s["arguments"] for s in sorted(samples, key=lambda s: s["doc_id"])]
+    assert arguments(got) == arguments(want)  # the same requests: contexts with the same shots, rendered alike
+    context = arguments(got)[0][0][0]  # the first story's first request: (context, continuation)
+    if options.get("apply_chat_template"):  # SmolLM2-Instruct's template, the shot as a turn of its own
+      assert context.count("<|im_start|>user") == 2 and context.endswith("<|im_start|>assistant\n")
+    else:
+      assert context.count("\n\n") == 2  # two shots before the story
+    (ll, greedy), (ll_hf, greedy_hf) = per_request(got), per_request(want)
+    np.testing.assert_allclose(ll, ll_hf, atol=TOLERANCE, rtol=0, err_msg=str(options))
+    assert greedy == greedy_hf
+
+
+def test_an_instruct_model_scored_without_its_chat_template_is_warned_about_once(ours, caplog):
+  ours._chat_templated = ours._warned_chat = False
+  with caplog.at_level(logging.WARNING, logger="lm_eval.s2sjax"):
+    ours.loglikelihood(requests("loglikelihood", [("The cat sat on the", " mat.")]))
+    ours.loglikelihood(requests("loglikelihood", [("The dog sat on the", " mat.")]))
+  warned = [r for r in caplog.records if "appears to be an instruct or chat variant" in r.getMessage()]
+  assert len(warned) == 1 and "SmolLM2-135M-Instruct" in warned[0].getMessage()
+  caplog.clear()
+  ours._warned_chat = False
+  chat = ours.apply_chat_template([{"role": "user", "content": "The cat sat on the"}])
+  assert chat.endswith("<|im_start|>assistant\n")
+  with caplog.at_level(logging.WARNING, logger="lm_eval.s2sjax"):
+    ours.loglikelihood(requests("loglikelihood", [(chat, "mat.")]))
+  assert not [r for r in caplog.records if "instruct" in r.getMessage()]
+
+
+def test_a_requests_log_likelihood_is_the_same_bits_whatever_else_the_call_holds(ours):
+  # the same stories among other stories, in rows packed otherwise, with a longer item widening the windows
+  import csv
+
+  if not STORYCLOZE.exists():
+    pytest.skip(f"the StoryCloze 2016 test CSV is not at {STORYCLOZE}")
+  with open(STORYCLOZE, encoding="utf-8") as f:
+    stories = list(csv.DictReader(f))[:24]
+  context = lambda s: ours.tok_encode(" ".join(s[f"InputSentence{k}"] for k in range(1, 5)))
+  pair = lambda s: (context(s), ours.tok_encode(" " + s["RandomFifthSentenceQuiz1"], add_special_tokens=False))
+  shared = [pair(s) for s in stories[:4]]
+  first = ours.score_pairs(shared + [pair(s) for s in stories[4:10]], progress=False)[0]
+  reach = ours.last_call["window"].reach
+  long_context = sum((context(s) for s in stories[20:24]), [])  # four stories: an item of about 180 tokens
+  second = ours.score_pairs([pair(s) for s in stories[10:16]] + [(long_context, shared[0][1])] + shared[::-1],
+                            progress=False)[0]
+  assert ours.last_call["window"].reach > reach
+  np.testing.assert_array_equal(second[-4:][::-1], first[:4])

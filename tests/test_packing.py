@@ -68,6 +68,38 @@ def test_first_fit_decreasing_fills_rows():
   assert sorted(np.unique(rows["slot_item"][rows["slot_item"] >= 0]).tolist()) == list(range(6))
 
 
+def test_aligned_items_start_at_multiples_of_the_alignment_and_pack_the_rest_alike():
+  # laid 4 (2 + a one-token and a 3-token candidate: 0 + 2 laid), 5 and 9 tokens; rows of 16, items at multiples of 8
+  items = [_item([1, 2], [3], [4, 5, 6]), _item([11, 12, 13, 14], [15, 16]), _item(list(range(21, 29)), [29, 30])]
+  # first-fit decreasing: the 9 at 0 leaves no multiple of 8 with room; the 5 opens a row, the 4 follows it at 8
+  rows, report = pack(items, RowShape(16, 12, 6), align=8)
+  assert report.rows == 2 and report.real_tokens == 18 and report.longest_item == 9
+  assert rows["tokens"][0].tolist() == list(range(21, 30)) + [0] * 7
+  assert rows["tokens"][1].tolist() == [11, 12, 13, 14, 15, 0, 0, 0, 1, 2, 4, 5, 0, 0, 0, 0]
+  assert rows["segment_ids"][1].tolist() == [1] * 5 + [0] * 3 + [2] * 4 + [0] * 4
+  assert rows["positions"][1, 8:12].tolist() == [0, 1, 2, 3]  # the item's own positions, from 0
+  # targets point at the positions that predict them: 3 and 4 from 2 (row index 9), 5 from 4, 6 from 5
+  used = rows["target_slot"][1] >= 0
+  assert rows["target_ids"][1][used].tolist() == [15, 16, 3, 4, 5, 6]
+  assert rows["target_pos"][1][used].tolist() == [3, 4, 9, 9, 10, 11]
+  same, _ = pack(items, RowShape(16, 12, 6))  # align=1: end to end, as before
+  assert same["segment_ids"][0].tolist() == [1] * 9 + [2] * 5 + [0, 0]
+  with pytest.raises(ValueError, match="align must divide the row length 16, not 5"):
+    pack(items, RowShape(16, 12, 6), align=5)
+
+
+def test_the_neighbour_free_bound_reaches_back_a_multiple_of_the_reduction_period():
+  from s2sjax.model.layers import LOCAL_BLOCK, local_window
+  from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, neighbour_free_bound
+
+  assert NEIGHBOUR_FREE_ALIGN == LOCAL_BLOCK  # items aligned to the query blocks of item-local attention
+  for longest in (1, 2, 64, 65, 66, 150, 1000):
+    bound = neighbour_free_bound(longest)
+    window = local_window(bound, 4096)
+    assert bound >= longest and window.reach % REDUCTION_PERIOD == 0
+    assert window.reach - REDUCTION_PERIOD < max(longest - 1, 1)  # the smallest such
+
+
 def test_items_longer_than_the_row_name_the_item():
   items = [_item(list(range(1, 30)), [5, 6], [7], name="uttid 1234")]
   with pytest.raises(PackingError, match="uttid 1234: 29 prefix \\+ 1 candidate tokens laid exceed the row length 16"):

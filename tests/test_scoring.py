@@ -56,6 +56,44 @@ def test_sharing_on_and_off_agree(qwen2):
 
 
 @pytest.mark.slow
+def test_a_candidates_score_is_the_same_bits_whatever_shares_its_row(qwen2):
+  """Items packed at multiples of 32 and scored neighbour-free: an item among other neighbours, at another place
+  in its row, under a window that reaches further back (a longer item in the run), scores exactly the same."""
+  import dataclasses
+
+  from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, Item, neighbour_free_bound
+
+  _, config, params = qwen2
+  items = random_items(16, config.vocab_size, seed=9)
+  long = Item(np.arange(1, 300) % 500, (np.arange(7, 12),), name="long")  # reach 320, not 128
+
+  def scores(chosen):
+    rows, report = pack(chosen, SHAPE, align=NEIGHBOUR_FREE_ALIGN)
+    rows, shape = fit(rows, SHAPE, report.longest_item)
+    scorer = Scorer(config, dataclasses.replace(shape, max_item=neighbour_free_bound(report.longest_item)),
+                    batch_size=4, neighbour_free=True)
+    nll_sum, n_tokens = scorer.score(params, rows, progress=False)
+    collected = collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in chosen])
+    return {it.name: (collected.nll_sum[i], placement(rows, i, chosen)) for i, it in enumerate(chosen)}, scorer.window
+
+  def placement(rows, index, chosen):
+    """Where item `index` starts in its row, and the names of the items sharing that row."""
+    r, c = np.argwhere(rows["slot_item"] == index)[0]
+    segments = rows["segment_ids"][r]
+    start = int(np.argmax(segments == segments[rows["target_pos"][r][rows["target_slot"][r] == c][0]]))
+    return start, {chosen[i].name for i in set(rows["slot_item"][r].tolist()) - {-1, index}}
+
+  alone, short_window = scores(items[:8])
+  mixed, long_window = scores([long] + items[3:6] + items[8:12])
+  assert short_window.reach == 128 and long_window.reach == 320
+  for name in ("item-3", "item-4", "item-5"):
+    (score, (start, neighbours)), (other, (other_start, other_neighbours)) = alone[name], mixed[name]
+    assert start % 32 == other_start % 32 == 0 and neighbours != other_neighbours
+    np.testing.assert_array_equal(other, score)
+  assert [alone[name][1][0] - mixed[name][1][0] for name in ("item-3", "item-4", "item-5")] == [128, 128, 128]
+
+
+@pytest.mark.slow
 def test_codebook_table_audio_prefix_matches_reference(tmp_path):
   model = tiny_model("qwen2", seed=3)
   sizes, placeholder = (16, 8, 8), 500

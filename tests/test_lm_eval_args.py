@@ -1,0 +1,64 @@
+"""What lm-eval hands the `s2sjax` backend besides requests: its device and batch size arguments, its registry and
+its command line (no model loaded: the backend's own numbers are tests/test_lm_eval.py's)."""
+
+import sys
+
+import jax
+import pytest
+
+from s2sjax import lm_eval as backend
+from s2sjax import sharding
+from s2sjax.model.config import ModelConfig
+from s2sjax.packing import RowShape
+
+
+def test_lm_evals_device_names_the_jax_devices():
+  assert backend.devices_for(None) == jax.devices()
+  assert backend.devices_for("cpu") == jax.devices("cpu")
+  assert backend.devices_for("cpu:3") == [jax.devices("cpu")[3]]
+  with pytest.raises(ValueError, match="device='mps': the s2sjax backend runs on JAX's cpu, cuda, gpu, rocm, tpu"):
+    backend.devices_for("mps")
+  with pytest.raises(ValueError, match="device='cpu:8': this process has 8 cpu devices \\(0..7\\)"):
+    backend.devices_for("cpu:8")
+
+
+def test_auto_batch_size_takes_what_fits_and_what_the_call_needs():
+  config = ModelConfig(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                       num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=1e5, rotary_dim=64, rope_interleaved=False,
+                       rms_norm_eps=1e-5, qkv_bias=False, o_bias=False, mlp_bias=False, tie_embeddings=True)
+  shape = RowShape(1024, 512, 256)
+  mesh = sharding.make_mesh("data:4,model:2")  # 4 data-parallel devices (conftest's 8 host devices)
+  step = lambda rows, memory: backend.rows_per_step(config, shape, rows, mesh, "float32", 64, memory)
+  assert step(3, 2**40) == 4  # the call's 3 rows, one a device: a multiple of the data-parallel devices
+  assert step(1000, 2**40) == 64  # max_batch_size
+  # per device: half the 538 MB of fp32 weights (256.6 MiB) and 71.5 MiB a row (3 buffers of fp32 scores over 5 of
+  # the 9 heads, 1024^2 each, and the rest), in 90% of its memory
+  assert step(1000, 400 * 2**20) == 4 * 1 and step(1000, 500 * 2**20) == 4 * 2
+
+
+def test_batch_size_must_be_rows_or_auto():
+  with pytest.raises(ValueError, match="batch_size must be a number of rows or auto, not 'big'"):
+    backend.S2SJaxLM(batch_size="big")
+  with pytest.raises(ValueError, match="give one of them"):
+    backend.S2SJaxLM(pretrained="a", checkpoint="b")
+
+
+def test_the_registry_finds_the_backend_by_name():
+  from lm_eval.api.registry import get_model, model_registry
+
+  assert get_model("s2sjax") is backend.S2SJaxLM
+  assert "hf" in model_registry and "vllm" in model_registry  # lm-eval's own models are still there
+
+
+def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypatch):
+  import lm_eval.__main__
+
+  seen = []
+  monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(list(sys.argv[1:])))
+  monkeypatch.setattr(sys, "argv", ["s2sjax.lm_eval"])
+  backend.cli_evaluate(["run", "--tasks", "t", "--model_args", "pretrained=DIR"])
+  backend.cli_evaluate(["--tasks=t", "--model", "hf"])
+  backend.cli_evaluate(["ls", "tasks"])
+  backend.cli_evaluate(["--help"])
+  assert seen == [["run", "--tasks", "t", "--model_args", "pretrained=DIR", "--model", "s2sjax"],
+                  ["--tasks=t", "--model", "hf"], ["ls", "tasks"], ["--help"]]
