@@ -13,20 +13,25 @@ read, transformed and written one leaf at a time. Modules a layout knows scoring
 audio tokenizer, vision towers) are left out without flags, listed in the manifest and named in the report the
 command prints, with what each is and where a user gets it instead (`report`).
 
-Moshi releases (`--family=moshi`) are read in the releases' fused attention keys or today's `LMModel.state_dict()`
-names, LoRA factors merged into the weights they adapt (`s2sjax.families.moshi.LMStateDict`).
+An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
+names it (its registration says which module converts them).
 
 A tokenizer that is remote code (tokenizer_config.json's `auto_map`, as GLM-4's `ChatGLM4Tokenizer`) is run only
 with --trust_remote_code; its code and model files are then copied with the checkpoint, as the source ships them.
+
+SIGINT or SIGTERM stops a conversion within seconds, its partial files removed (a checkpoint it was to replace is
+kept as it was), and one line says so; a rerun converts from the start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from typing import Iterator, Sequence
 
@@ -34,11 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax import checkpoint, cli, families, text_tokenizer
+from s2sjax import architectures, checkpoint, cli, families, text_tokenizer
 from s2sjax.progress import Progress
-from s2sjax.families import moshi as moshi_family
+from s2sjax.registry import load_object
 from s2sjax.families.keymap import Rule, check_rules
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
@@ -65,13 +69,18 @@ class Plan:
   skipped_modules: dict[str, int]  # the layout's skipped prefixes found in the source: how many keys each
 
 
-# Parallel-stream families: their own parameter tree and checkpoint writer (s2sjax/families/moshi.py says why).
-STREAM_FAMILIES = (moshi_family.NAME,)
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted
+
+
+def converted_architectures() -> tuple[str, ...]:
+  """Architectures whose releases their own converter hook reads (their own parameter tree and source layout)."""
+  return tuple(a.name for a in architectures.ARCHITECTURES if a.converter)
 
 
 def family_choices() -> tuple[str, ...]:
-  """--family's values: auto, then the registry's families and vendor layouts, then the stream families."""
-  return ("auto",) + families.layout_choices() + STREAM_FAMILIES
+  """--family's values: auto, then the registry's families and vendor layouts, then the architectures that convert
+  their own releases."""
+  return ("auto",) + families.layout_choices() + converted_architectures()
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
@@ -114,6 +123,45 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
   return Plan(source, model_type, layout, config, rules, kept, skipped, {p: n for p, n in modules.items() if n})
 
 
+class InterruptedAfterWriting(cli.Interrupted):
+  """SIGINT or SIGTERM came as the checkpoint was being finished: it is written in full."""
+
+
+@contextlib.contextmanager
+def interrupts_between_leaves():
+  """While a checkpoint is written, SIGINT / SIGTERM take effect between leaves: at the next leaf the writer asks
+  for (write_checkpoint then removes its staging folder), or as InterruptedAfterWriting once the checkpoint is in
+  place. A signal that stopped the main thread inside an orbax save would leave that save going on in orbax's
+  threads, into the staging folder being removed (found half rewritten afterwards, with their tracebacks). Yields
+  the wrapper of the leaf iterators. A second signal ends the process at once, as s2sjax.cli's does."""
+  if threading.current_thread() is not threading.main_thread():  # only the main thread receives signals
+    yield lambda leaves: leaves
+    return
+  held: list[int] = []
+
+  def hold(signum, frame) -> None:
+    del frame
+    for each in INTERRUPTS:
+      signal.signal(each, signal.SIG_DFL)
+    held.append(signum)
+
+  def between(leaves):
+    for leaf in leaves:
+      if held:
+        raise cli.Interrupted(held[0])
+      yield leaf
+
+  previous = {each: signal.signal(each, hold) for each in INTERRUPTS}
+  try:
+    yield between
+  finally:
+    if not held:
+      for each, handler in previous.items():
+        signal.signal(each, handler if handler is not None else signal.SIG_DFL)
+  if held:
+    raise InterruptedAfterWriting(held[0])
+
+
 def with_progress(leaves: Iterator[tuple[tuple[str, ...], np.ndarray]], total: int, description: str
                   ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
   """The leaves, drawing progress as they are written (tensors, MB/s, ETA)."""
@@ -140,10 +188,10 @@ def _tokenizer_dir(source_path: str, vocab_size: int, staging: str,
                    trust_remote_code: bool = False) -> tuple[str | None, dict]:
   """A directory with the source's tokenizer, or None, and what the manifest records of it; checks the tokenizer
   fits the embedding. Transformers' own classes are re-saved; remote code is copied file for file."""
-  from transformers import AutoTokenizer
-
   out = os.path.join(staging, "tokenizer")
   if os.path.isfile(source_path):  # GGUF carries its tokenizer in its metadata
+    from transformers import AutoTokenizer  # here, not above: a source without a tokenizer needs no torch import
+
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(source_path), gguf_file=os.path.basename(source_path))
     code = []
   else:
@@ -157,6 +205,8 @@ def _tokenizer_dir(source_path: str, vocab_size: int, staging: str,
     missing = [name for name in code if not os.path.exists(os.path.join(source_path, name))]
     if missing:
       raise ConversionError(f"{source_path}: tokenizer_config.json's auto_map names {missing}, which the folder lacks")
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(source_path, trust_remote_code=trust_remote_code)
   if len(tokenizer) > vocab_size:
     raise ConversionError(
@@ -186,8 +236,8 @@ def convert(
   trust_remote_code: bool = False,
 ) -> dict:
   """Converts and writes; returns the manifest (what was read, kept, skipped)."""
-  if family in STREAM_FAMILIES:
-    return convert_moshi(source_path, output, dtype, overwrite)
+  if family in converted_architectures():
+    return load_object(architectures.get(family).converter)(source_path, output, dtype, overwrite)
   start = time.time()
   source = open_source(source_path)
   plan = plan_conversion(source, family, skip_prefixes)
@@ -209,24 +259,13 @@ def convert(
     extras = ((tuple(key.split(".")), np.asarray(source.read(key))) for key in plan.kept)
     leaves = with_progress(iter_leaves(plan, target_dtype), sum(len(rule.pieces) for rule in plan.rules),
                            f"converting {os.path.basename(os.path.normpath(source_path))}")
-    checkpoint.write_checkpoint(
-      output, plan.config, leaves, extras=extras, tokenizer_dir=tokenizer_dir,
-      manifest=manifest, overwrite=overwrite,
-    )
+    with interrupts_between_leaves() as between:
+      checkpoint.write_checkpoint(
+        output, plan.config, between(leaves), extras=between(extras), tokenizer_dir=tokenizer_dir,
+        manifest=manifest, overwrite=overwrite,
+      )
   logging.info("wrote %s in %.1fs (%d kept, %d skipped)", output, time.time() - start, len(plan.kept), len(plan.skipped))
   return manifest
-
-
-def _moshi_files(source_path: str, source_config: dict) -> list[str]:
-  """The release's LM weights (config.json's `moshi_name`), then, with `lora: true`, its LoRA factors (`lora_name`,
-  as Kyutai's loader reads them on top: moshi/models/loaders.py l.229, l.260)."""
-  files = [os.path.join(source_path, source_config.get("moshi_name", moshi_family.MOSHI_NAME))]
-  if source_config.get("lora") and source_config.get("lora_name"):
-    files.append(os.path.join(source_path, source_config["lora_name"]))
-  for path, key in zip(files, ("moshi_name", "lora_name")):
-    if not os.path.exists(path):
-      raise ConversionError(f"{path} (config.json's {key}) does not exist")
-  return files
 
 
 def report(manifest: dict, output: str) -> str:
@@ -242,85 +281,6 @@ def report(manifest: dict, output: str) -> str:
     merged = manifest["lora_merged"]
     lines.append(f"merged LoRA factors into {len(merged['weights'])} weights (W + {merged['scaling']} * B @ A)")
   return "\n".join(lines)
-
-
-def convert_moshi(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
-  """A Moshi PyTorch release folder (config.json of LMModel arguments; the LM's safetensors named by its
-  `moshi_name`, default model.safetensors, in the release's fused attention keys or today's `LMModel.state_dict()`
-  names; with `lora: true` the LoRA factors of `lora_name`; its sentencepiece model named by `tokenizer_name`;
-  Mimi's file beside them is not read) -> a Moshi checkpoint, with the text tokenizer as tokenizer/. LoRA factors
-  are merged into their weights. Every key and shape is checked before any tensor is read."""
-  config_path = os.path.join(source_path, "config.json")
-  if not os.path.exists(config_path):
-    raise ConversionError(f"{source_path} has no config.json (the LMModel arguments of the release)")
-  with open(config_path) as f:
-    source_config = json.load(f)
-  paths = _moshi_files(source_path, source_config)
-  try:
-    config = moshi_family.parse_config(source_config)
-  except ValueError as e:
-    raise ConversionError(f"{source_path}: {e}") from e
-  files, problems = {}, []
-  for path in paths:
-    source = safetensors_io.SafetensorsFile(path)
-    for key in source.keys():
-      if key in files:
-        problems.append(f"{key} is in both {files[key].path} and {path}")
-      files.setdefault(key, source)
-  state = moshi_family.LMStateDict(config, {k: f.shape(k) for k, f in files.items()}, lambda k: files[k].read(k),
-                                   source_config.get("lora_scaling", moshi_family.LORA_SCALING))
-  ruled, found, skipped = moshi_family.plan(config, state)
-  problems += found
-  if source_config.get("lora") and not state.lora:
-    problems.append(f"config.json says lora=true, but {' and '.join(paths)} hold no LoRA factors (Kyutai's loader "
-                    "would add randomly initialised ones)")
-  weights = " + ".join(paths)
-  if problems:
-    raise ConversionError(f"{weights} does not fit a moshi target:\n  " + "\n  ".join(problems))
-  with tempfile.TemporaryDirectory() as staging:
-    tokenizer_dir, tokenizer_record = _sentencepiece_tokenizer_dir(source_path, source_config, config.text_card,
-                                                                   staging)
-    manifest = {"source": os.path.abspath(source_path), "source_description": f"{weights} (Moshi release)",
-                "source_model_type": moshi_family.NAME, "source_config": source_config, "dtype": dtype,
-                "skipped": skipped, "tokenizer": tokenizer_record}
-    if state.lora:
-      manifest["lora_merged"] = {"scaling": state.lora_scaling, "weights": sorted(state.lora)}
-    leaves = with_progress(moshi_family.convert_leaves(config, ruled, state.read, jnp.dtype(dtype)), len(ruled),
-                           f"converting {os.path.basename(os.path.normpath(source_path))}")
-    checkpoint.write_checkpoint(output, config, leaves, tokenizer_dir=tokenizer_dir, manifest=manifest,
-                                overwrite=overwrite)
-  return manifest
-
-
-# Moshi's text tokenizer is a bare sentencepiece model; this transformers class runs exactly
-# `SentencePieceProcessor.encode` once its bos / eos / sep / pad are unset (it adds no tokens of its own).
-SENTENCEPIECE_CLASS = "BertGenerationTokenizer"
-
-
-def _sentencepiece_tokenizer_dir(source_path: str, source_config: dict, text_card: int,
-                                 staging: str) -> tuple[str | None, dict]:
-  """A transformers-loadable tokenizer folder around the release's sentencepiece model (config.json's
-  `tokenizer_name`), or None when the release has none; refuses one with more pieces than the text stream's ids."""
-  import sentencepiece
-
-  name = source_config.get("tokenizer_name")
-  path = os.path.join(source_path, name) if name else None
-  if path is None or not os.path.exists(path):
-    logging.warning("%s has no text tokenizer (config.json's tokenizer_name: %s): the checkpoint is written without "
-                    "tokenizer/, and evaluating it needs --tokenizer_dir", source_path, name)
-    return None, {"note": "none in the source: evaluate with --tokenizer_dir"}
-  model = sentencepiece.SentencePieceProcessor(model_file=path)
-  if model.get_piece_size() > text_card:
-    raise ConversionError(f"{path} has {model.get_piece_size()} pieces, but the text stream takes ids below "
-                          f"text_card={text_card}: ids past it would be read as other tokens")
-  out = os.path.join(staging, "tokenizer")
-  os.makedirs(out)
-  shutil.copy(path, os.path.join(out, "spiece.model"))  # the file name the class reads
-  unk = model.id_to_piece(model.unk_id()) if model.unk_id() >= 0 else None
-  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-    json.dump({"tokenizer_class": SENTENCEPIECE_CLASS, "unk_token": unk, "bos_token": None, "eos_token": None,
-               "sep_token": None, "pad_token": None}, f, indent=2)
-  return out, {"class": SENTENCEPIECE_CLASS, "size": model.get_piece_size(), "source_file": name}
 
 
 FLAGS = flags.FLAGS
@@ -341,15 +301,35 @@ def define_flags() -> None:
   flags.DEFINE_integer("verify_length", 512, "Tokens in the --verify comparison.")
 
 
+def _interrupted_line(signum: int, output: str, replaced: bool, written: bool) -> str:
+  """What a SIGINT / SIGTERM leaves at --output, and how to go on (a conversion does not resume: it is redone)."""
+  stopped = f"interrupted by {signal.Signals(signum).name}"
+  if written:
+    verify = "; the --verify comparison was stopped (rerun with --overwrite --verify)" if FLAGS.verify else ""
+    return f"{stopped}: {output} is converted in full and kept{verify}"
+  kept = f"the checkpoint already at {output} is kept as it was" if replaced else f"{output} is not written"
+  return (f"{stopped}: the conversion was not finished and its partial files are removed; {kept}; rerun the same "
+          "command to convert from the start")
+
+
 def main(argv):
   del argv
-  manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite,
-                     FLAGS.trust_remote_code)
+  replaced = os.path.exists(os.path.join(FLAGS.output, checkpoint.MANIFEST))  # a checkpoint --overwrite replaces
+  try:
+    manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite,
+                       FLAGS.trust_remote_code)
+  except cli.Interrupted as e:
+    e.message = _interrupted_line(e.signum, FLAGS.output, replaced, isinstance(e, InterruptedAfterWriting))
+    raise
   print(report(manifest, FLAGS.output))
   if FLAGS.verify:
     from checkpoints_conversion import verify
 
-    result = verify.compare_with_torch(FLAGS.source, FLAGS.output, length=FLAGS.verify_length)
+    try:
+      result = verify.compare_with_torch(FLAGS.source, FLAGS.output, length=FLAGS.verify_length)
+    except cli.Interrupted as e:
+      e.message = _interrupted_line(e.signum, FLAGS.output, replaced, written=True)
+      raise
     print(
       f"verify: {result['tokens']} tokens, max |log-prob difference| = {result['max_abs_diff']:.3g} "
       f"(mean {result['mean_abs_diff']:.3g}) in {result['dtype']}"

@@ -50,36 +50,14 @@ import numpy as np
 from absl import flags
 
 from s2sjax import checkpoint, cli, default_model, plan
+from s2sjax.bench_items import PROTOCOLS, WORKLOADS, make_items
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.packing import Item, RowShape, auto_row_length, fit, pack
 from s2sjax.scoring import Scorer, collect
 
 FLAGS = flags.FLAGS
-
-WORKLOADS = {
-  # prefix mean/std, candidates per item, candidate length range
-  "stories": dict(prefix=(60, 8), options=2, candidate=(6, 18)),
-  "speech": dict(prefix=(200, 20), options=4, candidate=(5, 15)),
-}
-STORYCLOZE = "storycloze"
-# The s2sjax protocols: flag name -> (table name, share prefixes, item-local attention).
-PROTOCOLS = {
-  "noshare": ("s2sjax, no sharing", False, False),
-  "shared": ("s2sjax, shared", True, False),
-  "local": ("s2sjax, shared, item-local", True, True),
-}
-
-
-def make_items(workload: str, count: int, vocab: int, seed: int = 0) -> list[Item]:
-  spec = WORKLOADS[workload]
-  rng = np.random.default_rng(seed)
-  items = []
-  for i in range(count):
-    prefix_len = max(8, int(rng.normal(*spec["prefix"])))
-    candidates = tuple(rng.integers(0, vocab, rng.integers(*spec["candidate"])) for _ in range(spec["options"]))
-    items.append(Item(rng.integers(0, vocab, prefix_len), candidates, name=f"{workload}-{i}"))
-  return items
+STORYCLOZE = "storycloze"  # the real StoryCloze test stories (--storycloze_csv), beside the synthetic WORKLOADS
 
 
 def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:

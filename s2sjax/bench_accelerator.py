@@ -4,7 +4,7 @@ r"""Accelerator benchmark: scoring throughput, achieved FLOP/s and MFU of Qwen2.
       [--attention=auto,xla,dot_product,cudnn,flash,flash_shared] [--protocols=noshare,shared,local] \
       [--dtype=bfloat16] [--rows=8] [--mesh=data:-1] [--peak_tflops=989] [--compile_only] [--output=FILE.json]
 
-Rows are full of benchmark-like items (speech-like prefixes, four options) laid as `bench.PROTOCOLS` lays them:
+Rows are full of benchmark-like items (speech-like prefixes, four options) laid as `PROTOCOLS` lays them:
 `noshare` (every prefix + candidate its own segment), `shared` (each prefix once, candidates branching from it,
 dense attention) or `local` (the shared rows, each query block attending over its item's keys only). The step does
 the real work: decoder over every row token, the head at the scored positions. MFU = useful model FLOPs (the
@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax import bench, plan, sharding
+from s2sjax import plan, sharding
+from s2sjax.bench_items import PROTOCOLS, make_items
 from s2sjax.model import layers
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import RowShape, fit, longest_item, pack
@@ -83,7 +84,7 @@ def step_flops(config, rows: dict[str, np.ndarray]) -> float:
 def benchmark_rows(config, length: int, count: int, share_prefix: bool) -> dict[str, np.ndarray]:
   """`count` full packed rows of speech-like items (about 200 prefix tokens, four options of 5-15)."""
   # a row of 2048 holds about 2 such items unshared, 8 shared: 10 per row always leaves rows to spare
-  rows, _ = pack(bench.make_items("speech", 10 * count * max(1, length // 2048), config.vocab_size),
+  rows, _ = pack(make_items("speech", 10 * count * max(1, length // 2048), config.vocab_size),
                  RowShape.for_length(length), share_prefix=share_prefix)
   if len(rows["tokens"]) < count:
     raise ValueError(f"the benchmark items packed into {len(rows['tokens'])} rows of {length}, {count} needed")
@@ -122,7 +123,7 @@ def measure(size: str, length: int, rows_per_step: int, attention: str, dtype, m
   mean NLLs ride along under "candidate_nll" (not written to JSON)."""
   config = model_config(size)
   devices = jax.device_count()
-  _, share, local = bench.PROTOCOLS[protocol]
+  _, share, local = PROTOCOLS[protocol]
   result = {"size": size, "attention": attention, "protocol": protocol, "dtype": str(jnp.dtype(dtype)),
             "row_length": length, "mesh": mesh_spec, "device": f"{jax.devices()[0].device_kind} x{devices}"}
   why_not = unpaired(attention, protocol) or not_measured_here(attention)
@@ -192,16 +193,16 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
   """Measures every size x attention x protocol that goes together, printing each line when it is done."""
   for size in sizes:  # a typo should fail now, not after an hour of measurements
     model_config(size)
-  unknown = sorted(set(protocols) - set(bench.PROTOCOLS))
+  unknown = sorted(set(protocols) - set(PROTOCOLS))
   if unknown:
-    raise ValueError(f"unknown protocol(s) {unknown}; known: {list(bench.PROTOCOLS)}")
+    raise ValueError(f"unknown protocol(s) {unknown}; known: {list(PROTOCOLS)}")
   print(format_header(), flush=True)
   results = []
   for size in sizes:
     first = None
     for choice in attentions:
       for protocol in protocols:
-        _, share, local = bench.PROTOCOLS[protocol]
+        _, share, local = PROTOCOLS[protocol]
         attention = layers.auto_implementation(share, local, dtype) if choice == "auto" else choice
         if unpaired(attention, protocol):  # a pairing that cannot exist anywhere: not a line of the table
           continue

@@ -29,7 +29,7 @@ import numpy as np
 from s2sjax import checkpoint, default_model, families, modalities
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError, ModelConfig
-from s2sjax.spec import Spec, SpecError, load_spec, resolve_audio_ids, spec_from_dict
+from s2sjax.spec import AudioIds, Spec, SpecError, load_spec, resolve_audio_ids
 from s2sjax.task_data import TaskData, tokenizer_identity
 
 # Where a source config.json states a spec's special ids (Baichuan-Audio's audio_config).
@@ -97,19 +97,18 @@ def spec_verdicts(spec: Spec, tokenizer, config: ModelConfig, source_config: dic
 
 def data_verdicts(td: TaskData, config: ModelConfig, tokenizer) -> list[Verdict]:
   verdicts = []
-  built = td.metadata["tokenizer"]
+  built = td.metadata.tokenizer
   if tokenizer is not None and built is not None:  # None: a unit LM's data, no text tokenizer
     mine = tokenizer_identity(tokenizer)
     verdicts.append(Verdict("data tokenizer", mine["vocab_sha"] == built["vocab_sha"],
                             f"built with {built['name_or_path']} ({built['size']} tokens, {built['vocab_sha']}); "
                             f"checkpoint's {mine['size']} tokens, {mine['vocab_sha']}"))
-    spec = td.metadata["spec"]
-    if td.metadata.get("audio_ids"):
-      resolved = dataclasses.asdict(resolve_audio_ids(spec_from_dict(spec), tokenizer))
-      same = resolved == td.metadata["audio_ids"]
+    if td.metadata.audio_ids:
+      resolved = resolve_audio_ids(td.metadata.spec, tokenizer)
+      same = resolved == td.metadata.audio_ids
       verdicts.append(Verdict("data special ids", same, (
         f"data and the checkpoint's tokenizer agree: {_ids_text(resolved)}" if same else
-        f"data {_ids_text(td.metadata['audio_ids'])}, checkpoint's tokenizer {_ids_text(resolved)}")))
+        f"data {_ids_text(td.metadata.audio_ids)}, checkpoint's tokenizer {_ids_text(resolved)}")))
   codes = td.rows["audio_codes"]
   if codes.shape[-1]:
     top = codes.reshape(-1, codes.shape[-1]).max(axis=0)
@@ -135,16 +134,16 @@ def id_ranges(ids) -> str:
   return ", ".join(runs) + (f" ({len(ids)} ids)" if len(ids) > 2 else "")
 
 
-def _ids_text(audio_ids: dict) -> str:
+def _ids_text(audio_ids: AudioIds) -> str:
   return ", ".join(f"{role} {id_ranges(value) if isinstance(value, list) else value}"
-                   for role, value in audio_ids.items())
+                   for role, value in dataclasses.asdict(audio_ids).items())
 
 
 def _without_audio(td: TaskData, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
   """The rows with their audio made uninformative: codes zeroed, or every audio unit replaced by unit 0."""
   if rows["audio_codes"].shape[-1]:
     return dict(rows, audio_codes=np.where(rows["audio_codes"] >= 0, 0, -1).astype(rows["audio_codes"].dtype))
-  units = (td.metadata.get("audio_ids") or {}).get("unit_ids")
+  units = td.metadata.audio_ids.unit_ids if td.metadata.audio_ids else None
   if not units:
     return None
   tokens = rows["tokens"]
@@ -187,7 +186,7 @@ def run(ckpt_dir: str, trust_remote_code: bool = False, spec: str | None = None,
   if spec is not None:
     loaded = load_spec(spec)
   elif data is not None:
-    loaded = spec_from_dict(data.metadata["spec"])
+    loaded = data.metadata.spec
   else:
     loaded = None
   fitted = default_model.fitted_config(config, loaded) if loaded is not None else config

@@ -1,9 +1,10 @@
 """The on-disk model format: an orbax parameter tree plus the JSON that says what it is.
 
-    DIR/model_config.json   ModelConfig (architecture, audio input tables), or a MoshiConfig (`family: moshi`)
-    DIR/params/             orbax PyTree: `abstract_params(config)` with the decoder's stacked `layers` subtree
-                            stored one layer at a time (`layers/<i>/...`), restacked on load; Moshi's tree (its own
-                            model, s2sjax/model/moshi.py) is stored as it is
+    DIR/model_config.json   the config of the checkpoint's architecture (s2sjax/architectures, found by its
+                            `family`): a ModelConfig (architecture, audio input tables) for the shared decoder
+    DIR/params/             orbax PyTree: the architecture's `abstract_params(config)`, a stacked top-level
+                            `layers` subtree (the decoder's) stored one layer at a time (`layers/<i>/...`),
+                            restacked on load
     DIR/extras/             orbax PyTree of tensors kept from the source but not used by the decoder (audio heads)
     DIR/tokenizer/          the tokenizer files, when the source had them
     DIR/manifest.json       provenance (source, dtype, kept and skipped keys), every leaf's checksum
@@ -42,9 +43,8 @@ from etils import epath
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax import checksums, sharding
+from s2sjax import architectures, checksums, sharding
 from s2sjax.output_dir import DamagedFileError, fsync_path, read_json, strict_json
-from s2sjax.model import decoder, moshi
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
 
@@ -99,10 +99,10 @@ def _save_leaves(
   return written
 
 
-def _model(config: ModelConfig | moshi.MoshiConfig):
-  """(abstract_params, param_logical_axes) of the model a config describes: the shared decoder, or Moshi."""
-  module = moshi if isinstance(config, moshi.MoshiConfig) else decoder
-  return module.abstract_params, module.param_logical_axes
+def _model(config):
+  """(abstract_params, param_logical_axes) of the model a config describes: its architecture's."""
+  architecture = architectures.for_config(config)
+  return architecture.abstract_params, architecture.param_logical_axes
 
 
 def disk_layout(abstract: Params) -> dict[LeafPath, jax.ShapeDtypeStruct]:
@@ -308,8 +308,9 @@ def _read_json(path: epath.Path, what: str) -> Any:
   return value
 
 
-def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False) -> ModelConfig | moshi.MoshiConfig:
-  """The checkpoint's ModelConfig, or its MoshiConfig when model_config.json says `family: moshi`. A
+def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False):
+  """The checkpoint's config: a ModelConfig, or the config of the architecture model_config.json's `family` names
+  (`architectures.for_family`). A
   model_config.json that differs from the one written with the checkpoint (the manifest's hash) is refused, unless
   `accept_changed_config` (an edit made on purpose)."""
   ckpt_dir = epath.Path(ckpt_dir)
@@ -326,7 +327,7 @@ def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False)
       f"edited config on purpose, pass {ACCEPT_FLAG}")
   text = path.read_text()
   try:
-    return (moshi.MoshiConfig if fields.get("family") == moshi.FAMILY else ModelConfig).from_json(text)
+    return architectures.for_family(fields.get("family")).config_class.from_json(text)
   except (TypeError, KeyError) as e:  # a field missing or unknown: the dataclass's own words
     raise CheckpointError(f"{path} does not describe a model ({type(e).__name__}: {e}): restore it or re-convert "
                           "the checkpoint") from None

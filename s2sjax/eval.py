@@ -1,23 +1,24 @@
 r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the degradation between them.
 
-  python -m s2sjax.eval --task=sstorycloze|zh_sstorycloze|scmmlu|all --modality=t2t,s2t,t2s,s2s|both|all \
+  python -m s2sjax.eval --task=TASK|all --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--checkpoint=DIR|GLOB|A,B,C] [--spec=demo] [--data_dir=DIR] [--output_dir=DIR] [--mesh=data:-1,model:1] \
       [--batch_size=8] [--dtype=float32|bfloat16] [--row_length=N] [--chunk_rows=32] [--step_pattern=REGEX] \
       [--attention=auto|xla|dot_product|cudnn|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix] \
       [--noverify_checkpoint] [--noverify_data] [--accept_config_change]
 
-With only task and modality it runs the embedded default: the bundled sample (built on first use) and SmolLM2-135M
-(converted on first use) with an untrained audio table, so its S->T shows what a text LM that never learned audio
-does (its spoken candidates are units it never learned either). Several checkpoints of one run (a glob or a list)
-give curves over steps, each step read from its folder's name (s2sjax/checkpoint_paths.py; --step_pattern for
-other names). Rerunning into the same --output_dir scores only what is missing, and refuses chunks another
-checkpoint, dtype, chunking or data made; SIGINT (Ctrl-C) or SIGTERM stops a run within seconds, keeping its
-finished chunks, writing the summaries of what is complete and releasing the lock, so a rerun goes on. What is read
-is held to what wrote it: the checkpoint's parameters and config (--noverify_checkpoint skips the parameter pass;
---accept_config_change accepts an edited config), the built data's record and checksums (--noverify_data skips the
-checksums), each scores file to its chunks. --noshare_prefix, --reference_language_quirk and --overlong pick the
-build `tasks.prepare` made with those flags (flash needs rows without shared prefixes; flash_shared takes shared
-ones in two cascaded passes).
+TASK: a task of the registry (s2sjax/benchmarks.py), plugins' included. With only task and modality it runs the
+embedded default: the bundled sample (built on first use) and SmolLM2-135M-Instruct (its Q4_1 GGUF, converted on
+first use; both cached in $S2SJAX_CACHE, default ~/.cache/s2sjax) with an untrained audio table, so its S->T shows
+what a text LM that never learned audio does (its spoken candidates are units it never learned either). Several
+checkpoints of one run (a glob or a list) give curves over steps, each step read from its folder's name
+(s2sjax/checkpoint_paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
+is missing, and refuses chunks another checkpoint, dtype, chunking or data made; SIGINT (Ctrl-C) or SIGTERM stops a
+run within seconds, keeping its finished chunks, writing the summaries of what is complete and releasing the lock,
+so a rerun goes on. What is read is held to what wrote it: the checkpoint's parameters and config
+(--noverify_checkpoint skips the parameter pass; --accept_config_change accepts an edited config), the built data's
+record and checksums (--noverify_data skips the checksums), each scores file to its chunks. --noshare_prefix,
+--reference_language_quirk and --overlong pick the build `tasks.prepare` made with those flags (flash needs rows
+without shared prefixes; flash_shared takes shared ones in two cascaded passes).
 
 This module is the command line and the wiring of the three packages (it builds the bundled sample through
 `tasks` and converts the default model through `checkpoints_conversion`); the work is done by `Evaluator`
@@ -37,8 +38,8 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from s2sjax import (benchmarks, checkpoint, checkpoint_paths, cli, default_model, flips, metrics, modalities, peers,
-                    reports, sharding, text_tokenizer)
+from s2sjax import (benchmarks, builds, cache, checkpoint, checkpoint_paths, cli, default_model, flips, metrics,
+                    modalities, peers, reports, sharding, text_tokenizer)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
 from s2sjax.model import layers
@@ -46,11 +47,11 @@ from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
 from s2sjax.spec import load_spec
-from s2sjax.spec import spec_from_dict
-from s2sjax.task_data import MissingDataError, TaskData, Variants, load_task_data, tokenizer_identity
+from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
 
 FLAGS = flags.FLAGS
-DEMO_NAME = "SmolLM2-135M (demo)"
+SMOKE_DEFAULTS = {"modality": "all", "output_dir": "outputs/smoke"}  # what --smoke changes unless given
+DEMO_NAME = "SmolLM2-135M-Instruct (demo)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +66,9 @@ class EvalConfig:
   data_dir: str | None = None  # None: the default cache (with the bundled sample built on first use)
   output_dir: str = "outputs/eval"
   mesh: str = "data:-1"
-  row_length: int | None = None  # None: the build whose rows' length was chosen from its items (`-auto`)
+  row_length: int | None = builds.AUTO  # the build whose rows' length was chosen from its items (`-auto`)
   chunk_rows: int = 32
-  variants: Variants = Variants()
+  variants: builds.Variants = builds.Variants()
   tensorboard: bool = False
   scoring: ScoringOptions = ScoringOptions(attention="auto")
   tokenizer_dir: str | None = None  # for a checkpoint without tokenizer/ (one with its own may use it too)
@@ -78,47 +79,55 @@ class EvalConfig:
   break_lock: bool = False  # take the output directory from a run that died on another host
   trust_remote_code: bool = False  # run a tokenizer shipped as code (GLM-4's)
   ties: str | None = None  # metrics.TIE_RULES: how a tie counts; None: each task's own rule
+  smoke: bool = False  # the embedded default on the smoke release (tasks/sample/smoke.py), data of its own
+
+  @property
+  def selectors(self) -> list[builds.DataSelector]:
+    """The builds the run scores: every protocol for S->S, s2sbench's for the rest (`builds.selectors`)."""
+    return builds.selectors(self.tasks, self.modalities, self.protocols, self.spec, self.row_length, self.variants)
 
   @property
   def is_default(self) -> bool:
     """The embedded default: no checkpoint, the demo spec, the default data (built on first use)."""
     return not self.checkpoints and self.spec == "demo" and self.data_dir is None
 
+  def default_data_dir(self) -> str:
+    """Where the embedded default's data is built: the bundled sample's, or the smoke release's apart."""
+    from tasks.prepare import default_data_dir
 
-def scored_sets(cfg: EvalConfig) -> list[tuple[str, str, Variants]]:
-  """(task, modality, build variants) of everything the run scores: every protocol for S->S, s2sbench's for the
-  rest."""
-  return [(task, modality, dataclasses.replace(
-            cfg.variants, protocol=protocol, tokenization=cfg.variants.tokenization if modality == "t2t" else "separate"))
-          for task in cfg.tasks for modality in cfg.modalities
-          for protocol in (cfg.protocols if modality == "s2s" else ("s2sbench",))]
+    return os.path.join(cache.cache_dir(), "smoke", "data") if self.smoke else default_data_dir()
+
+  def release_dir(self) -> str | None:
+    """The release the embedded default builds from (None: the bundled sample)."""
+    from tasks.sample.smoke import write_smoke_release
+
+    return write_smoke_release(os.path.join(cache.cache_dir(), "smoke", "release")) if self.smoke else None
 
 
-def ensure_data(cfg: EvalConfig, data_dir: str, task: str, modality: str, variants: Variants,
-                tokenizer_dir: str) -> TaskData:
+def ensure_data(cfg: EvalConfig, data_dir: str, selector: builds.DataSelector, tokenizer_dir: str) -> TaskData:
   try:
-    return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants, cfg.verify_data)
+    return load_build(data_dir, selector, cfg.verify_data)
   except MissingDataError:
     if not cfg.is_default:
       raise
-  from tasks.prepare import prepare  # the embedded default builds the bundled sample on first use
+  from tasks.prepare import prepare_build  # the embedded default builds the bundled sample on first use
 
-  logging.info("building the bundled sample: %s %s", task, modality)
-  prepare(task, cfg.spec, modality, cfg.row_length, data_dir, variants=variants, tokenizer_dir=tokenizer_dir)
-  return load_task_data(data_dir, task, modality, cfg.spec, cfg.row_length, variants, cfg.verify_data)
+  logging.info("building the bundled sample: %s %s", selector.task, selector.modality)
+  prepare_build(selector, data_dir, cfg.release_dir(), tokenizer_dir=tokenizer_dir)
+  return load_build(data_dir, selector, cfg.verify_data)
 
 
 def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True, accept_config_change: bool = False):
   """Config and params of one checkpoint (config hash and parameter checksums verified), fitted to the data's spec
   (`default_model.fit_to_spec`: the demo spec's units become untrained vocabulary rows, whichever modalities run;
-  `s2sjax.check` loads the same model). A Moshi checkpoint gives its MoshiConfig and tree, which the Evaluator
-  scores with the stream scorer."""
+  `s2sjax.check` loads the same model). A checkpoint of another architecture (s2sjax/architectures) gives its own
+  config and tree, which the Evaluator scores with that architecture's scorer."""
   if not data:
     raise EvalError("no task data to score: nothing was built or asked for")
   config = checkpoint.load_config(path, accept_config_change)
   params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify,
                                   accept_changed_config=accept_config_change)
-  return default_model.fit_to_spec(config, params, spec_from_dict(data[0].metadata["spec"]))
+  return default_model.fit_to_spec(config, params, data[0].metadata.spec)
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
@@ -126,7 +135,7 @@ def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
   any build shares prefixes, windowed only if every build records its longest item (one step may be dense)."""
   if choice != "auto":
     return choice
-  return layers.auto_implementation(any(td.metadata["share_prefix"] for td in data),
+  return layers.auto_implementation(any(td.metadata.variants.share_prefix for td in data),
                                     all(td.shape.max_item > 0 for td in data), dtype)
 
 
@@ -134,8 +143,6 @@ def run(cfg: EvalConfig) -> list[dict]:
   """Scores every checkpoint on every task x modality, writing results as it goes. Returns what metrics.json
   holds on process 0 (every checkpoint scored into the output directory, earlier runs' included), and this
   invocation's checkpoints on the other processes."""
-  from tasks.prepare import default_data_dir
-
   if not cfg.tasks:
     raise EvalError("no task to score (--task=all found none built in --data_dir): build them first with "
                     "python -m tasks.prepare --data_dir=DIR")
@@ -152,9 +159,9 @@ def run(cfg: EvalConfig) -> list[dict]:
           f"{cfg.scoring.batch_size} (a chunk is scored in whole batches; fewer rows pad the rest)", flush=True)
     chunk_rows = cfg.scoring.batch_size
   cfg = dataclasses.replace(cfg, chunk_rows=chunk_rows)
-  data_dir = cfg.data_dir or default_data_dir()
-  data = [ensure_data(cfg, data_dir, t, m, v, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
-          for t, m, v in scored_sets(cfg)]
+  data_dir = cfg.data_dir or cfg.default_data_dir()
+  data = [ensure_data(cfg, data_dir, selector, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
+          for selector in cfg.selectors]
   text_free = not load_spec(cfg.spec).text_vocabulary  # a unit LM: no text tokenizer to hold the data against
   mesh = sharding.make_mesh(cfg.mesh)
   attention = pick_attention(cfg.scoring.attention, data, cfg.scoring.dtype)
@@ -203,14 +210,19 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
     progress = Progress(td.num_rows, f"{record['name']} {td.task} {title}")
     scores[(td.task, td.label)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     if jax.process_index() == 0:
-      m = metrics.task_metrics(td.benchmark.decision, s)
-      print(f"{record['name']} {td.task} {title}: accuracy {100 * m['accuracy']:.1f}% "
-            f"[{100 * m['accuracy_ci95'][0]:.1f}, {100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} "
-            f"comparisons, loss +{m['positive_loss']:.3f} / -{m['negative_loss']:.3f} ({time.time() - start:.1f}s)",
-            flush=True)
+      print(result_line(f"{record['name']} {td.task} {title}", metrics.task_metrics(td.benchmark.decision, s),
+                        time.time() - start), flush=True)
       reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s},
                         {(td.task, td.label): store})
   return scores
+
+
+def result_line(scored: str, m: dict, seconds: float) -> str:
+  """The console's line for one task x modality: accuracy with its interval, and the mean NLL of the right and of
+  the wrong candidates (metrics.json's positive_loss and negative_loss)."""
+  return (f"{scored}: accuracy {100 * m['accuracy']:.1f}% [{100 * m['accuracy_ci95'][0]:.1f}, "
+          f"{100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} comparisons, loss right "
+          f"{m['positive_loss']:.3f} / wrong {m['negative_loss']:.3f} ({seconds:.1f}s)")
 
 
 def _step_identity(evaluator: Evaluator, td: TaskData) -> str:
@@ -233,7 +245,7 @@ def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
         continue
       table, benchmark = by_key[(task, reference)].questions, by_key[(task, reference)].benchmark
       prefixes = dict(zip(table.ids, table.prefixes))
-      audio_dir = os.path.join(str(by_key[(task, other)].metadata["source"]), benchmark.release_audio_dir)
+      audio_dir = os.path.join(str(by_key[(task, other)].metadata.source), benchmark.release_audio_dir)
       audio = {q: os.path.join(audio_dir, f"{uttids[0]}.wav") for q, uttids in zip(table.ids, table.uttids)}
       found = flips.find_flips(benchmark.decision, scores[(task, reference)], scores[(task, other)])
       flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
@@ -292,25 +304,18 @@ def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code:
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Benchmark task.")
-  flags.DEFINE_string("modality", "both", "Modalities, prefix->candidate: any of t2t, s2t, t2s, s2s, comma-separated, "
-                      "or text (t2t), speech (s2t), both (t2t,s2t: S2SBench's pair), all.")
-  flags.DEFINE_list("protocol", ["s2sbench"], "How S->S is scored: s2sbench (prefix + candidate, the candidate's "
-                    "units), utterance (TWIST / SlamKit: the whole spoken story), or both, comma-separated.")
-  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: demo).")
-  flags.DEFINE_string("spec", "demo", "Speech-LLM spec the data was built with.")
-  flags.DEFINE_string("data_dir", None, "Built datasets (default: ~/.cache/s2sjax/data, bundled sample).")
+  builds.define_flags()  # task, spec, modality, protocol, row length, variants: the builds scored
+  flags.DEFINE_bool("smoke", False, "Does everything run? The embedded default on every task in every modality "
+                    "(--modality=all unless given), over the first 2 questions of each task of the bundled sample, "
+                    "built apart in $S2SJAX_CACHE/smoke, results in outputs/smoke: minutes; the numbers mean nothing.")
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: the "
+                      "embedded SmolLM2-135M-Instruct, Q4_1 GGUF, with the demo spec).")
+  flags.DEFINE_string("data_dir", None, "Built datasets (default: $S2SJAX_CACHE/data, ~/.cache/s2sjax/data when "
+                      "unset: the bundled sample).")
   flags.DEFINE_string("output_dir", "outputs/eval", "Where results go; rerunning into it resumes.")
   flags.DEFINE_string("mesh", "data:-1", "Mesh axes, e.g. data:-1,model:2 or data:2,fsdp:4.")
   flags.DEFINE_integer("batch_size", 8, "Rows per step (rounded up to the data-parallel devices).", lower_bound=1)
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
-  flags.DEFINE_integer("row_length", None, "Packed row length of the built data (default: the build that chose it "
-                       "from its items, as tasks.prepare does without --row_length).", lower_bound=1)
-  flags.DEFINE_bool("share_prefix", True, "Read the data built with shared prefixes (False: the -noshare build).")
-  flags.DEFINE_bool("reference_language_quirk", False, "Read the -zhquirk build (tasks.prepare's flag of that name).")
-  flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"], "Read the build with this overlong policy.")
-  flags.DEFINE_enum("tokenization", "separate", ["separate", "joint"],
-                    "T->T: read the build tokenized by this rule (joint: S2SBench's reference, first + last as one string).")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.", lower_bound=1)
   flags.DEFINE_enum("attention", "auto", ["auto", *layers.ATTENTION_IMPLEMENTATIONS],
                     "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in "
@@ -356,13 +361,18 @@ def all_tasks(data_dir: str | None) -> list[str]:
 
 def config_from_flags() -> EvalConfig:
   local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
+  if FLAGS.smoke and (FLAGS.checkpoint or FLAGS.data_dir or FLAGS.spec != "demo"):
+    raise EvalError("--smoke runs the embedded default on its own data: leave out --checkpoint, --data_dir and "
+                    "--spec (or drop --smoke)")
+  smoke_default = lambda name, value: value if (not FLAGS.smoke or FLAGS[name].present) else SMOKE_DEFAULTS[name]
   return EvalConfig(
     tasks=tuple(all_tasks(local(FLAGS.data_dir)) if FLAGS.task == "all" else [FLAGS.task]),
-    modalities=modalities.parse(FLAGS.modality), protocols=tuple(FLAGS.protocol),
+    modalities=modalities.parse(smoke_default("modality", FLAGS.modality)), protocols=tuple(FLAGS.protocol),
+    smoke=FLAGS.smoke,
     checkpoints=FLAGS.checkpoint, spec=FLAGS.spec, data_dir=local(FLAGS.data_dir),
-    output_dir=local(FLAGS.output_dir), mesh=FLAGS.mesh, row_length=FLAGS.row_length, chunk_rows=FLAGS.chunk_rows,
-    variants=Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong,
-                      tokenization=FLAGS.tokenization),
+    output_dir=local(smoke_default("output_dir", FLAGS.output_dir)), mesh=FLAGS.mesh, row_length=FLAGS.row_length,
+    chunk_rows=FLAGS.chunk_rows,
+    variants=builds.variants_from_flags(),
     tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
     verify_checkpoint=FLAGS.verify_checkpoint, verify_data=FLAGS.verify_data,
     accept_config_change=FLAGS.accept_config_change, step_pattern=FLAGS.step_pattern, break_lock=FLAGS.break_lock,
@@ -390,10 +400,11 @@ def main(argv):
         print(f"{run_['name']} {task}: {modalities.title(reference)} {100 * report['reference_accuracy']:.1f}% vs "
               f"{modalities.title(other)} {100 * report['accuracy']:.1f}%: degradation "
               f"{100 * report['degradation']:.1f} points (McNemar p = {report['mcnemar']['p_value']:.3g})")
-  print(f"results in {FLAGS.output_dir}: metrics.json, table.md, table.csv, <checkpoint>/*.scores.jsonl"
+  print(f"results in {config.output_dir}: metrics.json, table.md, table.csv, <checkpoint>/*.scores.jsonl"
         + (", <checkpoint>/<task>.<modality>_vs_<reference>.flips.md|html" if len(config.modalities) > 1 else ""))
 
 
 if __name__ == "__main__":
+  __doc__ = cli.usage(__doc__)
   define_flags()
   cli.run(main)

@@ -10,15 +10,12 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax import benchmarks, families, metrics, modalities
-from s2sjax.families import moshi as moshi_family
-from s2sjax.spec import PARALLEL_STREAMS, SpecError, spec_from_dict
-from s2sjax.model.config import ConfigError, ModelConfig
+from s2sjax import architectures, benchmarks, metrics, modalities
+from s2sjax.spec import SpecError
 from s2sjax.model.decoder import Params
-from s2sjax.model.moshi import MoshiConfig
 from s2sjax.packing import RowShape, spanning
 from s2sjax.questions import QuestionScores
-from s2sjax.scoring import Scorer, StreamScorer, collect
+from s2sjax.scoring import collect
 from s2sjax.task_data import TaskData
 
 
@@ -39,69 +36,47 @@ class ScoringOptions:
     return jnp.dtype(self.dtype)
 
 
-def check_fit(config: ModelConfig | MoshiConfig, data: TaskData, tokenizer_identity: dict | None = None) -> None:
-  """Refuses data that was built for another tokenizer or another audio input than the model's (a Moshi
-  checkpoint reads parallel-stream rows only, laid as its config says)."""
-  built_with = data.metadata["tokenizer"] or {"size": 0}  # None: a unit LM's data, no text tokenizer
+def check_fit(config, data: TaskData, tokenizer_identity: dict | None = None) -> None:
+  """Refuses data that was built for another tokenizer, another row format or another audio input than the
+  model's (its architecture's `check_fit`: s2sjax/architectures)."""
+  built_with = data.metadata.tokenizer or {"size": 0}  # None: a unit LM's data, no text tokenizer
   if tokenizer_identity is not None and tokenizer_identity["vocab_sha"] != built_with.get("vocab_sha"):
     raise EvalError(
       f"{data.task}/{data.modality} was built with tokenizer {built_with['name_or_path']} "
       f"({built_with['size']} tokens), not the checkpoint's ({tokenizer_identity['size']} tokens): rebuild it with "
-      f"python -m tasks.prepare --task={data.task} --modality={data.modality} --spec={data.metadata['spec']['name']} "
+      f"python -m tasks.prepare --task={data.task} --modality={data.modality} --spec={data.metadata.spec.name} "
       f"--row_length={data.shape.length} --tokenizer_dir=CHECKPOINT/tokenizer --data_dir=DATA_DIR"
     )
-  text_rows = config.text_card if isinstance(config, MoshiConfig) else config.vocab_size
+  architecture = architectures.for_config(config)
+  text_rows = architecture.text_rows(config)
   if built_with["size"] > text_rows:
     raise EvalError(f"the data's tokenizer has {built_with['size']} tokens, the model's embedding {text_rows}")
-  spec = data.metadata["spec"]
+  spec = data.metadata.spec
   modality = modalities.get(data.modality)
   try:  # data built by a version that did not refuse it: the same words as the build's
-    spec_from_dict(spec).check_modality(modality)
+    spec.check_modality(modality)
   except SpecError as e:
     raise EvalError(f"{data.task}/{data.modality}: {e}") from None
-  if isinstance(config, MoshiConfig) or data.parallel_streams:
-    _check_streams_fit(config, data)
-    return
-  if not modality.speaks:
-    return
-  accepted = families.get(config.family).audio_inputs
-  if spec["audio_mode"] not in accepted:
-    raise EvalError(f"spec {spec['name']} feeds audio as {spec['audio_mode']}; the {config.family} family takes "
-                    f"{', '.join(accepted) or 'no audio'}")
-  if spec["audio_mode"] == "codebook_tables":
-    sizes = tuple(spec["codebook_sizes"])
-    if len(config.audio_codebook_sizes) != len(sizes) or any(m < d for m, d in zip(config.audio_codebook_sizes, sizes)):
-      raise EvalError(
-        f"spec {spec['name']} needs {len(sizes)} audio codebook tables of sizes {sizes}; the checkpoint has "
-        f"{config.audio_codebook_sizes or 'none'} (convert it with its audio tables, or use a spec that fits)"
-      )
-    # Codes reach the model only at the checkpoint's placeholder id: at any other id every S->T NLL would be the
-    # model reading N copies of one text token, and the run would finish normally.
-    placeholder = (data.metadata.get("audio_ids") or {}).get("placeholder")
-    if placeholder != config.audio_placeholder_id:
-      raise EvalError(
-        f"{data.task}/{data.modality}: the data lays audio at placeholder id {placeholder} (spec {spec['name']}'s "
-        f"{spec.get('placeholder_token')!r} in the data's tokenizer), the checkpoint's config reads codes at "
-        f"audio_placeholder_id {config.audio_placeholder_id}: rebuild the data with the checkpoint's tokenizer "
-        "(--tokenizer_dir=CHECKPOINT/tokenizer) or use the spec whose placeholder is that id"
-      )
-
-
-def _check_streams_fit(config: ModelConfig | MoshiConfig, data: TaskData) -> None:
-  """A Moshi checkpoint and parallel-stream rows go together, with the spec's streams laid as the model reads them."""
-  spec = data.metadata["spec"]
-  where = f"{data.task}/{data.modality} (spec {spec['name']})"
-  if not isinstance(config, MoshiConfig):
-    raise EvalError(f"{where} holds rows of parallel streams, which only a moshi checkpoint reads; this checkpoint "
-                    f"is a {config.family} decoder: build the data with its own spec")
-  if not data.parallel_streams:
-    raise EvalError(f"{where} holds token rows ({spec['audio_mode']}); a moshi checkpoint reads {PARALLEL_STREAMS} "
-                    "rows: build the data with --spec=moshi (or a spec of audio_mode parallel_streams)")
-  streams = spec_from_dict(spec)
+  _check_rows_fit(architecture, config, data)
   try:
-    moshi_family.check_spec(config, streams.codebook_sizes, streams.stream_delays, streams.stream_initial_ids)
-  except ConfigError as e:
-    raise EvalError(f"{where} does not fit the moshi checkpoint: {e}") from None
+    architecture.check_fit(config, data)
+  except architectures.FitError as e:
+    raise EvalError(str(e)) from None
+
+
+def _check_rows_fit(architecture: architectures.Architecture, config, data: TaskData) -> None:
+  """The data's rows are the format the checkpoint's architecture scores, laid by that architecture's protocol."""
+  spec = data.metadata.spec
+  where = f"{data.task}/{data.modality} (spec {spec.name})"
+  kind = lambda a: f"a {a.name} checkpoint" if a.name != architectures.DECODER else f"a {config.family} decoder"
+  if data.row_format is not architecture.row_format:
+    readers = [a.name for a in architectures.ARCHITECTURES if a.row_format is data.row_format]
+    raise EvalError(f"{where} holds {data.row_format.name} rows, which {' or '.join(readers)} checkpoints read; this "
+                    f"checkpoint is {kind(architecture)}, which reads {architecture.row_format.name} rows: build the "
+                    f"data with a spec whose audio_mode lays those (its own spec)")
+  if data.row_format.streams and architectures.for_spec(spec) is not architecture:
+    raise EvalError(f"{where} is laid by the {architectures.for_spec(spec).name} protocol; this checkpoint is "
+                    f"{kind(architecture)}: build the data with a spec of architecture {architecture.name}")
 
 
 def check_finite(td: TaskData, rows: dict[str, np.ndarray], nll_sum: np.ndarray) -> None:
@@ -130,38 +105,35 @@ class Evaluator:
 
   def __init__(
     self,
-    config: ModelConfig,
+    config,
     data: list[TaskData],
     options: ScoringOptions = ScoringOptions(),
     mesh=None,
     params_adapter: Callable[[Params], Params] | None = None,
   ):
-    """params_adapter maps another stack's params onto this decoder's tree (key renames, transposes)."""
+    """config: any registered architecture's (s2sjax/architectures), whose scorer scores the data's rows.
+    params_adapter maps another stack's params onto the model's tree (key renames, transposes)."""
     if not data:
       raise EvalError("no task data to evaluate")
     self.config, self.data, self.options = config, data, options
     self.params_adapter = params_adapter or (lambda p: p)
     for td in data:
       check_fit(config, td)
-    # one step per row format, length and codebook count, for the widest tables of the tasks that share it
+    # one step per length and codebook count (check_fit made sure every row format is the architecture's), for
+    # the widest tables of the tasks that share it
     groups: dict[tuple, list[RowShape]] = {}
     for td in data:
       groups.setdefault(self._group(td), []).append(td.shape)
-    self._scorers: dict[tuple, Scorer | StreamScorer] = {}
-    for key, shapes in groups.items():
-      if key[0]:  # Moshi's rows: the step over streams (check_fit made sure the model reads them)
-        self._scorers[key] = StreamScorer(config, spanning(shapes), mesh=mesh, batch_size=options.batch_size,
-                                          dtype=options.jnp_dtype)
-      else:
-        self._scorers[key] = Scorer(config, spanning(shapes), mesh=mesh, batch_size=options.batch_size,
-                                    dtype=options.jnp_dtype, attention=options.attention)
+    make = architectures.for_config(config).scorer
+    self._scorers = {key: make(config, spanning(shapes), mesh=mesh, batch_size=options.batch_size,
+                               dtype=options.jnp_dtype, attention=options.attention) for key, shapes in groups.items()}
     self.history: list[dict] = []
 
   @staticmethod
   def _group(td: TaskData) -> tuple:
-    return td.parallel_streams, td.shape.length, td.shape.num_codebooks
+    return td.shape.length, td.shape.num_codebooks
 
-  def scorer(self, td: TaskData) -> Scorer | StreamScorer:
+  def scorer(self, td: TaskData):
     return self._scorers[self._group(td)]
 
   def compiled_count(self) -> int:

@@ -3,7 +3,12 @@ each pair of s2sjax.modalities.COMPARISONS), for a person to read and listen to 
 the table.
 
     OUT/<checkpoint>/<task>.s2t_vs_t2t.flips.md     a table per direction, sorted by how far the margin moved
-    OUT/<checkpoint>/<task>.s2t_vs_t2t.flips.html   the same, self-contained, with an <audio> player per prefix
+    OUT/<checkpoint>/<task>.s2t_vs_t2t.flips.html   the same, with an <audio> player per prefix
+
+The page is self-contained: each flipped question's spoken prefix is embedded in it (a base64 `data:` URI, 4/3 of
+the recording's size: 43 KB a second of 16 kHz 16-bit PCM, ~260 KB for a 6 s prefix), so it plays wherever the
+page is copied. Past EMBED_BYTES of recordings (hundreds of flips of a whole release) the rest, the smallest moves,
+link their files instead, and the page says how many.
 
 A question's margin in a modality is the loss of its best wrong candidate minus the right one's (positive: the
 model prefers the right candidate), so a question decided right has a positive margin under S2SBench's rule for
@@ -12,8 +17,10 @@ stories and a non-negative one for sCMMLU. The decisions are the task's own (met
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import html
+import mimetypes
 import os
 
 import numpy as np
@@ -22,6 +29,9 @@ from etils import epath
 from s2sjax import metrics, modalities
 from s2sjax.output_dir import write_atomic
 from s2sjax.questions import QuestionScores
+
+
+EMBED_BYTES = 32 * 2**20  # recordings embedded in one page at most: a page of ~43 MB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,17 +102,45 @@ def _uri(path: str) -> str:
   return path if "://" in path else "file://" + os.path.abspath(path)
 
 
+def audio_sources(flips: list[Flip], audio: dict[str, str], embed_bytes: int = EMBED_BYTES) -> dict[str, str]:
+  """Each flipped question's player source: its recording as a `data:` URI, largest move first, while the
+  recordings embedded stay within `embed_bytes`; past that, or for a file that cannot be read, its file's URI."""
+  sources, embedded, full = {}, 0, False
+  for f in flips:
+    path = audio.get(f.question)
+    if path is None:
+      continue
+    data = None if full else _read(path)
+    full = full or (data is not None and embedded + len(data) > embed_bytes)
+    if data is None or full:
+      sources[f.question] = _uri(path)
+      continue
+    embedded += len(data)
+    # audio/wav whatever the system's table says (some say audio/x-wav)
+    kind = "audio/wav" if path.lower().endswith(".wav") else mimetypes.guess_type(path)[0] or "audio/wav"
+    sources[f.question] = f"data:{kind};base64,{base64.b64encode(data).decode('ascii')}"
+  return sources
+
+
+def _read(path: str) -> bytes | None:
+  try:
+    return epath.Path(path).read_bytes()
+  except OSError:  # moved or deleted since the build: linked, and the page says so
+    return None
+
+
 def html_page(title: str, pair: tuple[str, str], flips: list[Flip], prefixes: dict[str, str],
-              audio: dict[str, str]) -> str:
-  """Self-contained (no scripts, no external files but the recordings it links)."""
+              sources: dict[str, str]) -> str:
+  """No scripts; the recordings are `sources` (`audio_sources`: embedded, or linked past its budget)."""
   titles = tuple(modalities.title(m) for m in pair)
+  linked = sum(not src.startswith("data:") for src in sources.values())
   rows = []
   for heading, part in _sections(flips, titles):
     rows.append(f"<h2>{html.escape(heading)} ({len(part)})</h2><table><tr><th>question</th><th>prefix</th>"
                 f"<th>candidates</th><th>margin {titles[0]}</th><th>margin {titles[1]}</th><th>audio</th></tr>")
     for f in part:
-      player = (f'<audio controls preload="none" src="{html.escape(_uri(audio[f.question]))}"></audio>'
-                if f.question in audio else "")
+      player = (f'<audio controls preload="none" src="{html.escape(sources[f.question])}"></audio>'
+                if f.question in sources else "")
       rows.append(f"<tr><td>{html.escape(f.question)}</td><td>{html.escape(prefixes.get(f.question, ''))}</td>"
                   f"<td>{'<br>'.join(html.escape(c) for c in _candidate_lines(f, titles))}</td>"
                   f"<td>{f.reference_margin:+.3f}</td><td>{f.other_margin:+.3f}</td><td>{player}</td></tr>")
@@ -112,7 +150,12 @@ def html_page(title: str, pair: tuple[str, str], flips: list[Flip], prefixes: di
   return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)} flips</title>"
           f"<style>{style}</style></head><body><h1>{html.escape(title)}: where {titles[0]} and {titles[1]} "
           "disagree</h1>"
-          f"<p>{len(flips)} questions decided differently.</p>{''.join(rows)}</body></html>\n")
+          f"<p>{len(flips)} questions decided differently.{_linked_note(linked)}</p>{''.join(rows)}</body></html>\n")
+
+
+def _linked_note(linked: int) -> str:
+  return (f" {linked} recordings (past {EMBED_BYTES // 2**20} MiB embedded, or unreadable) are linked as files, not "
+          "embedded: they play only where those files are." if linked else "")
 
 
 def write_flips(run_dir, task: str, title: str, pair: tuple[str, str], flips: list[Flip], prefixes: dict[str, str],
@@ -120,4 +163,5 @@ def write_flips(run_dir, task: str, title: str, pair: tuple[str, str], flips: li
   """`<task>.<other>_vs_<reference>.flips.md|html` for the pair (reference, other)."""
   stem = f"{task}.{modalities.comparison_key(*pair)}.flips"
   write_atomic(epath.Path(run_dir) / f"{stem}.md", markdown(title, pair, flips, prefixes, audio).encode("utf-8"))
-  write_atomic(epath.Path(run_dir) / f"{stem}.html", html_page(title, pair, flips, prefixes, audio).encode("utf-8"))
+  write_atomic(epath.Path(run_dir) / f"{stem}.html",
+               html_page(title, pair, flips, prefixes, audio_sources(flips, audio)).encode("utf-8"))

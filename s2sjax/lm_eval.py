@@ -47,9 +47,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from s2sjax import cache, default_model, plan, sharding
 from s2sjax import checkpoint as ckpt
-from s2sjax import default_model, plan, sharding
-from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, Item, RowShape, fit, neighbour_free_bound, pack
+from s2sjax.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, RowShape, fit, neighbour_free_bound,
+                            pack)
 from s2sjax.scoring import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
@@ -59,14 +60,6 @@ PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "t
 AUTO_MAX_BATCH = 64  # the hf backend's default max_batch_size for batch_size=auto
 # lm-eval's own rule for an instruct or chat model run without a chat template (lm_eval/evaluator.py, simple_evaluate)
 CHAT_MODEL_WORDS = ("inst", "chat")
-
-
-def use_compilation_cache() -> None:
-  """XLA's persistent compilation cache in `default_model.cache_dir()`/xla, unless one is set
-  (JAX_COMPILATION_CACHE_DIR): a run whose step compiled before loads it in seconds instead of compiling it again
-  (60-100 s a run for SmolLM2-135M on a CPU). It serves the compilations after it, so it comes first."""
-  if not jax.config.jax_compilation_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", os.path.join(default_model.cache_dir(), "xla"))
 
 
 def devices_for(device: str | None) -> list[jax.Device]:
@@ -112,6 +105,19 @@ def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_siz
   return per_device * data_parallel
 
 
+def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
+  """The compiled step's shape for rows `fit` to `fitted`: target and slot tables rounded up to a power of two
+  (at least 32) and an item window reaching back 64 x 1, 2, 3, 4, 6, 8, 12, ... (`neighbour_free_bound`; at most
+  a third more keys than needed), so that the calls of a run (and of the next, through the compilation cache)
+  share a few compiled steps instead of one each."""
+  power = lambda n, least: max(least, 1 << (max(n, 1) - 1).bit_length())
+  periods = -(-(neighbour_free_bound(longest_item) - 1) // REDUCTION_PERIOD)
+  rung = power(periods, 1)
+  reach = REDUCTION_PERIOD * (rung * 3 // 4 if rung >= 4 and periods <= rung * 3 // 4 else rung)
+  return dataclasses.replace(fitted, max_targets=min(power(fitted.max_targets, 32), fitted.length),
+                             max_slots=min(power(fitted.max_slots, 32), fitted.length), max_item=reach + 1)
+
+
 class S2SJaxLM(TemplateLM):
   """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
 
@@ -120,7 +126,7 @@ class S2SJaxLM(TemplateLM):
                device: str | None = None, row_length: int = 1024, add_bos_token: bool | None = None,
                trust_remote_code: bool = False):
     super().__init__()
-    use_compilation_cache()
+    cache.use_compilation_cache()
     if pretrained and checkpoint and pretrained != checkpoint:
       raise ValueError(f"pretrained={pretrained!r} and checkpoint={checkpoint!r}: give one of them")
     batch = str(batch_size)
@@ -260,8 +266,7 @@ class S2SJaxLM(TemplateLM):
     # the head runs over the targets the rows hold, attention over item windows (CMMLU's long contexts and
     # one-token choices: a few targets a row, not half of it)
     rows, shape = fit(rows, capacity, report.longest_item)
-    shape = dataclasses.replace(shape, max_item=neighbour_free_bound(report.longest_item))
-    scorer = self._scorer(shape, len(rows["tokens"]))
+    scorer = self._scorer(step_shape(shape, report.longest_item), len(rows["tokens"]))
     self.last_call = dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size, window=scorer.window)
     candidates = [len(item.candidates) for item in items]
     slots = scorer.score_slots(self.params, rows, progress=progress)

@@ -2,7 +2,8 @@
 
     OUT/.s2sjax-lock    {host, pid, started, command} of the run writing OUT; removed when it ends
 
-`RunLock` (also under another name: `tasks.prepare`'s lock beside a build) is taken before anything is scored, so a
+`RunLock` (also under other names: `waiting_lock`, the lock beside a build or the default model's conversion, for
+which a second run waits instead of failing) is taken before anything is scored, so a
 directory that cannot be written (read-only, missing permissions) is refused at once, and a second run into the
 same directory is refused with the first one's host and pid. A lock left by a run that died on this host is taken
 over (its pid is gone); one from another host is broken only when asked (`--break_lock`). `write_atomic` writes a
@@ -14,6 +15,7 @@ Infinity), and the JSON it reads back names its file when it is not JSON (`read_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -206,3 +208,30 @@ class RunLock:
         self.path.unlink()
     except (OSError, ValueError):
       logging.warning("could not remove the lock %s", self.path)
+
+
+LOCK_WAIT_S = 1.0
+
+
+@contextlib.contextmanager
+def waiting_lock(directory, name: str, subject: str, work: str):
+  """`RunLock(directory, name=name)` held for the block. While a live run holds it, this one waits, saying once
+  whose `work` on `subject` it waits for; the caller then finds what that run made (two first runs on one cache:
+  one builds or converts, the other reuses it)."""
+  lock = RunLock(directory, name=name)
+  said = False
+  while True:
+    try:
+      lock.__enter__()
+      break
+    except LockHeldError as e:
+      if not said:
+        owner = e.owner
+        print(f"{subject}: waiting for the {work} of pid {owner.get('pid')} on {owner.get('host')} (started "
+              f"{owner.get('started')}; {lock.path}), then reusing it", flush=True)
+        said = True
+      time.sleep(LOCK_WAIT_S)
+  try:
+    yield
+  finally:
+    lock.__exit__(None, None, None)

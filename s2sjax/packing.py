@@ -26,6 +26,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS
+
 
 class PackingError(ValueError):
   """An item that cannot be packed: too long for the row, empty, or malformed. Names the item."""
@@ -365,29 +367,9 @@ def longest_item(segment_ids: np.ndarray) -> int:
   return int(max((last - first + 1).max(initial=0), 0))
 
 
-def _empty(count: int, shape: RowShape, tokens: dict[str, np.ndarray], targets: dict[str, np.ndarray]):
-  """`count` padding rows of either format, given its per-position `tokens` fields and per-target `targets`
-  fields: they score nothing (segment 0, all slots and targets unused)."""
-  L, M, C = shape.length, shape.max_targets, shape.max_slots
-  return {
-    **tokens,
-    "segment_ids": np.zeros((count, L), np.int32),
-    "branch_ids": np.zeros((count, L), np.int32),
-    "positions": np.zeros((count, L), np.int32),
-    "target_pos": np.zeros((count, M), np.int32),
-    **targets,
-    "target_slot": np.full((count, M), -1, np.int32),
-    "slot_item": np.full((count, C), -1, np.int32),
-    "slot_candidate": np.full((count, C), -1, np.int32),
-  }
-
-
 def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
   """`count` padding rows: they score nothing (all slots and targets unused)."""
-  L, M, K = shape.length, shape.max_targets, shape.num_codebooks
-  return _empty(count, shape, {"tokens": np.zeros((count, L), np.int32),
-                               "audio_codes": np.full((count, L, K), -1, np.int32)},
-                {"target_ids": np.zeros((count, M), np.int32)})
+  return TOKEN_ROWS.empty(count, shape)
 
 
 def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[_Laid],
@@ -429,27 +411,24 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Se
       cursor += n_laid
 
 
-# ---- Parallel streams (Moshi): rows whose every position carries a text token and K codebook tokens ------------------
+# ---- Parallel streams: rows whose every position carries a text token and K codebook tokens ------------------------
 #
-#   stream_tokens                   [L, S]   S = 1 + K stream ids per position (text first), in delayed step space
-#   segment_ids, branch_ids, positions [L]   as above; positions are step indices
-#   target_pos                      [M]      the position whose temporal output predicts a step
-#   target_frame                    [M, S]   that predicted step's tokens (the depformer reads its earlier streams)
-#   target_weight                   [M, S]   the weight of the step's token of that stream in the score, 0: not scored
-#   target_slot                     [M]      as above: one target per predicted step, up to S scored tokens
-#   slot_item, slot_candidate       [C]      as above
+# The stream row format (s2sjax/rows.py's STREAM_ROWS): per position S = 1 + K stream ids (text first) in delayed
+# step space, positions being step indices; per target the position whose temporal output predicts a step, that
+# predicted step's tokens [M, S] (`target_frame`: a depth model reads its earlier streams) and the weight of each
+# stream's token in the score [M, S] (`target_weight`, 0: not scored); one target per predicted step.
 #
 # Delays are applied here, once, when an item's rows are built (`delay_streams`): a candidate's steps then hold the
 # tail of the prefix's delayed streams, so they are built from prefix + candidate together; a delayed stream's
 # token is scored with the candidate it belongs to (its time, not its step, is the candidate's).
-# Rows may carry only the first S streams a model reads (Moshi's text and own codebooks, as a spec lays them): the
-# scorer reads the streams past them as silence (`s2sjax.scoring.silent_streams`).
+# Rows may carry only the first S streams a model reads (the text and the model's own codebooks, as a spec lays
+# them): the model's scorer reads the streams past them as silence.
 
 
 def delay_streams(streams: np.ndarray, delays: Sequence[int], initial_ids: Sequence[int]) -> np.ndarray:
-  """Moshi's `_delay_sequence` with its initial step: time-aligned streams [T, S] -> steps [T + 1, S], where step 0
-  is every stream's initial token and step s + 1 of stream k holds streams[s - delays[k], k] (the initial token
-  while s < delays[k])."""
+  """Kyutai's `LMModel._delay_sequence` with its initial step: time-aligned streams [T, S] -> steps [T + 1, S],
+  where step 0 is every stream's initial token and step s + 1 of stream k holds streams[s - delays[k], k] (the
+  initial token while s < delays[k])."""
   streams = np.asarray(streams)
   if streams.ndim != 2 or streams.shape[1] != len(delays) or len(initial_ids) != len(delays):
     raise PackingError(f"streams {streams.shape} do not match {len(delays)} delays and {len(initial_ids)} initial ids")
@@ -464,8 +443,8 @@ def delay_streams(streams: np.ndarray, delays: Sequence[int], initial_ids: Seque
 @dataclasses.dataclass(frozen=True)
 class StreamLayout:
   """How a parallel-stream model reads its streams: per stream (text first) its delay and initial token, and which
-  streams the model predicts (`predicted`: text and the depformer's codebooks; the rest, the user's audio in
-  Moshi, are only read)."""
+  streams the model predicts (`predicted`: text and the codebooks it has heads for; the rest, such as another
+  speaker's audio, are only read)."""
 
   delays: tuple[int, ...]
   initial_ids: tuple[int, ...]
@@ -559,17 +538,27 @@ def pack_streams(
   for index, item in enumerate(items):
     share = _stream_fit(index, item, shape, layout, share_prefix, flush)
     prefix_steps, candidates = _stream_unit_steps(item, layout, flush)
-    laid.append(_Laid({"stream_tokens": prefix_steps}, tuple(
-      ({"stream_tokens": steps[:-1]}, {"target_frame": steps, "target_weight": weights}) for steps, weights in candidates
-    ), share))
+    laid.append(_Laid({STREAM_ROWS.marker: prefix_steps}, tuple(
+      ({STREAM_ROWS.marker: steps[:-1]}, {"target_frame": steps, "target_weight": weights})
+      for steps, weights in candidates), share))
   return _pack_laid(laid, shape, share_prefix, lambda count: empty_stream_rows(count, shape, layout.num_streams),
                     PackReport(items=len(items)))
 
 
 def empty_stream_rows(count: int, shape: RowShape, num_streams: int) -> dict[str, np.ndarray]:
   """`count` padding rows of parallel streams: they score nothing."""
-  L, M, S = shape.length, shape.max_targets, num_streams
-  return _empty(count, shape, {"stream_tokens": np.full((count, L, S), -1, np.int32)},
-                {"target_frame": np.full((count, M, S), -1, np.int32),
-                 "target_weight": np.zeros((count, M, S), np.int32)})
+  return STREAM_ROWS.empty(count, shape, num_streams)
 
+
+def scored_streams(weights: Sequence[int]) -> tuple[int, ...]:
+  """The streams a protocol's per-stream weights score (`StreamItem.scored`): those of positive weight."""
+  return tuple(k for k, w in enumerate(weights) if w > 0)
+
+
+def weigh_streams(rows: dict[str, np.ndarray], weights: Sequence[int]) -> dict[str, np.ndarray]:
+  """Rows packed by `pack_streams` (each scored token's `target_weight` 1) -> the same rows with each scored
+  token weighted as a protocol's per-stream weights say."""
+  weights = np.asarray(weights, np.int32)
+  if rows["target_weight"].shape[-1] != len(weights):
+    raise ValueError(f"rows carry {rows['target_weight'].shape[-1]} streams, the weights are for {len(weights)}")
+  return {**rows, "target_weight": rows["target_weight"] * weights}

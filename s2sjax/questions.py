@@ -6,7 +6,9 @@ metadata; the evaluator reads it back.
 
 `QuestionScores`: per question and candidate, summed NLL and token count (mean NLL = S2SBench's loss), with the
 right candidate and the candidate texts. Metrics and result files take it; `scores.jsonl` is its file form
-(`to_lines` / `from_lines`, exact), so an output directory's summaries are recomputed from its files.
+(`to_lines` / `from_lines`, exact), so an output directory's summaries are recomputed from its files. A line's
+`is_answer` marks the question's right candidate (whatever the model made of it); files written before it was
+named so call it `correct`, and are read too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ import collections
 import dataclasses
 
 import numpy as np
+
+
+ANSWER_FIELD = "is_answer"  # a scores.jsonl line's mark of the right candidate
+OLD_ANSWER_FIELD = "correct"  # its name in files written before
+
+
+def _answer_named_as_now(line: dict) -> dict:
+  """A scores line with the right candidate's mark under this version's name."""
+  if ANSWER_FIELD in line or OLD_ANSWER_FIELD not in line:
+    return line
+  line = dict(line)
+  line[ANSWER_FIELD] = line.pop(OLD_ANSWER_FIELD)
+  return line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +122,7 @@ class QuestionScores:
       for c, text in enumerate(self.candidates[q]):
         lines.append({
           "question": self.ids[q], "uttid": self.uttids[q][c], "candidate": c, "text": text,
-          "correct": c == int(self.correct[q]), "nll_sum": float(self.nll_sum[q, c]),  # exact: summaries reread it
+          ANSWER_FIELD: c == int(self.correct[q]), "nll_sum": float(self.nll_sum[q, c]),  # exact: summaries reread it
           "n_tokens": int(self.n_tokens[q, c]), "mean_nll": round(float(loss[q, c]), 6),
           "ppl": round(float(np.exp(loss[q, c])), 6),
         })
@@ -117,17 +132,19 @@ class QuestionScores:
   def from_lines(cls, lines: list[dict], where: str = "scores") -> "QuestionScores":
     """Back from `to_lines` (every question complete, one right candidate), exactly: summaries of an output
     directory are recomputed from its files."""
+    lines = [_answer_named_as_now(line) for line in lines]
     by_question: dict[str, list[dict]] = {}
     for line in lines:
       by_question.setdefault(str(line["question"]), []).append(line)
     ids = tuple(by_question)
     rows = [sorted(by_question[q], key=lambda line: line["candidate"]) for q in ids]
-    missing = [k for k in ("question", "uttid", "candidate", "text", "correct", "nll_sum", "n_tokens")
+    missing = [k for k in ("question", "uttid", "candidate", "text", ANSWER_FIELD, "nll_sum", "n_tokens")
                if any(k not in line for line in lines)]
     if missing:
       raise ValueError(f"{where}: lines without {missing}: not a scores file of this version, or damaged")
     for q, row in zip(ids, rows):
-      if [line["candidate"] for line in row] != list(range(len(row))) or sum(line["correct"] for line in row) != 1:
+      answers = sum(line[ANSWER_FIELD] for line in row)
+      if [line["candidate"] for line in row] != list(range(len(row))) or answers != 1:
         raise ValueError(f"{where}: question {q} does not hold candidates 0..{len(row) - 1} with one right one")
     widths = collections.Counter(len(row) for row in rows)
     if len(widths) > 1:
@@ -137,6 +154,6 @@ class QuestionScores:
                        "(lines lost or added: the file is damaged)")
     return cls(ids, tuple(tuple(line["uttid"] for line in row) for row in rows),
                tuple(tuple(line["text"] for line in row) for row in rows),
-               np.array([[line["correct"] for line in row].index(True) for row in rows], np.int64),
+               np.array([[line[ANSWER_FIELD] for line in row].index(True) for row in rows], np.int64),
                np.array([[line["nll_sum"] for line in row] for row in rows], np.float64).reshape(len(rows), -1),
                np.array([[line["n_tokens"] for line in row] for row in rows], np.int64).reshape(len(rows), -1))

@@ -30,12 +30,9 @@ from s2sjax import sharding
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
-from s2sjax.packing import (NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, empty_stream_rows, longest_item,
-                            neighbour_free_bound)
+from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, longest_item, neighbour_free_bound
 from s2sjax.progress import Progress
-
-STEP_FIELDS = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes",
-               "target_pos", "target_ids", "target_slot", "row_id")
+from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS
 
 
 def score_batch(
@@ -312,7 +309,8 @@ class Scorer(_RowScorer):
     score = lambda params, batch: score_batch(config, dtype, target_chunk, shape.max_slots, params, batch, attention,
                                               self.window)
     super().__init__(config, shape, mesh, batch_size, param_logical_axes(config), abstract_params(config),
-                     STEP_FIELDS, {"audio_codes": 3}, lambda count, rows: empty_rows(count, shape), score)
+                     TOKEN_ROWS.step_fields, {name: 3 for name in TOKEN_ROWS.wide},
+                     lambda count, rows: empty_rows(count, shape), score)
 
   def lower_abstract(self, param_dtype=jnp.float32, platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
     """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
@@ -393,107 +391,30 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
   return CandidateScores(total, count)
 
 
-# ---- Parallel streams (Moshi) ----------------------------------------------------------------------------------------
+# ---- Stream rows -----------------------------------------------------------------------------------------------------
 #
-# The same step for rows of parallel streams (`packing.pack_streams`): the temporal transformer over every position,
-# its outputs gathered at the targets, then at each target the text head and the depformer (conditioned on the
-# predicted step's earlier streams); fp32 `logsumexp - logit[target]` per stream, weighted by `target_weight` (the
-# protocol's per-stream weights, `s2sjax.families.moshi.stream_weights`), summed per slot. A target is one predicted
-# step, so `n_tokens` counts a candidate's steps: its timesteps.
-
-STREAM_FIELDS = ("stream_tokens", "segment_ids", "branch_ids", "positions", "target_pos", "target_frame",
-                 "target_weight", "target_slot", "row_id")
-
-
-def silent_streams(config, positions: jax.Array, laid: int) -> jax.Array:
-  """The streams past the `laid` ones of the rows (Moshi's user streams) as silence [B, L, num_streams - laid]:
-  each stream's initial token at the steps its delay fills, -1 after, which is what `LMModel.forward` makes of
-  codes of -1 (positions are step indices from the item's initial step)."""
-  delays, initial = np.asarray(config.delays[laid:]), np.asarray(config.initial_ids[laid:])
-  return jnp.where(positions[..., None] <= delays, initial, -1).astype(jnp.int32)
-
-
-def score_stream_batch(config, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict) -> dict:
-  """Per target [B, M] `target_nll`, the step's scored tokens' NLL, each times its stream's weight
-  (`target_weight`); per slot [B, C] (as `score_batch`): `nll_sum`, the candidate's summed over its steps, and
-  `n_tokens`, its steps (its targets: one per frame of the candidate). So the
-  reported loss, nll_sum / n_tokens, is the weighted NLL per timestep, Kyutai's S->S score "normalized by the
-  sequence length" (s2sjax/families/moshi.py). Dividing by the candidate's total weight instead ranks candidates of
-  equal length alike; across lengths it can differ on near-ties only, as the total is not exactly a multiple of the
-  steps: a delayed stream's last `delay` tokens lie past the candidate's steps (upstream's mask), so S->S's total
-  is (100 + K - 1) * steps - sum(acoustic delays).
-  Pure; jitted by StreamScorer."""
-  from s2sjax.model.moshi import MoshiLM, attention_mask
-
-  model = MoshiLM(config, dtype=dtype)
-  mask = attention_mask(batch["segment_ids"], batch["branch_ids"], batch["positions"], config.temporal.context)
-  streams = batch["stream_tokens"]
-  if streams.shape[-1] < config.num_streams:
-    streams = jnp.concatenate([streams, silent_streams(config, batch["positions"], streams.shape[-1])], axis=-1)
-  hidden = model.apply({"params": params}, streams, batch["positions"], mask)
-  hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
-  predicted = 1 + config.dep_q
-
-  def nll_of(logits, ids):
-    ids = jnp.clip(ids, 0, logits.shape[-1] - 1)  # unscored entries (-1, initial tokens) weigh 0
-    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-
-  def target_nll(h, frame, weight):  # [B, c, D], [B, c, S], [B, c, S]
-    nll = [nll_of(model.apply({"params": params}, h, method=MoshiLM.text_logits), frame[..., 0])]
-    if config.dep_q:
-      flat = lambda x: x.reshape(-1, x.shape[-1])
-      audio = model.apply({"params": params}, flat(h), flat(frame), method=MoshiLM.audio_logits)
-      audio = audio.reshape(*h.shape[:2], config.dep_q, config.card)
-      nll += list(jnp.moveaxis(nll_of(audio, frame[..., 1:predicted]), -1, 0))
-    return (jnp.stack(nll, axis=-1) * weight[..., :predicted].astype(jnp.float32)).sum(-1)
-
-  nll = by_target_chunks(target_nll, target_chunk, hidden, batch["target_frame"], batch["target_weight"])
-  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
-  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
-          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
-
-
-def check_stream_ids(rows: dict[str, np.ndarray], config) -> None:
-  """Stream ids beyond their tables (or a scored code beyond the card) would be clamped silently by the gather:
-  refuse them, naming row, position and stream. -1 (no token) and each stream's initial token are ids too."""
-  tokens = rows["stream_tokens"]
-  if not 1 + config.dep_q <= tokens.shape[-1] <= config.num_streams:
-    raise ValueError(f"rows carry {tokens.shape[-1]} streams; the model predicts {1 + config.dep_q} (text + "
-                     f"{config.dep_q} codebooks) and reads {config.num_streams}: rows must carry at least the first")
-  limits = np.asarray(config.initial_ids[: tokens.shape[-1]])  # text_card for text, card for codebooks: initial
-  for field, values, top in (("stream_tokens", tokens, limits), ("target_frame", rows["target_frame"], limits)):
-    bad = np.argwhere((values < -1) | (values > top))
-    if len(bad):
-      r, pos, k = bad[0]
-      raise ValueError(f"{field}[row {r}, position {pos}, stream {k}] = {values[r, pos, k]} is outside the "
-                       f"{'text vocabulary' if k == 0 else 'codebook'} ({top[k]} ids and the initial token); "
-                       f"{len(bad)} such ids in all — were the codes made for another model?")
-  scored = rows["target_weight"] > 0
-  heads = np.asarray((config.text_card_out,) + (config.card,) * (tokens.shape[-1] - 1))
-  bad = np.argwhere(scored & ((rows["target_frame"] < 0) | (rows["target_frame"] >= heads)))
-  if len(bad):
-    r, m, k = bad[0]
-    raise ValueError(f"target_frame[row {r}, target {m}, stream {k}] = {rows['target_frame'][r, m, k]} is scored but "
-                     f"not an id the model predicts (0..{heads[k] - 1})")
-  if (scored[..., 1 + config.dep_q :]).any():
-    raise ValueError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
+# The same driver for rows of parallel streams (`packing.pack_streams`, s2sjax/rows.py's STREAM_ROWS): a target is
+# one predicted step, its tokens weighted per stream by `target_weight`, so `n_tokens` counts a candidate's steps.
+# The step itself is the architecture's (its model, its heads): `score_batch(config, dtype, target_chunk, num_slots,
+# params, batch)` returns per target `target_nll` and per slot `nll_sum` and `n_tokens`, as `score_batch` above;
+# `check_ids(rows, config)` refuses ids beyond the model's tables.
 
 
 class StreamScorer(_RowScorer):
-  """`Scorer` for parallel-stream rows: one compiled step per row shape (and stream count) over a mesh, rows split
-  over processes."""
+  """`Scorer` for stream rows: one compiled step per row shape (and stream count) over a mesh, rows split over
+  processes; the model's step, id check and parameter tree come from its architecture."""
 
-  def __init__(self, config, shape: RowShape, mesh: Mesh | None = None, batch_size: int = 8, dtype=jnp.float32,
+  def __init__(self, config, shape: RowShape, score_batch: Callable, check_ids: Callable, abstract: Params,
+               param_axes: Params, mesh: Mesh | None = None, batch_size: int = 8, dtype=jnp.float32,
                target_chunk: int = 256):
-    from s2sjax.model import moshi
-
-    score = lambda params, batch: score_stream_batch(config, dtype, target_chunk, shape.max_slots, params, batch)
-    empty = lambda count, rows: empty_stream_rows(count, shape, rows["stream_tokens"].shape[-1])
-    super().__init__(config, shape, mesh, batch_size, moshi.param_logical_axes(config), moshi.abstract_params(config),
-                     STREAM_FIELDS, {"stream_tokens": 3, "target_frame": 3, "target_weight": 3}, empty, score)
+    score = lambda params, batch: score_batch(config, dtype, target_chunk, shape.max_slots, params, batch)
+    empty = lambda count, rows: STREAM_ROWS.empty(count, shape, STREAM_ROWS.width_of(rows))
+    super().__init__(config, shape, mesh, batch_size, param_axes, abstract, STREAM_ROWS.step_fields,
+                     {name: 3 for name in STREAM_ROWS.wide}, empty, score)
+    self._check_ids = check_ids
 
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
-    check_stream_ids(rows, self.config)
+    self._check_ids(rows, self.config)
     slots = self._score_rows(params, rows, progress)
     return slots["nll_sum"], slots["n_tokens"]

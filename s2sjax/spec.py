@@ -2,10 +2,10 @@
 
 A spec is a small YAML (presets: `SPECS`, the package's `s2sjax/specs/*.yaml` and a plugin's own): how audio
 enters the model (`none`, `extended_vocab`: unit k is an ordinary token; `codebook_tables`: K codebooks summed at
-a placeholder token; `parallel_streams`: a text stream and K codebook streams side by side, one step per audio
-frame, as Moshi reads them), which audio tokenizer makes the units, the special tokens around audio, whether the
-model reads text at all (a unit LM does not), and the prompt templates. Per modality (s2sjax.modalities), the
-prefix, then the scored candidate:
+a placeholder token; the stream mode, `STREAMS_MODE`: a text stream and K codebook streams side by side, one step
+per audio frame, in stream rows, s2sjax/rows.py), which audio tokenizer makes the units, the special tokens around
+audio, whether the model reads text at all (a unit LM does not), and the prompt templates. Per modality
+(s2sjax.modalities), the prefix, then the scored candidate:
 
   T->T: first + separator | candidate text                   (S2SBench's; separator " " in English, "" in Chinese)
   S->T: instruction + [start] units(first) [end] | candidate text        (S2SBench's; instruction per language)
@@ -25,10 +25,11 @@ used.
 A spoken candidate is scored on its units only, as a text one on its tokens; no end token is scored. The
 `utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
 
-`parallel_streams` specs have no templates: the streams of prefix and candidate are laid by the protocol of
-s2sjax/families/moshi.py (audio on the codebook streams, text on the text stream, -1 where a stream is silent),
+Specs of the stream mode have no templates: the streams of prefix and candidate are laid by the protocol of the
+architecture that reads them (`architecture`, by default the first registered one that reads stream rows:
+s2sjax/architectures), audio on the codebook streams, text on the text stream, -1 where a stream is silent,
 delayed per stream by `stream_delays` when rows are built; a delayed stream opens with its initial token
-(`text_initial_id` for text, codebook k's size for codebook k, as Moshi's `_get_initial_token`).
+(`text_initial_id` for text, codebook k's size for codebook k, as Kyutai's `LMModel._get_initial_token`).
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ import yaml
 from s2sjax.families.family import AUDIO_INPUTS
 from s2sjax.modalities import SPEECH, Modality
 from s2sjax.registry import Registry
+from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS, RowFormat
 
 SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
-# Not a way the shared decoder takes audio (families/family.py's AUDIO_INPUTS) but a model of its own: Moshi's
-# text and codebook streams read side by side (s2sjax/model/moshi.py).
-PARALLEL_STREAMS = "parallel_streams"
-AUDIO_MODES = ("none",) + AUDIO_INPUTS + (PARALLEL_STREAMS,)  # no audio, a way a family takes audio tokens, streams
-# Keys only parallel_streams specs set: left out of the other specs' `as_dict`, so their digests (and so the names
+# Not a way the shared decoder takes audio (families/family.py's AUDIO_INPUTS) but rows of another format: a text
+# stream and codebook streams read side by side by an architecture of its own (s2sjax/architectures).
+STREAMS_MODE = STREAM_ROWS.audio_mode
+AUDIO_MODES = ("none",) + AUDIO_INPUTS + (STREAMS_MODE,)  # no audio, a way a family takes audio tokens, streams
+# Keys only stream-mode specs set: left out of the other specs' `as_dict`, so their digests (and so the names
 # and fingerprints of data built with them) stay as they were.
 STREAM_KEYS = ("stream_delays", "text_initial_id")
 CHAT_KEYS = ("speech", "text", "reply")  # `chat`: what opens the user turn for each kind of prefix, then the reply
@@ -82,15 +84,18 @@ class Spec:
   # False for unit LMs (TWIST, SLAM): no text tokenizer, no templates; only S->S can be asked of them.
   text_vocabulary: bool = True
   bos_id: int | None = None  # without a text vocabulary: the id that opens every sequence (SlamKit's 1)
-  stream_delays: tuple[int, ...] | None = None  # parallel_streams: per stream (text, then each codebook) its delay
-  text_initial_id: int | None = None  # parallel_streams: the text stream's initial token (Moshi's text_card)
+  stream_delays: tuple[int, ...] | None = None  # streams: per stream (text, then each codebook) its delay
+  text_initial_id: int | None = None  # streams: the text stream's initial token (the model's text vocabulary size)
+  # streams: the registered architecture whose protocol lays them (s2sjax/architectures); None: the first that
+  # reads stream rows. Left out of `as_dict` when None, so the digests of the specs before it stay as they were.
+  architecture: str | None = None
   speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
   text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
   chat: dict[str, str] | None = None  # an instruct model's turns (CHAT_KEYS), in place of the templates above
 
   def __post_init__(self):
     if self.chat is not None and (set(self.chat) != set(CHAT_KEYS) or not self.text_vocabulary
-                                  or self.audio_mode == PARALLEL_STREAMS):
+                                  or self.audio_mode == STREAMS_MODE):
       raise SpecError(f"spec {self.name}: chat needs exactly the keys {', '.join(CHAT_KEYS)} (found "
                       f"{', '.join(sorted(self.chat))}), a text vocabulary and token rows")
     if self.audio_mode not in AUDIO_MODES:
@@ -103,10 +108,10 @@ class Spec:
                         "unit_offset")
     if self.audio_mode != "none" and not self.audio_tokenizer.get("type"):
       raise SpecError(f"spec {self.name}: audio_tokenizer.type is required with audio_mode {self.audio_mode}")
-    streams = self.audio_mode == PARALLEL_STREAMS
+    streams = self.audio_mode == STREAMS_MODE
     if streams != (self.stream_delays is not None) or streams != (self.text_initial_id is not None):
       raise SpecError(f"spec {self.name}: stream_delays and text_initial_id are set exactly when audio_mode is "
-                      f"{PARALLEL_STREAMS}")
+                      f"{STREAMS_MODE}")
     if streams:
       if (not self.codebook_sizes or len(self.stream_delays) != 1 + len(self.codebook_sizes)
           or min(self.stream_delays) < 0):
@@ -115,7 +120,7 @@ class Spec:
       tokens = [k for k in ("start_token", "end_token", "placeholder_token", "unit_token", "unit_offset", "bos_id")
                 if getattr(self, k) is not None]
       if tokens or not self.text_vocabulary:
-        raise SpecError(f"spec {self.name}: {PARALLEL_STREAMS} lays audio on streams of its own: it takes no "
+        raise SpecError(f"spec {self.name}: {STREAMS_MODE} lays audio on streams of its own: it takes no "
                         f"{', '.join(tokens) or 'text_vocabulary: false'}")
     if not self.text_vocabulary and (self.audio_mode != "extended_vocab" or self.unit_offset is None
                                      or self.bos_id is None):
@@ -138,26 +143,31 @@ class Spec:
         f"spec {self.name} feeds audio as codebook tables at a placeholder token: its audio is predicted by the "
         f"checkpoint's own audio head (kept under extras/, not run by s2sjax), not by the text head, so spoken "
         f"candidates ({modality.name}, {modality.title}) cannot be scored for it")
-    if modality.name == "t2s" and self.audio_mode == PARALLEL_STREAMS:
+    if modality.name == "t2s" and self.audio_mode == STREAMS_MODE:
       raise SpecError(
         f"spec {self.name} reads parallel streams, whose text stream transcribes the speech beside it frame by frame: "
-        f"a text prefix has no speech to continue, so t2s ({modality.title}) cannot be asked of it "
-        "(s2sjax/families/moshi.py)")
+        f"a text prefix has no speech to continue, so t2s ({modality.title}) cannot be asked of it")
+
+  @property
+  def row_format(self) -> RowFormat:
+    """The rows a build of this spec packs: stream rows in the stream mode, token rows otherwise."""
+    return STREAM_ROWS if self.audio_mode == STREAMS_MODE else TOKEN_ROWS
 
   @property
   def num_streams(self) -> int:
-    """parallel_streams: the text stream and one per codebook."""
+    """streams: the text stream and one per codebook."""
     return 1 + len(self.codebook_sizes)
 
   @property
   def stream_initial_ids(self) -> tuple[int, ...]:
-    """parallel_streams: each stream's initial token: text_initial_id, then each codebook's size."""
+    """streams: each stream's initial token: text_initial_id, then each codebook's size."""
     return (self.text_initial_id,) + tuple(self.codebook_sizes)
 
   def as_dict(self) -> dict:
     """The fields, less those a spec of its kind does not use (stream keys, an unset chat): the digests, and so the
     names of data built with the specs that predate them, stay as they were."""
-    unused = (() if self.audio_mode == PARALLEL_STREAMS else STREAM_KEYS) + (("chat",) if self.chat is None else ())
+    unused = ((() if self.audio_mode == STREAMS_MODE else STREAM_KEYS) + (("chat",) if self.chat is None else ())
+              + (("architecture",) if self.architecture is None else ()))
     return {k: v for k, v in dataclasses.asdict(self).items() if k not in unused}
 
   def digest(self) -> str:

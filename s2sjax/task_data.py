@@ -1,10 +1,10 @@
 """Built task data as the evaluator reads it: the packed rows, the question table and the build's metadata.
 
 `tasks.prepare` writes one TFDS config per task x spec x modality x row length x variant (`demo-s2t-1024`,
-`-noshare`, ...) under `<data_dir>/<task>/<config>/<version>`; the names are made here, by `config_name`, so the
+`-noshare`, ...) under `<data_dir>/<task>/<config>/<version>`; the names are `s2sjax.builds.DataSelector`'s, so the
 build and the reader cannot disagree. Reading needs no TensorFlow (array_record through TFDS's data source).
 
-Built data carries its own integrity, as checkpoints do: the build records what it is (`build_record`: task,
+Built data carries its own integrity, as checkpoints do: the build records what it is (`DataSelector.record`: task,
 modality, spec, row length, variants) and checksums of its rows and of its question table (`integrity`), and the
 reader holds the folder to both: a folder copied under another config's name, a damaged shard or an edited
 `metadata.json` is refused by name (`verify=False`, `--noverify_data`, skips the checksums on a trusted bucket).
@@ -16,77 +16,24 @@ import dataclasses
 import functools
 import hashlib
 import os
-import re
 
 import numpy as np
 from absl import logging
 from etils import epath
 
 from s2sjax import benchmarks, modalities
+from s2sjax.builds import BuildMetadata, DataError, DataSelector, Variants, spec_label
 from s2sjax.output_dir import strict_json
 from s2sjax.packing import RowShape
 from s2sjax.questions import QuestionTable
-from s2sjax.spec import is_spec_path, load_spec
+from s2sjax.rows import RowFormat
 
-# 1.1.0: Moshi S->S targets carry the paper's stream weights (100 semantic, 1 acoustic), not semantic-only ones
+# 1.1.0: stream rows' S->S targets carry the protocol's stream weights (100 semantic, 1 acoustic), not semantic-only
 DATA_VERSION = "1.1.0"
-
-
-class DataError(ValueError):
-  """Built data that is missing, damaged or does not fit; the message says what to run."""
 
 
 class MissingDataError(DataError):
   """No build at all where one was asked for (the embedded default builds it then)."""
-
-
-PROTOCOLS = ("s2sbench", "utterance")
-OVERLONG = ("error", "truncate_prefix")
-TOKENIZATIONS = ("separate", "joint")
-
-
-@dataclasses.dataclass(frozen=True)
-class Variants:
-  """The build options that change the rows, and so name another built config."""
-
-  share_prefix: bool = True
-  reference_language_quirk: bool = False  # S2SBench's code applies the last dataset's language (zh) to all
-  overlong: str = "error"  # or "truncate_prefix": drop prefix tokens of items longer than the row (counted)
-  # "s2sbench": prefix + candidate, the candidate's tokens scored; "utterance" (S->S only): TWIST / SlamKit's
-  # whole spoken story, every unit after bos scored (tasks/build.py)
-  protocol: str = "s2sbench"
-  # T->T: "separate" tokenizes prefix and candidate apart (the scored tokens are exactly the candidate's);
-  # "joint" is S2SBench's reference rule: first + last as one string, the tokens past the prefix's count scored
-  tokenization: str = "separate"
-
-  def __post_init__(self):
-    if self.overlong not in OVERLONG:
-      raise ValueError(f"overlong must be one of {OVERLONG}, not {self.overlong!r}")
-    if self.protocol not in PROTOCOLS:
-      raise ValueError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
-    if self.tokenization not in TOKENIZATIONS:
-      raise ValueError(f"tokenization must be one of {TOKENIZATIONS}, not {self.tokenization!r}")
-
-
-def spec_label(spec: str) -> str:
-  """A preset's name; for a YAML path, the spec's own name and a hash of its resolved contents (a path would put
-  slashes in the config name, and two files may carry one name)."""
-  if not is_spec_path(spec):
-    return spec
-  loaded = load_spec(spec)
-  return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', loaded.name)}-{loaded.digest()[:8]}"
-
-
-def config_name(spec: str, modality: str, row_length: int | None, variants: Variants = Variants()) -> str:
-  """`demo-s2t-1024` (`mine-1a2b3c4d-s2t-1024` for a YAML spec; `demo-s2t-auto` for rows whose length the build
-  chose from its items, s2sjax.packing.auto_row_length); variants that change the rows say so:
-  `-noshare`, `-zhquirk`, `-truncate`, `-utterance`, `-joint`."""
-  return (f"{spec_label(spec)}-{modalities.get(modality).name}-{row_length or 'auto'}"
-          + ("" if variants.share_prefix else "-noshare")
-          + ("-zhquirk" if variants.reference_language_quirk else "")
-          + ("-truncate" if variants.overlong == "truncate_prefix" else "")
-          + ("-utterance" if variants.protocol == "utterance" else "")
-          + ("-joint" if variants.tokenization == "joint" else ""))
 
 
 def tokenizer_identity(tokenizer) -> dict:
@@ -113,24 +60,14 @@ def questions_checksum(records: list[dict]) -> str:
                         ).hexdigest()
 
 
-def build_record(task: str, spec: str, modality: str, row_length: int | None, variants: Variants) -> dict:
-  """What a build is, as it records it and as a reader asks for it."""
-  return {"task": task, "config": config_name(spec, modality, row_length, variants), "spec": spec_label(spec),
-          "modality": modalities.get(modality).name, "row_length": row_length, **dataclasses.asdict(variants)}
-
-
-def _recorded_build(metadata: dict, asked: dict) -> dict:
+def _recorded_build(metadata: BuildMetadata, asked: DataSelector) -> dict:
   """The build record of a folder; for builds made before records, rebuilt from the fields they hold."""
-  if "build" in metadata:
-    return metadata["build"]
-  spec = metadata.get("spec", {}).get("name")
-  if spec == asked["spec"] or asked["spec"].startswith(f"{spec}-"):  # a YAML spec's label adds its digest
-    spec = asked["spec"]
-  variants = Variants(metadata.get("share_prefix", True), metadata.get("reference_language_quirk", False),
-                      metadata.get("overlong", "error"), metadata.get("protocol", "s2sbench"),
-                      metadata.get("tokenization", "separate"))
-  return build_record(metadata.get("task", asked["task"]), spec, metadata.get("modality", asked["modality"]),
-                      asked["row_length"], variants)
+  if metadata.build is not None:
+    return metadata.build
+  spec = metadata.spec.name
+  if spec_label(asked.spec) == spec or spec_label(asked.spec).startswith(f"{spec}-"):  # a YAML spec's label adds its digest
+    spec = asked.spec
+  return DataSelector(metadata.task, metadata.modality, spec, asked.row_length, metadata.variants).record()
 
 
 def _shard_problems(builder, read: bool = False) -> list[str]:
@@ -167,7 +104,8 @@ def _rebuild_hint(task: str, data_dir: str, config: str) -> str:
           f"that name {config}")
 
 
-def load_rows(data_dir: str, task: str, config: str, verify: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+def load_rows(data_dir: str, task: str, config: str,
+              verify: bool = True) -> tuple[dict[str, np.ndarray], BuildMetadata]:
   """All packed rows of a built task/config, in row order, and its metadata; with `verify`, the rows and the
   question table are held to the checksums written with the build. A missing, truncated or unreadable shard is
   one error naming the file."""
@@ -195,8 +133,8 @@ def load_rows(data_dir: str, task: str, config: str, verify: bool = True) -> tup
   if not examples:
     raise DataError(f"{path} holds no rows: {hint}")
   rows = {name: np.stack([np.asarray(e[name]) for e in examples]) for name in examples[0] if name != "row"}
-  metadata = dict(builder.info.metadata)
-  integrity = metadata.get("integrity")
+  metadata = BuildMetadata.from_json(dict(builder.info.metadata), where=f"{path}/metadata.json")
+  integrity = metadata.integrity
   if verify and integrity is None:
     logging.warning("%s was built before builds recorded checksums: read unverified (tasks.prepare --overwrite "
                     "rebuilds it with them)", path)
@@ -204,13 +142,11 @@ def load_rows(data_dir: str, task: str, config: str, verify: bool = True) -> tup
     if rows_checksum(rows) != integrity.get("rows"):
       raise DataError(f"{path}: the rows differ from the checksum written with the build (a damaged or replaced "
                       f"shard): {hint}; --noverify_data reads them anyway")
-    if questions_checksum(metadata.get("questions", [])) != integrity.get("questions"):
+    if questions_checksum(list(metadata.questions)) != integrity.get("questions"):
       raise DataError(f"{path}/metadata.json: the question table differs from the checksum written with the build "
                       f"(edited or damaged: which candidate is right is no longer what was built): {hint}; "
                       "--noverify_data reads it anyway")
-  if "tokens" in rows and "audio_codes" not in rows:  # token rows without codebook tables
-    rows["audio_codes"] = np.zeros(rows["tokens"].shape + (0,), np.int32)
-  return rows, metadata
+  return metadata.spec.row_format.completed(rows), metadata  # token rows without codebook tables: codes of width 0
 
 
 @dataclasses.dataclass
@@ -218,11 +154,11 @@ class TaskData:
   task: str
   modality: str
   rows: dict[str, np.ndarray]
-  metadata: dict
+  metadata: BuildMetadata
 
   @property
   def protocol(self) -> str:
-    return self.metadata.get("protocol", "s2sbench")
+    return self.metadata.variants.protocol
 
   @property
   def label(self) -> str:
@@ -235,12 +171,12 @@ class TaskData:
 
   @property
   def shape(self) -> RowShape:
-    return RowShape(**self.metadata["row_shape"])
+    return self.metadata.row_shape
 
   @property
-  def parallel_streams(self) -> bool:
-    """Rows of parallel streams (s2sjax/packing.py's `stream_tokens`, a parallel_streams spec), not of tokens."""
-    return "stream_tokens" in self.rows
+  def row_format(self) -> RowFormat:
+    """The format of the rows (s2sjax/rows.py), as the build's spec lays them: token rows, or stream rows."""
+    return self.metadata.spec.row_format
 
   @property
   def num_rows(self) -> int:
@@ -248,33 +184,36 @@ class TaskData:
 
   @functools.cached_property
   def questions(self) -> QuestionTable:
-    return QuestionTable.from_records(self.metadata["questions"], where=f"{self.task}/{self.modality}")
+    return QuestionTable.from_records(list(self.metadata.questions), where=f"{self.task}/{self.modality}")
 
   @functools.cached_property
   def fingerprint(self) -> str:
     """A hash of what is scored (tokens, audio codes, targets): results saved for other rows are not these."""
     digest = hashlib.sha256()
-    scored = (("stream_tokens", "target_pos", "target_frame", "target_weight") if self.parallel_streams
-              else ("tokens", "audio_codes", "target_pos", "target_ids"))
-    for name in scored + ("target_slot", "slot_item", "slot_candidate"):
+    for name in self.row_format.fingerprint_fields:
       digest.update(np.ascontiguousarray(self.rows[name]).tobytes())
     return digest.hexdigest()[:16]
 
 
-def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int | None,
-                   variants: Variants = Variants(), verify: bool = True) -> TaskData:
-  """The build of `task` named by the rest, refused when the folder holds another build (copied or moved under
-  this name) or, with `verify`, when its rows or question table differ from their checksums."""
-  asked = build_record(task, spec, modality, row_length, variants)
-  rows, metadata = load_rows(data_dir, task, asked["config"], verify)
-  recorded = _recorded_build(metadata, asked)
+def load_build(data_dir: str, selector: DataSelector, verify: bool = True) -> TaskData:
+  """The build `selector` names, refused when the folder holds another build (copied or moved under this name)
+  or, with `verify`, when its rows or question table differ from their checksums."""
+  task, asked = selector.task, selector.record()
+  rows, metadata = load_rows(data_dir, task, selector.config, verify)
+  recorded = _recorded_build(metadata, selector)
   differ = [f"{key} {recorded.get(key)!r}, not {value!r}" for key, value in asked.items()
             if key != "config" and recorded.get(key) != value]
   if differ:
-    path = os.path.join(str(data_dir), task, asked["config"], DATA_VERSION)
+    path = os.path.join(str(data_dir), task, selector.config, DATA_VERSION)
     title = lambda record: modalities.title(record["modality"]) if record.get("modality") in modalities.NAMES else "?"
     raise DataError(f"{path} holds the build {recorded.get('task')}/{recorded.get('config')} ({title(recorded)}), "
-                    f"not the {task}/{asked['config']} ({title(asked)}) asked for "
+                    f"not the {task}/{selector.config} ({title(asked)}) asked for "
                     f"({'; '.join(differ)}): a folder copied or moved under another name. "
-                    f"{_rebuild_hint(task, data_dir, asked['config']).capitalize()}")
-  return TaskData(task, modalities.get(modality).name, rows, metadata)
+                    f"{_rebuild_hint(task, data_dir, selector.config).capitalize()}")
+  return TaskData(task, selector.modality, rows, metadata)
+
+
+def load_task_data(data_dir: str, task: str, modality: str, spec: str, row_length: int | None,
+                   variants: Variants = Variants(), verify: bool = True) -> TaskData:
+  """`load_build` of the selector these name (the Python API's spelling)."""
+  return load_build(data_dir, DataSelector(task, modality, spec, row_length, variants), verify)

@@ -2,8 +2,8 @@
 its spec's audio mode (tasks/encoders.py, where the tokenization rule lives), its candidates grouped under
 identical prefixes, bad questions raised or left out, the items packed.
 
-A parallel_streams spec (Moshi) is packed by `pack_streams`, which applies the spec's delays, and each scored
-token carries its stream's weight (`StreamEncoder.pack`).
+A spec of stream rows (s2sjax/rows.py) is packed by `pack_streams`, which applies the spec's delays, and each
+scored token carries its stream's weight (`StreamEncoder.pack`).
 """
 
 from __future__ import annotations

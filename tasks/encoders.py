@@ -11,7 +11,7 @@ The prefix is tokenized with the tokenizer's special tokens (a BOS where the mod
   TextEncoder      text on both sides (t2t) in token rows, whatever the spec's audio mode
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
-  StreamEncoder    parallel_streams (Moshi): each side on streams of its own, every modality
+  StreamEncoder    stream rows: each side on streams of its own, by the spec's architecture's protocol
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ import os
 
 import numpy as np
 
-from s2sjax import modalities
-from s2sjax.families import moshi as moshi_family
-from s2sjax.modalities import SPEECH, TEXT
+from s2sjax import architectures, modalities
+from s2sjax.modalities import TEXT
 from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, check_item, check_stream_item,
-                            pack, pack_streams)
+                            pack, pack_streams, scored_streams, weigh_streams)
 from s2sjax.progress import Progress
-from s2sjax.spec import PARALLEL_STREAMS, AudioIds, Spec, resolve_audio_ids
-from s2sjax.task_data import PROTOCOLS
+from s2sjax.spec import AudioIds, Spec, resolve_audio_ids
+from s2sjax.builds import PROTOCOLS
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Question
@@ -48,13 +47,13 @@ class QuestionEncoder(abc.ABC):
   metric (slamkit/metric/modelling_metric.py, slamkit/model/unit_lm.py): the whole spoken story, the prefix's audio
   and the candidate's as one recording, tokenized as `<bos> units <eos>` (slamkit/tokeniser/unit_tokeniser.py's
   template; bos = eos = 1 for unit LMs, the audio start / end tokens otherwise) and every token after the first
-  scored, the closing eos included. For parallel streams (Moshi) that recording is every frame after the model's
-  initial step, with no closing token: the Moshi paper's own S->S protocol (s2sjax/families/moshi.py).
+  scored, the closing eos included. For stream rows that recording is every frame after the model's initial
+  step, with no closing token (the S->S protocol of the stream architecture, its `stream_protocol`).
 
   Called by this name it builds the subclass that lays the spec's audio mode (`encoder_class`): each subclass
   says how a `prefix` and a `candidate` are laid; this class holds what they share, and lays token rows."""
 
-  layout: StreamLayout | None = None  # parallel_streams: how the rows' streams are delayed
+  layout: StreamLayout | None = None  # stream rows: how the rows' streams are delayed
   ids: AudioIds | None = None  # audio in token rows: the spec's special tokens and units, looked up
 
   def __new__(cls, spec: Spec, modality: str, *args, **kwargs):
@@ -320,17 +319,19 @@ class CodebookEncoder(AudioTokenEncoder):
 
 
 class StreamEncoder(QuestionEncoder):
-  """parallel_streams (Moshi): each side on streams of its own, by s2sjax/families/moshi.py's protocol: the text
-  ids on the text stream, or the audio codes on the codebook streams, one step each. The rows are packed by
-  `pack_streams`, which applies the spec's delays, and each scored token carries its stream's weight."""
+  """Stream rows: each side on streams of its own, by the protocol of the architecture that reads the spec's
+  streams (`architectures.for_spec`): the text ids on the text stream, or the audio codes on the codebook streams,
+  one step each. The rows are packed by `pack_streams`, which applies the spec's delays, and each scored token
+  carries its stream's weight."""
 
   def __init__(self, spec: Spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
     self.layout = StreamLayout(spec.stream_delays, spec.stream_initial_ids, predicted=spec.num_streams)
-    self.weights = moshi_family.stream_weights(self.modality.name, len(spec.codebook_sizes))  # per stream
+    self.stream_protocol = architectures.for_spec(spec).stream_protocol
+    self.weights = self.stream_protocol.weights(self.modality.name, len(spec.codebook_sizes))  # per stream
 
   def _streams(self, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
-    return moshi_family.lay_streams(len(self.spec.codebook_sizes), text, audio)
+    return self.stream_protocol.lay(len(self.spec.codebook_sizes), text, audio)
 
   def prefix(self, question: Question, c: int) -> tuple[np.ndarray, None, float]:
     if self.protocol == "utterance":  # the recording is all candidate: the initial step alone precedes it
@@ -350,7 +351,7 @@ class StreamEncoder(QuestionEncoder):
   def item(self, prefix: np.ndarray, candidates: tuple[np.ndarray, ...], codes: np.ndarray | None,
            name: str) -> StreamItem:
     """A StreamItem whose candidates score this protocol's streams."""
-    return StreamItem(prefix, candidates, moshi_family.scored(self.weights), name=name)
+    return StreamItem(prefix, candidates, scored_streams(self.weights), name=name)
 
   def check(self, item: StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
     if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
@@ -361,7 +362,7 @@ class StreamEncoder(QuestionEncoder):
   def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
     """`pack_streams`, then the scored tokens weighted by the protocol."""
     rows, report = pack_streams(items, shape, self.layout, share_prefix)
-    return moshi_family.weigh(rows, self.weights), report
+    return weigh_streams(rows, self.weights), report
 
 
 # Audio in token rows, by the spec's audio mode (s2sjax/families/family.py's AUDIO_INPUTS).
@@ -373,7 +374,7 @@ def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
   """Which encoder lays `modality` for `spec`: parallel streams lay every side on streams, text ones too; token rows
   lay text alike whatever the audio mode, and audio by the mode. A text-only spec asked for audio gets the text
   encoder, which refuses it by name (`Spec.check_modality`)."""
-  if spec.audio_mode == PARALLEL_STREAMS:
+  if spec.row_format.streams:
     return StreamEncoder
   if not modalities.get(modality).speaks:
     return TextEncoder

@@ -16,6 +16,10 @@ r"""Builds a local S2SBench replica, in the release layout, from the public raw 
   (`speech_cache/`); each wav is a link to its text's clip, made afresh on every import, so re-importing into the
   same directory never pairs a line with another text's audio.
 
+A task's jsonl is written last, once its wavs match it, and replica_report.json once every task is: SIGINT or
+SIGTERM stops an import within seconds, keeping the tasks written and the clips spoken (a rerun speaks only the
+rest), with one line saying so.
+
 The public files stay where they are: this reads them by path and writes only the replica. It is a replica, not
 the official release: S2SBench's own rewrites and recordings differ.
 """
@@ -30,6 +34,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 
 import numpy as np
 from absl import flags
@@ -37,12 +42,14 @@ from absl import flags
 from s2sjax import benchmarks, cli
 from s2sjax.progress import Progress
 from tasks.release import OPTIONS, spoken_candidates
+from tasks.speech import speak
 
 # The blank markers CMMLU questions use, in the order they are tried.
 BLANKS = ("（）", "（ ）", "()", "( )", "____", "___", "__")
 # Questions about "the following" options read as no statement once the options are split off.
 REFERS_TO_OPTIONS = ("下列", "以下", "哪")
 SPEECH_CACHE = "speech_cache"
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted in the importer
 
 
 def read_stories(path: str, delimiter: str) -> list[dict]:
@@ -152,17 +159,36 @@ def clip_path(output: str, language: str, text: str) -> str:
 
 def _speak(job: tuple[str, str, str]) -> tuple[str, float, bool]:
   """(clip, seconds, whether it was synthesized now); a clip already cached is reused."""
-  from tasks.sample.make_sample import speak
-
   text, language, path = job
   synthesized = not os.path.exists(path)
   if synthesized:
     partial = f"{path[: -len('.wav')]}.{os.getpid()}.partial.wav"  # sox picks the format by extension
-    speak(text, language, partial)
-    os.replace(partial, path)  # a clip is complete or absent, even after an interrupted import
+    # the pool's terminate (SIGTERM) waits for the clip under way: an espeak-ng / sox cut off from this process
+    # would go on and write its files after they were cleaned up
+    held = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+      speak(text, language, partial)
+      os.replace(partial, path)  # a clip is complete or absent, even after an interrupted import
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+      if os.path.exists(partial):
+        os.remove(partial)
+    if held:
+      os._exit(128 + held[0])  # what SIGTERM does to an idle synthesis process, now that the clip is whole
   import soundfile
 
   return path, soundfile.info(path).duration, synthesized
+
+
+def _speech_worker() -> None:
+  """A synthesis process leaves SIGINT (Ctrl-C reaches the whole process group) to the importer, which stops the
+  pool; SIGTERM (the pool's terminate) ends it at once, as it ends any pool's workers, or once the clip under way
+  is spoken (_speak), not by an exception: one raised in a GC callback is only printed, and the process would go
+  on waiting for work. It starts with both signals blocked (synthesize) and unblocks them once they are set."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
 def synthesize(jobs: list[tuple[str, str, str]], workers: int, description: str = "speech"
@@ -171,7 +197,13 @@ def synthesize(jobs: list[tuple[str, str, str]], workers: int, description: str 
   synthesized now, with a progress bar (utterances, seconds of audio per second, ETA)."""
   durations, synthesized = {}, 0
   progress = Progress(len(jobs), description, unit="utterances", rate_unit="audio s")
-  with multiprocessing.Pool(workers) as pool:
+  # blocked while the pool forks, so no worker meets a signal before _speech_worker has set its handlers
+  held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+  try:
+    pool = multiprocessing.Pool(workers, initializer=_speech_worker)
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+  with pool:
     for path, seconds, new in pool.imap_unordered(_speak, jobs, chunksize=4):
       durations[path] = seconds
       synthesized += new
@@ -229,14 +261,14 @@ def write_task(output: str, task: str, lines: list[dict], speech: bool, workers:
       {name: text for line in lines for name, text in spoken_candidates(task, line).items()},
   }
   _cache_previous_audio(output, jsonl, os.path.join(output, record.release_audio_dir), record.language)
-  os.makedirs(os.path.dirname(jsonl), exist_ok=True)
-  with open(jsonl, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+  if os.path.exists(jsonl):  # written again last, once the wavs match it: a task cut short has none
+    os.remove(jsonl)
   report = {"lines": len(lines)}
   if not speech:
     for role, (audio_dir, texts) in zip(("wavs", "candidate_wavs"), folders.items()):
       if os.path.isdir(audio_dir):
         report[role], report[f"stale_{role}_removed"] = _link_audio(output, audio_dir, texts, record.language)
+    _write_lines(jsonl, lines)
     return report
   os.makedirs(os.path.join(output, SPEECH_CACHE), exist_ok=True)
   clips = {clip_path(output, record.language, text): text for texts in folders.values() for text in texts.values()}
@@ -252,33 +284,73 @@ def write_task(output: str, task: str, lines: list[dict], speech: bool, workers:
                 seconds_per_character={"min": round(float((seconds / chars).min()), 4),
                                        "median": round(float(np.median(seconds / chars)), 4),
                                        "max": round(float((seconds / chars).max()), 4)})
+  _write_lines(jsonl, lines)
   return report
+
+
+def _write_lines(path: str, lines: list[dict]) -> None:
+  """The task's jsonl, whole or not at all (written beside it, then renamed)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  partial = f"{path}.{os.getpid()}.partial"
+  try:
+    with open(partial, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    os.replace(partial, path)
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+
+
+REPORT = "replica_report.json"
 
 
 def import_all(output: str, storycloze_csv: str | None, xstorycloze_zh: list[str], cmmlu_dir: str | None,
                speech: bool = True, workers: int = 2, limit: int | None = None) -> dict:
+  """Writes the tasks whose sources are given, then replica_report.json (removed first: it describes a finished
+  import, and a task cut short leaves no jsonl). SIGINT / SIGTERM (cli.Interrupted) keep the tasks written and
+  the clips spoken, and the interruption's line says which."""
   report = {"note": "a local replica built from public sources, not the official S2SBench release"}
-  if storycloze_csv:
-    stories = read_stories(storycloze_csv, ",")[:limit]
-    report["sstorycloze"] = dict(write_task(output, "sstorycloze", story_lines(stories, " "), speech, workers),
-                                 pairs=len(stories))
-    report["tstorycloze"] = dict(write_task(output, "tstorycloze", story_lines(topic_stories(stories), " "), speech,
-                                            workers), pairs=len(stories), seed=TOPIC_SEED)
-  if xstorycloze_zh:
-    stories = [s for path in xstorycloze_zh for s in read_stories(path, "\t")][:limit]
-    report["zh_sstorycloze"] = dict(write_task(output, "zh_sstorycloze", story_lines(stories, ""), speech, workers),
-                                    pairs=len(stories))
-  if cmmlu_dir:
-    kept, reasons, left_out = read_cmmlu(cmmlu_dir)
-    kept = kept[:limit]
-    lines = [dict(line, uttid=k) for k, line in enumerate(kept)]
-    report["scmmlu"] = dict(write_task(output, "scmmlu", lines, speech, workers), questions_kept=len(kept),
-                            questions_left_out=len(left_out), left_out_reasons=dict(reasons))
-    with open(os.path.join(output, "cmmlu", "left_out.jsonl"), "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(entry, ensure_ascii=False) + "\n" for entry in left_out)
-  with open(os.path.join(output, "replica_report.json"), "w", encoding="utf-8") as f:
+  if os.path.exists(os.path.join(output, REPORT)):
+    os.remove(os.path.join(output, REPORT))
+  task = None
+  try:
+    if storycloze_csv:
+      stories = read_stories(storycloze_csv, ",")[:limit]
+      task = "sstorycloze"
+      report[task] = dict(write_task(output, task, story_lines(stories, " "), speech, workers), pairs=len(stories))
+      task = "tstorycloze"
+      report[task] = dict(write_task(output, task, story_lines(topic_stories(stories), " "), speech, workers),
+                          pairs=len(stories), seed=TOPIC_SEED)
+    if xstorycloze_zh:
+      stories = [s for path in xstorycloze_zh for s in read_stories(path, "\t")][:limit]
+      task = "zh_sstorycloze"
+      report[task] = dict(write_task(output, task, story_lines(stories, ""), speech, workers), pairs=len(stories))
+    if cmmlu_dir:
+      kept, reasons, left_out = read_cmmlu(cmmlu_dir)
+      kept = kept[:limit]
+      lines = [dict(line, uttid=k) for k, line in enumerate(kept)]
+      task = "scmmlu"
+      written = write_task(output, task, lines, speech, workers)
+      _write_lines(os.path.join(output, "cmmlu", "left_out.jsonl"), left_out)
+      report[task] = dict(written, questions_kept=len(kept), questions_left_out=len(left_out),
+                          left_out_reasons=dict(reasons))
+  except cli.Interrupted as e:
+    e.message = _interrupted_line(e.signum, output, [t for t in report if t != "note"],
+                                  task if task not in report else None)
+    raise
+  with open(os.path.join(output, REPORT), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2, ensure_ascii=False)
   return report
+
+
+def _interrupted_line(signum: int, output: str, complete: list[str], unfinished: str | None) -> str:
+  """What an interrupted import keeps: the tasks written in full and every clip spoken (complete or absent)."""
+  cache = os.path.join(output, SPEECH_CACHE)
+  clips = sum(not name.endswith(".partial.wav") for name in os.listdir(cache)) if os.path.isdir(cache) else 0
+  tasks = f"the tasks written in full ({', '.join(complete)}) and " if complete else ""
+  left = f"; {unfinished} was not finished" if unfinished else ""
+  return (f"interrupted by {signal.Signals(signum).name}: kept {tasks}the {clips} spoken clips in {cache}{left}; "
+          "rerun the same command to go on (spoken clips are reused)")
 
 
 def main(argv):

@@ -1,6 +1,6 @@
 r"""Builds the packed rows of S2SBench tasks.
 
-  python -m tasks.prepare --task=sstorycloze|zh_sstorycloze|scmmlu|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
+  python -m tasks.prepare --task=TASK|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--row_length=N] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
       [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
 
@@ -10,28 +10,27 @@ only when it was built from the same inputs (release files, spec, text and audio
 refuses, unless --overwrite. --overwrite builds the new data beside the old (a hidden `.rebuild-*` folder of the
 data dir) and swaps it in only once it is complete: a rebuild that fails leaves the earlier build as it was.
 Two runs building one config into one data dir at once take turns: the second waits for the first's build (a
-lock beside it names the holder) and reuses it.
+lock beside it names the holder) and reuses it. SIGINT or SIGTERM stops a run within seconds: the builds complete
+are kept, the one under way leaves nothing, and one line says which and how to go on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import importlib
 import json
 import os
 import shutil
+import signal
 import socket
-import time
 import uuid
 
 import tensorflow_datasets as tfds
 from absl import flags, logging
 
-from s2sjax import benchmarks, cli, modalities, text_tokenizer
-from s2sjax.output_dir import LOCK_NAME, LockHeldError, RunLock, fsync_path
+from s2sjax import benchmarks, builds, cache, cli, default_model, text_tokenizer
+from s2sjax.builds import BuildMetadata, DataSelector, Variants
+from s2sjax.output_dir import LOCK_NAME, fsync_path, waiting_lock
 from s2sjax.spec import load_spec
-from s2sjax.task_data import Variants, config_name
 from tasks.release import task_paths
 from tasks.tfds_builder import make_config, resolve_manual_dir, resolve_tokenizer_dir
 
@@ -45,7 +44,8 @@ class StaleDataError(ValueError):
 
 
 def default_data_dir() -> str:
-  return os.path.join(os.environ.get("S2SJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "s2sjax")), "data")
+  """`data/` of the cache the embedded default lives in ($S2SJAX_CACHE)."""
+  return os.path.join(cache.cache_dir(), "data")
 
 
 def builder_class(task: str):
@@ -55,14 +55,22 @@ def builder_class(task: str):
 
 
 def prepare(task: str, spec: str, modality: str, row_length: int | None, data_dir: str, manual_dir: str | None = None,
-            overwrite: bool = False, variants: Variants = Variants(), **builder_kwargs) -> dict:
-  """Builds one task/config, or reuses it when it was built from the same inputs; returns its metadata.
+            overwrite: bool = False, variants: Variants = Variants(), **builder_kwargs) -> BuildMetadata:
+  """`prepare_build` of the selector these name (the Python API's spelling)."""
+  return prepare_build(DataSelector(task, modality, spec, row_length, variants), data_dir, manual_dir, overwrite,
+                       **builder_kwargs)
+
+
+def prepare_build(selector: DataSelector, data_dir: str, manual_dir: str | None = None, overwrite: bool = False,
+                  **builder_kwargs) -> BuildMetadata:
+  """Builds what `selector` names, or reuses it when it was built from the same inputs; returns its metadata.
   builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
+  task = selector.task
   manual_dir = resolve_manual_dir(manual_dir)
-  if load_spec(spec).text_vocabulary:  # refused before the builder writes anything
+  if load_spec(selector.spec).text_vocabulary:  # refused before the builder writes anything
     text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
                                  builder_kwargs.get("trust_remote_code", False))
-  config = make_config(spec, modality, row_length, variants)
+  config = make_config(selector)
   name = config.name
   if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
     config = name  # TFDS refuses a custom config named like a predefined one; names say everything
@@ -72,38 +80,20 @@ def prepare(task: str, spec: str, modality: str, row_length: int | None, data_di
     return _prepare_locked(builder, task, name, config, data_dir, manual_dir, overwrite, builder_kwargs)
 
 
-BUILD_LOCK_WAIT_S = 1.0
-
-
-@contextlib.contextmanager
 def _build_lock(builder, task: str, name: str):
   """One build of a config into a data dir at a time: `<data_dir>/<task>/.<config>.s2sjax-lock` (holder named, as
   the output directory's lock; one left by a dead run of this host is taken over). A second run waits for the
-  first, saying once whose build it waits for; TFDS would fail it at the rename of its finished build."""
+  first and reuses its build; TFDS would fail it at the rename of its finished build."""
   config_dir = os.path.dirname(str(builder.data_dir))  # <data_dir>/<task>/<config>/<version>
-  lock = RunLock(os.path.dirname(config_dir), name=f".{os.path.basename(config_dir)}{LOCK_NAME}")
-  said = False
-  while True:
-    try:
-      lock.__enter__()
-      break
-    except LockHeldError as e:
-      if not said:
-        owner = e.owner
-        print(f"{task}/{name}: waiting for the build of pid {owner.get('pid')} on {owner.get('host')} (started "
-              f"{owner.get('started')}; {lock.path}), then reusing it", flush=True)
-        said = True
-      time.sleep(BUILD_LOCK_WAIT_S)
-  try:
-    yield
-  finally:
-    lock.__exit__(None, None, None)
+  return waiting_lock(os.path.dirname(config_dir), f".{os.path.basename(config_dir)}{LOCK_NAME}", f"{task}/{name}",
+                      "build")
 
 
 def _prepare_locked(builder, task: str, name: str, config, data_dir: str, manual_dir: str, overwrite: bool,
-                    builder_kwargs: dict) -> dict:
+                    builder_kwargs: dict) -> BuildMetadata:
   if builder.is_prepared() and not overwrite:
-    built = builder.info.metadata.get("inputs")
+    previous = built_metadata(builder)
+    built = previous.inputs
     now = builder.build_inputs(manual_dir).fingerprint
     differ = [] if built is None else [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
     if built is None:  # built by a version that did not record its inputs: nothing to compare
@@ -112,20 +102,25 @@ def _prepare_locked(builder, task: str, name: str, config, data_dir: str, manual
     if differ:
       raise StaleDataError(
         f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
-        f"{builder.info.metadata.get('source')}, now {manual_dir}): pass --overwrite to rebuild it, or use another "
+        f"{previous.source}, now {manual_dir}): pass --overwrite to rebuild it, or use another "
         "--data_dir")
   _remove_dead_rebuilds(data_dir)
   if builder.is_prepared() and overwrite:
     return _rebuild_beside(builder, task, config, data_dir, manual_dir, builder_kwargs)
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
     manual_dir=manual_dir, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
-  return dict(builder.info.metadata)
+  return built_metadata(builder)
+
+
+def built_metadata(builder) -> BuildMetadata:
+  """The metadata a finished build wrote."""
+  return BuildMetadata.from_json(dict(builder.info.metadata), where=f"{builder.data_dir}/metadata.json")
 
 
 REBUILD_PREFIX = ".rebuild-"
 
 
-def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, builder_kwargs: dict) -> dict:
+def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, builder_kwargs: dict) -> BuildMetadata:
   """--overwrite of a finished build: the new one is built in a hidden data dir beside it, then the old version
   folder is renamed aside, the new one into its place, and the old one removed. TFDS's own overwrite deletes the
   old build first, so a rebuild that failed (a bad wav) lost the good one."""
@@ -133,7 +128,7 @@ def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, buil
   try:
     builder = builder_class(task)(config=config, data_dir=staging, **builder_kwargs)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-    metadata = dict(builder.info.metadata)
+    metadata = built_metadata(builder)
     target = str(old.data_dir)
     aside = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.replaced-{os.path.basename(staging)}")
     fsync_path(builder.data_dir)
@@ -174,43 +169,52 @@ def main(argv):
     for task in benchmarks.names():
       if task not in tasks:
         print(f"{task}: {task_paths(task, release)[0]} does not exist, left out")
-  variants = Variants(FLAGS.share_prefix, FLAGS.reference_language_quirk, FLAGS.overlong,
-                      tokenization=FLAGS.tokenization)
-  builds = [(modality, dataclasses.replace(variants, protocol=protocol,
-                                           tokenization=variants.tokenization if modality == "t2t" else "separate"))
-            for modality in modalities.parse(FLAGS.modality)
-            for protocol in (FLAGS.protocol if modality == "s2s" else ["s2sbench"])]
+  selected = builds.from_flags(tasks)
   tokenizer_dir = FLAGS.tokenizer_dir
   if tokenizer_dir is None and FLAGS.spec == "demo":  # the embedded default model's (converted on first use)
-    from s2sjax import default_model
-
     tokenizer_dir = os.path.join(default_model.default_checkpoint(), "tokenizer")
-  for task in tasks:
-    for modality, variants in builds:
-      metadata = prepare(
-        task, FLAGS.spec, modality, FLAGS.row_length, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir,
-        FLAGS.overwrite, variants, tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir,
-        skip_bad=FLAGS.skip_bad, trust_remote_code=FLAGS.trust_remote_code,
+  complete, current = [], None  # "task/config" of the builds done (built or reused), and of the one under way
+  try:
+    for selector in selected:
+      current = f"{selector.task}/{selector.config}"
+      metadata = prepare_build(
+        selector, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir, FLAGS.overwrite,
+        tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
+        trust_remote_code=FLAGS.trust_remote_code,
       )
-      name = config_name(FLAGS.spec, modality, FLAGS.row_length, variants)
-      report = {k: v for k, v in metadata["report"].items() if k not in ("skipped_questions", "file_problems")}
-      file_problems = metadata["report"]["file_problems"]
-      print(f"{task} {name}: {json.dumps(dict(report, file_problems=len(file_problems)))}")
+      complete.append(current)
+      report = {k: v for k, v in metadata.report.items() if k not in ("skipped_questions", "file_problems")}
+      file_problems = metadata.report["file_problems"]
+      print(f"{selector.task} {selector.config}: {json.dumps(dict(report, file_problems=len(file_problems)))}")
       for problem in file_problems:
         print(f"  file problem {problem['where']}: {problem['why']}")
-      for skipped in metadata["report"]["skipped_questions"]:
+      for skipped in metadata.report["skipped_questions"]:
         print(f"  left out {skipped['where']}: {skipped['why']}")
+  except cli.Interrupted as e:
+    unfinished = current if current not in complete else None
+    e.message = _interrupted_line(e.signum, FLAGS.data_dir or default_data_dir(), complete, unfinished, FLAGS.overwrite)
+    raise
+
+
+def _interrupted_line(signum: int, data_dir: str, complete: list[str], unfinished: str | None,
+                     overwrite: bool) -> str:
+  """What a SIGINT / SIGTERM leaves: the builds complete are kept; the one under way is not (TFDS removes its
+  `incomplete.*` folder, an --overwrite its hidden rebuild, the build lock is released as its block ends)."""
+  kept = (f"kept {len(complete)} complete build{'s' * (len(complete) > 1)} in {data_dir} ({', '.join(complete)})"
+          if complete else f"no build in {data_dir} was complete yet")
+  left = ""
+  if unfinished:
+    left = f"; {unfinished} was not finished and nothing of it is kept"
+    if overwrite:
+      left += " (its earlier build, if any, is as it was)"
+  resume = ("rerun the same command to go on (--overwrite builds every config again)" if overwrite else
+            "rerun the same command to build only the rest (complete builds are reused)")
+  return f"interrupted by {signal.Signals(signum).name}: {kept}{left}; {resume}"
 
 
 if __name__ == "__main__":
-  flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Task to build.")
-  flags.DEFINE_string("spec", "demo", "Speech-LLM spec preset or YAML path.")
-  flags.DEFINE_string("modality", "both", "Modalities, prefix->candidate: any of t2t, s2t, t2s, s2s, comma-separated, "
-                      "or text (t2t), speech (s2t), both (t2t,s2t), all.")
-  flags.DEFINE_list("protocol", ["s2sbench"], "How S->S is built: s2sbench, utterance (the whole spoken story), "
-                    "or both, comma-separated.")
-  flags.DEFINE_integer("row_length", None, "Packed row length (default: chosen from the items, the config named "
-                       "<spec>-<modality>-auto; s2sjax.packing.auto_row_length).", lower_bound=1)
+  __doc__ = cli.usage(__doc__)
+  builds.define_flags()  # task, spec, modality, protocol, row length, variants: the builds made
   flags.DEFINE_string("data_dir", None, "Where built datasets go (default: ~/.cache/s2sjax/data).")
   flags.DEFINE_string("manual_dir", None, "The S2SBench release directory (default: the bundled sample).")
   flags.DEFINE_string("tokenizer_dir", None,
@@ -219,12 +223,5 @@ if __name__ == "__main__":
   flags.DEFINE_bool("trust_remote_code", False, "Run a text tokenizer shipped as code (GLM-4-Voice's); read it first.")
   flags.DEFINE_string("audio_tokenizer_dir", None, "Files of the audio tokenizer (precomputed codes, HuBERT, Mimi).")
   flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
-  flags.DEFINE_bool("share_prefix", True, "Lay each prefix once for all its candidates.")
-  flags.DEFINE_bool("reference_language_quirk", False, "Apply zh templates to every task, as S2SBench's code does.")
-  flags.DEFINE_enum("overlong", "error", ["error", "truncate_prefix"],
-                    "Items longer than the row: fail (naming them), or drop prefix tokens from the left (counted).")
-  flags.DEFINE_enum("tokenization", "separate", ["separate", "joint"],
-                    "T->T: tokenize prefix and candidate apart (separate), or as S2SBench's reference does, first + "
-                    "last as one string with the tokens past the prefix scored (joint).")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
   cli.run(main)

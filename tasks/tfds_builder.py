@@ -2,7 +2,7 @@
 
 A task's builder file (`tasks/<task>/<task>_dataset_builder.py`) only names its task; what the task is (release
 files and format, language) comes from its record in `s2sjax.benchmarks`. One BuilderConfig per spec x modality x
-row length x variant (`demo-s2t-1024`, ...; names from `s2sjax.task_data.config_name`). The split `test` holds
+row length x variant (`demo-s2t-1024`, ...; names from `s2sjax.builds.DataSelector`). The split `test` holds
 the packed rows (docs/architecture.md's row format plus a `row` index); `metadata.json` holds the question table
 (which slots make each question, which candidate is right), counts, packing efficiency, truncations and skips,
 the text tokenizer's identity and the audio tokenizer's fingerprint, what the build is (`build`: task, modality,
@@ -19,6 +19,7 @@ other inputs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
@@ -29,10 +30,10 @@ from etils import epath
 from s2sjax import modalities, text_tokenizer
 from s2sjax.modalities import SPEECH
 from s2sjax.packing import RowShape, fit
-from s2sjax.spec import PARALLEL_STREAMS, Spec, available_specs, load_spec
+from s2sjax.spec import Spec, available_specs, load_spec
 from s2sjax.output_dir import strict_json
-from s2sjax.task_data import (DATA_VERSION, Variants, build_record, config_name, questions_checksum, rows_checksum,
-                              spec_label, tokenizer_identity)
+from s2sjax.builds import BuildMetadata, DataSelector, spec_label
+from s2sjax.task_data import DATA_VERSION, questions_checksum, rows_checksum, tokenizer_identity
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
 from tasks.release import (Problems, ReleaseError, candidate_audio_dir, check_asked, read_questions, source_fingerprint,
@@ -45,32 +46,26 @@ VERSION = tfds.core.Version(DATA_VERSION)
 
 @dataclasses.dataclass(eq=False)
 class S2SBenchConfig(tfds.core.BuilderConfig):
-  spec: str = "demo"
-  modality: str = "t2t"  # a name of s2sjax.modalities
-  row_length: int | None = 1024  # None: chosen from the items (s2sjax.packing.auto_row_length)
-  share_prefix: bool = True
-  reference_language_quirk: bool = False  # see s2sjax.task_data.Variants
-  overlong: str = "error"
-  protocol: str = "s2sbench"
-  tokenization: str = "separate"
+  selector: DataSelector | None = None  # what the config builds (its name is the selector's); the task is the builder's
 
   @property
   def row_shape(self) -> RowShape:
-    spec = load_spec(self.spec)
-    modality = modalities.get(self.modality)
+    """The rows' capacity before the build fits its tables to what they hold."""
+    spec = load_spec(self.selector.spec)
+    modality = modalities.get(self.selector.modality)
     codebooks = len(spec.codebook_sizes) if (modality.prefix == SPEECH and spec.audio_mode == "codebook_tables") else 0
-    if spec.audio_mode == PARALLEL_STREAMS:  # every row carries the text stream and each codebook's
+    if spec.row_format.streams:  # every row carries the text stream and each codebook's
       codebooks = len(spec.codebook_sizes)
-    shape = RowShape.for_length(self.row_length or AUTO_MAX_LENGTH, codebooks)
+    shape = RowShape.for_length(self.selector.row_length or AUTO_MAX_LENGTH, codebooks)
     # spoken candidates run to hundreds of units (a whole story, in the utterance protocol): any token may be scored
     return dataclasses.replace(shape, max_targets=shape.length) if modality.candidate == SPEECH else shape
 
 
-def make_config(spec: str, modality: str, row_length: int, variants: Variants = Variants()) -> S2SBenchConfig:
-  return S2SBenchConfig(
-    name=config_name(spec, modality, row_length, variants), version=VERSION, spec=spec, modality=modality,
-    row_length=row_length, **dataclasses.asdict(variants),
-    description=f"{spec_label(spec)} spec, {modalities.get(modality).title}, rows of {row_length or 'a length chosen from the items'}")
+def make_config(selector: DataSelector) -> S2SBenchConfig:
+  length = selector.row_length or "a length chosen from the items"
+  return S2SBenchConfig(name=selector.config, version=VERSION, selector=selector,
+                        description=f"{spec_label(selector.spec)} spec, {modalities.get(selector.modality).title}, "
+                                    f"rows of {length}")
 
 
 def _askable(spec: str, modality: str) -> bool:
@@ -82,7 +77,7 @@ def _askable(spec: str, modality: str) -> bool:
 
 
 def _default_configs() -> list[S2SBenchConfig]:
-  return [make_config(spec, modality, length)
+  return [make_config(DataSelector("", modality, spec, length))
           for spec in available_specs() for modality in modalities.NAMES for length in ROW_LENGTHS
           if _askable(spec, modality)]
 
@@ -155,27 +150,11 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     shape = self.builder_config.row_shape
     # the target and slot tables are cut to what the rows use when they are built (packing.fit), and so is the
     # length when the build chooses it from its items
-    L, M, C, K = shape.length, None, None, shape.num_codebooks
-    if self.builder_config.row_length is None:
-      L = None
-    vector = lambda n: tfds.features.Tensor(shape=(n,), dtype=np.int32)
-    matrix = lambda n, k: tfds.features.Tensor(shape=(n, k), dtype=np.int32)
-    if load_spec(self.builder_config.spec).audio_mode == PARALLEL_STREAMS:  # s2sjax/packing.py's stream rows
-      features = {
-        "row": tfds.features.Scalar(dtype=np.int32),
-        "stream_tokens": matrix(L, 1 + K), "segment_ids": vector(L), "branch_ids": vector(L), "positions": vector(L),
-        "target_pos": vector(M), "target_frame": matrix(M, 1 + K), "target_weight": matrix(M, 1 + K),
-        "target_slot": vector(M), "slot_item": vector(C), "slot_candidate": vector(C),
-      }
-    else:
-      features = {
-        "row": tfds.features.Scalar(dtype=np.int32),
-        "tokens": vector(L), "segment_ids": vector(L), "branch_ids": vector(L), "positions": vector(L),
-        "target_pos": vector(M), "target_ids": vector(M), "target_slot": vector(M),
-        "slot_item": vector(C), "slot_candidate": vector(C),
-      }
-      if K:
-        features["audio_codes"] = matrix(L, K)
+    row_format = load_spec(self.builder_config.selector.spec).row_format
+    length = None if self.builder_config.selector.row_length is None else shape.length
+    features = {"row": tfds.features.Scalar(dtype=np.int32)}
+    for name, dims in row_format.shapes(length, None, None, row_format.width(shape)).items():
+      features[name] = tfds.features.Tensor(shape=dims, dtype=np.int32)
     return self.dataset_info_from_configs(
       features=tfds.features.FeaturesDict(features), metadata=tfds.core.MetadataDict(),
       homepage="https://github.com/undobug/S2SBench",
@@ -184,9 +163,9 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def build_inputs(self, manual_dir: str) -> BuildInputs:
     """The spec and tokenizers (loaded once per builder) and the fingerprint of everything the rows come from."""
     if self._inputs is None or self._inputs.manual_dir != manual_dir:
-      config = self.builder_config
-      spec = load_spec(config.spec)
-      modality = modalities.get(config.modality)
+      selector = self.builder_config.selector
+      spec = load_spec(selector.spec)
+      modality = modalities.get(selector.modality)
       spec.check_modality(modality)  # before loading anything: what the spec cannot be asked, by name
       tokenizer = (text_tokenizer.load(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir), self.trust_remote_code)
                    if spec.text_vocabulary else None)  # a unit LM has none
@@ -195,7 +174,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       identity = tokenizer_identity(tokenizer) if tokenizer is not None else None
       decoded = []  # the wav folders whose bytes make the rows
       if audio_tokenizer is not None and audio_tokenizer.reads_audio:
-        if modality.prefix == SPEECH or config.protocol == "utterance":
+        if modality.prefix == SPEECH or selector.variants.protocol == "utterance":
           decoded.append(task_paths(self.TASK, manual_dir)[1])
         if modality.candidate == SPEECH:
           decoded.append(candidate_audio_dir(self.TASK, manual_dir))
@@ -216,17 +195,19 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     config = self.builder_config
-    check_asked(self.TASK, config.modality, config.protocol)
+    selector = dataclasses.replace(config.selector, task=self.TASK)
+    variants = selector.variants
+    check_asked(self.TASK, selector.modality, variants.protocol)
     inputs = self.build_inputs(self._manual_dir(dl_manager))
     spec, tokenizer, audio_tokenizer = inputs.spec, inputs.tokenizer, inputs.audio_tokenizer
     problems = Problems() if self.skip_bad else None
     questions = read_questions(self.TASK, inputs.manual_dir, problems=problems)
-    encoder = QuestionEncoder(spec, config.modality, tokenizer, audio_tokenizer,
-                              language_override="zh" if config.reference_language_quirk else None,
-                              protocol=config.protocol, tokenization=config.tokenization)
-    rows, table, summary = build_rows(questions, encoder, config.row_shape, config.share_prefix, self.skip_bad,
-                                      config.overlong, auto_length=config.row_length is None,
-                                      progress=f"building {self.TASK} {modalities.get(config.modality).title}")
+    encoder = QuestionEncoder(spec, selector.modality, tokenizer, audio_tokenizer,
+                              language_override="zh" if variants.reference_language_quirk else None,
+                              protocol=variants.protocol, tokenization=variants.tokenization)
+    rows, table, summary = build_rows(questions, encoder, config.row_shape, variants.share_prefix, self.skip_bad,
+                                      variants.overlong, auto_length=selector.row_length is None,
+                                      progress=f"building {self.TASK} {modalities.get(selector.modality).title}")
     rows, shape = fit(rows, config.row_shape.with_length(summary["row_length"]), summary["longest_item"])
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart
     summary["unreadable_lines"] = len(problems.entries) - len(problems.attributed) if problems else 0
@@ -235,26 +216,17 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       summary["skipped_questions"] = ([{"where": w, "why": y} for w, y in problems.entries]
                                       + summary["skipped_questions"])
     summary["file_problems"] = [{"where": w, "why": y} for w, y in (problems.file_entries if problems else [])]
-    stored = {name: rows[name] for name in rows if name != "audio_codes" or config.row_shape.num_codebooks}
+    stored = spec.row_format.stored(rows, spec.row_format.width(config.row_shape))
     records = table.to_records()
-    variants = Variants(config.share_prefix, config.reference_language_quirk, config.overlong, config.protocol,
-                        config.tokenization)
-    metadata = {
-      "task": self.TASK, "spec": spec.as_dict(), "modality": config.modality, "source": inputs.manual_dir,
-      "row_shape": dataclasses.asdict(shape),  # as laid: the tables the rows use, the longest item (packing.fit)
-      "share_prefix": config.share_prefix,
-      "tokenizer": inputs.tokenizer_identity,
-      "audio_tokenizer": (dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
-                          if audio_tokenizer else None),
-      "reference_language_quirk": config.reference_language_quirk, "overlong": config.overlong,
-      "protocol": config.protocol, "tokenization": config.tokenization,
-      "audio_ids": dataclasses.asdict(encoder.ids) if encoder.ids else None,
-      "inputs": inputs.fingerprint, "report": summary, "questions": records,
-      "build": build_record(self.TASK, config.spec, config.modality, config.row_length, variants),
-      "integrity": {"rows": rows_checksum(stored), "questions": questions_checksum(records)},
-    }
-    strict_json(metadata, f"{self.TASK}/{config.name} metadata.json")  # TFDS would write a NaN as bare NaN
-    self.info.metadata.update(metadata)
+    metadata = BuildMetadata(
+      task=self.TASK, modality=selector.modality, spec=spec, row_shape=shape, variants=variants,
+      source=inputs.manual_dir, tokenizer=inputs.tokenizer_identity,
+      audio_tokenizer=(dict(audio_tokenizer.identity(), fingerprint=audio_tokenizer.fingerprint())
+                       if audio_tokenizer else None),
+      audio_ids=encoder.ids, inputs=inputs.fingerprint, report=summary, questions=tuple(records),
+      build=selector.record(), integrity={"rows": rows_checksum(stored), "questions": questions_checksum(records)})
+    # TFDS would write a NaN as bare NaN
+    self.info.metadata.update(json.loads(strict_json(metadata.to_json(), f"{self.TASK}/{config.name} metadata.json")))
     return {"test": self._generate_examples(stored)}
 
   def _generate_examples(self, rows: dict[str, np.ndarray]):

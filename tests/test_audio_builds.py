@@ -109,9 +109,9 @@ def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_
                            f"--data_dir={data_dir}")
   assert done.returncode == 0, done.stderr[-3000:]
   data = load_task_data(data_dir, "sstorycloze", "s2t", spec_path, None)
-  report = data.metadata["report"]
+  report = data.metadata.report
   assert report["audio_seconds"] > 60 and report["audio_files_resampled"] == 0
-  assert data.metadata["audio_tokenizer"]["type"] == preset
+  assert data.metadata.audio_tokenizer["type"] == preset
 
   questions = {q.id: q for q in read_questions("sstorycloze", RELEASE_DIR)}
   expected = {}

@@ -10,7 +10,7 @@ import torch  # noqa: F401 - the reference side
 import jax.numpy as jnp  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import bench  # noqa: E402
+from s2sjax import bench, bench_items  # noqa: E402
 from tests.hf_models import save_hf, tiny_model  # noqa: E402
 
 
@@ -20,7 +20,7 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
   run = bench.run_workload("speech", str(tmp_path / "ckpt"), count=6, row_lengths=[512, None], batch_size=1,
                            ref_batch_size=4, dtype=jnp.float32)
   results = run["results"]
-  items = bench.make_items("speech", 6, 512)
+  items = bench_items.make_items("speech", 6, 512)
   lengths = [len(it.prefix) + len(c) for it in items for c in it.candidates]
   assert results["reference"]["computed"] == sum(4 * max(lengths[i : i + 4]) for i in range(0, len(lengths), 4))
   for length in ("512", "auto"):  # every protocol at every length, against the one reference
@@ -128,19 +128,21 @@ def test_the_machine_line_names_the_processor_and_each_sides_matmul_speed():
 
 
 @pytest.mark.slow
-def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends():
+def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends(tmp_path, qwen_tokenizer_dir):
+  # a 2-layer qwen2 with the real Qwen2.5 tokenizer: lm-eval's CMMLU prompts, both backends, a float64 reference
   import pathlib
 
-  from s2sjax import default_model
+  from tests.eval_fixtures import tiny_checkpoint
 
   cmmlu = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata" / "cmmlu" / "data"
   if not cmmlu.exists():
     pytest.skip(f"the CMMLU data is not at {cmmlu}")
-  run = bench.run_lm_eval(default_model.default_checkpoint(), "cmmlu", str(cmmlu), ["agronomy"], limit=3,
-                          num_fewshot=1, row_length=512, batch_size=2, ref_batch_size=4, float64_requests=8)
+  ckpt = tiny_checkpoint(str(tmp_path), qwen_tokenizer_dir)
+  run = bench.run_lm_eval(ckpt, "cmmlu", str(cmmlu), ["agronomy"], limit=3, num_fewshot=1, row_length=512,
+                          batch_size=2, ref_batch_size=4, float64_requests=8)
   assert (run["documents"], run["requests"], run["float64_requests"]) == (3, 12, 8)
   assert run["decisions_identical"] and run["is_greedy_identical"] and run["max_abs_diff_s2sjax_hf"] < 1e-4
-  for backend in ("hf", "s2sjax"):  # fp32 against float64, over one-token choices after ~300-token contexts
+  for backend in ("hf", "s2sjax"):  # fp32 against float64, over one-token choices after ~200-token contexts
     assert run[backend]["max_abs_err_float64"] < 1e-4
   # the fitted rows: a target table of 32 (12 targets, 4 a context) and windows over the items, not the row
   assert run["s2sjax"]["targets"] == 32 and run["s2sjax, unfitted rows"]["targets"] == 256

@@ -2,7 +2,6 @@
 (`s2sjax.check`) smoke score that catches audio never reaching the model, and remote-code tokenizers (GLM-4 ships
 `ChatGLM4Tokenizer` as tokenization_chatglm.py + tokenizer.model, named by tokenizer_config.json's auto_map)."""
 
-import dataclasses
 import json
 import os
 
@@ -11,9 +10,10 @@ import pytest
 
 from checkpoints_conversion.convert import convert
 from s2sjax import check, checkpoint
+from s2sjax.builds import BuildMetadata
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.packing import Item, RowShape, pack
-from s2sjax.spec import load_spec
+from s2sjax.spec import AudioIds, load_spec, spec_from_dict
 from s2sjax.task_data import TaskData
 from s2sjax.text_tokenizer import RemoteCodeError
 from tests.hf_models import SMALL_HEADS, baichuan_audio_checkpoint, chatglm_checkpoint, tiny_model
@@ -39,9 +39,9 @@ def _speech_data(placeholder: int) -> TaskData:
   shape = RowShape.for_length(128, num_codebooks=len(SIZES))
   rows, _ = pack([Item(prefix.astype(np.int32), (rng.integers(0, 400, 6), rng.integers(0, 400, 4)),
                        codes.astype(np.int32))], shape)
-  metadata = {"tokenizer": {"name_or_path": "tiny", "size": 512, "vocab_sha": "0" * 16}, "spec": SPEC,
-              "row_shape": dataclasses.asdict(shape),
-              "audio_ids": {"start": None, "end": None, "placeholder": placeholder, "unit_ids": None}}
+  metadata = BuildMetadata("scmmlu", "s2t", spec_from_dict(SPEC), shape,
+                           tokenizer={"name_or_path": "tiny", "size": 512, "vocab_sha": "0" * 16},
+                           audio_ids=AudioIds(start=None, end=None, placeholder=placeholder, unit_ids=None))
   return TaskData("scmmlu", "s2t", rows, metadata)
 
 

@@ -1,5 +1,6 @@
-"""What a newcomer meets first: `--verbosity` (named by every error's hint) in each command's `--help`, the
-`text` / `speech` aliases in `s2sjax.check` as in eval, and a missing checkpoint said before missing data."""
+"""What a newcomer meets first: `--verbosity` (named by every error's hint) in each command's `--help`, eval's usage
+listing the registry's tasks, the `text` / `speech` aliases in `s2sjax.check` as in eval, and a missing checkpoint
+said before missing data."""
 
 import subprocess
 import sys
@@ -20,6 +21,14 @@ def _run(*args, timeout=300):
 def test_help_lists_verbosity(command):
   shown = _run(command, "--help")  # absl exits 1 after the help text
   assert "Try --helpfull" in shown.stdout and "--verbosity" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_eval_help_lists_every_task_of_the_registry():
+  from s2sjax import benchmarks
+
+  shown = _run("s2sjax.eval", "--help")
+  assert f"--task={'|'.join(benchmarks.names())}|all " in shown.stdout, shown.stdout + shown.stderr
+  assert "SmolLM2-135M-Instruct" in shown.stdout and "S2SJAX_CACHE" in shown.stdout
 
 
 def test_a_missing_checkpoint_is_said_before_missing_data(tmp_path):

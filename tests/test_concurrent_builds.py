@@ -1,5 +1,6 @@
-"""Two first builds of one config into one fresh data dir at once: the second waits for the first's build (the
-lock beside it names the holder) and reuses it, and both succeed with the same data."""
+"""Two first builds of one config into one fresh data dir at once, and two first conversions of the default model
+into one fresh cache: the second waits for the first's work (the lock beside it names the holder) and reuses it,
+and both succeed with the same result."""
 
 import os
 import subprocess
@@ -18,7 +19,7 @@ def _until_waiting(stream) -> str:
   lines = []
   for line in stream:
     lines.append(line)
-    if "waiting for the build" in line:
+    if ": waiting for the " in line:
       break
   return "".join(lines)
 
@@ -42,3 +43,27 @@ def test_two_prepare_runs_into_one_fresh_data_dir_both_succeed(tmp_path, qwen_to
     assert "scmmlu demo-t2t-1024:" in output, output
   assert not list(data_dir.glob("scmmlu/.*" + LOCK_NAME)) and not list(data_dir.glob("scmmlu/*/incomplete.*"))
   assert len(load_task_data(str(data_dir), "scmmlu", "t2t", "demo", 1024).rows["tokens"]) > 0
+
+
+def test_two_first_runs_on_one_fresh_cache_convert_the_default_model_once(tmp_path):
+  """Two first runs of the embedded default on one fresh $S2SJAX_CACHE: the second waits for the first's
+  conversion (the lock beside the checkpoint names the holder) and reuses it; without the lock the second's
+  `overwrite` would delete the checkpoint the first is writing."""
+  from s2sjax import checkpoint, default_model
+
+  cache = tmp_path / "cache"
+  env = dict(os.environ, S2SJAX_CACHE=str(cache))
+  command = [sys.executable, "-m", "s2sjax.default_model"]
+  held = RunLock(cache, name=f".{default_model.CHECKPOINT_NAME}{LOCK_NAME}")
+  with held:
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                 for _ in range(2)]
+    firsts = [_until_waiting(p.stdout) for p in processes]
+  for first in firsts:
+    assert f"the default model: waiting for the conversion of pid {os.getpid()}" in first, first
+  outputs = [first + p.communicate(timeout=600)[0] for first, p in zip(firsts, processes)]
+  converted = str(cache / default_model.CHECKPOINT_NAME)
+  for process, output in zip(processes, outputs):
+    assert process.returncode == 0 and output.rstrip().endswith(converted), output
+  assert not list(cache.glob(".*" + LOCK_NAME))
+  assert checkpoint.load_manifest(converted)["source"] == default_model.default_gguf()

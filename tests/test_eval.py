@@ -1,6 +1,7 @@
 """s2sjax.eval end to end on the bundled sample: every task x modality, curves over three checkpoints, resume
 after a kill, one compilation across evaluate() calls, and clear errors for data and models that do not fit."""
 
+import dataclasses
 import json
 import os
 import re
@@ -16,7 +17,8 @@ from s2sjax import benchmarks, checkpoint, checkpoint_paths, eval as s2s_eval
 from s2sjax.eval import EvalConfig
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
 from s2sjax.packing import RowShape
-from s2sjax.task_data import DataError, Variants, load_task_data
+from s2sjax.builds import DataError, Variants
+from s2sjax.task_data import load_task_data
 from tasks.prepare import prepare
 from tasks.sample import RELEASE_DIR
 from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint
@@ -50,7 +52,7 @@ def test_every_task_and_modality_end_to_end(setup, tmp_path, qwen_tokenizer_dir)
     for modality in ("t2t", "s2t"):
       path = os.path.join(out, "ckpt-100", f"{task}-{modality}.scores.jsonl")
       lines = [json.loads(line) for line in open(path)]
-      assert len(lines) == 24 * (4 if task == "scmmlu" else 2) and sum(line["correct"] for line in lines) == 24
+      assert len(lines) == 24 * (4 if task == "scmmlu" else 2) and sum(line["is_answer"] for line in lines) == 24
       comparisons = [c for q in _comparisons(path, strict=task != "scmmlu").values() for c in q]
       m = saved["tasks"][task][modality]  # metrics.json against S2SBench's arithmetic over the scores file
       assert m["questions"] == 24 and m["accuracy"] == pytest.approx(sum(comparisons) / len(comparisons))
@@ -133,8 +135,8 @@ def _comparisons(path, strict):
   beats = (lambda a, b: a < b) if strict else (lambda a, b: a <= b)
   out = {}
   for q, candidates in by_question.items():
-    right = next(c["nll_sum"] / c["n_tokens"] for c in candidates if c["correct"])
-    out[q] = [beats(right, c["nll_sum"] / c["n_tokens"]) for c in candidates if not c["correct"]]
+    right = next(c["nll_sum"] / c["n_tokens"] for c in candidates if c["is_answer"])
+    out[q] = [beats(right, c["nll_sum"] / c["n_tokens"]) for c in candidates if not c["is_answer"]]
   return out
 
 
@@ -224,7 +226,7 @@ def test_data_and_models_that_do_not_fit(setup, tmp_path, qwen_tokenizer_dir):
                                       "has none"):
     Evaluator(config, [tables])
   other = load_task_data(setup["data_dir"], "scmmlu", "t2t", "demo", 1024)
-  other.metadata = dict(other.metadata, tokenizer=dict(other.metadata["tokenizer"], vocab_sha="0" * 16))
+  other.metadata = dataclasses.replace(other.metadata, tokenizer=dict(other.metadata.tokenizer, vocab_sha="0" * 16))
   from s2sjax.evaluator import check_fit
   from s2sjax.task_data import tokenizer_identity
   from transformers import AutoTokenizer
@@ -305,7 +307,7 @@ def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tok
                   variants=Variants(share_prefix=False))
   unshared_data = load_task_data(setup["data_dir"], "sstorycloze", "t2t", "demo", 1024, Variants(share_prefix=False))
   shared_data = load_task_data(setup["data_dir"], "sstorycloze", "t2t", "demo", 1024)
-  assert unshared_data.metadata["share_prefix"] is False and unshared_data.fingerprint != shared_data.fingerprint
+  assert unshared_data.metadata.variants.share_prefix is False and unshared_data.fingerprint != shared_data.fingerprint
   identity = json.load(open(os.path.join(tmp_path, "sep", "chunks", "ckpt-100", "sstorycloze-t2t", "identity.json")))
   assert identity["data"] == unshared_data.fingerprint  # the run scored the -noshare rows
   for key in ("positive_loss", "negative_loss", "accuracy"):
@@ -314,7 +316,8 @@ def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tok
 
 
 def test_auto_attention_on_cpu_is_the_einsums_for_windows_and_the_fused_call_for_whole_rows():
-  windowed, whole = (SimpleNamespace(shape=RowShape(1024, 512, 64, max_item=item), metadata={"share_prefix": True})
+  windowed, whole = (SimpleNamespace(shape=RowShape(1024, 512, 64, max_item=item),
+                                     metadata=SimpleNamespace(variants=Variants(share_prefix=True)))
                      for item in (128, 0))
   assert s2s_eval.pick_attention("auto", [windowed], "float32") == "xla"
   assert s2s_eval.pick_attention("auto", [windowed, whole], "float32") == "dot_product"  # one step may be dense

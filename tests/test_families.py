@@ -14,7 +14,8 @@ import pytest
 
 from checkpoints_conversion.convert import convert
 from s2sjax import checkpoint, families, plugins
-from s2sjax.model.config import ConfigError, from_hf_config
+from s2sjax.families import from_hf_config
+from s2sjax.model.config import ConfigError
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import tiny_model, toy_family_checkpoint, torch_log_probs
 
@@ -82,12 +83,14 @@ def test_the_evaluator_refuses_audio_inputs_the_family_does_not_take():
   from s2sjax.task_data import TaskData
 
   glm = families.planner_shapes()["glm-4-9b"]
-  from s2sjax.spec import load_spec
+  from s2sjax.builds import BuildMetadata
+  from s2sjax.packing import RowShape
+  from s2sjax.spec import load_spec, spec_from_dict
 
   spec = dict(load_spec("baichuan_audio").as_dict(), codebook_sizes=[1025] * 8)
-  data = TaskData("scmmlu", "s2t", rows={}, metadata={
-    "tokenizer": {"name_or_path": "qwen", "size": 151_000, "vocab_sha": "0" * 16}, "spec": spec,
-    "row_shape": {"length": 1024, "max_targets": 512, "max_slots": 256, "num_codebooks": 8}})
+  data = TaskData("scmmlu", "s2t", rows={}, metadata=BuildMetadata(
+    "scmmlu", "s2t", spec_from_dict(spec), RowShape(length=1024, max_targets=512, max_slots=256, num_codebooks=8),
+    tokenizer={"name_or_path": "qwen", "size": 151_000, "vocab_sha": "0" * 16}))
   with pytest.raises(EvalError, match=r"spec baichuan_audio feeds audio as codebook_tables; the glm4 family takes "
                                       r"extended_vocab"):
     check_fit(glm, data)

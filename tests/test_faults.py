@@ -297,7 +297,8 @@ def _build_dir(data_dir, modality="t2t"):
 
 @pytest.mark.slow
 def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(setup, tmp_path):
-  from s2sjax.task_data import DataError, load_task_data
+  from s2sjax.builds import DataError
+  from s2sjax.task_data import load_task_data
 
   data_dir = _copy_data(setup, tmp_path)
   path = os.path.join(_build_dir(data_dir), "metadata.json")
@@ -316,7 +317,7 @@ def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(se
 
 @pytest.mark.slow
 def test_a_build_copied_under_another_configs_name_is_refused_naming_both(setup, tmp_path):
-  from s2sjax.task_data import DataError
+  from s2sjax.builds import DataError
 
   data_dir = _copy_data(setup, tmp_path)
   shutil.rmtree(_build_dir(data_dir, "t2t"))
@@ -329,7 +330,8 @@ def test_a_build_copied_under_another_configs_name_is_refused_naming_both(setup,
 
 @pytest.mark.slow
 def test_a_damaged_or_missing_shard_is_one_error_naming_the_file(setup, tmp_path):
-  from s2sjax.task_data import DataError, load_task_data
+  from s2sjax.builds import DataError
+  from s2sjax.task_data import load_task_data
 
   data_dir = _copy_data(setup, tmp_path)
   shard = [f for f in os.listdir(_build_dir(data_dir)) if ".array_record-" in f][0]
@@ -484,7 +486,7 @@ def test_damaged_lock_identity_and_scores_files_are_named_or_recovered(tmp_path,
   store.save(0, np.zeros((4, 2)), np.ones((4, 2), np.int64))
   (tmp_path / "chunks" / "chunk-00000.npz").write_bytes(b"")  # what a power loss leaves of an unsynced file
   assert store.readable(0, (4, 2)) is None and "chunk-00000.npz is unreadable" in capfd.readouterr().err
-  lines = [{"question": q, "uttid": q, "candidate": c, "text": "t", "correct": c == 0, "nll_sum": 1.0 + c,
+  lines = [{"question": q, "uttid": q, "candidate": c, "text": "t", "is_answer": c == 0, "nll_sum": 1.0 + c,
             "n_tokens": 2} for q in ("a", "b") for c in range(2)]
   with pytest.raises(ValueError, match=r"scores\.jsonl: question b holds 1 candidates, the others 2 \(lines lost"):
     QuestionScores.from_lines(lines[:-1], where="scores.jsonl")

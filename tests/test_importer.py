@@ -98,7 +98,7 @@ def _sources(root, first_story, first_question):
 
 
 def _same_audio(path, text, language, tmp_path):
-  from tasks.sample.make_sample import speak
+  from tasks.speech import speak
 
   reference = str(tmp_path / "reference.wav")
   speak(text, language, reference)  # espeak-ng and sox -D are deterministic: same text, same bytes

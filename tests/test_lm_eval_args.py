@@ -62,3 +62,15 @@ def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypa
   backend.cli_evaluate(["--help"])
   assert seen == [["run", "--tasks", "t", "--model_args", "pretrained=DIR", "--model", "s2sjax"],
                   ["--tasks=t", "--model", "hf"], ["ls", "tasks"], ["--help"]]
+
+
+def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
+  from s2sjax.packing import REDUCTION_PERIOD
+
+  fitted = RowShape(1024, 40, 7, max_item=96)
+  reaches = {n: backend.step_shape(fitted, n).max_item - 1 for n in (2, 64, 65, 129, 150, 193, 250, 300, 400, 600)}
+  # 64 x 1, 2, 3, 4, 6, 8, 12: a multiple of the reduction period (the same bits), never short of the item
+  assert reaches == {2: 64, 64: 64, 65: 64, 129: 128, 150: 192, 193: 192, 250: 256, 300: 384, 400: 512, 600: 768}
+  assert all(reach % REDUCTION_PERIOD == 0 and reach >= n - 1 for n, reach in reaches.items())
+  shape = backend.step_shape(fitted, 80)
+  assert (shape.length, shape.max_targets, shape.max_slots) == (1024, 64, 32)  # tables to a power of two, >= 32

@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from s2sjax.model.config import ConfigError, ModelConfig, from_hf_config
+from s2sjax.families import from_hf_config
+from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.model.decoder import abstract_params, param_count
 
 import transformers

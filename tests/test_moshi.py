@@ -19,7 +19,7 @@ import torch
 from moshi.modules.lora import replace_all_linear_with_lora
 from safetensors.torch import save_file
 
-from checkpoints_conversion import convert, safetensors_io, verify  # noqa: E402
+from checkpoints_conversion import convert, moshi_release, safetensors_io, verify  # noqa: E402
 from s2sjax import checkpoint, logprobs, packing, scoring, sharding  # noqa: E402
 from s2sjax.families import moshi as moshi_family  # noqa: E402
 from s2sjax.model import moshi  # noqa: E402
@@ -86,7 +86,7 @@ def tiny(tmp_path_factory):
       elif name.startswith("depformer.") or ".self_attn." in name:
         p.add_(0.05 * torch.randn_like(p))
   folder = write_release(tmp_path_factory.mktemp("moshi") / "release", release_state_dict(model), {**TINY, **LOADER})
-  reloaded = verify.load_moshi_lm(folder)  # upstream's loader reads our release layout back
+  reloaded = moshi_release.load_lm(folder)  # upstream's loader reads our release layout back
   for (name, a), b in zip(model.state_dict().items(), reloaded.state_dict().values()):
     assert torch.equal(a, b), name
   return folder, model
@@ -212,7 +212,7 @@ def test_lora_factors_are_merged_as_lora_linear_computes(tiny, wrapped, tmp_path
   manifest = convert.convert(one, str(tmp_path / "ckpt_one"), family="moshi")
   linears = sorted(k.removesuffix(".lora_A.weight") + ".weight" for k in state if k.endswith(".lora_A.weight"))
   assert manifest["lora_merged"] == {"scaling": 0.5, "weights": linears}
-  assert verify.compare_moshi_model(lora, str(tmp_path / "ckpt_one"), length=64)["max_abs_diff"] <= 1e-4
+  assert moshi_release.compare_model(lora, str(tmp_path / "ckpt_one"), length=64)["max_abs_diff"] <= 1e-4
   assert verify.compare_with_torch(one, str(tmp_path / "ckpt_one"), length=64)["max_abs_diff"] <= 1e-4  # --verify
   two = save_state_dict(tmp_path / "two_files", model.state_dict(), {
     **TINY, **LOADER, "lora": True, "lora_name": "lora.safetensors", "lora_rank": 2, "lora_scaling": 0.5})
@@ -339,8 +339,8 @@ def step_tolerance(weights) -> float:
 
 def score(config, params, items, weights, share, flush=False, mesh=None, batch_size=2, length=64):
   rows, _ = packing.pack_streams(items, packing.RowShape(length, 32, 6), layout_of(config), share, flush)
-  rows = moshi_family.weigh(rows, weights)
-  scorer = scoring.StreamScorer(config, packing.RowShape(length, 32, 6), mesh=mesh, batch_size=batch_size)
+  rows = packing.weigh_streams(rows, weights)
+  scorer = moshi_family.scorer(config, packing.RowShape(length, 32, 6), mesh=mesh, batch_size=batch_size)
   nll_sum, n_tokens = scorer.score(params, rows)
   return scoring.collect(rows, nll_sum, n_tokens)
 
@@ -405,7 +405,7 @@ def test_protocols_say_which_streams_count():
   assert moshi_family.stream_weights("s2s", 3) == (0, 100, 1, 1)
   assert moshi_family.stream_weights("s2s", 8) == (0, 100, 1, 1, 1, 1, 1, 1, 1)  # moshiko's 8 own codebooks
   assert moshi_family.stream_weights("s2t", 3) == moshi_family.stream_weights("t2t", 3) == (1, 0, 0, 0)
-  assert moshi_family.scored((0, 100, 1, 1)) == (1, 2, 3)
+  assert packing.scored_streams((0, 100, 1, 1)) == (1, 2, 3)
   with pytest.raises(ConfigError, match="t2s is refused for Moshi"):
     moshi_family.stream_weights("t2s", 3)
   text, audio = np.arange(4), np.arange(12).reshape(4, 3)
@@ -433,8 +433,8 @@ def test_rows_of_the_predicted_streams_score_as_rows_of_every_stream(converted):
   laid = [packing.StreamItem(i.prefix[:, :1 + config.dep_q], tuple(c[:, :1 + config.dep_q] for c in i.candidates),
                              i.scored) for i in items]
   rows, _ = packing.pack_streams(laid, packing.RowShape(64, 32, 6), own)
-  rows = moshi_family.weigh(rows, weights[: 1 + config.dep_q])
-  nll_sum, n_tokens = scoring.StreamScorer(config, packing.RowShape(64, 32, 6), batch_size=2).score(params, rows)
+  rows = packing.weigh_streams(rows, weights[: 1 + config.dep_q])
+  nll_sum, n_tokens = moshi_family.scorer(config, packing.RowShape(64, 32, 6), batch_size=2).score(params, rows)
   short = scoring.collect(rows, nll_sum, n_tokens)
   np.testing.assert_array_equal(short.n_tokens, full.n_tokens)
   np.testing.assert_allclose(short.nll_sum, full.nll_sum, rtol=1e-6, atol=1e-5, equal_nan=True)

@@ -16,7 +16,8 @@ from checkpoints_conversion.convert import convert
 from checkpoints_conversion.export_hf import export
 from checkpoints_conversion.sources import SourceError, open_source
 from s2sjax import checkpoint, families, sharding
-from s2sjax.model.config import ConfigError, from_hf_config
+from s2sjax.families import from_hf_config
+from s2sjax.model.config import ConfigError
 from s2sjax.model.decoder import abstract_params, param_count, sequence_log_probs
 from s2sjax.packing import RowShape, fit, pack
 from s2sjax.scoring import Scorer, collect

@@ -233,11 +233,11 @@ def test_remote_code_glm4_converts_builds_and_evaluates_with_the_flag(glm):
     metadata = prepare("sstorycloze", glm["spec"], modality, ROW, str(glm["root"] / "data"),
                        manual_dir=glm["release"], tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=glm["codes_dir"],
                        trust_remote_code=True)
-    assert metadata["tokenizer"]["class"] == "ChatGLM4Tokenizer" and metadata["tokenizer"]["size"] == VOCAB
-    assert metadata["report"]["questions"] == len(STORIES)
+    assert metadata.tokenizer["class"] == "ChatGLM4Tokenizer" and metadata.tokenizer["size"] == VOCAB
+    assert metadata.report["questions"] == len(STORIES)
     if modality != "t2t":
-      assert metadata["audio_ids"]["start"] == BOA and metadata["audio_ids"]["end"] == EOA
-      assert metadata["audio_ids"]["unit_ids"] == list(range(AUDIO_0, AUDIO_0 + UNITS))
+      assert metadata.audio_ids.start == BOA and metadata.audio_ids.end == EOA
+      assert metadata.audio_ids.unit_ids == list(range(AUDIO_0, AUDIO_0 + UNITS))
 
   run(_eval_config(glm, ckpt, "out", trust=True))
   for modality in MODALITIES:

@@ -14,6 +14,7 @@ builder, so a template that drifts fails. SlamKit's rules (slp-rl/slamkit, read,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -28,7 +29,8 @@ from checkpoints_conversion.convert import convert
 from s2sjax import benchmarks, checkpoint
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
 from s2sjax.spec import SpecError, load_spec, resolve_audio_ids
-from s2sjax.task_data import Variants, load_task_data
+from s2sjax.builds import Variants
+from s2sjax.task_data import load_task_data
 from tasks.audio.base import AudioError, dedup
 from tasks.prepare import prepare
 from tasks.release import read_questions
@@ -232,7 +234,7 @@ def test_missing_or_unreadable_spoken_candidates_name_the_file(setup, tmp_path):
                                      tokenizer_dir=setup["qwen"], **kw)
   with pytest.raises(AudioError, match=r"s-story-lastspeech/3.wav does not exist"):
     build("sstorycloze")
-  skipped = build("sstorycloze", skip_bad=True)["report"]
+  skipped = build("sstorycloze", skip_bad=True).report
   assert skipped["questions"] == 2 and skipped["skipped_questions"][0]["where"] == "question 2"
   options = os.path.join(release, benchmarks.get("scmmlu").release_candidate_audio_dir)
   with open(os.path.join(options, "1_C.wav"), "wb") as f:
@@ -249,14 +251,14 @@ def test_a_spoken_candidate_too_long_for_the_row_names_its_question(setup, tmp_p
                                manual_dir=setup["release"], audio_tokenizer_dir=codes, **kw)
   with pytest.raises(ValueError, match=r"question 2: a candidate of 300 tokens exceeds a row.s 256 targets"):
     build()
-  assert build(skip_bad=True)["report"]["skipped_questions"][0]["where"] == "question 2"
+  assert build(skip_bad=True).report["skipped_questions"][0]["where"] == "question 2"
 
 
 @pytest.mark.slow
 def test_spoken_candidates_of_codebook_table_data_are_refused_when_scored(setup):
   """Data built by hand (or an older version) that asks a codebook-table spec for spoken candidates."""
   td, _ = _score(setup, "interleaved", "sstorycloze", "t2s")
-  td.metadata = dict(td.metadata, spec=dict(load_spec("demo_tables").as_dict(), codebook_sizes=[256]))
+  td.metadata = dataclasses.replace(td.metadata, spec=dataclasses.replace(load_spec("demo_tables"), codebook_sizes=(256,)))
   ckpt = setup["interleaved"][0]
   with pytest.raises(EvalError, match=r"sstorycloze/t2s: spec demo_tables feeds audio as codebook tables"):
     Evaluator(checkpoint.load_config(ckpt), [td])

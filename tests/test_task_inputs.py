@@ -13,7 +13,8 @@ import tensorflow_datasets as tfds
 from transformers import AutoTokenizer
 
 from s2sjax import benchmarks
-from s2sjax.task_data import config_name, load_rows, load_task_data
+from s2sjax.builds import DataSelector
+from s2sjax.task_data import load_rows, load_task_data
 from s2sjax import spec as spec_module
 from tasks.audio.precomputed import PrecomputedTokenizer
 from tasks.prepare import StaleDataError, builder_class, prepare
@@ -98,7 +99,7 @@ def test_a_yaml_spec_names_its_config_and_precomputed_codes_are_fingerprinted_by
   with open(yaml_path, "w", encoding="utf-8") as f:
     f.write("name: mydemo\naudio_mode: codebook_tables\naudio_tokenizer: {type: precomputed}\ncodebook_sizes: [16]\n"
             "placeholder_token: '<|endoftext|>'\n")
-  name = config_name(yaml_path, "speech", 1024)
+  name = DataSelector("sstorycloze", "speech", yaml_path, 1024).config
   assert name == f"mydemo-{load_spec(yaml_path).digest()[:8]}-s2t-1024"
   codes_dir = tmp_path / "codes"
   codes_dir.mkdir()
@@ -112,7 +113,7 @@ def test_a_yaml_spec_names_its_config_and_precomputed_codes_are_fingerprinted_by
   assert sorted(os.listdir(tmp_path)) == ["codes", "data", "release", "specs"]  # nothing written beside data_dir
   assert [n for n in os.listdir(os.path.join(data_dir, "scmmlu")) if not n.startswith(".")] == [name]
   data = load_task_data(data_dir, "scmmlu", "speech", yaml_path, 1024)
-  assert data.metadata["spec"]["name"] == "mydemo"
+  assert data.metadata.spec.name == "mydemo"
   before = PrecomputedTokenizer(str(codes_dir), (16,)).fingerprint()
   new_codes = (np.load(codes_dir / "0.npy") + 1) % 16
   np.save(codes_dir / "0.npy", new_codes)

@@ -39,8 +39,8 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
   data_dir = str(tmp_path_factory.getbasetemp() / "data")
   metadata = prepare(task, "demo", modality, 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
   rows, stored = load_rows(data_dir, task, f"demo-{modality}-1024")
-  assert stored["report"] == metadata["report"] and metadata["report"]["questions"] == 24
-  assert metadata["report"]["rows"] >= 1 and metadata["tokenizer"]["size"] > 150_000
+  assert stored.report == metadata.report and metadata.report["questions"] == 24
+  assert metadata.report["rows"] >= 1 and metadata.tokenizer["size"] > 150_000
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   lines = {str(line["uttid"]): line for line in _source_lines(task)}
   separator = " " if (modality == "t2t" and benchmarks.get(task).language == "en") else ""
@@ -48,11 +48,11 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
   units = lambda folder, name: 49152 + MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, True).encode(
     load_audio(os.path.join(RELEASE_DIR, folder, f"{name}.wav"), 16000), name)[:, 0]
   record = benchmarks.get(task)
-  for question in metadata["questions"]:
+  for question in metadata.questions:
     for c, (item, j) in enumerate(question["slots"]):
       if modality.endswith("2t"):
         assert tokenizer.decode(_slot_targets(rows, item, j)) == separator + question["candidates"][c]
-      elif question is metadata["questions"][0]:  # the spoken candidate's own units, exactly
+      elif question is metadata.questions[0]:  # the spoken candidate's own units, exactly
         name = question["uttids"][c] if task != "scmmlu" else f"{question['uttids'][c]}_{'ABCD'[c]}"
         np.testing.assert_array_equal(_slot_targets(rows, item, j), units(record.release_candidate_audio_dir, name))
     # stories: 2k is right, 2k+1 wrong, and each candidate is its own line's ending
@@ -64,14 +64,14 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
       line = lines[question["id"]]
       assert question["candidates"] == [line[o] for o in "ABCD"] and "ABCD"[question["correct"]] == line["answer"]
   if modality.startswith("s"):  # the prefix carries exactly the recording's units, after the instruction
-    question = metadata["questions"][3]
+    question = metadata.questions[3]
     item = question["slots"][0][0]
     r, s = np.argwhere(rows["slot_item"] == item)[0]
     segment = rows["segment_ids"][r][rows["target_pos"][r][rows["target_slot"][r] == s][0]]
     prefix = rows["tokens"][r][(rows["segment_ids"][r] == segment) & (rows["branch_ids"][r] == 0)]
     expected = units(record.release_audio_dir, question["uttids"][0])
     np.testing.assert_array_equal(prefix[-len(expected):], expected)
-    assert metadata["audio_tokenizer"]["fingerprint"] == MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, True).fingerprint()
+    assert metadata.audio_tokenizer["fingerprint"] == MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, True).fingerprint()
 
 
 def _encoder(qwen_tokenizer_dir, modality="t2t", spec="demo", quirk=False):
@@ -130,7 +130,7 @@ def test_release_fixture_builds_every_task_in_both_modalities(tmp_path, qwen_tok
     for modality in ("t2t", "s2t"):
       metadata = prepare(task, "demo", modality, 1024, str(tmp_path / "data"), manual_dir=root,
                          tokenizer_dir=qwen_tokenizer_dir)
-      assert metadata["report"]["questions"] == 3 and metadata["source"] == root
+      assert metadata.report["questions"] == 3 and metadata.source == root
 
 
 @pytest.mark.parametrize("lines,message", [
@@ -184,7 +184,7 @@ def test_skip_bad_lists_release_problems_too(tmp_path, qwen_tokenizer_dir):
   root = _write_release(str(tmp_path), stories=_stories()[:-1])  # 5_x missing: story 4_x is broken
   metadata = prepare("sstorycloze", "demo", "text", 1024, str(tmp_path / "data"), manual_dir=root,
                      tokenizer_dir=qwen_tokenizer_dir, skip_bad=True)
-  report = metadata["report"]
+  report = metadata.report
   assert report["questions"] == 2 and report["skipped"] == 1  # the line left out, not the file-level note
   assert report["skipped_questions"] == [
     {"where": "sStory_s2t.jsonl:5 uttid 4_x", "why": "has no partner 5 (wrong ending 2k+1): broken pair"}]
@@ -350,7 +350,7 @@ def test_a_build_without_a_row_length_chooses_it_and_the_evaluator_finds_it(tmp_
   for question in read_questions("sstorycloze", RELEASE_DIR):  # the items, laid independently of the build
     items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate(question, c)[0] for c in range(2))))
   length = auto_row_length(items, True, 0.5)
-  assert metadata["report"]["row_length"] == length == metadata["row_shape"]["length"] == 1024
+  assert metadata.report["row_length"] == length == metadata.row_shape.length == 1024
   data = load_task_data(data_dir, "sstorycloze", "t2t", "demo", None)  # no length to repeat: the -auto build
   # the target table cut to the fullest row's targets (packing.fit), within the half row the packer could use
   used = int((data.rows["target_slot"] >= 0).sum(1).max())
@@ -358,4 +358,4 @@ def test_a_build_without_a_row_length_chooses_it_and_the_evaluator_finds_it(tmp_
   assert data.rows["target_ids"].shape[1] == data.shape.max_targets
   spoken = prepare("sstorycloze", "demo", "s2s", None, data_dir, tokenizer_dir=qwen_tokenizer_dir)
   # spoken candidates may fill a whole row with targets, and the fullest row uses more than text's half
-  assert spoken["row_shape"]["length"] >= length and length // 2 < spoken["row_shape"]["max_targets"] <= spoken["row_shape"]["length"]
+  assert spoken.row_shape.length >= length and length // 2 < spoken.row_shape.max_targets <= spoken.row_shape.length

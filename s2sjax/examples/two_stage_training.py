@@ -98,7 +98,7 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
     for modality in ("t2t", "s2t"):
       prepare(task, SPEC, modality, SHAPE.length, data_dir, tokenizer_dir=tokenizer_dir)
       data.append(load_task_data(data_dir, task, modality, SPEC, SHAPE.length))
-  config = tiny_config(len(tokenizer), data[1].metadata["audio_ids"]["placeholder"])
+  config = tiny_config(len(tokenizer), data[1].metadata.audio_ids.placeholder)
   params = init_params(config, jax.random.PRNGKey(0))
   evaluator = Evaluator(config, data, ScoringOptions(batch_size=4))
   rows = alignment_rows(tokenizer)

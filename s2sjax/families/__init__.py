@@ -12,14 +12,14 @@ in $S2SJAX_PLUGINS (comma-separated) so every command line imports it before its
 
 from s2sjax.families.family import AUDIO_INPUTS, HF, Family, GgufLayout, HfExport, Layout
 from s2sjax.families.registry import (
-  FAMILIES, all_layouts, describe, get, gguf_layout, layout_choices, layout_for_model_type, model_types,
-  names, planner_shapes, register)
+  FAMILIES, all_layouts, describe, from_hf_config, get, gguf_layout, layout_choices, layout_for_model_type,
+  model_types, names, planner_shapes, register)
 
 # The built-in families register on import, in the order their names are listed to users.
 from s2sjax.families import qwen2, llama, glm4, opt  # noqa: E402,F401,I001
 
 __all__ = [
   "AUDIO_INPUTS", "FAMILIES", "HF", "Family", "GgufLayout", "HfExport", "Layout", "all_layouts",
-  "describe", "get", "gguf_layout", "layout_choices", "layout_for_model_type", "model_types", "names",
+  "describe", "from_hf_config", "get", "gguf_layout", "layout_choices", "layout_for_model_type", "model_types", "names",
   "planner_shapes", "register",
 ]

@@ -7,14 +7,14 @@ Attention comes in either of the spellings Kyutai's loader reads (`LMStateDict`)
 0.2.13 and so moshi-finetune's outputs). LoRA factors (a LoRA-wrapped `LMModel`'s own state dict, or config.json's
 `lora: true` with its `lora_name` file) are merged into the weights they adapt.
 
-Why this family is not a `Family` of the registry: that abstraction's layouts parse into the shared decoder's
-`ModelConfig` and the converter, checkpoint writer and scorer all build `s2sjax.model.decoder`. Moshi's parameters
-are another tree (stream tables, a depformer with per-step weights), its rows carry several ids per position, and
-its targets are whole steps. So the extension is kept here, the same shape: `parse_config` (refusing by name every
-switch the model does not implement), `rules` (every target leaf's source tensors), `MOSHI_NAME` (the weights file
-a release names), `check_spec` (a spec against the model) and the protocol that lays a question's streams. Its
-checkpoints are the same directory format (`model_config.json` says `family: moshi`), written and read by
-`s2sjax.checkpoint`.
+Why this is an `Architecture` (s2sjax/architectures) and not a `Family` of the family registry: a family's layouts
+parse into the shared decoder's `ModelConfig`. Moshi's parameters are another tree (stream tables, a depformer with
+per-step weights), its rows are stream rows (s2sjax/rows.py: several ids per position, whole steps as targets). So
+its registration, at the end of this module, carries what the pipeline asks of it: its config and parameter tree,
+its scoring step over stream rows (`score_stream_batch`, driven by `s2sjax.scoring.StreamScorer`), its fit check
+(`check_spec`), the protocol that lays a question's streams (`stream_weights`, `lay_streams`) and its converter
+(checkpoints_conversion/moshi_release.py, over `parse_config`, `rules` and `LMStateDict` here). Its checkpoints are
+the same directory format (`model_config.json` says `family: moshi`), written and read by `s2sjax.checkpoint`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,18 @@ import dataclasses
 import re
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
-from s2sjax.checkpoint import flatten
+from s2sjax.architectures.architecture import Architecture, FitError, StreamProtocol, register
 from s2sjax.families.keymap import check_rules
 from s2sjax.model.config import ConfigError
-from s2sjax.model.moshi import FAMILY, MoshiConfig, TransformerConfig, abstract_params
+from s2sjax.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params, attention_mask,
+                                param_logical_axes)
+from s2sjax.rows import STREAM_ROWS
+from s2sjax.scoring import StreamScorer, by_target_chunks
 
 NAME = FAMILY
 MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
@@ -358,7 +364,7 @@ def plan(config: MoshiConfig, state: LMStateDict) -> tuple[list[Rule], list[str]
   """(rules, problems, skipped names) of a state dict: what its spellings do not fit, every missing tensor (named
   with the leaf it feeds), every mis-shaped one and every tensor no rule reads."""
   ruled = rules(config)
-  problems, rest = check_rules(set(dict(flatten(abstract_params(config)))), ruled, state.shapes)
+  problems, rest = check_rules(set(traverse_util.flatten_dict(abstract_params(config))), ruled, state.shapes)
   problems = state.problems + problems
   skipped = [k for k in rest if k.startswith(SKIPPED_PREFIXES)]
   unexpected = [k for k in rest if k not in skipped]
@@ -370,7 +376,7 @@ def plan(config: MoshiConfig, state: LMStateDict) -> tuple[list[Rule], list[str]
 def convert_leaves(config: MoshiConfig, ruled: list[Rule], read, dtype=np.float32
                    ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
   """(leaf path, array) for every rule, reading each rule's source tensors only (`read(key) -> array`)."""
-  abstract = dict(flatten(abstract_params(config)))
+  abstract = traverse_util.flatten_dict(abstract_params(config))
   for rule in ruled:
     target = abstract[rule.target]
     arrays = [np.asarray(read(piece.key), np.float32) for piece in rule.pieces]
@@ -412,7 +418,7 @@ def check_spec(config: MoshiConfig, codebook_sizes: Sequence[int], delays: Seque
 #        (stream 1) or 1 (streams 2..dep_q); "We do not include text tokens from the Inner Monologue" — the text
 #        stream is -1 throughout and not scored; "We score sequences with a negative-log likelihood normalized by
 #        the sequence length" — a candidate's score is its weighted NLL sum divided by its timesteps (the stream
-#        scorer's `n_tokens` for stream rows: `s2sjax.scoring.score_stream_batch`). Moshi's published 60.8
+#        scorer's `n_tokens` for stream rows: `score_stream_batch` below). Moshi's published 60.8
 #        sStoryCloze / 83.0 sTopic-StoryCloze (our tStoryCloze; Table 7) are its text-and-audio model after
 #        single-stream pretraining, scored this way: "even if these models are trained with Inner Monologue, they
 #        are evaluated without".
@@ -451,20 +457,6 @@ def stream_weights(modality: str, codebooks: int) -> tuple[int, ...]:
   raise ConfigError(f"unknown modality {modality!r} (s2s, s2t, t2t)")
 
 
-def scored(weights: Sequence[int]) -> tuple[int, ...]:
-  """The streams a protocol scores (`packing.StreamItem.scored`): those of positive weight."""
-  return tuple(k for k, w in enumerate(weights) if w > 0)
-
-
-def weigh(rows: dict[str, np.ndarray], weights: Sequence[int]) -> dict[str, np.ndarray]:
-  """Rows packed with a protocol's scored streams (`packing.pack_streams` marks each scored token's
-  `target_weight` 1) -> the same rows with each scored token weighted as the protocol says."""
-  weights = np.asarray(weights, np.int32)
-  if rows["target_weight"].shape[-1] != len(weights):
-    raise ValueError(f"rows carry {rows['target_weight'].shape[-1]} streams, the weights are for {len(weights)}")
-  return {**rows, "target_weight": rows["target_weight"] * weights}
-
-
 def lay_streams(codebooks: int, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
   """One side of a question (its prefix, or a candidate) as time-aligned streams [T, 1 + codebooks]: text ids [T]
   on stream 0, or audio codes [T, codebooks] on the codebook streams (Moshi's own speech); every other stream -1.
@@ -481,3 +473,108 @@ def lay_streams(codebooks: int, text: np.ndarray | None = None, audio: np.ndarra
   else:
     out[:, 1:] = audio
   return out
+
+
+# ---- the scoring step over stream rows -------------------------------------------------------------------------------
+#
+# The temporal transformer over every position, its outputs gathered at the targets, then at each target the text
+# head and the depformer (conditioned on the predicted step's earlier streams); fp32 `logsumexp - logit[target]`
+# per stream, weighted by `target_weight` (the protocol's per-stream weights, `stream_weights`), summed per slot.
+
+
+def silent_streams(config: MoshiConfig, positions: jax.Array, laid: int) -> jax.Array:
+  """The streams past the `laid` ones of the rows (Moshi's user streams) as silence [B, L, num_streams - laid]:
+  each stream's initial token at the steps its delay fills, -1 after, which is what `LMModel.forward` makes of
+  codes of -1 (positions are step indices from the item's initial step)."""
+  delays, initial = np.asarray(config.delays[laid:]), np.asarray(config.initial_ids[laid:])
+  return jnp.where(positions[..., None] <= delays, initial, -1).astype(jnp.int32)
+
+
+def score_stream_batch(config: MoshiConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict) -> dict:
+  """Per target [B, M] `target_nll`, the step's scored tokens' NLL, each times its stream's weight
+  (`target_weight`); per slot [B, C] (as `s2sjax.scoring.score_batch`): `nll_sum`, the candidate's summed over its
+  steps, and `n_tokens`, its steps (its targets: one per frame of the candidate). So the reported loss,
+  nll_sum / n_tokens, is the weighted NLL per timestep, Kyutai's S->S score "normalized by the sequence length"
+  (above). Dividing by the candidate's total weight instead ranks candidates of equal length alike; across lengths
+  it can differ on near-ties only, as the total is not exactly a multiple of the steps: a delayed stream's last
+  `delay` tokens lie past the candidate's steps (upstream's mask), so S->S's total is
+  (100 + K - 1) * steps - sum(acoustic delays).
+  Pure; jitted by StreamScorer."""
+  model = MoshiLM(config, dtype=dtype)
+  mask = attention_mask(batch["segment_ids"], batch["branch_ids"], batch["positions"], config.temporal.context)
+  streams = batch[STREAM_ROWS.marker]
+  if streams.shape[-1] < config.num_streams:
+    streams = jnp.concatenate([streams, silent_streams(config, batch["positions"], streams.shape[-1])], axis=-1)
+  hidden = model.apply({"params": params}, streams, batch["positions"], mask)
+  hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
+  predicted = 1 + config.dep_q
+
+  def nll_of(logits, ids):
+    ids = jnp.clip(ids, 0, logits.shape[-1] - 1)  # unscored entries (-1, initial tokens) weigh 0
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+
+  def target_nll(h, frame, weight):  # [B, c, D], [B, c, S], [B, c, S]
+    nll = [nll_of(model.apply({"params": params}, h, method=MoshiLM.text_logits), frame[..., 0])]
+    if config.dep_q:
+      flat = lambda x: x.reshape(-1, x.shape[-1])
+      audio = model.apply({"params": params}, flat(h), flat(frame), method=MoshiLM.audio_logits)
+      audio = audio.reshape(*h.shape[:2], config.dep_q, config.card)
+      nll += list(jnp.moveaxis(nll_of(audio, frame[..., 1:predicted]), -1, 0))
+    return (jnp.stack(nll, axis=-1) * weight[..., :predicted].astype(jnp.float32)).sum(-1)
+
+  nll = by_target_chunks(target_nll, target_chunk, hidden, batch["target_frame"], batch["target_weight"])
+  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
+  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
+          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
+
+
+def check_stream_ids(rows: dict[str, np.ndarray], config: MoshiConfig) -> None:
+  """Stream ids beyond their tables (or a scored code beyond the card) would be clamped silently by the gather:
+  refuse them, naming row, position and stream. -1 (no token) and each stream's initial token are ids too."""
+  tokens = rows[STREAM_ROWS.marker]
+  if not 1 + config.dep_q <= tokens.shape[-1] <= config.num_streams:
+    raise ValueError(f"rows carry {tokens.shape[-1]} streams; the model predicts {1 + config.dep_q} (text + "
+                     f"{config.dep_q} codebooks) and reads {config.num_streams}: rows must carry at least the first")
+  limits = np.asarray(config.initial_ids[: tokens.shape[-1]])  # text_card for text, card for codebooks: initial
+  for field, values, top in ((STREAM_ROWS.marker, tokens, limits), ("target_frame", rows["target_frame"], limits)):
+    bad = np.argwhere((values < -1) | (values > top))
+    if len(bad):
+      r, pos, k = bad[0]
+      raise ValueError(f"{field}[row {r}, position {pos}, stream {k}] = {values[r, pos, k]} is outside the "
+                       f"{'text vocabulary' if k == 0 else 'codebook'} ({top[k]} ids and the initial token); "
+                       f"{len(bad)} such ids in all — were the codes made for another model?")
+  scored = rows["target_weight"] > 0
+  heads = np.asarray((config.text_card_out,) + (config.card,) * (tokens.shape[-1] - 1))
+  bad = np.argwhere(scored & ((rows["target_frame"] < 0) | (rows["target_frame"] >= heads)))
+  if len(bad):
+    r, m, k = bad[0]
+    raise ValueError(f"target_frame[row {r}, target {m}, stream {k}] = {rows['target_frame'][r, m, k]} is scored but "
+                     f"not an id the model predicts (0..{heads[k] - 1})")
+  if (scored[..., 1 + config.dep_q :]).any():
+    raise ValueError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
+
+
+def scorer(config: MoshiConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp.float32, attention: str = "xla",
+           target_chunk: int = 256) -> StreamScorer:
+  """The stream scorer over Moshi's step (`attention` is the shared decoder's choice: Moshi's runs the dense mask)."""
+  del attention
+  return StreamScorer(config, shape, score_stream_batch, check_stream_ids, abstract_params(config),
+                      param_logical_axes(config), mesh=mesh, batch_size=batch_size, dtype=dtype,
+                      target_chunk=target_chunk)
+
+
+def check_fit(config: MoshiConfig, data) -> None:
+  """Stream rows laid as the model reads them (`check_spec`)."""
+  spec = data.metadata.spec
+  try:
+    check_spec(config, spec.codebook_sizes, spec.stream_delays, spec.stream_initial_ids)
+  except ConfigError as e:
+    raise FitError(f"{data.task}/{data.modality} (spec {spec.name}) does not fit the {NAME} checkpoint: {e}") from None
+
+
+ARCHITECTURE = register(Architecture(
+  NAME, MoshiConfig, STREAM_ROWS, abstract_params, param_logical_axes, scorer,
+  text_rows=lambda config: config.text_card, check_fit=check_fit,
+  stream_protocol=StreamProtocol(stream_weights, lay_streams),
+  converter="checkpoints_conversion.moshi_release:convert",
+  verifier="checkpoints_conversion.moshi_release:compare_with_torch"))

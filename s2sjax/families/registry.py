@@ -6,11 +6,11 @@ and layouts up here, by name, by config.json `model_type` or by GGUF architectur
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from s2sjax import plugins
 from s2sjax.families.family import AUDIO_INPUTS, HF, Family, GgufLayout, Layout
-from s2sjax.model.config import ConfigError, ModelConfig
+from s2sjax.model.config import ConfigError, ModelConfig, check_families_with
 from s2sjax.registry import Registry
 
 
@@ -48,6 +48,7 @@ FAMILIES: Registry[Family] = Registry("family", check=_clashes, unknown=_unknown
 # a registered family's, since every lookup must have one answer.
 register = FAMILIES.register
 get = FAMILIES.get
+check_families_with(get)  # a ModelConfig of an unknown family is refused, naming the registered ones
 
 
 def names() -> tuple[str, ...]:
@@ -59,6 +60,11 @@ def all_layouts() -> Iterator[tuple[Family, Layout]]:
   for family in FAMILIES:
     for layout in family.layouts:
       yield family, layout
+
+
+def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
+  """Builds a ModelConfig from a parsed `config.json`: the layout that reads its `model_type` parses it."""
+  return layout_for_model_type(cfg.get("model_type")).parse_config(cfg)
 
 
 def layout_for_model_type(model_type: str | None) -> Layout:

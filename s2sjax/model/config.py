@@ -4,14 +4,16 @@ Every switch (biases, rope theta and layout, norm kind and eps, positions, MLP k
 checkpoint; nothing is defaulted silently. The switches added for decoders unlike Llama (OPT's LayerNorm, post-norm
 residuals, ReLU MLP, learned positions, embedding projections) default to the Llama-style decoder, so configs
 written before they existed read as they did. How each config.json spelling is read is its family's business
-(`s2sjax.families`); `from_hf_config` finds the family by the config's `model_type`.
+(`s2sjax.families.from_hf_config` finds the family by the config's `model_type`); which families exist is the
+family registry's to say, which hands this module its lookup (`check_families_with`): model/ imports nothing above
+it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from typing import Any, Callable
 
 
 class ConfigError(ValueError):
@@ -21,6 +23,15 @@ class ConfigError(ValueError):
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "relu")
 POSITION_EMBEDDINGS = ("rope", "learned")
+
+# The family registry's lookup, a ConfigError naming the registered families for an unknown name (set by
+# s2sjax.families when it is imported; every path that builds a ModelConfig imports it, to parse or to score).
+_family_lookup: list[Callable[[str], Any]] = []
+
+
+def check_families_with(lookup: Callable[[str], Any]) -> None:
+  """Makes `lookup(family)` the check every ModelConfig's family passes."""
+  _family_lookup[:] = [lookup]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +72,8 @@ class ModelConfig:
   word_embed_dim: int | None = None
 
   def __post_init__(self):
-    from s2sjax import families  # lazy: the registry's modules import this one
-
-    families.get(self.family)  # a ConfigError naming the registered families when unknown
+    for lookup in _family_lookup:
+      lookup(self.family)  # a ConfigError naming the registered families when unknown
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     for name, known in (("norm", NORMS), ("mlp", MLPS), ("position_embedding", POSITION_EMBEDDINGS)):
@@ -113,9 +123,3 @@ class ModelConfig:
     final = norm if self.final_norm else 0
     return self.vocab_size * e + positions + projections + self.num_layers * layer + final + head
 
-
-def from_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
-  """Builds a ModelConfig from a parsed `config.json`: the layout that reads its `model_type` parses it."""
-  from s2sjax import families  # lazy: family modules build ModelConfigs
-
-  return families.layout_for_model_type(cfg.get("model_type")).parse_config(cfg)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import tempfile
 
 import numpy as np
 from absl import flags
@@ -21,17 +19,7 @@ from tasks.audio.base import load_audio
 from tasks.importer import topic_stories
 from tasks.release import OPTIONS, spoken_candidates
 from tasks.sample import SAMPLE_DIR
-
-VOICES = {"en": "en", "zh": "cmn"}
-
-
-def speak(text: str, language: str, path: str) -> None:
-  """espeak-ng speech resampled by sox to 16 kHz mono 16-bit."""
-  with tempfile.NamedTemporaryFile(suffix=".wav") as raw:
-    subprocess.run(["espeak-ng", "-v", VOICES[language], "-w", raw.name, text], check=True)
-    # -D: no dither, so the same text always gives the same bytes (story lines 2k and 2k+1 share their audio)
-    subprocess.run(["sox", "-D", "-v", "0.9", raw.name, "-r", "16000", "-c", "1", "-b", "16", path], check=True)
-
+from tasks.speech import speak
 
 def release_lines(task: str, source: list[dict]) -> list[dict]:
   if benchmarks.get(task).release_format == "story_pairs":

@@ -1,0 +1,108 @@
+"""What a model kind declares, and where the kinds are found: `Architecture` records in `ARCHITECTURES`, a
+`s2sjax.registry.Registry` as families, tasks, specs and audio tokenizers are.
+
+An architecture is one parameter tree and the rows it scores: the shared decoder (every family of
+`s2sjax.families`, token rows) is one, a model of its own reading parallel streams is another. The checkpoint
+reader and writer, the scorer, the evaluator's fit checks, the build's stream protocol and the converter look the
+architecture up here, by its config's type, by model_config.json's `family`, or by a spec, and never name one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from s2sjax import plugins
+from s2sjax.registry import Registry
+from s2sjax.rows import RowFormat
+
+DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.families is
+
+
+class FitError(ValueError):
+  """A checkpoint and built data that do not fit together; the message names both and says what to run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamProtocol:
+  """How a question is laid on stream rows for an architecture that reads them (the build's side)."""
+
+  # (modality name, codebooks) -> per stream (0 = text, k = codebook k - 1) its tokens' weight; 0 = not scored
+  weights: Callable[[str, int], tuple[int, ...]]
+  # (codebooks, text ids [T] or audio codes [T, codebooks]) -> time-aligned streams [T, 1 + codebooks]
+  lay: Callable[..., np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """One model kind. `scorer(config, shape, mesh=None, batch_size=8, dtype=float32, attention="xla")` compiles its
+  step over rows of `row_format` (an object with `score(params, rows) -> (nll_sum, n_tokens)` and
+  `compiled_count()`); `check_fit(config, task_data)` raises FitError for data the model cannot read;
+  `converter` and `verifier` ('module:function', imported when asked for: s2sjax.registry.load_object) convert
+  and check a release folder of this architecture: `converter(source, output, dtype, overwrite) -> manifest`,
+  `verifier(source, ckpt_dir, length, seed) -> comparison`. None: its checkpoints come through the families'
+  layouts (the shared decoder)."""
+
+  name: str  # model_config.json's `family` for an architecture of its own; DECODER for the shared decoder
+  config_class: type  # its config: hashable, with to_json / from_json
+  row_format: RowFormat
+  abstract_params: Callable[..., Any]  # (config, param_dtype=float32) -> the tree of ShapeDtypeStructs
+  param_logical_axes: Callable[[Any], Any]  # config -> the tree of logical axis names
+  scorer: Callable[..., Any]
+  text_rows: Callable[[Any], int]  # config -> rows of its text embedding (the largest text tokenizer it reads)
+  check_fit: Callable[[Any, Any], None]
+  stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
+  converter: str | None = None
+  verifier: str | None = None
+
+
+def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
+  problems = [f"its config class {new.config_class.__name__} is {a.name}'s already" for a in registered.values()
+              if a.config_class is new.config_class]
+  if (new.stream_protocol is not None) != new.row_format.streams:
+    problems.append(f"an architecture reading {new.row_format.name} rows "
+                    f"{'needs' if new.row_format.streams else 'takes no'} stream_protocol")
+  return problems
+
+
+def _unknown(name: str, known: list[str]) -> KeyError:
+  return KeyError(f"unknown architecture {name!r}; registered: {', '.join(known)}. An architecture of your own "
+                  f"registers when its module is imported: name that module in ${plugins.ENV}")
+
+
+ARCHITECTURES: Registry[Architecture] = Registry("architecture", check=_problems, unknown=_unknown)
+register = ARCHITECTURES.register
+get = ARCHITECTURES.get
+
+
+def for_config(config) -> Architecture:
+  """The architecture whose config class `config` is."""
+  for architecture in ARCHITECTURES:
+    if type(config) is architecture.config_class:
+      return architecture
+  raise KeyError(f"no registered architecture reads a {type(config).__name__} "
+                 f"(registered: {', '.join(ARCHITECTURES.names())})")
+
+
+def for_family(family: str | None) -> Architecture:
+  """The architecture of a model_config.json's `family`: one registered under that name, else the shared decoder
+  (whose families are s2sjax.families')."""
+  return get(family) if family in ARCHITECTURES.names() and family != DECODER else get(DECODER)
+
+
+def for_spec(spec) -> Architecture:
+  """The architecture whose rows a spec's builds are: the spec's `architecture` when it names one (it must read
+  the spec's row format), else the first registered that reads that format."""
+  if spec.architecture is not None:
+    architecture = get(spec.architecture)
+    if architecture.row_format is not spec.row_format:
+      raise ValueError(f"spec {spec.name} names architecture {spec.architecture}, which reads "
+                       f"{architecture.row_format.name} rows, not the {spec.row_format.name} rows its audio_mode "
+                       f"{spec.audio_mode} lays")
+    return architecture
+  for architecture in ARCHITECTURES:
+    if architecture.row_format is spec.row_format:
+      return architecture
+  raise KeyError(f"no registered architecture reads {spec.row_format.name} rows (spec {spec.name})")

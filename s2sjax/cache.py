@@ -1,0 +1,22 @@
+"""The project's cache on this machine (`$S2SJAX_CACHE`, default `~/.cache/s2sjax`): the converted default model,
+the default data, the smoke run's data, and XLA's persistent compilation cache, which every command line turns on
+(`use_compilation_cache`): a step compiled by an earlier run loads in seconds instead of compiling again (60-100 s
+for SmolLM2-135M on a 2-core CPU)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def cache_dir() -> str:
+  return os.environ.get("S2SJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "s2sjax"))
+
+
+def use_compilation_cache() -> None:
+  """XLA's persistent compilation cache in `cache_dir()`/xla, unless one is set (JAX_COMPILATION_CACHE_DIR or
+  jax's config); it serves the compilations after it, so it comes first. A command that has not imported jax
+  compiles nothing: it is left alone."""
+  jax = sys.modules.get("jax")
+  if jax is not None and not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
