@@ -58,17 +58,17 @@ def test_data_built_from_other_release_files_or_tokenizer_is_refused_or_overwrit
   build = lambda **kw: prepare("scmmlu", "demo", "text", 1024, data_dir, manual_dir=root,
                                **{"tokenizer_dir": qwen_tokenizer_dir, **kw})
   first = build()
-  assert set(first["inputs"]) == {"release", "spec", "text_tokenizer", "audio_tokenizer"}
-  assert build()["inputs"] == first["inputs"]  # same inputs: reused
+  assert set(first.inputs) == {"release", "spec", "text_tokenizer", "audio_tokenizer"}
+  assert build().inputs == first.inputs  # same inputs: reused
   _release(tmp_path / "release", [dict(CMMLU_LINES[0], B="一千度。"), CMMLU_LINES[1]])
   with pytest.raises(StaleDataError, match=rf"scmmlu/demo-t2t-1024 in {re.escape(data_dir)} was built from other "
                                            r"inputs \(the release files changed; .*pass --overwrite"):
     build()
   rebuilt = build(overwrite=True)
-  assert rebuilt["questions"][0]["candidates"][1] == "一千度。"
-  assert rebuilt["inputs"]["release"] != first["inputs"]["release"]
+  assert rebuilt.questions[0]["candidates"][1] == "一千度。"
+  assert rebuilt.inputs["release"] != first.inputs["release"]
   _, stored = load_rows(data_dir, "scmmlu", "demo-t2t-1024")
-  assert stored["questions"] == rebuilt["questions"] and build()["inputs"] == rebuilt["inputs"]
+  assert stored.questions == rebuilt.questions and build().inputs == rebuilt.inputs
   other_tokenizer = str(tmp_path / "tokenizer")  # the same tokenizer with one more token
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   tokenizer.add_tokens(["<|new_token|>"])
