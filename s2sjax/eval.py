@@ -50,7 +50,10 @@ from s2sjax.spec import load_spec
 from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
 
 FLAGS = flags.FLAGS
-SMOKE_DEFAULTS = {"modality": "all", "output_dir": "outputs/smoke"}  # what --smoke changes unless given
+# What --smoke changes unless given: every modality; one row length for every build, so one compiled step scores
+# them all (auto lengths would be three: 1024, 2048, 4096); a step of one row, as each build is a row or two and
+# a batch of 8 would score 7 rows of padding (the smoke's 16 builds took 8 min so, on a 2-core CPU)
+SMOKE_DEFAULTS = {"modality": "all", "output_dir": "outputs/smoke", "row_length": 1024, "batch_size": 1}
 DEMO_NAME = "SmolLM2-135M-Instruct (demo)"
 
 
@@ -370,14 +373,16 @@ def config_from_flags() -> EvalConfig:
     modalities=modalities.parse(smoke_default("modality", FLAGS.modality)), protocols=tuple(FLAGS.protocol),
     smoke=FLAGS.smoke,
     checkpoints=FLAGS.checkpoint, spec=FLAGS.spec, data_dir=local(FLAGS.data_dir),
-    output_dir=local(smoke_default("output_dir", FLAGS.output_dir)), mesh=FLAGS.mesh, row_length=FLAGS.row_length,
+    output_dir=local(smoke_default("output_dir", FLAGS.output_dir)), mesh=FLAGS.mesh,
+    row_length=smoke_default("row_length", FLAGS.row_length),
     chunk_rows=FLAGS.chunk_rows,
     variants=builds.variants_from_flags(),
     tensorboard=FLAGS.tensorboard, tokenizer_dir=local(FLAGS.tokenizer_dir),
     verify_checkpoint=FLAGS.verify_checkpoint, verify_data=FLAGS.verify_data,
     accept_config_change=FLAGS.accept_config_change, step_pattern=FLAGS.step_pattern, break_lock=FLAGS.break_lock,
     trust_remote_code=FLAGS.trust_remote_code, ties=FLAGS.ties,
-    scoring=ScoringOptions(batch_size=FLAGS.batch_size, dtype=FLAGS.dtype, attention=FLAGS.attention),
+    scoring=ScoringOptions(batch_size=smoke_default("batch_size", FLAGS.batch_size), dtype=FLAGS.dtype,
+                           attention=FLAGS.attention),
   )
 
 
