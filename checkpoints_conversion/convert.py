@@ -39,13 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
+from checkpoints_conversion import verify
 from checkpoints_conversion.sources import TensorSource, open_source
 from s2sjax import architectures, checkpoint, cli, families, text_tokenizer
-from s2sjax.progress import Progress
-from s2sjax.registry import load_object
+from s2sjax.errors import UserError
 from s2sjax.families.keymap import Rule, check_rules
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
+from s2sjax.progress import Progress
+from s2sjax.registry import load_object
 
 TOKENIZER_FILES = (
   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -53,7 +55,7 @@ TOKENIZER_FILES = (
 )
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
   """The source does not fit the target: every problem found is listed."""
 
 
@@ -323,8 +325,6 @@ def main(argv):
     raise
   print(report(manifest, FLAGS.output))
   if FLAGS.verify:
-    from checkpoints_conversion import verify
-
     try:
       result = verify.compare_with_torch(FLAGS.source, FLAGS.output, length=FLAGS.verify_length)
     except cli.Interrupted as e:

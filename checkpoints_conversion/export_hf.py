@@ -17,10 +17,11 @@ from absl import flags
 
 from checkpoints_conversion import safetensors_io
 from s2sjax import checkpoint, cli, families
+from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
   """A model that has no transformers counterpart to be written as."""
 
 

@@ -15,6 +15,8 @@ from typing import Mapping
 import ml_dtypes
 import numpy as np
 
+from s2sjax.errors import UserError
+
 DTYPES = {
   "F64": np.dtype(np.float64),
   "F32": np.dtype(np.float32),
@@ -30,6 +32,10 @@ DTYPES = {
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
+class SafetensorsError(UserError, ValueError):
+  """A .safetensors file that is truncated, corrupt or holds a dtype this reader lacks; names the file."""
+
+
 def read_header(path: str) -> tuple[dict, int]:
   """(tensor table, byte offset of the data section) of one .safetensors file, checked against the file's size
   so that a truncated or corrupt file fails here, naming every bad tensor, and not when a tensor is mapped."""
@@ -37,20 +43,20 @@ def read_header(path: str) -> tuple[dict, int]:
   with open(path, "rb") as f:
     raw = f.read(8)
     if len(raw) != 8:
-      raise ValueError(f"{path}: too short to be a safetensors file")
+      raise SafetensorsError(f"{path}: too short to be a safetensors file")
     (size,) = struct.unpack("<Q", raw)
     if size > file_size - 8:
-      raise ValueError(f"{path}: corrupt safetensors header (length prefix {size}, file size {file_size} bytes)")
+      raise SafetensorsError(f"{path}: corrupt safetensors header (length prefix {size}, file size {file_size} bytes)")
     try:
       header = json.loads(f.read(size))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ValueError(f"{path}: corrupt safetensors header ({e})") from e
+      raise SafetensorsError(f"{path}: corrupt safetensors header ({e})") from e
   if not isinstance(header, dict):
-    raise ValueError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
+    raise SafetensorsError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
   header.pop("__metadata__", None)
   problems = _entry_problems(header, file_size - 8 - size)
   if problems:
-    raise ValueError("\n".join(f"{path}: {problem}" for problem in problems))
+    raise SafetensorsError("\n".join(f"{path}: {problem}" for problem in problems))
   return header, 8 + size
 
 
@@ -108,7 +114,7 @@ class SafetensorsFile:
   def read(self, name: str) -> np.ndarray:
     entry = self.header[name]
     if entry["dtype"] not in DTYPES:
-      raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {entry['dtype']}")
+      raise SafetensorsError(f"{self.path}: tensor {name} has unsupported dtype {entry['dtype']}")
     begin, _ = entry["data_offsets"]  # offsets and size were checked against the file by read_header
     return np.memmap(self.path, dtype=DTYPES[entry["dtype"]], mode="r", offset=self._data_start + begin,
                      shape=tuple(entry["shape"]))

@@ -19,10 +19,11 @@ import numpy as np
 
 from checkpoints_conversion import safetensors_io
 from s2sjax import families
+from s2sjax.errors import UserError
 from s2sjax.model.config import ConfigError
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
   """A checkpoint that cannot be read: missing files, corrupt headers, unsupported variants."""
 
 

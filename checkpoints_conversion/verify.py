@@ -9,8 +9,13 @@ import os
 import numpy as np
 
 from s2sjax import architectures, checkpoint, families
+from s2sjax.errors import UserError
 from s2sjax.model.decoder import sequence_log_probs
 from s2sjax.registry import load_object
+
+
+class VerifyError(UserError, ValueError):
+  """A --verify asked of a checkpoint whose source model transformers cannot run."""
 
 
 def load_torch_model(source_path: str):
@@ -36,7 +41,7 @@ def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed:
   model_type = checkpoint.load_manifest(ckpt_dir)["source_model_type"]
   if not families.layout_for_model_type(model_type).verifiable:
     verifiable = [t for _, layout in families.all_layouts() if layout.verifiable for t in layout.model_types]
-    raise ValueError(
+    raise VerifyError(
       f"--verify needs the PyTorch model in transformers; {model_type!r} checkpoints need their authors' remote "
       f"code (verifiable model_types: {', '.join(verifiable)})"
     )

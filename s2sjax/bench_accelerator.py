@@ -38,10 +38,16 @@ import numpy as np
 
 from s2sjax import plan, sharding
 from s2sjax.bench_items import PROTOCOLS, make_items
+from s2sjax.errors import UserError
 from s2sjax.model import layers
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import RowShape, fit, longest_item, pack
 from s2sjax.scoring import Scorer
+
+
+class BenchError(UserError, ValueError):
+  """A --sizes or --protocols entry that names no model size or protocol."""
+
 
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}
 
@@ -58,7 +64,7 @@ COLUMNS = ("model", "attention", "rows laid", "dtype", "L", "rows", "tokens/s", 
 
 def model_config(size: str):
   if size not in SIZES:
-    raise ValueError(f"unknown model size {size!r}; known: {sorted(SIZES)}")
+    raise BenchError(f"unknown model size {size!r}; known: {sorted(SIZES)}")
   return SIZES[size]
 
 
@@ -195,7 +201,7 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
     model_config(size)
   unknown = sorted(set(protocols) - set(PROTOCOLS))
   if unknown:
-    raise ValueError(f"unknown protocol(s) {unknown}; known: {list(PROTOCOLS)}")
+    raise BenchError(f"unknown protocol(s) {unknown}; known: {list(PROTOCOLS)}")
   print(format_header(), flush=True)
   results = []
   for size in sizes:

@@ -18,6 +18,7 @@ import re
 from absl import flags
 
 from s2sjax import benchmarks, modalities
+from s2sjax.errors import UserError
 from s2sjax.packing import RowShape
 from s2sjax.spec import AudioIds, Spec, is_spec_path, load_spec, spec_from_dict
 
@@ -27,8 +28,12 @@ TOKENIZATIONS = ("separate", "joint")
 AUTO = None  # a row length chosen from the items (s2sjax.packing.auto_row_length): configs named `-auto`
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
   """Built data that is missing, damaged or does not fit; the message says what to run."""
+
+
+class VariantError(UserError, ValueError):
+  """A build variant (--protocol, --overlong, --tokenization, or a build's metadata) that is not one there is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +52,11 @@ class Variants:
 
   def __post_init__(self):
     if self.overlong not in OVERLONG:
-      raise ValueError(f"overlong must be one of {OVERLONG}, not {self.overlong!r}")
+      raise VariantError(f"overlong must be one of {OVERLONG}, not {self.overlong!r}")
     if self.protocol not in PROTOCOLS:
-      raise ValueError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
+      raise VariantError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
     if self.tokenization not in TOKENIZATIONS:
-      raise ValueError(f"tokenization must be one of {TOKENIZATIONS}, not {self.tokenization!r}")
+      raise VariantError(f"tokenization must be one of {TOKENIZATIONS}, not {self.tokenization!r}")
 
   @property
   def suffix(self) -> str:

@@ -25,12 +25,14 @@ import os
 import sys
 
 import numpy as np
+from absl import flags
 
-from s2sjax import checkpoint, default_model, families, modalities
+from s2sjax import checkpoint, cli, default_model, families, modalities
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError, ModelConfig
+from s2sjax.scoring import Scorer
 from s2sjax.spec import AudioIds, Spec, SpecError, load_spec, resolve_audio_ids
-from s2sjax.task_data import TaskData, tokenizer_identity
+from s2sjax.task_data import TaskData, load_task_data, tokenizer_identity
 
 # Where a source config.json states a spec's special ids (Baichuan-Audio's audio_config).
 SOURCE_IDS = {"start": "audio_start_token_id", "end": "audio_end_token_id", "placeholder": "audio_pad_token_id"}
@@ -151,8 +153,6 @@ def _without_audio(td: TaskData, rows: dict[str, np.ndarray]) -> dict[str, np.nd
 
 
 def smoke_verdicts(config: ModelConfig, params, td: TaskData) -> list[Verdict]:
-  from s2sjax.scoring import Scorer
-
   rows = {name: array[:1] for name, array in td.rows.items()}
   scorer = Scorer(config, td.shape, batch_size=1)
   try:
@@ -207,10 +207,6 @@ def table(verdicts: list[Verdict]) -> str:
 
 def main(argv) -> None:
   del argv
-  from absl import flags
-
-  from s2sjax.task_data import load_task_data
-
   f = flags.FLAGS
   local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
   data = None
@@ -227,10 +223,6 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  from absl import flags
-
-  from s2sjax import cli
-
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint directory (as written by the converter).")
   flags.DEFINE_bool("trust_remote_code", False, "Run a tokenizer shipped as code (recorded in the manifest).")
   flags.DEFINE_string("spec", None, "Spec preset name or YAML path whose special tokens are checked.")

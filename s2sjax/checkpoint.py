@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from typing import Any, Iterable, Iterator, Mapping
@@ -43,10 +44,11 @@ from etils import epath
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax import architectures, checksums, sharding
-from s2sjax.output_dir import DamagedFileError, fsync_path, read_json, strict_json
+from s2sjax import architectures, checksums, sharding, text_tokenizer
+from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
+from s2sjax.output_dir import DamagedFileError, fsync_path, read_json, strict_json
 
 MANIFEST = "manifest.json"
 CONFIG = "model_config.json"
@@ -54,7 +56,7 @@ ACCEPT_FLAG = "--accept_config_change"
 LeafPath = tuple[str, ...]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """A checkpoint directory that is missing, unfinished or does not fit its config."""
 
 
@@ -466,10 +468,6 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, 
   local temporary folder first: transformers reads local folders only (stray folders and hidden files left in
   tokenizer/ are not copied). A tokenizer shipped as code (GLM-4's `tokenization_chatglm.py`) runs only with
   `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config."""
-  import tempfile
-
-  from s2sjax import text_tokenizer
-
   ckpt_dir = epath.Path(ckpt_dir)
   tokenizer_dir = ckpt_dir / "tokenizer"
   if not tokenizer_dir.exists():

@@ -17,6 +17,7 @@ import os
 import re
 
 from etils import epath
+from s2sjax.errors import UserError
 
 # The whole folder name: an optional word the checkpoint managers put before the step, then the step.
 STEP_NAME = re.compile(r"(?:(?:global_step|step|checkpoint|ckpt|iter|iteration)[-_]?)?(\d+)", re.IGNORECASE)
@@ -25,7 +26,7 @@ STEP_FORMS = "step_N, checkpoint-N, ckpt-N, global_step_N or a bare N"
 ORBAX_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp-\d+$")
 
 
-class CheckpointListError(ValueError):
+class CheckpointListError(UserError, ValueError):
   """A --checkpoint list that names nothing, names one checkpoint twice, or whose steps cannot be read."""
 
 

@@ -30,7 +30,7 @@ from etils import epath
 from s2sjax import sharding
 from s2sjax.evaluator import EvalError, Evaluator, check_finite
 from s2sjax.model.decoder import Params
-from s2sjax.output_dir import OutputError, strict_json, write_atomic
+from s2sjax.output_dir import DamagedFileError, OutputError, strict_json, write_atomic
 from s2sjax.questions import QuestionScores, QuestionTable
 from s2sjax.progress import Progress
 from s2sjax.scoring import collect
@@ -136,18 +136,18 @@ class ChunkStore:
     write_atomic(self._path(index), buffer.getvalue())
 
   def load(self, index: int, shape: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A chunk's (nll_sum, n_tokens); a ValueError saying why when it does not read back whole (and, with `shape`,
-    as [rows, slots] arrays of finite sums)."""
+    """A chunk's (nll_sum, n_tokens); a DamagedFileError (a ValueError) saying why when it does not read back whole
+    (and, with `shape`, as [rows, slots] arrays of finite sums)."""
     path = self._path(index)
     try:
       with np.load(io.BytesIO(path.read_bytes())) as f:
         nll_sum, n_tokens = f["nll_sum"], f["n_tokens"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-      raise ValueError(f"{path.name} is unreadable ({type(e).__name__}: {str(e)[:120] or 'empty'})") from None
+      raise DamagedFileError(f"{path.name} is unreadable ({type(e).__name__}: {str(e)[:120] or 'empty'})") from None
     if shape is not None and (nll_sum.shape != shape or n_tokens.shape != shape):
-      raise ValueError(f"{path.name} holds arrays of shape {nll_sum.shape}, not the chunk's {shape}")
+      raise DamagedFileError(f"{path.name} holds arrays of shape {nll_sum.shape}, not the chunk's {shape}")
     if not np.isfinite(nll_sum).all():
-      raise ValueError(f"{path.name} holds non-finite sums")
+      raise DamagedFileError(f"{path.name} holds non-finite sums")
     return nll_sum, n_tokens
 
   def readable(self, index: int, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -177,24 +177,24 @@ class ChunkStore:
 
 def scores_from_chunks(store: ChunkStore) -> QuestionScores:
   """The question scores from the chunks and the layout alone (no data, no model): what rewrites a damaged scores
-  file. A ValueError says what is missing or damaged."""
+  file. A DamagedFileError says what is missing or damaged."""
   saved, unknown = store._saved_identity()
   if saved is None:
-    raise ValueError(unknown)
+    raise DamagedFileError(unknown)
   layout_path = store.directory / LAYOUT
   if not layout_path.exists():
-    raise ValueError(f"no {LAYOUT} (chunks of an earlier version)")
+    raise DamagedFileError(f"no {LAYOUT} (chunks of an earlier version)")
   try:
     with np.load(io.BytesIO(layout_path.read_bytes())) as f:
       rows = {"slot_item": f["slot_item"], "slot_candidate": f["slot_candidate"]}
       table = QuestionTable.from_records(json.loads(f["questions"].tobytes().decode()), where=str(layout_path))
   except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-    raise ValueError(f"{LAYOUT} is unreadable ({type(e).__name__})") from None
+    raise DamagedFileError(f"{LAYOUT} is unreadable ({type(e).__name__})") from None
   num_rows, slots = rows["slot_item"].shape
   parts = []
   for i, (start, stop) in enumerate(chunk_ranges(num_rows, int(saved["chunk_rows"]))):
     if not store.done(i):
-      raise ValueError(f"{store._path(i).name} is missing")
+      raise DamagedFileError(f"{store._path(i).name} is missing")
     parts.append(store.load(i, (stop - start, slots)))
   candidates = collect(rows, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                        table.candidates_per_item())

@@ -5,8 +5,9 @@
 - SIGINT (Ctrl-C) and SIGTERM raise `Interrupted` in the main thread, so a command stops within seconds through
   its own cleanup (the lock released, what is complete kept and summarized), says in one line what it kept and
   how to resume, and exits 128 + the signal's number; a second signal ends it at once;
-- a user's mistake (a bad path, data that does not fit, a refused checkpoint) is printed as its message, not as a
-  40-line traceback, and the program exits 1; `--verbosity=1` shows the traceback too.
+- a user's mistake (`s2sjax.errors.UserError`: a bad path, data that does not fit, a refused checkpoint) is printed
+  as its message, not as a 40-line traceback, and the program exits 1; `--verbosity=1` shows the traceback too.
+  Anything else is a bug and prints its traceback.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ import threading
 from absl import app, flags, logging
 
 from s2sjax import benchmarks, cache
+from s2sjax.errors import UserError
 
-# What our code raises for bad input: ValueError subclasses (EvalError, DataError, CheckpointError, ...), missing
-# files, unknown names.
-USER_ERRORS = (ValueError, OSError, KeyError)
 
 
 # Warnings TFDS writes about its own bookkeeping on every first build: a config folder not built yet, a config
@@ -102,11 +101,10 @@ def _one_line_errors(main):
     except Interrupted as e:
       print(e.message, file=sys.stderr, flush=True)
       sys.exit(128 + e.signum)
-    except USER_ERRORS as e:
+    except UserError as e:  # anything else is a bug: its traceback is printed
       if flags.FLAGS.verbosity >= 1:
         raise
-      message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-      print(f"error: {message}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
+      print(f"error: {e}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
       sys.exit(1)
 
   return wrapped
@@ -118,9 +116,18 @@ def usage(doc: str) -> str:
   return doc.replace("--task=TASK|all", f"--task={'|'.join(benchmarks.names())}|all", 1)
 
 
-def run(main) -> None:
-  """absl's app.run with the console and error handling above; `--help` lists `--verbosity` with the command's
-  own flags (absl lists it only under --helpfull), since every error's hint names it."""
-  flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS["verbosity"])
+def run(main, doc: str | None = None, flag_modules: tuple[str, ...] = ()) -> None:
+  """absl's app.run with the console and error handling above. `doc` is the command's usage, what `--help` prints
+  first (absl reads it from `__main__`: for a command kept at its name that is the alias, e.g. `s2sjax/eval.py`,
+  not the module in `s2sjax/commands/` holding it). `--help` lists `--verbosity` and the flags `flag_modules`
+  define (the command's own, the data selector's) beside `__main__`'s: absl lists only the latter, and the rest
+  under --helpfull, though every error's hint names `--verbosity`."""
+  if doc is not None:
+    sys.modules["__main__"].__doc__ = usage(doc)
+  key_flags = [flags.FLAGS["verbosity"]]
+  for module in flag_modules:
+    key_flags += flags.FLAGS.get_flags_for_module(module)
+  for flag in key_flags:
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   cache.use_compilation_cache()
   app.run(_one_line_errors(main))

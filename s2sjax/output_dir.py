@@ -26,11 +26,12 @@ from typing import Any
 
 from absl import logging
 from etils import epath
+from s2sjax.errors import UserError
 
 LOCK_NAME = ".s2sjax-lock"
 
 
-class OutputError(ValueError):
+class OutputError(UserError, ValueError):
   """An output directory that cannot be written, or that another run is writing."""
 
 
@@ -42,7 +43,7 @@ class LockHeldError(OutputError):
     self.owner = owner
 
 
-class DamagedFileError(ValueError):
+class DamagedFileError(UserError, ValueError):
   """A file the project wrote that no longer reads back (truncated, zero bytes, edited)."""
 
 

@@ -26,10 +26,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from s2sjax.errors import UserError
 from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS
 
 
-class PackingError(ValueError):
+class PackingError(UserError, ValueError):
   """An item that cannot be packed: too long for the row, empty, or malformed. Names the item."""
 
 

@@ -139,7 +139,7 @@ def main(argv):
   del argv
   FLAGS = flags.FLAGS
   if FLAGS.checkpoint:
-    from s2sjax import checkpoint
+    from s2sjax import checkpoint  # here: it brings jax (seconds); a plan of a named model runs without it
 
     config, name = checkpoint.load_config(FLAGS.checkpoint), FLAGS.checkpoint
   else:

@@ -18,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from s2sjax.output_dir import DamagedFileError
 
 ANSWER_FIELD = "is_answer"  # a scores.jsonl line's mark of the right candidate
 OLD_ANSWER_FIELD = "correct"  # its name in files written before
@@ -50,7 +51,7 @@ class QuestionTable:
     """From the metadata's JSON form: a list of {id, uttids, candidates, correct, slots, n_tokens}."""
     widths = {len(r["candidates"]) for r in records}
     if len(widths) > 1:
-      raise ValueError(f"{where}: questions hold different numbers of candidates {sorted(widths)}")
+      raise DamagedFileError(f"{where}: questions hold different numbers of candidates {sorted(widths)}")
     width = widths.pop() if widths else 0
     return cls(
       ids=tuple(str(r["id"]) for r in records),
@@ -141,17 +142,17 @@ class QuestionScores:
     missing = [k for k in ("question", "uttid", "candidate", "text", ANSWER_FIELD, "nll_sum", "n_tokens")
                if any(k not in line for line in lines)]
     if missing:
-      raise ValueError(f"{where}: lines without {missing}: not a scores file of this version, or damaged")
+      raise DamagedFileError(f"{where}: lines without {missing}: not a scores file of this version, or damaged")
     for q, row in zip(ids, rows):
       answers = sum(line[ANSWER_FIELD] for line in row)
       if [line["candidate"] for line in row] != list(range(len(row))) or answers != 1:
-        raise ValueError(f"{where}: question {q} does not hold candidates 0..{len(row) - 1} with one right one")
+        raise DamagedFileError(f"{where}: question {q} does not hold candidates 0..{len(row) - 1} with one right one")
     widths = collections.Counter(len(row) for row in rows)
     if len(widths) > 1:
       usual = widths.most_common(1)[0][0]
       short = next(q for q, row in zip(ids, rows) if len(row) != usual)
-      raise ValueError(f"{where}: question {short} holds {len(by_question[short])} candidates, the others {usual} "
-                       "(lines lost or added: the file is damaged)")
+      raise DamagedFileError(f"{where}: question {short} holds {len(by_question[short])} candidates, the others "
+                             f"{usual} (lines lost or added: the file is damaged)")
     return cls(ids, tuple(tuple(line["uttid"] for line in row) for row in rows),
                tuple(tuple(line["text"] for line in row) for row in rows),
                np.array([[line[ANSWER_FIELD] for line in row].index(True) for row in rows], np.int64),

@@ -9,11 +9,12 @@ import importlib
 from typing import Callable, Generic, Iterator, Mapping, TypeVar
 
 from s2sjax import plugins
+from s2sjax.errors import UnknownNameError, UserError
 
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError, ValueError):
   """A record refused: its name, or something else lookups read, is another record's."""
 
 
@@ -24,7 +25,7 @@ class Registry(Generic[T]):
     """`kind` names what it holds in messages ("task", "audio tokenizer"); `name_of` reads a record's name.
     `check(record, registered)` lists the problems a new record would make besides its name (e.g. a model_type
     two families would read); `unknown(name, known names)` is the error a lookup of an unknown name raises
-    (default: a KeyError listing the known names)."""
+    (default: an `UnknownNameError`, a KeyError, listing the known names)."""
     self.kind, self._name_of, self._check, self._unknown = kind, name_of, check, unknown
     self._records: dict[str, T] = {}
 
@@ -60,8 +61,8 @@ class Registry(Generic[T]):
     if name not in records:
       if self._unknown:
         raise self._unknown(name, list(records))
-      raise KeyError(f"unknown {self.kind} {name!r}; {self.kind}s: {', '.join(records)} "
-                     f"(your own: see {plugins.ENV})")
+      raise UnknownNameError(f"unknown {self.kind} {name!r}; {self.kind}s: {', '.join(records)} "
+                             f"(your own: see {plugins.ENV})")
     return records[name]
 
   def __iter__(self) -> Iterator[T]:

@@ -31,7 +31,7 @@ from etils import epath
 from s2sjax import benchmarks, modalities
 from s2sjax.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
 from s2sjax.evaluator import summarize
-from s2sjax.output_dir import read_json, strict_json, write_atomic
+from s2sjax.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.questions import QuestionScores
 
 RUN_RECORD = "run.json"
@@ -73,8 +73,8 @@ def _read_scores(path: epath.Path) -> QuestionScores:
     try:
       lines.append(json.loads(line))
     except ValueError as e:
-      raise ValueError(f"{path}:{number} is not JSON ({e}): the file is damaged; rerun the evaluation of that task "
-                       "and modality into this directory to score it again") from None
+      raise DamagedFileError(f"{path}:{number} is not JSON ({e}): the file is damaged; rerun the evaluation of that "
+                             "task and modality into this directory to score it again") from None
   return QuestionScores.from_lines(lines, where=str(path))
 
 
@@ -95,8 +95,8 @@ def _checked_scores(out_dir, run_folder: str, path: epath.Path, task: str, modal
   try:
     scores = scores_from_chunks(store)
   except ValueError as e:
-    raise ValueError(f"{path} is damaged ({found}) and its chunks cannot rebuild it ({e}): rerun that task and "
-                     f"modality ({task}, {modality}) into {out_dir} to score it again") from None
+    raise DamagedFileError(f"{path} is damaged ({found}) and its chunks cannot rebuild it ({e}): rerun that task and "
+                           f"modality ({task}, {modality}) into {out_dir} to score it again") from None
   _write_scores(path, scores, store)
   print(f"{path}: damaged ({found}): rewritten from its chunks ({len(scores)} questions)", file=sys.stderr,
         flush=True)

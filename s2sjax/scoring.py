@@ -27,12 +27,17 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax import sharding
+from s2sjax.errors import UserError
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
 from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, longest_item, neighbour_free_bound
 from s2sjax.progress import Progress
 from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS
+
+
+class ScoringError(UserError, ValueError):
+  """Rows that do not fit the model or the kernel asked for, or that differ between processes."""
 
 
 def score_batch(
@@ -111,7 +116,7 @@ def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
     bad = np.argwhere((rows[field] >= config.vocab_size) | (rows[field] < 0))
     if len(bad):
       r, pos = bad[0]
-      raise ValueError(
+      raise ScoringError(
         f"{field}[row {r}, position {pos}] = {rows[field][r, pos]} is outside the embedding table "
         f"({config.vocab_size} rows); {len(bad)} such ids in all — was the data built for another tokenizer?"
       )
@@ -119,12 +124,14 @@ def check_ids(rows: dict[str, np.ndarray], config: ModelConfig) -> None:
   if codes.shape[-1] == 0:
     return  # text rows
   if codes.shape[-1] != len(config.audio_codebook_sizes):
-    raise ValueError(f"rows carry {codes.shape[-1]} audio codebooks, the model has {len(config.audio_codebook_sizes)}")
+    raise ScoringError(f"rows carry {codes.shape[-1]} audio codebooks, the model has "
+                       f"{len(config.audio_codebook_sizes)}")
   for k, size in enumerate(config.audio_codebook_sizes):
     bad = np.argwhere(codes[..., k] >= size)
     if len(bad):
       r, pos = bad[0]
-      raise ValueError(f"audio_codes[row {r}, position {pos}, codebook {k}] = {codes[r, pos, k]} >= table size {size}")
+      raise ScoringError(f"audio_codes[row {r}, position {pos}, codebook {k}] = {codes[r, pos, k]} >= table size "
+                         f"{size}")
 
 
 def _misaligned_item(segment_ids: np.ndarray, align: int) -> tuple[int, int] | None:
@@ -151,7 +158,7 @@ def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_si
     owners.setdefault(index[0].start or 0, set()).add(device.process_index)
   shared = sorted(start for start, processes in owners.items() if len(processes) > 1)
   if shared:
-    raise ValueError(
+    raise sharding.MeshError(
       f"mesh {dict(batch_sharding.mesh.shape)} puts a batch shard on devices of {len(owners[shared[0]])} processes: give data x fsdp "
       f"a multiple of the {jax.process_count()} processes and keep the model axis within a host "
       "(e.g. --mesh=data:-1,model:N with N at most the devices per host)"
@@ -208,7 +215,7 @@ class _RowScorer:
       return
     everyone = np.asarray(multihost_utils.process_allgather(mine))
     if not (everyone == mine).all():
-      raise ValueError(
+      raise ScoringError(
         "processes disagree on (rows, L, M, C, K, batch): "
         + "; ".join(f"process {p}: {tuple(v)}" for p, v in enumerate(everyone))
       )
@@ -333,8 +340,9 @@ class Scorer(_RowScorer):
     """As `score`, with every per-slot output of the step (`score_batch`): greedy_misses too."""
     check_ids(rows, self.config)
     if self.attention == "flash" and _has_shared_prefixes(rows):
-      raise ValueError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, build "
-                       "the rows without sharing (--noshare_prefix, configs ending in -noshare) or use --attention=xla")
+      raise ScoringError("flash attention cannot express prefix-shared branches: use --attention=flash_shared, "
+                         "build the rows without sharing (--noshare_prefix, configs ending in -noshare) or use "
+                         "--attention=xla")
     if self.neighbour_free and (misplaced := _misaligned_item(rows["segment_ids"], NEIGHBOUR_FREE_ALIGN)):
       raise ValueError(f"neighbour_free scoring reads rows whose items start at multiples of {NEIGHBOUR_FREE_ALIGN}: "
                        f"row {misplaced[0]} starts one at {misplaced[1]} (pack them with align={NEIGHBOUR_FREE_ALIGN})")

@@ -13,6 +13,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from s2sjax.errors import UserError
+
+
+class MeshError(UserError, ValueError):
+  """A --mesh that names no mesh of the devices there are, or one whose batch shards span processes."""
+
+
 MESH_AXES = ("data", "fsdp", "model")
 
 # logical name -> mesh axis (or None: replicated). Batch over data and fsdp; model-parallel dims over model;
@@ -40,20 +47,20 @@ def parse_mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
   for part in filter(None, (p.strip() for p in spec.split(","))):
     name, _, value = part.partition(":")
     if name not in MESH_AXES or not value.lstrip("-").isdigit():
-      raise ValueError(f"bad mesh entry {part!r} in {spec!r}: expected AXIS:SIZE with AXIS in {MESH_AXES}")
+      raise MeshError(f"bad mesh entry {part!r} in {spec!r}: expected AXIS:SIZE with AXIS in {MESH_AXES}")
     if int(value) == -1:
       if free is not None:
-        raise ValueError(f"mesh {spec!r}: only one axis may be -1")
+        raise MeshError(f"mesh {spec!r}: only one axis may be -1")
       free = name
     else:
       sizes[name] = int(value)
   fixed = int(np.prod(list(sizes.values())))
   if free is not None:
     if num_devices % fixed:
-      raise ValueError(f"mesh {spec!r}: {num_devices} devices are not divisible by {fixed}")
+      raise MeshError(f"mesh {spec!r}: {num_devices} devices are not divisible by {fixed}")
     sizes[free] = num_devices // fixed
   if int(np.prod(list(sizes.values()))) != num_devices:
-    raise ValueError(f"mesh {spec!r} has {int(np.prod(list(sizes.values())))} devices, but there are {num_devices}")
+    raise MeshError(f"mesh {spec!r} has {int(np.prod(list(sizes.values())))} devices, but there are {num_devices}")
   return sizes
 
 

@@ -43,6 +43,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from s2sjax.errors import UserError
 from s2sjax.families.family import AUDIO_INPUTS
 from s2sjax.modalities import SPEECH, Modality
 from s2sjax.registry import Registry
@@ -66,7 +67,7 @@ SPEECH_INSTRUCTION = {
 TEXT_SEPARATOR = {"en": " ", "zh": ""}
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
   """A spec that is malformed or does not fit the tokenizer."""
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+from s2sjax.errors import UserError
 
 
-class RemoteCodeError(ValueError):
+class RemoteCodeError(UserError, ValueError):
   """A tokenizer shipped as code, loaded without --trust_remote_code."""
 
 

@@ -15,12 +15,17 @@ import time
 import numpy as np
 from absl import logging
 
+from s2sjax.errors import UserError
 from s2sjax.packing import Item, PackingError, RowShape, auto_row_length
 from s2sjax.progress import Progress
 from s2sjax.questions import QuestionTable
 from tasks.audio.base import AudioError
 from tasks.encoders import QuestionEncoder
 from tasks.release import Problems, Question
+
+
+class BuildError(UserError, ValueError):
+  """Questions or options no rows can be built from: names the spec or the flag."""
 
 
 @dataclasses.dataclass
@@ -116,12 +121,12 @@ def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowSh
   With `auto_length`, `shape` is the longest row allowed and the rows get `packing.auto_row_length`'s length,
   in `shape`'s proportions."""
   if auto_length and encoder.layout is not None:
-    raise ValueError(f"spec {encoder.spec.name} reads parallel streams: give the row length (--row_length)")
+    raise BuildError(f"spec {encoder.spec.name} reads parallel streams: give the row length (--row_length)")
   encoder.tokenize_audio(questions, progress and f"{progress} audio")
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong, progress)
   stats.audio_files = dict(encoder.audio_counts)
   if not items:
-    raise ValueError("no question could be built")
+    raise BuildError("no question could be built")
   if auto_length:
     shape = shape.with_length(auto_row_length(items, share_prefix, shape.max_targets / shape.length))
   rows, report = encoder.pack(items, shape, share_prefix, overlong)

@@ -28,8 +28,8 @@ from s2sjax.modalities import TEXT
 from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, check_item, check_stream_item,
                             pack, pack_streams, scored_streams, weigh_streams)
 from s2sjax.progress import Progress
-from s2sjax.spec import AudioIds, Spec, resolve_audio_ids
-from s2sjax.builds import PROTOCOLS
+from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
+from s2sjax.builds import PROTOCOLS, VariantError
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Question
@@ -66,13 +66,13 @@ class QuestionEncoder(abc.ABC):
     if self.modality.speaks and audio_tokenizer is None:
       raise ValueError(f"modality {self.modality.name} needs an audio tokenizer")
     if protocol not in PROTOCOLS:
-      raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+      raise VariantError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
     if protocol == "utterance" and self.modality.name != "s2s":
-      raise ValueError(f"the utterance protocol scores a spoken story as one recording: it is S→S only, not "
-                       f"{self.modality.name} ({self.modality.title})")
+      raise VariantError(f"the utterance protocol scores a spoken story as one recording: it is S→S only, not "
+                         f"{self.modality.name} ({self.modality.title})")
     if tokenization == "joint" and self.modality.name != "t2t":
-      raise ValueError(f"the joint tokenization rule differs from the separate one only where text meets text: it "
-                       f"applies to t2t, not {self.modality.name} ({self.modality.title})")
+      raise VariantError(f"the joint tokenization rule differs from the separate one only where text meets text: "
+                         f"it applies to t2t, not {self.modality.name} ({self.modality.title})")
     self.spec, self.tokenizer, self.protocol, self.tokenization = spec, tokenizer, protocol, tokenization
     self.audio_tokenizer = audio_tokenizer
     self.language_override = language_override
@@ -294,8 +294,8 @@ class UnitEncoder(AudioTokenEncoder):
     # empty context (bos, else eos: Qwen's <|endoftext|>).
     separator = next((t for t in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id) if t is not None), None)
     if separator is None:
-      raise ValueError(f"spec {self.spec.name}: the utterance protocol needs a token to open the recording with "
-                       "(the spec's start_token, or the tokenizer's bos or eos), and there is none")
+      raise SpecError(f"spec {self.spec.name}: the utterance protocol needs a token to open the recording with "
+                      "(the spec's start_token, or the tokenizer's bos or eos), and there is none")
     return np.asarray([separator], np.int32)
 
   def candidate(self, question: Question, c: int) -> tuple[np.ndarray, float]:
@@ -355,8 +355,8 @@ class StreamEncoder(QuestionEncoder):
 
   def check(self, item: StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
     if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
-      raise ValueError(f"spec {self.spec.name} reads parallel streams, whose prefix steps cannot be dropped "
-                       f"(overlong={overlong}): a delayed stream's steps hold tokens of several times")
+      raise VariantError(f"spec {self.spec.name} reads parallel streams, whose prefix steps cannot be dropped "
+                         f"(overlong={overlong}): a delayed stream's steps hold tokens of several times")
     check_stream_item(item, shape, self.layout, share_prefix)
 
   def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):

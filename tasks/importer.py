@@ -40,6 +40,7 @@ import numpy as np
 from absl import flags
 
 from s2sjax import benchmarks, cli
+from s2sjax.errors import MissingFileError, UserError
 from s2sjax.progress import Progress
 from tasks.release import OPTIONS, spoken_candidates
 from tasks.speech import speak
@@ -52,16 +53,31 @@ SPEECH_CACHE = "speech_cache"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted in the importer
 
 
+class SourceFileError(UserError, ValueError):
+  """A public raw source file (StoryCloze CSV, XStoryCloze TSV) whose rows are not that format's; names the line."""
+
+
+STORY_COLUMNS = ("InputStoryid", *(f"InputSentence{i}" for i in range(1, 5)), "RandomFifthSentenceQuiz1",
+                 "RandomFifthSentenceQuiz2", "AnswerRightEnding")
+
+
 def read_stories(path: str, delimiter: str) -> list[dict]:
   """StoryCloze-format rows (CSV or TSV with quoting off) -> [{first sentences, right, wrong}]."""
   quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
+  if not os.path.isfile(path):
+    raise MissingFileError(f"{path} does not exist (a StoryCloze-format {'CSV' if delimiter == ',' else 'TSV'})")
   with open(path, encoding="utf-8", newline="") as f:
-    rows = list(csv.DictReader(f, delimiter=delimiter, quoting=quoting))
+    reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
+    missing = [column for column in STORY_COLUMNS if column not in (reader.fieldnames or ())]
+    if missing:
+      raise SourceFileError(f"{path}: its header has no {', '.join(missing)} (StoryCloze's columns: "
+                            f"{', '.join(STORY_COLUMNS)})")
+    rows = list(reader)
   stories = []
   for n, row in enumerate(rows, 2):
     answer = row.get("AnswerRightEnding", "").strip()
     if answer not in ("1", "2"):
-      raise ValueError(f"{path}:{n}: AnswerRightEnding is {answer!r}, expected 1 or 2")
+      raise SourceFileError(f"{path}:{n}: AnswerRightEnding is {answer!r}, expected 1 or 2")
     endings = [row["RandomFifthSentenceQuiz1"].strip(), row["RandomFifthSentenceQuiz2"].strip()]
     right = int(answer) - 1
     stories.append({"id": row["InputStoryid"], "sentences": [row[f"InputSentence{i}"].strip() for i in range(1, 5)],
@@ -131,7 +147,7 @@ def read_cmmlu(directory: str) -> tuple[list[dict], collections.Counter, list[di
   """All subjects' test questions rewritten; (lines without uttids, reasons counted, the left-out list)."""
   files = sorted(glob.glob(os.path.join(directory, "*.csv")))
   if not files:
-    raise FileNotFoundError(f"{directory} holds no CMMLU *.csv files")
+    raise MissingFileError(f"{directory} holds no CMMLU *.csv files")
   kept, reasons, left_out = [], collections.Counter(), []
   for path in files:
     subject = os.path.basename(path)[: -len(".csv")]

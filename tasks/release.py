@@ -26,12 +26,13 @@ import json
 import os
 
 from s2sjax import benchmarks, modalities
+from s2sjax.errors import UserError
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
 
 
-class ReleaseError(ValueError):
+class ReleaseError(UserError, ValueError):
   """The release files are malformed; every problem found is listed."""
 
 

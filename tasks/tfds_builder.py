@@ -28,16 +28,18 @@ from absl import logging
 from etils import epath
 
 from s2sjax import modalities, text_tokenizer
+from s2sjax.builds import BuildMetadata, DataSelector, spec_label
+from s2sjax.errors import MissingFileError
 from s2sjax.modalities import SPEECH
+from s2sjax.output_dir import strict_json
 from s2sjax.packing import RowShape, fit
 from s2sjax.spec import Spec, available_specs, load_spec
-from s2sjax.output_dir import strict_json
-from s2sjax.builds import BuildMetadata, DataSelector, spec_label
 from s2sjax.task_data import DATA_VERSION, questions_checksum, rows_checksum, tokenizer_identity
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
 from tasks.release import (Problems, ReleaseError, candidate_audio_dir, check_asked, read_questions, source_fingerprint,
                            task_paths)
+from tasks.sample import RELEASE_DIR
 
 ROW_LENGTHS = (1024, 2048)
 AUTO_MAX_LENGTH = 16384  # a build without a row length refuses items longer than this
@@ -89,14 +91,12 @@ def resolve_tokenizer_dir(tokenizer_dir: str | None, manual_dir: str) -> str:
   else:
     path, why = os.path.join(manual_dir, "tokenizer"), "the default: <manual_dir>/tokenizer"
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"text tokenizer directory {path} ({why}) does not exist: pass --tokenizer_dir")
+    raise MissingFileError(f"text tokenizer directory {path} ({why}) does not exist: pass --tokenizer_dir")
   return path
 
 
 def resolve_manual_dir(manual_dir: str | None) -> str:
   """The release directory: the bundled sample when none is given; a given one must exist."""
-  from tasks.sample import RELEASE_DIR
-
   if not manual_dir:
     return RELEASE_DIR
   if not os.path.isdir(manual_dir):

@@ -9,7 +9,7 @@ import jax
 
 from checkpoints_conversion.convert import convert
 from s2sjax import checkpoint
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tests.hf_models import save_hf, tiny_model
 
 

@@ -10,7 +10,8 @@ import torch  # noqa: F401 - the reference side
 import jax.numpy as jnp  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import bench, bench_items  # noqa: E402
+from s2sjax import bench_items  # noqa: E402
+from s2sjax.commands import bench  # noqa: E402
 from tests.hf_models import save_hf, tiny_model  # noqa: E402
 
 
@@ -118,7 +119,7 @@ def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypat
 
 
 def test_the_machine_line_names_the_processor_and_each_sides_matmul_speed():
-  from s2sjax import bench
+  from s2sjax.commands import bench
 
   speeds = bench.matmul_speeds("float32", size=64, repeats=1)  # a measurement: its figures are not asserted on
   assert set(speeds) == {"size", "dtype", "torch_gflops", "xla_gflops"} and speeds["dtype"] == "float32"

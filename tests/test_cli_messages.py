@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tests.eval_fixtures import tiny_checkpoint
 
 pytestmark = pytest.mark.slow  # each runs commands as subprocesses (seconds of imports each)

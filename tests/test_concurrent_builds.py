@@ -53,7 +53,7 @@ def test_two_first_runs_on_one_fresh_cache_convert_the_default_model_once(tmp_pa
 
   cache = tmp_path / "cache"
   env = dict(os.environ, S2SJAX_CACHE=str(cache))
-  command = [sys.executable, "-m", "s2sjax.default_model"]
+  command = [sys.executable, "-m", "s2sjax.commands.default_checkpoint"]
   held = RunLock(cache, name=f".{default_model.CHECKPOINT_NAME}{LOCK_NAME}")
   with held:
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

@@ -13,13 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from s2sjax import benchmarks, checkpoint, checkpoint_paths, eval as s2s_eval
-from s2sjax.eval import EvalConfig
+from s2sjax import benchmarks, checkpoint, checkpoint_paths
+from s2sjax.commands import eval as s2s_eval
+from s2sjax.commands.eval import EvalConfig
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
 from s2sjax.packing import RowShape
 from s2sjax.builds import DataError, Variants
 from s2sjax.task_data import load_task_data
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tasks.sample import RELEASE_DIR
 from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint
 
@@ -298,7 +299,7 @@ def test_a_rerun_never_resumes_from_another_runs_chunks(setup, tmp_path):
 
 
 def test_the_rows_built_without_sharing_score_the_same(setup, tmp_path, qwen_tokenizer_dir):
-  from tasks.prepare import prepare
+  from tasks.preparation import prepare
 
   prepare("sstorycloze", "demo", "t2t", 1024, setup["data_dir"], variants=Variants(share_prefix=False),
           tokenizer_dir=qwen_tokenizer_dir)

@@ -15,9 +15,9 @@ import pytest
 
 from checkpoints_conversion.convert import convert
 from s2sjax import checkpoint
-from s2sjax import eval as s2s_eval
+from s2sjax.commands import eval as s2s_eval
 from s2sjax.checkpoint import CheckpointError
-from s2sjax.eval import EvalConfig
+from s2sjax.commands.eval import EvalConfig
 from s2sjax.evaluator import EvalError, ScoringOptions
 from s2sjax.output_dir import LOCK_NAME, OutputError
 from tasks.release import Problems, ReleaseError, read_questions
@@ -363,7 +363,7 @@ def test_a_damaged_or_missing_shard_is_one_error_naming_the_file(setup, tmp_path
 @pytest.mark.slow
 def test_a_failed_overwrite_leaves_the_earlier_build_byte_identical_and_evaluable(setup, tmp_path):
   from tasks.audio.base import AudioError
-  from tasks.prepare import prepare
+  from tasks.preparation import prepare
   from tasks.sample import RELEASE_DIR
 
   data_dir = _copy_data(setup, tmp_path)

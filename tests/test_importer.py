@@ -152,3 +152,14 @@ def test_reimporting_a_replica_made_without_a_speech_cache_keeps_its_matching_au
   assert report["wavs"] == 2  # story 1's text changed: its audio no longer stands for any line
   assert [(audio_dir / f"{u}.wav").read_bytes() for u in (0, 1)] == [b"speech of story 0"] * 2
   assert not (audio_dir / "2.wav").exists() and not (audio_dir / "3.wav").exists()
+
+
+def test_a_missing_or_headerless_story_file_is_named(tmp_path):
+  from s2sjax.errors import MissingFileError
+  from tasks.importer import SourceFileError
+
+  with pytest.raises(MissingFileError, match=r"nothing\.csv does not exist"):
+    read_stories(str(tmp_path / "nothing.csv"), ",")
+  (tmp_path / "short.csv").write_text("InputStoryid,InputSentence1\n1,a\n")
+  with pytest.raises(SourceFileError, match=r"short\.csv: its header has no InputSentence2, .*AnswerRightEnding"):
+    read_stories(str(tmp_path / "short.csv"), ",")

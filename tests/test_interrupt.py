@@ -12,7 +12,7 @@ import pytest
 
 from s2sjax.output_dir import LOCK_NAME
 from s2sjax.task_data import load_task_data
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tests.eval_fixtures import same_tree, tiny_checkpoint
 
 pytestmark = pytest.mark.slow  # builds a task of the sample and runs evaluations as subprocesses

@@ -22,8 +22,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from s2sjax import default_model  # noqa: E402
-from s2sjax.lm_eval import S2SJaxLM  # noqa: E402
+from s2sjax.commands.default_checkpoint import default_checkpoint  # noqa: E402
+from s2sjax.commands.lm_eval import S2SJaxLM  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ def hf(smollm2_transformers):
 
 @pytest.fixture(scope="module")
 def ours():
-  return S2SJaxLM(checkpoint=default_model.default_checkpoint(), batch_size=8, row_length=ROW_LENGTH)
+  return S2SJaxLM(checkpoint=default_checkpoint(), batch_size=8, row_length=ROW_LENGTH)
 
 
 def requests(kind: str, args: list[tuple]) -> list[Instance]:
@@ -130,7 +130,7 @@ def test_storycloze_through_lm_evals_own_command_line_matches_the_hf_backend(tmp
   # lm-eval's CLI as its users drive it (subcommand, flags, --output_path's layout), with s2sjax registered
   task = storycloze_task(tmp_path)
   out = tmp_path / "out"
-  args = f"pretrained={default_model.default_checkpoint()},mesh=data:-1,dtype=float32,row_length=512"
+  args = f"pretrained={default_checkpoint()},mesh=data:-1,dtype=float32,row_length=512"
   run = subprocess.run(
     [sys.executable, "-m", "s2sjax.lm_eval", "run", "--model", "s2sjax", "--model_args", args, "--tasks", task,
      "--include_path", str(tmp_path), "--limit", "12", "--output_path", str(out), "--log_samples", "--seed", "1234",
@@ -141,7 +141,7 @@ def test_storycloze_through_lm_evals_own_command_line_matches_the_hf_backend(tmp
   assert run.returncode == 0, run.stderr[-3000:]
   assert "acc_norm" in run.stdout  # lm-eval's results table
   (folder,) = out.iterdir()  # lm-eval's folder per model, named from `pretrained`
-  assert folder.name == str(default_model.default_checkpoint()).replace("/", "__")
+  assert folder.name == str(default_checkpoint()).replace("/", "__")
   (results_file,) = folder.glob("results_*.json")
   (samples_file,) = folder.glob(f"samples_{task}_*.jsonl")
   ours = json.loads(results_file.read_text())
@@ -164,7 +164,7 @@ def test_simple_evaluate_builds_the_backend_by_name_with_lm_evals_own_arguments(
   task = storycloze_task(tmp_path)
   manager = TaskManager(include_path=str(tmp_path))
   results = lm_eval.simple_evaluate(
-    model="s2sjax", model_args=f"checkpoint={default_model.default_checkpoint()},row_length={ROW_LENGTH}",
+    model="s2sjax", model_args=f"checkpoint={default_checkpoint()},row_length={ROW_LENGTH}",
     device="cpu:0", batch_size="auto", max_batch_size=4, tasks=[task], task_manager=manager, limit=6,
     log_samples=True)
   theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], task_manager=manager, limit=6, log_samples=True)

@@ -6,7 +6,7 @@ import sys
 import jax
 import pytest
 
-from s2sjax import lm_eval as backend
+from s2sjax.commands import lm_eval as backend
 from s2sjax import sharding
 from s2sjax.model.config import ModelConfig
 from s2sjax.packing import RowShape

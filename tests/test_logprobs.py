@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax import logprobs
+from s2sjax.architectures import decoder as decoder_architecture
 from s2sjax.model.config import ModelConfig
+from s2sjax.sequence_inputs import LogProbsError
 from tests.hf_models import save_hf, tiny_model, torch_log_probs
 
 PLACEHOLDER = 30
@@ -31,9 +32,9 @@ def _tables_config(**overrides) -> ModelConfig:
 def test_codes_are_laid_at_the_placeholders_in_their_order():
   ids = np.array([1, PLACEHOLDER, 7, PLACEHOLDER, PLACEHOLDER, 2])
   codes = np.array([[4, 0], [1, 2], [0, 1]])
-  aligned = logprobs.placeholder_codes(_tables_config(), ids, codes)
+  aligned = decoder_architecture.placeholder_codes(_tables_config(), ids, codes)
   np.testing.assert_array_equal(aligned, [[-1, -1], [4, 0], [-1, -1], [1, 2], [0, 1], [-1, -1]])
-  assert logprobs.placeholder_codes(_tables_config(), np.array([1, 2]), None) is None  # text alone
+  assert decoder_architecture.placeholder_codes(_tables_config(), np.array([1, 2]), None) is None  # text alone
 
 
 def test_inputs_that_do_not_fit_are_named():
@@ -48,11 +49,11 @@ def test_inputs_that_do_not_fit_are_named():
     (np.zeros((2, 3), int), None, r"one sequence of integer ids, \[T\] or \[1, T\]"),
   ]
   for input_ids, codes, named in cases:
-    with pytest.raises(logprobs.LogProbsError, match=named):
-      logprobs.decoder_inputs(config, input_ids, codes)
+    with pytest.raises(LogProbsError, match=named):
+      decoder_architecture.decoder_inputs(config, input_ids, codes)
   text_only = _tables_config(audio_codebook_sizes=(), audio_placeholder_id=None)
-  with pytest.raises(logprobs.LogProbsError, match="no codebook tables"):
-    logprobs.decoder_inputs(text_only, ids, np.zeros((2, 2), int))
+  with pytest.raises(LogProbsError, match="no codebook tables"):
+    decoder_architecture.decoder_inputs(text_only, ids, np.zeros((2, 2), int))
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from moshi.modules.lora import replace_all_linear_with_lora
 from safetensors.torch import save_file
 
 from checkpoints_conversion import convert, moshi_release, safetensors_io, verify  # noqa: E402
-from s2sjax import checkpoint, logprobs, packing, scoring, sharding  # noqa: E402
+from s2sjax import checkpoint, packing, scoring, sharding  # noqa: E402
 from s2sjax.families import moshi as moshi_family  # noqa: E402
 from s2sjax.model import moshi  # noqa: E402
 from s2sjax.model.config import ConfigError  # noqa: E402
@@ -255,10 +255,10 @@ def test_logprobs_reads_moshi_streams_as_lmmodel_forward(tiny, converted):
     streams[:, 1 + given :] = -1
     with torch.no_grad():
       out = model(torch.from_numpy(streams))
-    ours = logprobs.moshi_log_probs(config, params, streams[0, 0], streams[0, 1 : 1 + given].T)
-    assert ours.text.shape == (40, config.text_card_out) and ours.codebooks.shape == (40, config.dep_q, config.card)
-    pairs = [(ours.text, torch.log_softmax(out.text_logits, -1)[0, 0].numpy(), out.text_mask[0, 0].numpy()),
-             (ours.codebooks.transpose(1, 0, 2), torch.log_softmax(out.logits, -1)[0].numpy(), out.mask[0].numpy())]
+    text, codebooks = moshi_family.log_probs(config, params, streams[0, 0], streams[0, 1 : 1 + given].T)
+    assert text.shape == (40, config.text_card_out) and codebooks.shape == (40, config.dep_q, config.card)
+    pairs = [(text, torch.log_softmax(out.text_logits, -1)[0, 0].numpy(), out.text_mask[0, 0].numpy()),
+             (codebooks.transpose(1, 0, 2), torch.log_softmax(out.logits, -1)[0].numpy(), out.mask[0].numpy())]
     for mine, reference, mask in pairs:
       assert np.isnan(mine[~mask]).all() and not np.isnan(mine[mask]).any()
       assert np.abs(mine[mask] - reference[mask]).max() <= 1e-4

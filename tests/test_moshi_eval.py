@@ -34,12 +34,12 @@ import torch
 
 from checkpoints_conversion import convert  # noqa: E402
 from s2sjax import checkpoint  # noqa: E402
-from s2sjax.eval import EvalConfig, run  # noqa: E402
+from s2sjax.commands.eval import EvalConfig, run  # noqa: E402
 from s2sjax.evaluator import EvalError, ScoringOptions, check_fit  # noqa: E402
 from s2sjax.spec import SpecError, load_spec  # noqa: E402
 from s2sjax.builds import Variants  # noqa: E402
 from s2sjax.task_data import load_task_data  # noqa: E402
-from tasks.prepare import prepare  # noqa: E402
+from tasks.preparation import prepare  # noqa: E402
 from tasks.release import read_questions  # noqa: E402
 from tasks.sample import RELEASE_DIR  # noqa: E402
 from tests.test_moshi import LOADER, TINY, release_state_dict, step_tolerance, write_release  # noqa: E402

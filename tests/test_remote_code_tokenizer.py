@@ -35,10 +35,10 @@ import yaml
 
 from checkpoints_conversion.convert import convert
 from s2sjax import benchmarks
-from s2sjax.eval import EvalConfig, run
+from s2sjax.commands.eval import EvalConfig, run
 from s2sjax.evaluator import EvalError, ScoringOptions
 from s2sjax.text_tokenizer import RemoteCodeError
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tasks.sample import RELEASE_DIR
 from tests.hf_models import chatglm_checkpoint, tiny_model
 

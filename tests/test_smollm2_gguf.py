@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from s2sjax import checkpoint, default_model
+from s2sjax import checkpoint
+from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import torch_log_probs
 
@@ -29,7 +30,7 @@ ENGLISH = (
 @pytest.fixture(scope="module")
 def converted():
   """The GGUF converted: the default model's conversion (`convert` into the test session's cache)."""
-  return default_model.default_checkpoint()
+  return default_checkpoint()
 
 
 def test_config_is_read_from_the_gguf_metadata(converted):

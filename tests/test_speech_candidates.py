@@ -32,7 +32,7 @@ from s2sjax.spec import SpecError, load_spec, resolve_audio_ids
 from s2sjax.builds import Variants
 from s2sjax.task_data import load_task_data
 from tasks.audio.base import AudioError, dedup
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR
 from tests.eval_fixtures import tiny_checkpoint

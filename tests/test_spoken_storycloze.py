@@ -78,7 +78,7 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
   from s2sjax.builds import Variants
   from s2sjax.evaluator import Evaluator, ScoringOptions, summarize
   from s2sjax.task_data import load_task_data
-  from tasks.prepare import prepare
+  from tasks.preparation import prepare
   from tests.hf_models import save_hf, tiny_model
 
   speech = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")

@@ -1,6 +1,8 @@
-"""The packages depend one way: `s2sjax` (model, packing, scoring, metrics, result files) imports nothing from
-`tasks` or `checkpoints_conversion`; those two import `s2sjax` and not each other. Only the command-line wiring
-named below reaches across (docs/architecture.md, "Packages")."""
+"""The packages depend one way. The core (`s2sjax`: model, packing, scoring, metrics, result files) imports
+nothing from `tasks` or `checkpoints_conversion`; those two import the core and not each other. The entry points
+(`s2sjax/commands/`: command lines; `s2sjax/examples/`) wire the three together and nothing imports them, but the
+one-import aliases that keep a command at its name (`s2sjax/eval.py` runs `s2sjax/commands/eval.py`), whose shape is
+checked: they import a command and define nothing (docs/architecture.md, "Packages")."""
 
 import ast
 import pathlib
@@ -8,12 +10,19 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# Modules whose job is to wire the packages into a command line or an example: the eval CLI (builds the bundled
-# sample, converts the default model), the embedded default model (converted on first use), the benchmark (loads
-# the PyTorch reference the converter verifies against) and the examples.
-WIRING = {"s2sjax/eval.py", "s2sjax/default_model.py", "s2sjax/bench.py", "s2sjax/examples/two_stage_training.py"}
-FORBIDDEN = {"s2sjax": ("tasks", "checkpoints_conversion"), "tasks": ("checkpoints_conversion",),
-             "checkpoints_conversion": ("tasks",)}
+ENTRY_POINTS = ("s2sjax.commands", "s2sjax.examples")  # nothing imports them: they import everything
+FORBIDDEN = {"s2sjax": ("tasks", "checkpoints_conversion", *ENTRY_POINTS),
+             "tasks": ("checkpoints_conversion", *ENTRY_POINTS),
+             "checkpoints_conversion": ("tasks", *ENTRY_POINTS)}
+
+
+def module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def within(module: str, packages) -> bool:
+  return any(module == package or module.startswith(package + ".") for package in packages)
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -27,17 +36,57 @@ def imported_modules(path: pathlib.Path) -> set[str]:
   return names
 
 
+def is_command_alias(path: pathlib.Path) -> bool:
+  """A module that only keeps a command at its name: a docstring, imports from `s2sjax.commands`, maybe `__all__`,
+  and `if __name__ == "__main__":` calling what it imported; it defines nothing."""
+  body = ast.parse(path.read_text(encoding="utf-8")).body
+  imports = [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
+  if not imports or not all(isinstance(node, ast.ImportFrom) and within(node.module or "", ("s2sjax.commands",))
+                            for node in imports):
+    return False
+  for node in body:
+    if node in imports or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+      continue
+    if isinstance(node, ast.Assign) and [target.id for target in node.targets if isinstance(target, ast.Name)] == [
+        "__all__"]:
+      continue
+    if (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'" and len(node.body) == 1
+        and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Call)):
+      continue
+    return False
+  return True
+
+
+def _project_files(package: str):
+  for path in sorted((ROOT / package).rglob("*.py")):
+    if not within(module_name(path), ENTRY_POINTS):
+      yield path
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_packages_import_one_way(package):
   offenders = []
-  for path in sorted((ROOT / package).rglob("*.py")):
-    relative = path.relative_to(ROOT).as_posix()
-    if relative in WIRING:
+  for path in _project_files(package):
+    if is_command_alias(path):
       continue
     for module in imported_modules(path):
-      if module.split(".")[0] in FORBIDDEN[package]:
-        offenders.append(f"{relative} imports {module}")
+      if within(module, FORBIDDEN[package]):
+        offenders.append(f"{path.relative_to(ROOT).as_posix()} imports {module}")
   assert offenders == []
+
+
+def test_the_commands_keep_their_names_through_aliases_only():
+  aliases = sorted(path.relative_to(ROOT).as_posix() for package in FORBIDDEN for path in _project_files(package)
+                   if is_command_alias(path))
+  assert aliases == ["s2sjax/bench.py", "s2sjax/eval.py", "s2sjax/lm_eval.py", "tasks/prepare.py"]
+
+
+def test_an_alias_that_defines_something_is_not_one(tmp_path):
+  alias = '"""doc"""\nfrom s2sjax.commands.eval import command_line\n\nif __name__ == "__main__":\n  command_line()\n'
+  for text, expected in ((alias, True), (alias + "def helper():\n  pass\n", False),
+                         (alias.replace("s2sjax.commands.eval", "tasks.build"), False)):
+    (tmp_path / "m.py").write_text(text)
+    assert is_command_alias(tmp_path / "m.py") is expected
 
 
 def test_the_check_reads_real_imports(tmp_path):

@@ -17,7 +17,7 @@ from s2sjax.builds import DataSelector
 from s2sjax.task_data import load_rows, load_task_data
 from s2sjax import spec as spec_module
 from tasks.audio.precomputed import PrecomputedTokenizer
-from tasks.prepare import StaleDataError, builder_class, prepare
+from tasks.preparation import StaleDataError, builder_class, prepare
 from tasks.release import ReleaseError
 from tasks.sample import RELEASE_DIR
 from s2sjax.spec import load_spec

@@ -14,7 +14,7 @@ from s2sjax.packing import Item, PackingError, RowShape
 from tasks.audio.base import AudioError, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.build import QuestionEncoder, build_rows
-from tasks.prepare import prepare
+from tasks.preparation import prepare
 from tasks.release import Problems, Question, ReleaseError, read_questions
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
 from s2sjax.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids

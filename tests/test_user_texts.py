@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from s2sjax import benchmarks, cli, default_model, flips, plan
-from s2sjax import eval as s2s_eval
+from s2sjax.commands import eval as s2s_eval
 from s2sjax.questions import QuestionScores
-from tasks import prepare as prepare_command
+from s2sjax.commands import prepare as prepare_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not docs/benchmarks: dated records

@@ -15,13 +15,14 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from s2sjax import plugins
+from s2sjax.errors import UnknownNameError, UserError
 from s2sjax.registry import Registry
 from s2sjax.rows import RowFormat
 
 DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.families is
 
 
-class FitError(ValueError):
+class FitError(UserError, ValueError):
   """A checkpoint and built data that do not fit together; the message names both and says what to run."""
 
 
@@ -43,7 +44,9 @@ class Architecture:
   `converter` and `verifier` ('module:function', imported when asked for: s2sjax.registry.load_object) convert
   and check a release folder of this architecture: `converter(source, output, dtype, overwrite) -> manifest`,
   `verifier(source, ckpt_dir, length, seed) -> comparison`. None: its checkpoints come through the families'
-  layouts (the shared decoder)."""
+  layouts (the shared decoder). `log_probs(config, params, input_ids, audio_codes) -> (text [T, vocab],
+  codebooks or None)` is the fp32 log-softmax of one sequence that `s2sjax.logprobs` writes, inputs checked
+  (`s2sjax.sequence_inputs`); None: the architecture has no such command."""
 
   name: str  # model_config.json's `family` for an architecture of its own; DECODER for the shared decoder
   config_class: type  # its config: hashable, with to_json / from_json
@@ -56,6 +59,7 @@ class Architecture:
   stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
   converter: str | None = None
   verifier: str | None = None
+  log_probs: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = None
 
 
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
@@ -67,9 +71,9 @@ def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list
   return problems
 
 
-def _unknown(name: str, known: list[str]) -> KeyError:
-  return KeyError(f"unknown architecture {name!r}; registered: {', '.join(known)}. An architecture of your own "
-                  f"registers when its module is imported: name that module in ${plugins.ENV}")
+def _unknown(name: str, known: list[str]) -> UnknownNameError:
+  return UnknownNameError(f"unknown architecture {name!r}; registered: {', '.join(known)}. An architecture of your "
+                          f"own registers when its module is imported: name that module in ${plugins.ENV}")
 
 
 ARCHITECTURES: Registry[Architecture] = Registry("architecture", check=_problems, unknown=_unknown)
@@ -82,8 +86,8 @@ def for_config(config) -> Architecture:
   for architecture in ARCHITECTURES:
     if type(config) is architecture.config_class:
       return architecture
-  raise KeyError(f"no registered architecture reads a {type(config).__name__} "
-                 f"(registered: {', '.join(ARCHITECTURES.names())})")
+  raise UnknownNameError(f"no registered architecture reads a {type(config).__name__} "
+                         f"(registered: {', '.join(ARCHITECTURES.names())}; your own: see ${plugins.ENV})")
 
 
 def for_family(family: str | None) -> Architecture:
@@ -98,11 +102,11 @@ def for_spec(spec) -> Architecture:
   if spec.architecture is not None:
     architecture = get(spec.architecture)
     if architecture.row_format is not spec.row_format:
-      raise ValueError(f"spec {spec.name} names architecture {spec.architecture}, which reads "
-                       f"{architecture.row_format.name} rows, not the {spec.row_format.name} rows its audio_mode "
-                       f"{spec.audio_mode} lays")
+      raise FitError(f"spec {spec.name} names architecture {spec.architecture}, which reads "
+                     f"{architecture.row_format.name} rows, not the {spec.row_format.name} rows its audio_mode "
+                     f"{spec.audio_mode} lays")
     return architecture
   for architecture in ARCHITECTURES:
     if architecture.row_format is spec.row_format:
       return architecture
-  raise KeyError(f"no registered architecture reads {spec.row_format.name} rows (spec {spec.name})")
+  raise UnknownNameError(f"no registered architecture reads {spec.row_format.name} rows (spec {spec.name})")

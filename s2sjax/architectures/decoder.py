@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from s2sjax import families, modalities
 from s2sjax.architectures.architecture import DECODER, Architecture, FitError, register
@@ -11,6 +12,7 @@ from s2sjax.model import decoder
 from s2sjax.model.config import ModelConfig
 from s2sjax.rows import TOKEN_ROWS
 from s2sjax.scoring import Scorer
+from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
 
 
 def scorer(config: ModelConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp.float32,
@@ -47,6 +49,50 @@ def check_fit(config: ModelConfig, data) -> None:
       )
 
 
+def placeholder_codes(config: ModelConfig, ids: np.ndarray, audio_codes: np.ndarray | None) -> np.ndarray | None:
+  """`[A, K]` codes in placeholder order -> `[T, K]` aligned with ids (-1 off the placeholders), checked against
+  the model's tables."""
+  placeholders = np.flatnonzero(ids == config.audio_placeholder_id) if config.audio_codebook_sizes else []
+  if audio_codes is None:
+    if len(placeholders):
+      raise LogProbsError(f"input_ids holds {len(placeholders)} audio placeholder(s) (id {config.audio_placeholder_id})"
+                          ": pass their codes as --audio_codes [audio positions, codebooks]")
+    return None
+  if not config.audio_codebook_sizes:
+    raise LogProbsError(f"this {config.family} checkpoint has no codebook tables (its audio units are token ids): "
+                        "--audio_codes does not apply")
+  codes = np.asarray(audio_codes)
+  tables = config.audio_codebook_sizes
+  if codes.ndim != 2 or codes.shape != (len(placeholders), len(tables)):
+    raise LogProbsError(f"audio_codes must be [{len(placeholders)}, {len(tables)}] (one row per audio placeholder id "
+                        f"{config.audio_placeholder_id} in input_ids, one column per table); got {codes.shape}")
+  for k, size in enumerate(tables):
+    check_range(f"audio_codes[:, {k}]", codes[:, k], size, f"table {k}'s rows")
+  aligned = np.full((len(ids), len(tables)), -1, np.int32)
+  aligned[placeholders] = codes
+  return aligned
+
+
+def decoder_inputs(config: ModelConfig, input_ids: np.ndarray,
+                   audio_codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+  """(ids [T], codes [T, K] aligned with them or None), checked against the decoder; a LogProbsError names what
+  does not fit."""
+  ids = sequence(input_ids)
+  check_range("input_ids", ids, config.vocab_size, "the embedding's rows")
+  if config.position_embedding == "learned" and len(ids) > config.max_positions:
+    raise LogProbsError(f"input_ids has {len(ids)} positions, the model's position table {config.max_positions}")
+  return ids, placeholder_codes(config, ids, audio_codes)
+
+
+def log_probs(config: ModelConfig, params, input_ids: np.ndarray,
+              audio_codes: np.ndarray | None = None) -> tuple[np.ndarray, None]:
+  """`[T, vocab]` fp32 log-softmax of a decoder at every position of one sequence (`s2sjax.logprobs`'s docstring),
+  and no codebook heads."""
+  ids, codes = decoder_inputs(config, input_ids, audio_codes)
+  out = decoder.sequence_log_probs(config, params, ids[None].astype(np.int32), None if codes is None else codes[None])
+  return np.asarray(out, np.float32)[0], None
+
+
 DECODER_ARCHITECTURE = register(Architecture(
   DECODER, ModelConfig, TOKEN_ROWS, decoder.abstract_params, decoder.param_logical_axes, scorer,
-  text_rows=lambda config: config.vocab_size, check_fit=check_fit))
+  text_rows=lambda config: config.vocab_size, check_fit=check_fit, log_probs=log_probs))

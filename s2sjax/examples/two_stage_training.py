@@ -20,12 +20,19 @@ import optax
 from absl import app, flags
 
 from s2sjax import benchmarks, reports
+from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.evaluator import Evaluator, ScoringOptions
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import Item, RowShape, pack
 from s2sjax.scoring import score_batch
+from s2sjax.spec import load_spec
 from s2sjax.task_data import TaskData, load_task_data
+from tasks.audio import from_spec
+from tasks.build import QuestionEncoder
+from tasks.preparation import default_data_dir, prepare
+from tasks.release import read_questions
+from tasks.sample import RELEASE_DIR
 
 SHAPE = RowShape.for_length(1024, num_codebooks=1)
 SPEC = "demo_tables"  # audio as one codebook table at a placeholder: the table is what stage 1 trains
@@ -33,12 +40,6 @@ SPEC = "demo_tables"  # audio as one codebook table at a placeholder: the table 
 
 def alignment_rows(tokenizer, spec_name: str = SPEC) -> dict[str, np.ndarray]:
   """Packed rows of (spoken first half -> its transcript) for every question of the bundled sample."""
-  from s2sjax.spec import load_spec
-  from tasks.audio import from_spec
-  from tasks.build import QuestionEncoder
-  from tasks.release import read_questions
-  from tasks.sample import RELEASE_DIR
-
   spec = load_spec(spec_name)
   encoder = QuestionEncoder(spec, "s2t", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
   items = []
@@ -90,8 +91,6 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
           learning_rate: float = 3e-3, batch_rows: int = 2) -> dict:
   from transformers import AutoTokenizer
 
-  from tasks.prepare import prepare
-
   tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
   data: list[TaskData] = []
   for task in ("sstorycloze", "scmmlu"):
@@ -132,11 +131,8 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
 
 def main(argv):
   del argv
-  from s2sjax import default_model
-  from tasks.prepare import default_data_dir
-
   FLAGS = flags.FLAGS
-  tokenizer_dir = FLAGS.tokenizer_dir or os.path.join(default_model.default_checkpoint(), "tokenizer")
+  tokenizer_dir = FLAGS.tokenizer_dir or os.path.join(default_checkpoint(), "tokenizer")
   train(tokenizer_dir, FLAGS.data_dir or default_data_dir(), FLAGS.output_dir, FLAGS.steps_per_stage, FLAGS.eval_every)
   print(f"curves and history in {FLAGS.output_dir}")
 

@@ -32,9 +32,10 @@ from s2sjax.architectures.architecture import Architecture, FitError, StreamProt
 from s2sjax.families.keymap import check_rules
 from s2sjax.model.config import ConfigError
 from s2sjax.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params, attention_mask,
-                                param_logical_axes)
+                                param_logical_axes, stream_log_probs)
 from s2sjax.rows import STREAM_ROWS
 from s2sjax.scoring import StreamScorer, by_target_chunks
+from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
 
 NAME = FAMILY
 MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
@@ -572,9 +573,29 @@ def check_fit(config: MoshiConfig, data) -> None:
     raise FitError(f"{data.task}/{data.modality} (spec {spec.name}) does not fit the {NAME} checkpoint: {e}") from None
 
 
+def log_probs(config: MoshiConfig, params, input_ids: np.ndarray,
+              audio_codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+  """Moshi's text head `[T, text_vocab]` and depformer `[T, dep_q, card]` log-softmax (`s2sjax.logprobs`'s
+  docstring)."""
+  text = sequence(input_ids)
+  check_range("input_ids", text, config.text_card, "the text stream's ids", silent=True)
+  streams = np.full((1 + config.n_q, len(text)), -1, np.int64)
+  streams[0] = text
+  if audio_codes is not None:
+    codes = np.asarray(audio_codes)
+    if codes.ndim != 2 or codes.shape[0] != len(text) or not 0 < codes.shape[1] <= config.n_q:
+      raise LogProbsError(f"audio_codes must be [T={len(text)}, K] time-aligned with input_ids, K <= n_q="
+                          f"{config.n_q} codebook streams; got {codes.shape}")
+    check_range("audio_codes", codes, config.card, "the codebooks", silent=True)
+    streams[1 : 1 + codes.shape[1]] = codes.T
+  text_lp, _, audio_lp, _ = stream_log_probs(config, params, streams[None])
+  codebooks = None if audio_lp is None else np.moveaxis(np.asarray(audio_lp, np.float32)[0], 0, 1)
+  return np.asarray(text_lp, np.float32)[0], codebooks
+
+
 ARCHITECTURE = register(Architecture(
   NAME, MoshiConfig, STREAM_ROWS, abstract_params, param_logical_axes, scorer,
-  text_rows=lambda config: config.text_card, check_fit=check_fit,
+  text_rows=lambda config: config.text_card, check_fit=check_fit, log_probs=log_probs,
   stream_protocol=StreamProtocol(stream_weights, lay_streams),
   converter="checkpoints_conversion.moshi_release:convert",
   verifier="checkpoints_conversion.moshi_release:compare_with_torch"))

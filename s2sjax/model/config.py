@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any, Callable
+from s2sjax.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config.json this project cannot turn into a decoder."""
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from s2sjax.model import layers
 from s2sjax.model.config import ConfigError
+from s2sjax.packing import delay_streams
 
 Params = dict[str, Any]
 FAMILY = "moshi"
@@ -435,8 +436,6 @@ def stream_log_probs(config: MoshiConfig, params: Params, codes: np.ndarray, dty
   """`LMModel.forward` restated: codes [B, 1 + n_q, T] time-aligned (undelayed) -> (text log-probs [B, T, V_text],
   text mask [B, T], codebook log-probs [B, dep_q, T, card], codebook mask [B, dep_q, T]), each aligned with the
   code it predicts; masked entries (the last `delay` steps of a delayed stream, codes of -1) are NaN."""
-  from s2sjax.packing import delay_streams
-
   codes = np.asarray(codes)
   steps = np.stack([delay_streams(c.T, config.delays, config.initial_ids) for c in codes])
   text, audio = delayed_log_probs(config, params, steps, dtype)

@@ -12,7 +12,8 @@ import dataclasses
 import os
 
 from s2sjax.registry import Registry, load_object
-from tasks.audio.base import AudioTokenizer
+from tasks.audio.base import AudioTokenizer, AudioTokenizerError
+from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,8 @@ def resolver(kind: str, tokenizer_dir: str | None):
   def where(path: str | None = None) -> str:
     if path in (None, ".", ""):
       if tokenizer_dir is None:
-        raise ValueError(f"the {kind} audio tokenizer needs --audio_tokenizer_dir ({TOKENIZERS.get(kind).files})")
+        raise AudioTokenizerError(
+          f"the {kind} audio tokenizer needs --audio_tokenizer_dir ({TOKENIZERS.get(kind).files})")
       return tokenizer_dir
     return path if os.path.isabs(path) or tokenizer_dir is None else os.path.join(tokenizer_dir, path)
 
@@ -67,8 +69,6 @@ def from_spec(settings: dict, codebook_sizes: tuple[int, ...] | None, tokenizer_
               dtype: str | None = None, mesh: str = "data:-1") -> AudioTokenizer:
   """The spec's `audio_tokenizer` settings made concrete and checked against the spec's codebooks (None: the
   tokenizer's own are taken). `dtype` (default: the settings', else float32) and `mesh` apply to the JAX ones."""
-  from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-
   kind = settings.get("type")
   record = TOKENIZERS.get(kind)
   given = {} if codebook_sizes is None else {"codebook_sizes": list(codebook_sizes)}
@@ -76,6 +76,6 @@ def from_spec(settings: dict, codebook_sizes: tuple[int, ...] | None, tokenizer_
   if isinstance(tokenizer, JaxAudioTokenizer):
     tokenizer.configure(dtype or settings.get("dtype", "float32"), mesh)
   if codebook_sizes is not None and tuple(tokenizer.codebook_sizes) != tuple(codebook_sizes):
-    raise ValueError(f"the {kind} tokenizer makes codebooks {tuple(tokenizer.codebook_sizes)}, "
-                     f"the spec says {tuple(codebook_sizes)}")
+    raise AudioTokenizerError(f"the {kind} tokenizer makes codebooks {tuple(tokenizer.codebook_sizes)}, "
+                              f"the spec says {tuple(codebook_sizes)}")
   return tokenizer

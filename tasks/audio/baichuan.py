@@ -13,17 +13,19 @@ import os
 
 import numpy as np
 
-from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.weights import ReleaseWeights, read_json
+from s2sjax.errors import MissingFileError, UserError
+from s2sjax.model.layers import layer_norm
 from tasks.audio import whisper
+from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, dense, squared_distances
+from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio.whisper import whisper_log_mel
 
 # OmniForCausalLM holds the tokenizer as `self.audio_tokenizer` (modeling_omni.py l.784).
 PREFIX = "audio_tokenizer."
 
 
-class BaichuanConfigError(ValueError):
+class BaichuanConfigError(UserError, ValueError):
   """A Baichuan-Audio config.json this port cannot serve: unreadable, a key missing, a switch not implemented."""
 
 
@@ -159,8 +161,6 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
 # ---- the forward: pure functions of (params, features, lengths) -------------------------------------------------
 
 def _layer_norm(x, p):
-  from s2sjax.model.layers import layer_norm
-
   return layer_norm(x, p["scale"], p["bias"], whisper.LAYER_NORM_EPS)
 
 
@@ -249,7 +249,7 @@ class BaichuanAudioTokenizer(JaxAudioTokenizer):
 
   def __init__(self, model_dir: str):
     if not os.path.isdir(model_dir):
-      raise FileNotFoundError(f"Baichuan-Audio model directory {model_dir} does not exist")
+      raise MissingFileError(f"Baichuan-Audio model directory {model_dir} does not exist")
     self.model_dir = model_dir
     self.config = c = read_config(os.path.join(model_dir, "config.json"))
     weights = ReleaseWeights(model_dir, prefix=PREFIX)

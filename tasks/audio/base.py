@@ -8,9 +8,16 @@ import hashlib
 
 import numpy as np
 
+from s2sjax.errors import UserError
+from s2sjax.progress import Progress
 
-class AudioError(ValueError):
+
+class AudioError(UserError, ValueError):
   """Audio that cannot be used: missing, unreadable, empty. Names the file."""
+
+
+class AudioTokenizerError(UserError, ValueError):
+  """Audio tokenizer settings or files that cannot be used (not an AudioError: --skip_bad skips those per file)."""
 
 
 def load_audio(path: str, sample_rate: int, counts: collections.Counter | None = None) -> np.ndarray:
@@ -109,8 +116,6 @@ class AudioTokenizer(abc.ABC):
   def encode_batch(self, waves: list[np.ndarray], names: list[str] | None = None, progress=None) -> list[np.ndarray]:
     """Codes of each wave; JAX tokenizers batch them (tasks/audio/jax_tokenizer.py), others go one by one.
     `progress`: a progress line's name, or a `s2sjax.progress.Progress` a longer job counts on."""
-    from s2sjax.progress import Progress
-
     meter = (Progress(len(waves), progress, unit="utterances", rate_unit="audio s") if isinstance(progress, str)
              else progress)
     out = []

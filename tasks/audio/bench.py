@@ -26,6 +26,8 @@ import numpy as np
 from absl import flags
 
 from s2sjax import cli
+from s2sjax.registry import load_object
+from tasks import audio
 from tasks.audio.base import load_audio
 from tasks.sample import RELEASE_DIR
 
@@ -113,9 +115,6 @@ class Reference:
   kind: str
 
   def jax_tokenizer(self, folder: str):
-    from s2sjax.registry import load_object
-    from tasks import audio
-
     return load_object(audio.TOKENIZERS.get(self.kind).loader)(folder)
 
 
@@ -255,7 +254,7 @@ class MimiReference(Reference):
     self.model.save_pretrained(folder)
 
   def jax_tokenizer(self, folder: str):
-    from tasks.audio.mimi import MimiTokenizer
+    from tasks.audio.mimi import MimiTokenizer  # jax loads with it: only when this tokenizer is benchmarked
 
     return MimiTokenizer(folder, self.codebooks)
 
@@ -283,7 +282,7 @@ class HubertReference(Reference):
     np.save(os.path.join(folder, "km500.npy"), self.centroids.numpy())
 
   def jax_tokenizer(self, folder: str):
-    from tasks.audio.hubert import HubertKmeansTokenizer
+    from tasks.audio.hubert import HubertKmeansTokenizer  # jax loads with it: only when this tokenizer is benchmarked
 
     return HubertKmeansTokenizer(folder, os.path.join(folder, "km500.npy"), self.layer, deduplicate=False)
 

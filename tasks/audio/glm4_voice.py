@@ -16,10 +16,11 @@ import os
 
 import numpy as np
 
-from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.weights import ReleaseWeights, read_json
+from s2sjax.errors import UserError
 from tasks.audio import whisper
+from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, matmul_precision, nearest
+from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio.whisper import whisper_log_mel
 
 # utils.py l.60-65: audio is cut into 30 s pieces, each tokenized alone, their tokens concatenated.
@@ -31,7 +32,7 @@ CONV_KERNEL = 3
 CONV_STRIDES = (1, 2)  # conv1, conv2 (modeling_whisper.py l.1080-1081)
 
 
-class Glm4VoiceError(ValueError):
+class Glm4VoiceError(UserError, ValueError):
   """A release folder this port cannot read or does not implement: names the file and the key or setting."""
 
 

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import attention, layer_norm
 from tasks.audio.base import dedup, hash_array
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
@@ -33,7 +34,7 @@ WEIGHT_NORM_KEYS = (("weight_g", "weight_v"),
                     ("parametrizations.weight.original0", "parametrizations.weight.original1"))
 
 
-class HubertError(ValueError):
+class HubertError(UserError, ValueError):
   """A HuBERT folder or k-means file this port cannot serve: unreadable, a switch not implemented, a shape that
   does not fit. Names the file."""
 
@@ -285,7 +286,7 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
 
   def __init__(self, model_dir: str, centroids_path: str, layer: int, deduplicate: bool = True):
     if not os.path.isdir(model_dir):
-      raise FileNotFoundError(f"HuBERT model directory {model_dir} does not exist")
+      raise MissingFileError(f"HuBERT model directory {model_dir} does not exist")
     self.config = c = read_config(os.path.join(model_dir, "config.json"))
     if not 0 <= layer <= c.num_hidden_layers:
       raise HubertError(f"{model_dir}: layer {layer} is outside HuBERT's 0..{c.num_hidden_layers}")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from s2sjax.progress import Progress
-from tasks.audio.base import AudioError, AudioTokenizer
+from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError
 
 # Frames (of the features' time axis) per batch: a bucket of length T holds about BATCH_FRAMES // T segments,
 # rounded to the device count, so a batch's activation memory is about the same whatever the bucket.
@@ -61,7 +61,7 @@ class JaxAudioTokenizer(AudioTokenizer):
     """The compute dtype (fp32 by default; bf16 casts weights and features) and the mesh the batch is split over
     (`data:-1`: every local device)."""
     if dtype not in FLOAT_DTYPES:
-      raise ValueError(f"audio tokenizer dtype {dtype!r}: choose one of {', '.join(FLOAT_DTYPES)}")
+      raise AudioTokenizerError(f"audio tokenizer dtype {dtype!r}: choose one of {', '.join(FLOAT_DTYPES)}")
     self.dtype, self.mesh_spec = dtype, mesh
     self.__dict__.pop("_runner", None)
     return self
@@ -140,15 +140,16 @@ class _Runner:
   """The tokenizer's `apply` jitted over a data-parallel mesh, its weights placed once on every device."""
 
   def __init__(self, tokenizer: JaxAudioTokenizer):
+    # jax (and s2sjax.sharding, which imports it) loads once a tokenizer runs, not when a build merely names one
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from s2sjax.sharding import make_mesh
+    from s2sjax.sharding import MeshError, make_mesh
 
     mesh = make_mesh(tokenizer.mesh_spec, jax.local_devices())
     if any(mesh.shape[axis] > 1 for axis in mesh.axis_names if axis != "data"):
-      raise ValueError(f"--mesh {tokenizer.mesh_spec}: audio tokenizers split batches only (data axis)")
+      raise MeshError(f"--mesh {tokenizer.mesh_spec}: audio tokenizers split batches only (data axis)")
     self.devices = mesh.shape["data"]
     dtype = jnp.dtype(tokenizer.dtype)
     self.dtype = dtype

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.audio.base import AudioTokenizer, dedup, hash_array
+from tasks.audio.base import AudioTokenizer, AudioTokenizerError, dedup, hash_array
+from tasks.sample import MEL_KMEANS_CODEBOOK
 
 SAMPLE_RATE = 16000
 HOP = 320  # 20 ms: 50 frames per second
@@ -63,15 +64,14 @@ class MelKmeansTokenizer(AudioTokenizer):
     self.codebook_path = codebook_path
     self.centroids = np.load(codebook_path).astype(np.float32)
     if self.centroids.ndim != 2 or self.centroids.shape[1] != N_MELS:
-      raise ValueError(f"{codebook_path}: a mel k-means codebook must be [clusters, {N_MELS}], got {self.centroids.shape}")
+      raise AudioTokenizerError(
+        f"{codebook_path}: a mel k-means codebook must be [clusters, {N_MELS}], got {self.centroids.shape}")
     self.codebook_sizes = (len(self.centroids),)
     self.deduplicate = deduplicate
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> "MelKmeansTokenizer":
     """`codebook: bundled` (the default) is the sample's codebook; any other value a .npy path."""
-    from tasks.sample import MEL_KMEANS_CODEBOOK
-
     codebook = settings.get("codebook", "bundled")
     return cls(MEL_KMEANS_CODEBOOK if codebook == "bundled" else where(codebook), settings.get("dedup", False))
 

@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import layer_norm
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, nearest
@@ -53,7 +54,7 @@ KYUTAI_MIMI_CONFIG = {
 }
 
 
-class MimiConfigError(ValueError):
+class MimiConfigError(UserError, ValueError):
   """A Mimi config (Kyutai's mimi_config or transformers' config.json) this port cannot serve: unreadable, a key
   missing, a switch not implemented. Names the file and the key."""
 
@@ -554,7 +555,7 @@ def detect_layout(path: str) -> str:
       return "transformers"
     return "kyutai"
   if not os.path.exists(path):
-    raise FileNotFoundError(f"Mimi weights {path} do not exist")
+    raise MissingFileError(f"Mimi weights {path} do not exist")
   return "kyutai"
 
 
@@ -581,7 +582,7 @@ class MimiTokenizer(JaxAudioTokenizer):
                padding: str | None = None):
     layout = layout or detect_layout(path)
     if layout not in LAYOUTS:
-      raise ValueError(f"Mimi layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+      raise MimiConfigError(f"Mimi layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     if layout == "kyutai":
       weights_path, config, source = kyutai_files(path, mimi_config)
       arch, names = kyutai_architecture(config, source), _KyutaiNames()
@@ -592,10 +593,10 @@ class MimiTokenizer(JaxAudioTokenizer):
           _TransformersNames()
     padding = padding or layout
     if padding not in PADDINGS:
-      raise ValueError(f"Mimi padding {padding!r}: choose one of {', '.join(PADDINGS)}")
+      raise MimiConfigError(f"Mimi padding {padding!r}: choose one of {', '.join(PADDINGS)}")
     if not arch.n_q_semantic <= codebooks <= arch.n_q:
-      raise ValueError(f"Mimi codebooks {codebooks}: {path} has {arch.n_q} quantizers, "
-                       f"of which the first {arch.n_q_semantic} are semantic")
+      raise MimiConfigError(f"Mimi codebooks {codebooks}: {path} has {arch.n_q} quantizers, "
+                            f"of which the first {arch.n_q_semantic} are semantic")
     weights = ReleaseWeights(weights_path)
     self.arch, self.layout, self.padding, self.path = arch, layout, padding, path
     self.params = read_params(weights, names, arch, codebooks)

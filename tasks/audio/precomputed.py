@@ -7,7 +7,8 @@ import os
 
 import numpy as np
 
-from tasks.audio.base import AudioError, AudioTokenizer, folder_digest
+from s2sjax.errors import MissingFileError
+from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, folder_digest
 
 
 CANDIDATES = "candidates"
@@ -19,7 +20,7 @@ class PrecomputedTokenizer(AudioTokenizer):
 
   def __init__(self, codes_dir: str, codebook_sizes: tuple[int, ...]):
     if not os.path.isdir(codes_dir):
-      raise FileNotFoundError(f"precomputed codes directory {codes_dir} does not exist")
+      raise MissingFileError(f"precomputed codes directory {codes_dir} does not exist")
     self.codes_dir = codes_dir
     self.codebook_sizes = tuple(codebook_sizes)
     self.num_codebooks = len(self.codebook_sizes)
@@ -29,7 +30,7 @@ class PrecomputedTokenizer(AudioTokenizer):
   def from_settings(cls, settings: dict, where) -> "PrecomputedTokenizer":
     """The codes folder is --audio_tokenizer_dir itself (or the spec's `codes_dir` under it)."""
     if "codebook_sizes" not in settings:
-      raise ValueError("precomputed codes are read, not made: their codebook sizes come from a spec")
+      raise AudioTokenizerError("precomputed codes are read, not made: their codebook sizes come from a spec")
     return cls(where(settings.get("codes_dir")), tuple(settings["codebook_sizes"]))
 
   def encode(self, wave: np.ndarray | None, uttid: str) -> np.ndarray:

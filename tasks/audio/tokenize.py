@@ -23,6 +23,7 @@ import yaml
 from absl import flags
 
 from s2sjax import cli
+from s2sjax.errors import MissingFileError, UserError
 from s2sjax.spec import load_spec
 from tasks import audio
 from tasks.audio.base import AudioError, load_audio
@@ -31,16 +32,20 @@ from tasks.audio.jax_tokenizer import FLOAT_DTYPES
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 
 
+class TokenizeError(UserError, ValueError):
+  """A flag or folder this command cannot use (--audio_tokenizer or --spec, --setting, --input, --compare)."""
+
+
 def tokenizer_settings(kind: str | None, spec: str | None, settings: list[str]) -> tuple[dict, tuple[int, ...]]:
   """(settings, codebook sizes) from a spec, or from a type and KEY=VALUE pairs (values read as YAML scalars)."""
   if (kind is None) == (spec is None):
-    raise ValueError("give one of --audio_tokenizer (a type: " + ", ".join(audio.TOKENIZERS.names()) + ") or --spec")
+    raise TokenizeError("give one of --audio_tokenizer (a type: " + ", ".join(audio.TOKENIZERS.names()) + ") or --spec")
   loaded = load_spec(spec) if spec else None
   chosen = dict(loaded.audio_tokenizer) if loaded else {"type": kind}
   for pair in settings:
     key, sep, value = pair.partition("=")
     if not sep or not key:
-      raise ValueError(f"--setting {pair!r}: expected KEY=VALUE")
+      raise TokenizeError(f"--setting {pair!r}: expected KEY=VALUE")
     chosen[key] = yaml.safe_load(value)
   audio.TOKENIZERS.get(chosen["type"])  # an unknown type is named before anything is read
   return chosen, (tuple(loaded.codebook_sizes) if loaded else None)
@@ -48,10 +53,10 @@ def tokenizer_settings(kind: str | None, spec: str | None, settings: list[str]) 
 
 def recordings(folder: str) -> list[str]:
   if not os.path.isdir(folder):
-    raise FileNotFoundError(f"--input {folder} is not a folder")
+    raise MissingFileError(f"--input {folder} is not a folder")
   found = sorted(n for n in os.listdir(folder) if n.lower().endswith(AUDIO_SUFFIXES))
   if not found:
-    raise ValueError(f"--input {folder} holds no audio file ({', '.join(AUDIO_SUFFIXES)})")
+    raise TokenizeError(f"--input {folder} holds no audio file ({', '.join(AUDIO_SUFFIXES)})")
   return found
 
 
@@ -71,8 +76,8 @@ def agreement(mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> dic
   stems = [s for s in mine if s in theirs]
   for stem in stems:
     if theirs[stem].shape[1:] != mine[stem].shape[1:]:
-      raise ValueError(f"{stem}: the other codes are [frames, {theirs[stem].shape[1]}], ours [frames, "
-                       f"{mine[stem].shape[1]}]")
+      raise TokenizeError(f"{stem}: the other codes are [frames, {theirs[stem].shape[1]}], ours [frames, "
+                          f"{mine[stem].shape[1]}]")
   same = lambda a, b: int((a[: len(b)] == b[: len(a)]).all(-1).sum())
   return {"frames_equal": sum(same(mine[s], theirs[s]) for s in stems),
           "frames": sum(max(len(mine[s]), len(theirs[s])) for s in stems),

@@ -8,12 +8,13 @@ import json
 import os
 
 import numpy as np
+from s2sjax.errors import UserError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
-class WeightsError(ValueError):
+class WeightsError(UserError, ValueError):
   """A release file that cannot serve its model: absent, unreadable, a tensor missing or of the wrong shape."""
 
 

@@ -69,6 +69,7 @@ def encoder_layer(x, params: dict, visible, heads: int, precision):
   """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees. A
   hidden key gets finfo.min, as upstream's additive masks, so a row with no visible key (an empty batch row) stays
   finite. Attention logits and softmax in fp32."""
+  # jax loads here, not at import: the log-mel features above are numpy alone
   import jax
   import jax.numpy as jnp
 

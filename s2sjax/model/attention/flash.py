@@ -12,6 +12,12 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from s2sjax import sharding
+from s2sjax.errors import UserError
+
+
+class FlashError(UserError, ValueError):
+  """Rows the flash kernels cannot read: a length their blocks do not tile, or too long to number in int32."""
+
 
 FLASH_IMPLEMENTATIONS = ("flash", "flash_shared")
 
@@ -27,7 +33,7 @@ def flash_attention(q, k, v, segment_ids, branch_ids=None):
     raise ValueError("flash attention needs segment ids")
   length = q.shape[1]
   if length % 128:
-    raise ValueError(f"flash attention needs a row length that is a multiple of 128, not {length}")
+    raise FlashError(f"flash attention needs a row length that is a multiple of 128, not {length}")
   groups = q.shape[2] // k.shape[2]
   k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
   ids = (segment_ids,) if branch_ids is None else (segment_ids, branch_ids)
@@ -85,7 +91,7 @@ def _flash_cascade(q, k, v, segment_ids, branch_ids):
   both and gets zeros, not NaNs (the reference gives it a uniform softmax; no real token reads it)."""
   length = segment_ids.shape[-1]
   if (length + 1) ** 2 > jnp.iinfo(jnp.int32).max:
-    raise ValueError(f"flash_shared numbers (segment, branch) pairs in int32: rows of {length} are too long")
+    raise FlashError(f"flash_shared numbers (segment, branch) pairs in int32: rows of {length} are too long")
   real, branch = segment_ids > 0, branch_ids > 0
   pair = segment_ids * (length + 1) + branch_ids
   passes = [

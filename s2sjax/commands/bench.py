@@ -1,0 +1,554 @@
+r"""Benchmark: the PyTorch reference protocol against s2sjax without and with prefix sharing, in one run.
+
+  python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=auto,L,...]
+  python -m s2sjax.bench --workload=storycloze --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
+      --items=1871 --protocols=shared,local --row_length=auto,1024   (the real StoryCloze test stories, T->T)
+  python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
+
+For the same model and items it prints, side by side: tokens computed and wall time of
+  * reference: S2SBench's `generate_batch_response` protocol in transformers — every prefix + candidate its own
+    sequence, batched with padding, full logits, mean cross-entropy over the candidate;
+  * s2sjax, no sharing: packed rows, every prefix + candidate its own segment;
+  * s2sjax, shared: packed rows, each prefix laid once and every candidate branching from it (dense attention);
+  * s2sjax, shared, item-local: the same rows, each query block attending over its item's keys only (the default);
+with the attention each ran (`--attention=auto`, the default: what `s2sjax.eval` picks for such rows), packing
+efficiency, tokens/s and achieved FLOP/s (both over the tokens computed, padding included) and the
+largest disagreement in mean NLL. Each s2sjax protocol runs at each row length given (`auto`, the default: the
+length a build chooses for the items), against the one reference run. On a CPU a last line names the processor
+and how fast one 2048^2 matmul in the run's dtype goes on each side (torch's BLAS, XLA): per token, the two
+sides' ratio is that of the FLOPs each executes times that of the FLOP/s each reaches (the GFLOP/s column), and
+the probe shows how much of the second is the libraries' and the processor's rather than the protocols'.
+Workloads: `stories` (text prefix of about 60 tokens, two endings) and `speech` (about 200 audio-unit tokens, four
+options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
+stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
+The default model is the embedded SmolLM2-135M.
+
+  python -m s2sjax.bench --mode=lm_eval --cmmlu_dir=CMMLU/data --subjects=agronomy,anatomy,ancient_chinese \
+      --items=40 [--num_fewshot=0] [--row_length=1024] [--float64_requests=40]
+
+runs lm-eval's own CMMLU tasks (its template and descriptions, first-n shots from dev; long contexts, one-token
+choices) over a local copy of the CMMLU data (or, with --lm_eval_workload=xstorycloze_zh --xstorycloze_dir=DIR, its
+xstorycloze_zh over the release's TSVs) through both lm-eval backends on the same weights, side by side: lm-eval's
+`hf` (transformers, its logits cache computing each context once) and `s2sjax` (s2sjax.lm_eval), and the s2sjax
+scorer on the rows the backend laid before it fitted them (whole-row tables and dense attention), with wall time,
+requests/s, what each s2sjax protocol computed, and each backend's largest and mean distance to a float64
+transformers forward of the first `--float64_requests` requests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from checkpoints_conversion.verify import load_torch_model
+from s2sjax import bench_accelerator, checkpoint, cli, plan
+from s2sjax.bench_items import PROTOCOLS, WORKLOADS, make_items
+from s2sjax.commands.default_checkpoint import default_checkpoint
+from s2sjax.errors import UserError
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+from s2sjax.packing import Item, RowShape, auto_row_length, fit, pack
+from s2sjax.scoring import Scorer, collect
+from s2sjax.spec import load_spec
+from tasks.build import QuestionEncoder
+from tasks.importer import read_stories
+from tasks.release import Question
+
+FLAGS = flags.FLAGS
+STORYCLOZE = "storycloze"  # the real StoryCloze test stories (--storycloze_csv), beside the synthetic WORKLOADS
+
+
+class BenchError(UserError, ValueError):
+  """A benchmark's flags or inputs do not make a run (a missing data folder, a subject lm-eval lacks)."""
+
+
+def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:
+  """The first `count` StoryCloze stories as T->T items (the four sentences, then the right and wrong endings),
+  tokenized by the checkpoint's tokenizer under the demo spec's rule (tasks.build.QuestionEncoder)."""
+  tokenizer = checkpoint.load_tokenizer(ckpt)
+  if tokenizer is None:
+    raise BenchError(f"{ckpt} holds no tokenizer/ to tokenize the stories with")
+  encoder = QuestionEncoder(load_spec("demo"), "t2t", tokenizer, None)
+  items = []
+  for story in read_stories(csv_path, ",")[:count]:
+    first = " ".join(story["sentences"])
+    question = Question(story["id"], "en", ("", ""), (first, first), ("", ""), (story["right"], story["wrong"]), 0)
+    items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate(question, c)[0] for c in range(2)),
+                      name=story["id"]))
+  return items
+
+
+def reference_model(source: str, dtype):
+  """The checkpoint's source in transformers, in the s2sjax side's dtype, on the GPU when there is one: both
+  protocols run on the same device at the same precision."""
+  import torch  # the reference side's: an accelerator image may run --mode=accelerator without it
+
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  return load_torch_model(source).to(device=device, dtype=torch_dtype(dtype))
+
+
+def torch_dtype(dtype):
+  import torch
+
+  return getattr(torch, jnp.dtype(dtype).name)
+
+
+def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batch_size: int) -> tuple[np.ndarray, int, float]:
+  """(mean NLL [N, C], tokens computed, FLOPs) the S2SBench way."""
+  import torch
+
+  sequences = [(i, c, np.concatenate([it.prefix, cand]), len(it.prefix)) for i, it in enumerate(items)
+               for c, cand in enumerate(it.candidates)]
+  out = np.full((len(items), max(len(it.candidates) for it in items)), np.nan)
+  computed, flops = 0, 0.0
+  for start in range(0, len(sequences), batch_size):
+    batch = sequences[start : start + batch_size]
+    width = max(len(s[2]) for s in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100)
+    for b, (_, _, tokens, prefix_len) in enumerate(batch):
+      ids[b, : len(tokens)] = torch.from_numpy(tokens)
+      mask[b, : len(tokens)] = 1
+      labels[b, prefix_len : len(tokens)] = torch.from_numpy(tokens[prefix_len:])
+    with torch.no_grad():
+      logits = torch_model(input_ids=ids.to(torch_model.device), attention_mask=mask.to(torch_model.device)).logits
+      # the vocabulary last: over a [B, vocab, T] transpose, torch's CPU log-softmax adds the 49,152 exp terms one
+      # after another in fp32, rounding most of them away, and read every token 1.5-2.4e-4 nats low on the real
+      # StoryCloze stories (max 2.0e-4 per candidate against s2sjax; 3e-5 this way, s2sjax 1e-5 from float64)
+      losses = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1).to(torch_model.device), reduction="none",
+                                                 ignore_index=-100).view(len(batch), -1).cpu()
+    for b, (i, c, tokens, prefix_len) in enumerate(batch):
+      out[i, c] = float(losses[b, prefix_len - 1 : len(tokens) - 1].mean())
+    computed += len(batch) * width
+    # executed FLOPs: every padded position, attention over the whole width, full logits everywhere
+    flops += plan.forward_flops(config, len(batch) * width, width, len(batch) * width)
+  return out, computed, flops
+
+
+def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowShape, share: bool, batch_size: int,
+                    dtype, attention: str = "auto", local: bool = False) -> dict:
+  rows, report = pack(items, shape, share_prefix=share)
+  rows, shape = fit(rows, shape, report.longest_item)  # as the builder records them
+  if attention == "auto":  # what `s2sjax.eval --attention=auto` runs on rows laid this way
+    attention = layers.auto_implementation(share, local, dtype)
+  scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype, attention=attention, local_attention=local)
+  start = time.time()
+  scorer.score(params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)  # compile + warm up
+  compile_s = time.time() - start
+  start = time.time()
+  nll_sum, n_tokens = scorer.score(params, rows, progress=False)
+  seconds = time.time() - start
+  scores = collect(rows, nll_sum, n_tokens, [len(it.candidates) for it in items])
+  computed = math.ceil(report.rows / scorer.batch_size) * scorer.batch_size * shape.length
+  targets = int(n_tokens.sum())
+  # executed: every row position, attending over the row or its item window
+  flops = plan.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
+  return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
+              efficiency=report.efficiency, rows=report.rows, row_length=shape.length, attention=attention)
+
+
+def row_shape(items: list[Item], row_length: int | None, share: bool) -> RowShape:
+  """Rows of `row_length`, or, without one, of the length a build without `--row_length` chooses for these items
+  (`packing.auto_row_length`, text candidates' share of the row's targets)."""
+  if row_length:
+    return RowShape.for_length(row_length)
+  text_rows = RowShape.for_length(1024)
+  return text_rows.with_length(auto_row_length(items, share, text_rows.max_targets / text_rows.length))
+
+
+def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int | None], batch_size: int,
+                 ref_batch_size: int, dtype, attention: str = "auto", protocols=tuple(PROTOCOLS),
+                 storycloze_csv: str | None = None) -> dict:
+  """The reference and every s2sjax protocol at every row length (None: the items' auto length) on one item set;
+  results keyed by protocol, and by length too when there are several ("s2sjax, shared @ 1024")."""
+  config = checkpoint.load_config(ckpt)
+  params = checkpoint.load_params(ckpt, dtype=dtype)
+  if workload == STORYCLOZE:
+    if not storycloze_csv:
+      raise BenchError("--workload=storycloze needs --storycloze_csv (StoryCloze Spring 2016 test CSV)")
+    items = storycloze_items(storycloze_csv, count, ckpt)
+  else:
+    items = make_items(workload, count, config.vocab_size)
+  torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], dtype)
+  # one batch first, untimed (CUDA's context and kernel choices on a GPU), as s2sjax's compile is kept out of its time
+  reference_protocol(torch_model, config, items[:ref_batch_size], ref_batch_size)
+  start = time.time()
+  ref_nll, ref_computed, ref_flops = reference_protocol(torch_model, config, items, ref_batch_size)
+  ref_seconds = time.time() - start
+  results = {"reference": dict(mean_nll=ref_nll, computed=ref_computed, seconds=ref_seconds, flops=ref_flops)}
+  for row_length in row_lengths:
+    for protocol in protocols:
+      name, share, local = PROTOCOLS[protocol]
+      key = name if len(row_lengths) == 1 else f"{name} @ {row_length or 'auto'}"
+      results[key] = s2sjax_protocol(config, params, items, row_shape(items, row_length, share), share, batch_size,
+                                     dtype, attention, local)
+      results[key]["max_nll_diff"] = float(np.nanmax(np.abs(results[key]["mean_nll"] - ref_nll)))
+  return {"workload": workload, "items": len(items), "candidates": sum(len(it.candidates) for it in items),
+          "real_tokens": sum(len(it.prefix) * len(it.candidates) + sum(map(len, it.candidates)) for it in items),
+          "results": results}
+
+
+def cmmlu_tasks(cmmlu_dir: str, subjects: Sequence[str], folder: str) -> list[str]:
+  """lm-eval's own CMMLU task of each subject (its `_default_template_yaml` and the subject's description), read
+  from a local copy of the CMMLU data (`dev/` and `test/` CSVs) instead of the hub: YAMLs written to `folder`,
+  their task names returned."""
+  import lm_eval
+  import yaml
+
+  own = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "cmmlu")
+  names = []
+  for subject in subjects:
+    subject_yaml = os.path.join(own, f"cmmlu_{subject}.yaml")
+    if not os.path.exists(subject_yaml):
+      raise BenchError(f"lm-eval has no CMMLU subject {subject!r} ({subject_yaml})")
+    with open(subject_yaml, encoding="utf-8") as f:
+      description = yaml.safe_load(f)["description"]
+    files = {split: os.path.join(cmmlu_dir, split, f"{subject}.csv") for split in ("dev", "test")}
+    missing = [path for path in files.values() if not os.path.exists(path)]
+    if missing:
+      raise BenchError(f"--cmmlu_dir={cmmlu_dir} has no {missing[0]} (the CMMLU repo's data/ folder)")
+    name = f"cmmlu_local_{subject}"
+    config = {"include": os.path.join(own, "_default_template_yaml"), "task": name, "description": description,
+              "dataset_path": "csv", "dataset_kwargs": {"data_files": files}}
+    with open(os.path.join(folder, f"{name}.yaml"), "w", encoding="utf-8") as f:
+      yaml.safe_dump(config, f, allow_unicode=True)
+    names.append(name)
+  return names
+
+
+def xstorycloze_zh_task(xstorycloze_dir: str, folder: str) -> list[str]:
+  """lm-eval's xstorycloze_zh (its default_ar.yaml: the four sentences joined by spaces, the two endings, train
+  for shots, eval scored) over the XStoryCloze release's own TSVs, whose columns keep StoryCloze's names: a YAML
+  written to `folder`, its task name returned."""
+  import yaml
+
+  files = {split: os.path.join(xstorycloze_dir, f"spring2016.val.zh.tsv.split_20_80_{split}.tsv")
+           for split in ("train", "eval")}
+  missing = [path for path in files.values() if not os.path.exists(path)]
+  if missing:
+    raise BenchError(f"--xstorycloze_dir={xstorycloze_dir} has no {missing[0]} (the XStoryCloze release's TSVs)")
+  sentences = "[InputSentence1, InputSentence2, InputSentence3, InputSentence4]|join(' ')"
+  config = {"task": "xstorycloze_zh_local", "dataset_path": "csv",
+            "dataset_kwargs": {"data_files": files, "delimiter": "\t"}, "output_type": "multiple_choice",
+            "training_split": "train", "validation_split": "eval", "doc_to_text": "{{" + sentences + "}}",
+            "doc_to_target": "{{AnswerRightEnding - 1}}",
+            "doc_to_choice": "{{[RandomFifthSentenceQuiz1, RandomFifthSentenceQuiz2]}}",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
+  with open(os.path.join(folder, "xstorycloze_zh_local.yaml"), "w", encoding="utf-8") as f:
+    yaml.safe_dump(config, f, allow_unicode=True)
+  return ["xstorycloze_zh_local"]
+
+
+def lm_eval_requests(task_names: Sequence[str], folder: str, limit: int, num_fewshot: int, seed: int = 1234):
+  """The tasks' loglikelihood requests (lm-eval `Instance`s) for their first `limit` documents, with
+  `num_fewshot` shots chosen under lm-eval's default few-shot seed, as `simple_evaluate` builds them."""
+  from lm_eval.tasks import TaskManager
+
+  requests = []
+  for task in TaskManager(include_path=folder, include_defaults=False).load(list(task_names))["tasks"].values():
+    task.set_config(key="num_fewshot", value=num_fewshot)
+    task.set_fewshot_seed(seed=seed)
+    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    requests += task.instances
+  return requests
+
+
+def encoded_pairs(lm, requests) -> list[tuple[list[int], list[int]]]:
+  """The (context, continuation) tokens lm-eval's `TemplateLM.loglikelihood` makes of the requests for the s2sjax
+  backend `lm`, truncated as it scores them."""
+  from lm_eval.api.model import TemplateLM
+
+  captured = []
+  lm._loglikelihood_tokens = lambda encoded, **kwargs: captured.extend(encoded) or [(0.0, False)] * len(encoded)
+  try:
+    TemplateLM.loglikelihood(lm, requests, disable_tqdm=True)
+  finally:
+    del lm._loglikelihood_tokens  # the class's method again
+  return [lm._fit(context, continuation) for _, context, continuation in captured]
+
+
+def float64_loglikelihoods(model64, pairs) -> np.ndarray:
+  """Each continuation's log-likelihood from a float64 transformers forward (float64 log-softmax too); pairs with
+  the same inputs (one-token continuations of one context) share one forward."""
+  import torch
+
+  forwards: dict[tuple[int, ...], np.ndarray] = {}
+  out = np.zeros(len(pairs))
+  for i, (context, continuation) in enumerate(pairs):
+    tokens = context + continuation
+    inputs = tuple(tokens[:-1])
+    if inputs not in forwards:
+      with torch.no_grad():
+        logits = model64(torch.tensor([inputs])).logits[0].double()
+      forwards = {inputs: torch.log_softmax(logits, -1).numpy()}  # one context's rows at a time
+    n = len(continuation)
+    out[i] = forwards[inputs][np.arange(len(inputs) - n, len(inputs)), continuation].sum()
+  return out
+
+
+def unfitted_protocol(ours, pairs) -> dict:
+  """The s2sjax scorer as the backend ran before it fitted its rows: items end to end, the target and slot tables
+  of the packer's capacity (half the row, a quarter), dense attention over whole rows. Timed after a compile."""
+  _, items, capacity = ours.items_for(pairs)
+  rows, report = pack(items, capacity)
+  scorer = Scorer(ours.config, capacity, mesh=ours.mesh, batch_size=ours.batch_size or 8, dtype=ours.dtype)
+  scorer.score(ours.params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)
+  start = time.time()
+  scorer.score(ours.params, rows, progress=False)
+  return dict(seconds=time.time() - start, rows=report.rows, length=capacity.length, targets=capacity.max_targets,
+              window="dense, whole rows")
+
+
+def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str], limit: int, num_fewshot: int,
+                row_length: int, batch_size: int, ref_batch_size: int, float64_requests: int) -> dict:
+  """lm-eval's requests of a workload (`cmmlu`: the subjects' tasks; `xstorycloze_zh`) for the first `limit`
+  documents of each task through its `hf` backend and the `s2sjax` one on the same weights (and the s2sjax scorer
+  on unfitted rows): wall times, what was computed, distances to float64, agreement."""
+  import copy
+  import tempfile
+
+  from lm_eval.models.huggingface import HFLM
+
+  from s2sjax.commands.lm_eval import S2SJaxLM  # lm-eval is the `lmeval` extra, as HFLM above
+
+  ours = S2SJaxLM(pretrained=ckpt, row_length=row_length, batch_size=batch_size)
+  with tempfile.TemporaryDirectory() as folder:
+    tasks = (cmmlu_tasks(data_dir, subjects, folder) if workload == "cmmlu" else xstorycloze_zh_task(data_dir, folder))
+    requests = lm_eval_requests(tasks, folder, limit, num_fewshot)
+  pairs = encoded_pairs(ours, requests)
+  start = time.time()
+  ours.loglikelihood(requests, disable_tqdm=True)  # compiles the step for these rows (or loads it from the cache)
+  first_s = time.time() - start
+  start = time.time()
+  got = ours.loglikelihood(requests, disable_tqdm=True)
+  seconds = time.time() - start
+  call = ours.last_call
+  s2sjax_side = dict(seconds=seconds, first_call_s=first_s, rows=call["pack"]["rows"], length=row_length,
+                     efficiency=call["pack"]["packing_efficiency"], targets=call["shape"].max_targets,
+                     window=f"item-local, {call['window'].span} keys")
+  unfitted = unfitted_protocol(ours, pairs)
+  torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
+  hf = HFLM(pretrained=torch_model, tokenizer=ours.tokenizer, batch_size=ref_batch_size, max_length=row_length - 1)
+  hf.loglikelihood(requests[:ref_batch_size], disable_tqdm=True)  # warm-up, untimed
+  start = time.time()
+  want = hf.loglikelihood(requests, disable_tqdm=True)
+  hf_seconds = time.time() - start
+  ll, ll_hf = np.array([g[0] for g in got]), np.array([w[0] for w in want])
+  exact = float64_loglikelihoods(copy.deepcopy(torch_model).double().cpu(), pairs[:float64_requests])
+  n64 = len(exact)
+  documents = [(r.task_name, r.doc_id) for r in requests]
+  decisions = lambda values: [int(np.argmax([v for v, d in zip(values, documents) if d == doc]))
+                              for doc in dict.fromkeys(documents)]
+  error = lambda values: dict(max_abs_err_float64=float(np.abs(values[:n64] - exact).max()),
+                              mean_abs_err_float64=float(np.abs(values[:n64] - exact).mean()))
+  return {
+    "workload": workload, "tasks": tasks, "documents": len(set(documents)), "requests": len(requests),
+    "num_fewshot": num_fewshot,
+    "context_tokens": dict(mean=float(np.mean([len(c) for c, _ in pairs])), max=max(len(c) for c, _ in pairs)),
+    "hf": dict(seconds=hf_seconds, batch_size=ref_batch_size, window=torch_model.config._attn_implementation,
+               **error(ll_hf)),
+    "s2sjax": dict(s2sjax_side, **error(ll)),
+    "s2sjax, unfitted rows": unfitted,
+    "float64_requests": n64, "max_abs_diff_s2sjax_hf": float(np.abs(ll - ll_hf).max()),
+    "decisions_identical": decisions(ll) == decisions(ll_hf),
+    "is_greedy_identical": [g[1] for g in got] == [w[1] for w in want],
+  }
+
+
+def format_lm_eval(run: dict) -> str:
+  hf_s = run["hf"]["seconds"]
+  lines = [
+    f"### lm-eval {run['workload']} ({', '.join(run['tasks'])}): {run['documents']} documents, {run['requests']} "
+    f"requests, {run['num_fewshot']}-shot, contexts {run['context_tokens']['mean']:.0f} tokens on average "
+    f"(longest {run['context_tokens']['max']})",
+    "",
+    "| backend | wall s | vs hf | requests/s | rows x L | targets a row | attention | max abs err vs float64 "
+    "| mean abs err vs float64 |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for name in ("hf", "s2sjax", "s2sjax, unfitted rows"):
+    r = run[name]
+    rows = f"{r['rows']} x {r['length']}" if "rows" in r else f"batches of {r['batch_size']}"
+    errors = (f"{r['max_abs_err_float64']:.1e} | {r['mean_abs_err_float64']:.1e}" if "max_abs_err_float64" in r
+              else "- | -")
+    lines.append(f"| {name} | {r['seconds']:.1f} | {r['seconds'] / hf_s:.2f}x | {run['requests'] / r['seconds']:.1f} "
+                 f"| {rows} | {r.get('targets', '-')} | {r['window']} | {errors} |")
+  lines += ["", f"s2sjax vs hf: max |difference| {run['max_abs_diff_s2sjax_hf']:.1e} over {run['requests']} requests; "
+            f"decisions identical: {run['decisions_identical']}; is_greedy identical: {run['is_greedy_identical']}; "
+            f"float64 over the first {run['float64_requests']} requests; s2sjax's first call, which compiled its "
+            f"step, took {run['s2sjax']['first_call_s']:.1f} s"]
+  return "\n".join(lines)
+
+
+def cpu_machine(dtype) -> dict:
+  """The processor, its cores and the matmul probe, for a run on the CPU (an accelerator's run names its device)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"processor": processor(), "cores": cores, "matmul": matmul_speeds(dtype)}
+
+
+def processor() -> str:
+  """The CPU's model name where Linux tells it, else what `platform` knows."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.processor() or platform.machine()
+
+
+def matmul_speeds(dtype, size: int = 2048, repeats: int = 5) -> dict:
+  """GFLOP/s of one [size x size] @ [size x size] matmul in `dtype` on the CPU, best of `repeats` after a warm-up,
+  for torch (the reference's BLAS) and XLA (s2sjax's, at the precision the decoder asks for)."""
+  import torch
+
+  a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+  x = torch.from_numpy(a).to(dtype=torch_dtype(dtype))
+  y = jax.device_put(jnp.asarray(a, dtype), jax.devices("cpu")[0])
+  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+  xla_matmul = jax.jit(lambda m: jnp.dot(m, m, precision=precision))
+
+  def best(run) -> float:
+    run()
+    seconds = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      run()
+      seconds.append(time.perf_counter() - start)
+    return round(2 * size**3 / min(seconds) / 1e9, 1)
+
+  return {"size": size, "dtype": jnp.dtype(dtype).name, "torch_gflops": best(lambda: x @ x),
+          "xla_gflops": best(lambda: xla_matmul(y).block_until_ready())}
+
+
+def machine_line(machine: dict) -> str:
+  """The machine as the bench's last line prints it."""
+  speeds = machine["matmul"]
+  return (f"machine: {machine['processor']}, {machine['cores']} cores; one {speeds['size']}^2 {speeds['dtype']} "
+          f"matmul: torch {speeds['torch_gflops']:.0f} GFLOP/s, XLA {speeds['xla_gflops']:.0f} GFLOP/s")
+
+
+def format_table(run: dict) -> str:
+  reference = run["results"]["reference"]
+  lines = [
+    f"### {run['workload']}: {run['items']} items, {run['candidates']} candidates",
+    "",
+    "| protocol | L | attention | tokens computed | vs reference | wall s | vs reference | tokens/s | packing eff. "
+    "| GFLOP/s | max abs diff of mean NLL vs ref |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for name, r in run["results"].items():
+    diff = r.get("max_nll_diff", 0.0)
+    eff = f"{r['efficiency']:.1%}" if "efficiency" in r else "-"
+    lines.append(
+      f"| {name} | {r.get('row_length', '-')} | {r.get('attention', '-')} | {r['computed']:,} | "
+      f"{r['computed'] / reference['computed']:.2f}x | "
+      f"{r['seconds']:.1f} | {r['seconds'] / reference['seconds']:.2f}x | {r['computed'] / r['seconds']:,.0f} | {eff} | "
+      f"{r['flops'] / r['seconds'] / 1e9:.1f} | {diff:.1e} |"
+    )
+  return "\n".join(lines)
+
+
+def define_flags() -> None:
+  flags.DEFINE_enum("mode", "reference", ["reference", "accelerator", "lm_eval"],
+                    "reference: PyTorch protocol vs s2sjax; accelerator: Qwen2.5-shaped throughput and MFU; lm_eval: "
+                    "lm-eval's CMMLU tasks through its hf backend and s2sjax's.")
+  flags.DEFINE_enum("lm_eval_workload", "cmmlu", ["cmmlu", "xstorycloze_zh"], "lm_eval mode: the tasks.")
+  flags.DEFINE_string("cmmlu_dir", None, "lm_eval mode: the CMMLU repo's data/ folder (dev/ and test/ CSVs).")
+  flags.DEFINE_string("xstorycloze_dir", None, "lm_eval mode: the XStoryCloze release's folder (its zh TSVs).")
+  flags.DEFINE_list("subjects", ["agronomy", "anatomy", "ancient_chinese"], "lm_eval mode: CMMLU subjects.")
+  flags.DEFINE_integer("num_fewshot", 0, "lm_eval mode: shots before each question (lm-eval's first_n from dev).")
+  flags.DEFINE_integer("float64_requests", 40, "lm_eval mode: requests also scored by a float64 transformers forward.")
+  flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
+  flags.DEFINE_list("attention", ["auto"],
+                    "Attention implementation(s), or auto: what s2sjax.eval's auto runs on each protocol's rows "
+                    "(model/layers.auto_implementation). Reference mode uses the first; accelerator mode measures "
+                    "each.")
+  flags.DEFINE_integer("rows", 8, "accelerator mode: rows per step.")
+  flags.DEFINE_string("mesh", "data:-1", "accelerator mode: mesh axes, e.g. data:-1,model:2 for a 7B on v5e.")
+  flags.DEFINE_bool("compile_only", False,
+                    "accelerator mode: print XLA's per-device memory analysis of each configuration, run nothing.")
+  flags.DEFINE_float("peak_tflops", None, "accelerator mode: peak bf16 TFLOP/s per device (default: by device kind).")
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (default: the embedded SmolLM2-135M).")
+  flags.DEFINE_list("workload", ["stories", "speech"], f"Any of {sorted(WORKLOADS) + [STORYCLOZE]}.")
+  flags.DEFINE_integer("items", 48, "Items per workload (storycloze: the first this many stories).")
+  flags.DEFINE_string("storycloze_csv", None, "StoryCloze Spring 2016 test CSV, for --workload=storycloze.")
+  flags.DEFINE_list("protocols", list(PROTOCOLS),
+                    f"s2sjax protocols (next to the reference; in accelerator mode, the rows laid): any of {list(PROTOCOLS)}.")
+  flags.DEFINE_list("row_length", ["auto"], "Packed row length(s) L, each run against the one reference, or auto: the "
+                    "length a build without --row_length chooses for the items (accelerator mode: one L, default 2048).")
+  flags.DEFINE_integer("batch_size", 2, "Rows per s2sjax step.")
+  flags.DEFINE_integer("ref_batch_size", 8, "Sequences per reference batch.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype of s2sjax.")
+  flags.DEFINE_string("output", None, "Also write the figures as JSON here.")
+
+
+def row_lengths() -> list[int | None]:
+  """--row_length's values: None for auto, else a positive length."""
+  def parse(value: str) -> int | None:
+    if value == "auto":
+      return None
+    if not value.isdigit() or int(value) < 1:
+      raise BenchError(f"--row_length takes positive lengths or auto, not {value!r}")
+    return int(value)
+  return [parse(v) for v in FLAGS.row_length] or [None]
+
+
+def main(argv):
+  del argv
+  if FLAGS.mode == "accelerator":
+    bench_accelerator.run(FLAGS.sizes, FLAGS.attention, row_lengths()[0] or 2048, FLAGS.rows, jnp.dtype(FLAGS.dtype),
+                          FLAGS.mesh, FLAGS.peak_tflops, FLAGS.compile_only, FLAGS.output, FLAGS.protocols)
+    return
+  ckpt = FLAGS.checkpoint or default_checkpoint()
+  if FLAGS.mode == "lm_eval":
+    data_flag = "cmmlu_dir" if FLAGS.lm_eval_workload == "cmmlu" else "xstorycloze_dir"
+    if not FLAGS[data_flag].value:
+      raise BenchError(f"--mode=lm_eval --lm_eval_workload={FLAGS.lm_eval_workload} needs --{data_flag}")
+    run = run_lm_eval(ckpt, FLAGS.lm_eval_workload, FLAGS[data_flag].value, FLAGS.subjects, FLAGS.items,
+                      FLAGS.num_fewshot, row_lengths()[0] or 1024, FLAGS.batch_size, FLAGS.ref_batch_size,
+                      FLAGS.float64_requests)
+    print(format_lm_eval(run), "\n", flush=True)
+    machine = cpu_machine(FLAGS.dtype) if jax.default_backend() == "cpu" else {}
+    if machine:
+      print(machine_line(machine))
+    if FLAGS.output:
+      with open(FLAGS.output, "w") as f:
+        json.dump(dict(run, machine=machine), f, indent=2)
+    return
+  runs = []
+  for workload in FLAGS.workload:
+    run = run_workload(workload, ckpt, FLAGS.items, row_lengths(), FLAGS.batch_size, FLAGS.ref_batch_size,
+                       jnp.dtype(FLAGS.dtype), FLAGS.attention[0], FLAGS.protocols, FLAGS.storycloze_csv)
+    print(format_table(run), "\n", flush=True)
+    runs.append(run)
+  named = FLAGS.checkpoint or "the embedded SmolLM2-135M (default)"  # not the cache path: logs get published
+  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, checkpoint: {named}")
+  machine = {}
+  if jax.default_backend() == "cpu":
+    machine = cpu_machine(FLAGS.dtype)
+    print(machine_line(machine))
+  if FLAGS.output:
+    strip = lambda r: {k: v for k, v in r.items() if k != "mean_nll"}
+    with open(FLAGS.output, "w") as f:
+      json.dump([dict(run, results={n: strip(r) for n, r in run["results"].items()}, machine=machine) for run in runs],
+                f, indent=2)
+
+
+def command_line() -> None:
+  """`python -m s2sjax.bench`."""
+  define_flags()
+  cli.run(main, __doc__, flag_modules=(__name__,))
+
+
+if __name__ == "__main__":
+  command_line()

@@ -1,0 +1,342 @@
+r"""An lm-evaluation-harness backend (`s2sjax`) on the packed, prefix-shared, sharded scorer.
+
+  pip install -e '.[lmeval]'
+  python -m s2sjax.lm_eval run --model s2sjax --model_args pretrained=DIR,mesh=data:-1,dtype=float32 \
+      --tasks TASK[,TASK] [--include_path DIR] [--num_fewshot N] [--apply_chat_template] [--batch_size auto] \
+      [--seed N] [--limit N] [--device cpu] [--output_path DIR --log_samples]
+
+is lm-eval's own command line (every subcommand and flag, its `results_*.json` and `samples_*.jsonl` under
+--output_path) with the `s2sjax` model registered; `--model` defaults to s2sjax. lm-eval 0.4 looks models up in its
+own registry only (no entry points, no --include_path for models), so its `lm_eval` script cannot find this one.
+In Python, `import s2sjax.lm_eval` registers it: `lm_eval.simple_evaluate(model="s2sjax",
+model_args="pretrained=DIR,...", tasks=[...], device="cpu", batch_size="auto")`.
+
+model_args: pretrained (or checkpoint; default: the embedded SmolLM2-135M), mesh (axes joined by '+', as lm-eval
+splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the packed row; contexts
+are left-truncated to fit it, as the hf backend truncates to its max_length, which here is row_length - 1),
+add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped as code). What lm-eval passes itself:
+batch_size (rows per step, each holding many requests; `auto` or `auto:N`: the most rows, up to max_batch_size,
+default 64, and no more than a call's rows, whose step fits the devices' memory, `rows_per_step`), max_batch_size,
+device (cpu, cuda, cuda:N, gpu or tpu: the JAX platform, with an index one device of it; default: JAX's).
+
+The backend sits in `s2sjax/commands/` (the entry points, apart from the core) since its default model is
+converted on first use, by `checkpoints_conversion`.
+
+Requests are grouped by context: each context is one packed `Item` whose candidates are its continuations, so a
+context is computed once however many continuations follow it. lm-eval's own `TemplateLM` splits context and
+continuation (its `_encode_pair`, the rule the hf backend uses): trailing whitespace of the context moves to the
+continuation, the whole string is tokenized and the continuation is the tokens past the context's own
+tokenization; an empty context becomes the prefix token. Tokenization with special tokens follows the hf backend's
+`tok_encode`; chat templates (`--apply_chat_template`) are the tokenizer's, applied as the hf backend applies them.
+is_greedy comes from the same step: the count of a continuation's tokens that are not the argmax of the logits
+that predict them. A request's log-likelihood is the same bits whatever else the call holds: items start at
+multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.Scorer`) and a continuation's NLL is
+summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the scorer spreads rows
+over JAX processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import lm_eval.__main__
+import lm_eval.models  # noqa: F401 - lm-eval's own models first: a registry with one entry skips their import
+import numpy as np
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import model_registry
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from s2sjax import cache, plan, sharding
+from s2sjax import checkpoint as ckpt
+from s2sjax.commands.default_checkpoint import default_checkpoint
+from s2sjax.errors import UserError
+from s2sjax.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, RowShape, fit, neighbour_free_bound,
+                            pack)
+from s2sjax.scoring import Scorer, collect
+
+log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
+
+Pair = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
+PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "tpu"}  # lm-eval's device -> JAX's
+AUTO_MAX_BATCH = 64  # the hf backend's default max_batch_size for batch_size=auto
+# lm-eval's own rule for an instruct or chat model run without a chat template (lm_eval/evaluator.py, simple_evaluate)
+CHAT_MODEL_WORDS = ("inst", "chat")
+
+
+class BackendError(UserError, ValueError):
+  """What lm-eval passed (model_args, a device, a request) does not make a run."""
+
+
+def devices_for(device: str | None) -> list[jax.Device]:
+  """The JAX devices lm-eval's `device` names: all of a platform's, or one local device with an index."""
+  if device is None:
+    return jax.devices()
+  name, _, index = str(device).lower().partition(":")
+  if name not in PLATFORMS:
+    raise BackendError(f"device={device!r}: the s2sjax backend runs on JAX's {', '.join(PLATFORMS)} devices "
+                     "(cuda:N for one of them)")
+  try:
+    devices = jax.devices(PLATFORMS[name])
+  except RuntimeError as e:
+    raise BackendError(f"device={device!r}: JAX has no {PLATFORMS[name]} backend here ({e})") from None
+  if not index:
+    return devices
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  if not index.isdigit() or int(index) >= len(local) or jax.process_count() > 1:
+    raise BackendError(f"device={device!r}: this process has {len(local)} {PLATFORMS[name]} devices (0.."
+                     f"{len(local) - 1}); an index picks one, with one process")
+  return [local[int(index)]]
+
+
+def device_memory(device: jax.Device) -> int:
+  """Bytes one device may use: what it reports (accelerators), else the host's memory shared by its devices."""
+  stats = device.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return host // max(len(jax.local_devices(backend=device.platform)), 1)
+
+
+def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_size: int, memory: int) -> int:
+  """batch_size=auto: the most rows per step, a multiple of the data-parallel devices, up to max_batch_size and
+  the call's own rows, whose parameters and activations (`plan.activation_bytes`, an upper bound: it counts
+  attention over whole rows) fit in 90% of each device's `memory`."""
+  data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
+  params = plan.param_bytes(config, jnp.dtype(dtype).name) / model_parallel
+  per_device = max(1, math.ceil(min(rows, max_batch_size) / data_parallel))
+  while per_device > 1 and params + plan.activation_bytes(config, per_device, shape.length, jnp.dtype(dtype).name,
+                                                           model_parallel) > 0.9 * memory:
+    per_device -= 1
+  return per_device * data_parallel
+
+
+def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
+  """The compiled step's shape for rows `fit` to `fitted`: target and slot tables rounded up to a power of two
+  (at least 32) and an item window reaching back 64 x 1, 2, 3, 4, 6, 8, 12, ... (`neighbour_free_bound`; at most
+  a third more keys than needed), so that the calls of a run (and of the next, through the compilation cache)
+  share a few compiled steps instead of one each."""
+  power = lambda n, least: max(least, 1 << (max(n, 1) - 1).bit_length())
+  periods = -(-(neighbour_free_bound(longest_item) - 1) // REDUCTION_PERIOD)
+  rung = power(periods, 1)
+  reach = REDUCTION_PERIOD * (rung * 3 // 4 if rung >= 4 and periods <= rung * 3 // 4 else rung)
+  return dataclasses.replace(fitted, max_targets=min(power(fitted.max_targets, 32), fitted.length),
+                             max_slots=min(power(fitted.max_slots, 32), fitted.length), max_item=reach + 1)
+
+
+class S2SJaxLM(TemplateLM):
+  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
+
+  def __init__(self, pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
+               dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
+               device: str | None = None, row_length: int = 1024, add_bos_token: bool | None = None,
+               trust_remote_code: bool = False):
+    super().__init__()
+    cache.use_compilation_cache()
+    if pretrained and checkpoint and pretrained != checkpoint:
+      raise BackendError(f"pretrained={pretrained!r} and checkpoint={checkpoint!r}: give one of them")
+    batch = str(batch_size)
+    if not (batch.isdigit() and int(batch) > 0) and not (batch == "auto" or batch.startswith("auto:")):
+      raise BackendError(f"batch_size must be a number of rows or auto, not {batch_size!r}")
+    self.auto_batch = not batch.isdigit()  # auto:N re-sizes each call anyway: every call is sized for its rows
+    self.batch_size = None if self.auto_batch else int(batch)
+    self.max_batch_size = int(max_batch_size or AUTO_MAX_BATCH)
+    self.checkpoint = pretrained or checkpoint or default_checkpoint()
+    self.mesh = sharding.make_mesh(str(mesh).replace("+", ","), devices_for(device))
+    self.dtype = jnp.dtype(dtype)
+    self.row_length, self.add_bos_token = int(row_length), add_bos_token
+    if self.row_length % NEIGHBOUR_FREE_ALIGN:
+      raise BackendError(f"row_length={row_length} must be a multiple of {NEIGHBOUR_FREE_ALIGN}")
+    self.config = ckpt.load_config(self.checkpoint)
+    self.params = ckpt.load_params(self.checkpoint, mesh=self.mesh, dtype=self.dtype)
+    self.tokenizer = ckpt.load_tokenizer(self.checkpoint, trust_remote_code=trust_remote_code)
+    if self.tokenizer is None:
+      raise BackendError(f"{self.checkpoint} holds no tokenizer: lm-eval's requests are text")
+    self._compiled: dict[tuple[RowShape, int], Scorer] = {}
+    self.batch_sizes: dict[int, int] = {}  # rows per step of each call (lm-eval reports them)
+    self.contexts_scored = 0  # distinct contexts laid into rows, over this model's life
+    self.rows_scored = 0
+    self._chat_templated = self._warned_chat = False
+    self.last_call: dict = {}  # the last call's packing report, row shape, rows per step and attention window
+
+  @property
+  def eot_token_id(self) -> int:
+    return self.tokenizer.eos_token_id
+
+  @property
+  def prefix_token_id(self) -> int:  # the hf backend's: BOS, else EOS
+    bos = self.tokenizer.bos_token_id
+    return bos if bos is not None else self.tokenizer.eos_token_id
+
+  @property
+  def max_length(self) -> int:
+    """Context + continuation fed to the model, as the hf backend counts it (its last token is never an input)."""
+    return self.row_length - 1
+
+  @property
+  def tokenizer_name(self) -> str:
+    """What lm-eval's request cache keys chat-templated requests by (the hf backend: its model's name)."""
+    return str(self.checkpoint).replace("/", "__")
+
+  def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The tokenizer's chat template over lm-eval's messages, as the hf backend applies it
+    (lm_eval/models/huggingface.py, HFLM.apply_chat_template): rendered, not tokenized; a template that refuses a
+    system message gets the messages without it."""
+    import jinja2
+
+    self._chat_templated = True
+    render = lambda messages: self.tokenizer.apply_chat_template(
+      messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+      continue_final_message=not add_generation_prompt)
+    try:
+      return render(chat_history)
+    except jinja2.exceptions.TemplateError:
+      log.warning("Failed to apply chat template. removing the system role in chat history.")
+      return render([message for message in chat_history if message["role"] != "system"])
+
+  def get_model_info(self) -> dict:
+    """What lm-eval's results record of the model (its `config`)."""
+    return {"model_checkpoint": str(self.checkpoint), "model_num_parameters": self.config.num_params(),
+            "model_dtype": self.dtype.name, "row_length": self.row_length, "mesh": dict(self.mesh.shape)}
+
+  def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+    """The hf backend's rule: add_special_tokens if given, else add_bos_token if given, else the tokenizer's
+    default; never when the string already starts with the prefix token."""
+    del kwargs
+    chosen = add_special_tokens if add_special_tokens is not None else self.add_bos_token
+    options = {} if chosen is None else {"add_special_tokens": chosen}
+    if add_special_tokens is None and string.startswith(self.tokenizer.decode(self.prefix_token_id)):
+      options["add_special_tokens"] = False
+    return self.tokenizer.encode(string, **options)
+
+  def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                            disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+    del kwargs
+    pairs = [self._fit(context, continuation) for _, context, continuation in requests]
+    logprobs, greedy = self.score_pairs(pairs, greedy=True, progress=not disable_tqdm)
+    return [(float(lp), bool(g)) for lp, g in zip(logprobs, greedy)]
+
+  def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    """The hf backend's windows: the first predicts every token from the prefix token, later ones up to
+    max_length new tokens each with the tokens before them as context (lm_eval.utils.get_rolling_token_windows
+    with context_len=1, made disjoint); a request's log-likelihood is the sum over its windows."""
+    pairs, owner = [], []
+    for index, request in enumerate(requests):
+      (string,) = request.args
+      windows = get_rolling_token_windows(self.tok_encode(string), self.prefix_token_id, self.max_length, 1)
+      for context, continuation in map(make_disjoint_window, windows):
+        pairs.append((context, continuation))
+        owner.append(index)
+    logprobs, _ = self.score_pairs(pairs, greedy=False, progress=not disable_tqdm)
+    totals = np.zeros(len(requests))
+    np.add.at(totals, np.asarray(owner, np.int64), logprobs)
+    for request, total in zip(requests, totals):
+      self.cache_hook.add_partial("loglikelihood_rolling", request.args, float(total))
+    return [float(t) for t in totals]
+
+  def generate_until(self, requests, disable_tqdm: bool = False):
+    raise NotImplementedError("the s2sjax backend scores log-likelihoods only (loglikelihood, "
+                              "loglikelihood_rolling, multiple_choice tasks); generation tasks need another backend")
+
+  def _fit(self, context: list[int], continuation: list[int]) -> Pair:
+    """Left-truncates the context as the hf backend does: context + continuation keep their last max_length + 1
+    tokens, so the pair fills at most one row."""
+    if not context or not continuation:
+      raise BackendError("lm-eval gave an empty context or continuation")
+    if len(continuation) > self.max_length:
+      raise BackendError(f"a continuation of {len(continuation)} tokens does not fit row_length={self.row_length}")
+    return context[-(self.max_length + 1 - len(continuation)):], continuation
+
+  def _warn_without_chat_template(self) -> None:
+    """lm-eval's warning for an instruct or chat model scored without its chat template (it reads the hf
+    backend's `pretrained`; here the checkpoint's path and its converted source's name), once."""
+    if self._chat_templated or self._warned_chat:
+      return
+    self._warned_chat = True
+    source = ckpt.load_manifest(self.checkpoint).get("source", "")
+    named = f"{self.checkpoint} {os.path.basename(str(source))}".lower()
+    if any(word in named for word in CHAT_MODEL_WORDS):
+      log.warning(f"{self.checkpoint} (converted from {source}) appears to be an instruct or chat variant but chat "
+                  "template is not applied. Recommend setting `apply_chat_template` (optionally "
+                  "`fewshot_as_multiturn`).")
+
+  def score_pairs(self, pairs: list[Pair], greedy: bool = True,
+                  progress: bool = True) -> tuple[np.ndarray, list[bool | None]]:
+    """Log-likelihood of each continuation after its context and (with `greedy`) whether every continuation
+    token is the argmax, in the order given. Pairs sharing a context are one item: the context is laid once."""
+    if not pairs:
+      return np.zeros(0), []
+    self._warn_without_chat_template()
+    members, items, capacity = self.items_for(pairs)
+    rows, report = pack(items, capacity, align=NEIGHBOUR_FREE_ALIGN)
+    # the head runs over the targets the rows hold, attention over item windows (CMMLU's long contexts and
+    # one-token choices: a few targets a row, not half of it)
+    rows, shape = fit(rows, capacity, report.longest_item)
+    scorer = self._scorer(step_shape(shape, report.longest_item), len(rows["tokens"]))
+    self.last_call = dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size, window=scorer.window)
+    candidates = [len(item.candidates) for item in items]
+    slots = scorer.score_slots(self.params, rows, progress=progress)
+    scores = collect(rows, slots["nll_sum"], slots["n_tokens"], candidates)
+    self.contexts_scored += len(items)
+    self.rows_scored += len(rows["tokens"])
+    # collect maps any per-slot value back to (item, candidate): here the count of non-argmax tokens
+    misses = collect(rows, slots["greedy_misses"], slots["n_tokens"], candidates).nll_sum if greedy else None
+    logprobs = np.zeros(len(pairs))
+    is_greedy: list[bool | None] = [None] * len(pairs)
+    for g, group in enumerate(members):
+      for c, index in enumerate(group):
+        logprobs[index] = -scores.nll_sum[g, c]
+        if misses is not None:
+          is_greedy[index] = bool(misses[g, c] == 0)
+    return logprobs, is_greedy
+
+  def items_for(self, pairs: list[Pair]) -> tuple[list[list[int]], list[Item], RowShape]:
+    """The packer's items for `pairs`, one per distinct context with its continuations as candidates; the pairs
+    (indices) of each item; and the row capacity they are packed into."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, (context, _) in enumerate(pairs):
+      groups.setdefault(tuple(context), []).append(index)
+    codebooks = len(self.config.audio_codebook_sizes)  # a model that also takes audio reads text rows too
+    items = [Item(np.asarray(context, np.int32), tuple(np.asarray(pairs[i][1], np.int32) for i in members),
+                  np.full((len(context), codebooks), -1, np.int32) if codebooks else None, name=f"context {g}")
+             for g, (context, members) in enumerate(groups.items())]
+    longest = max((len(c) for _, c in pairs), default=1)
+    # Multiple-choice continuations are short; a rolling window's is up to a row: only then a wider target table.
+    capacity = RowShape(self.row_length, max(self.row_length // 2, longest), max(self.row_length // 4, 4), codebooks)
+    return list(groups.values()), items, capacity
+
+  def _scorer(self, shape: RowShape, rows: int) -> Scorer:
+    """The neighbour-free scorer for one row shape and batch, compiled once (batch_size=auto: sized for `rows`)."""
+    batch = self.batch_size or rows_per_step(self.config, shape, rows, self.mesh, self.dtype, self.max_batch_size,
+                                             min(map(device_memory, self.mesh.devices.flat)))
+    self.batch_sizes[len(self.batch_sizes)] = batch
+    if (shape, batch) not in self._compiled:
+      self._compiled[shape, batch] = Scorer(self.config, shape, mesh=self.mesh, batch_size=batch, dtype=self.dtype,
+                                            neighbour_free=True)
+    return self._compiled[shape, batch]
+
+
+# Registered by name (imported when first asked for): run as `python -m s2sjax.lm_eval` this file is `__main__`,
+# and its class and the one `s2sjax.lm_eval` defines must not both claim the name.
+if "s2sjax" not in model_registry:
+  model_registry.register("s2sjax", target="s2sjax.commands.lm_eval:S2SJaxLM")
+
+
+def cli_evaluate(argv: list[str] | None = None) -> None:
+  """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
+  defaulting to s2sjax."""
+  args = list(sys.argv[1:] if argv is None else argv)
+  named = any(a in ("--model", "-M", "-h", "--help") or a.startswith("--model=") for a in args)
+  if args and not named and args[0] not in ("ls", "validate"):
+    args += ["--model", "s2sjax"]
+  sys.argv = [sys.argv[0]] + args
+  lm_eval.__main__.cli_evaluate()
+
+
+if __name__ == "__main__":
+  cli_evaluate()

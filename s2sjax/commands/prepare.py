@@ -1,0 +1,106 @@
+r"""Builds the packed rows of S2SBench tasks.
+
+  python -m tasks.prepare --task=TASK|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
+      [--protocol=s2sbench,utterance] [--row_length=N] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
+      [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
+
+Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
+question it left out (--skip_bad) with the reason, and every problem of a file as a whole. Built data is reused
+only when it was built from the same inputs (release files, spec, text and audio tokenizers); otherwise prepare
+refuses, unless --overwrite. --overwrite builds the new data beside the old (a hidden `.rebuild-*` folder of the
+data dir) and swaps it in only once it is complete: a rebuild that fails leaves the earlier build as it was.
+Two runs building one config into one data dir at once take turns: the second waits for the first's build (a
+lock beside it names the holder) and reuses it. SIGINT or SIGTERM stops a run within seconds: the builds complete
+are kept, the one under way leaves nothing, and one line says which and how to go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from absl import flags
+
+from s2sjax import benchmarks, builds, cli
+from s2sjax.commands.default_checkpoint import default_checkpoint
+from tasks.preparation import default_data_dir, prepare_build
+from tasks.release import task_paths
+from tasks.tfds_builder import resolve_manual_dir
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  builds.define_flags()  # task, spec, modality, protocol, row length, variants: the builds made
+  flags.DEFINE_string("data_dir", None, "Where built datasets go (default: ~/.cache/s2sjax/data).")
+  flags.DEFINE_string("manual_dir", None, "The S2SBench release directory (default: the bundled sample).")
+  flags.DEFINE_string("tokenizer_dir", None,
+                      "Text tokenizer directory (default: the default model's for --spec=demo, else "
+                      "MANUAL_DIR/tokenizer).")
+  flags.DEFINE_bool("trust_remote_code", False, "Run a text tokenizer shipped as code (GLM-4-Voice's); read it first.")
+  flags.DEFINE_string("audio_tokenizer_dir", None, "Files of the audio tokenizer (precomputed codes, HuBERT, Mimi).")
+  flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
+  flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
+
+
+def main(argv):
+  del argv
+  tasks = [FLAGS.task]
+  if FLAGS.task == "all":  # every task the release holds (S2SBench's has no tStoryCloze, the replica does)
+    release = resolve_manual_dir(FLAGS.manual_dir)
+    tasks = [t for t in benchmarks.names() if os.path.exists(task_paths(t, release)[0])]
+    for task in benchmarks.names():
+      if task not in tasks:
+        print(f"{task}: {task_paths(task, release)[0]} does not exist, left out")
+  selected = builds.from_flags(tasks)
+  tokenizer_dir = FLAGS.tokenizer_dir
+  if tokenizer_dir is None and FLAGS.spec == "demo":  # the embedded default model's (converted on first use)
+    tokenizer_dir = os.path.join(default_checkpoint(), "tokenizer")
+  complete, current = [], None  # "task/config" of the builds done (built or reused), and of the one under way
+  try:
+    for selector in selected:
+      current = f"{selector.task}/{selector.config}"
+      metadata = prepare_build(
+        selector, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir, FLAGS.overwrite,
+        tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
+        trust_remote_code=FLAGS.trust_remote_code,
+      )
+      complete.append(current)
+      report = {k: v for k, v in metadata.report.items() if k not in ("skipped_questions", "file_problems")}
+      file_problems = metadata.report["file_problems"]
+      print(f"{selector.task} {selector.config}: {json.dumps(dict(report, file_problems=len(file_problems)))}")
+      for problem in file_problems:
+        print(f"  file problem {problem['where']}: {problem['why']}")
+      for skipped in metadata.report["skipped_questions"]:
+        print(f"  left out {skipped['where']}: {skipped['why']}")
+  except cli.Interrupted as e:
+    unfinished = current if current not in complete else None
+    e.message = _interrupted_line(e.signum, FLAGS.data_dir or default_data_dir(), complete, unfinished, FLAGS.overwrite)
+    raise
+
+
+def _interrupted_line(signum: int, data_dir: str, complete: list[str], unfinished: str | None,
+                     overwrite: bool) -> str:
+  """What a SIGINT / SIGTERM leaves: the builds complete are kept; the one under way is not (TFDS removes its
+  `incomplete.*` folder, an --overwrite its hidden rebuild, the build lock is released as its block ends)."""
+  kept = (f"kept {len(complete)} complete build{'s' * (len(complete) > 1)} in {data_dir} ({', '.join(complete)})"
+          if complete else f"no build in {data_dir} was complete yet")
+  left = ""
+  if unfinished:
+    left = f"; {unfinished} was not finished and nothing of it is kept"
+    if overwrite:
+      left += " (its earlier build, if any, is as it was)"
+  resume = ("rerun the same command to go on (--overwrite builds every config again)" if overwrite else
+            "rerun the same command to build only the rest (complete builds are reused)")
+  return f"interrupted by {signal.Signals(signum).name}: {kept}{left}; {resume}"
+
+
+def command_line() -> None:
+  """`python -m tasks.prepare`."""
+  define_flags()
+  cli.run(main, __doc__, flag_modules=(__name__, builds.__name__))
+
+
+if __name__ == "__main__":
+  command_line()

@@ -1,0 +1,151 @@
+"""Builds the packed rows of one S2SBench task for one selector (`prepare_build`; `prepare` for the Python API's
+spelling), as `python -m tasks.prepare` does (the command line: `s2sjax/commands/prepare.py`).
+
+Built data is reused only when it was built from the same inputs (release files, spec, text and audio
+tokenizers); otherwise prepare refuses, unless `overwrite`, which builds the new data beside the old (a hidden
+`.rebuild-*` folder of the data dir) and swaps it in only once it is complete: a rebuild that fails leaves the
+earlier build as it was. Two runs building one config into one data dir at once take turns: the second waits for
+the first's build (a lock beside it names the holder) and reuses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import socket
+import uuid
+
+import tensorflow_datasets as tfds
+from absl import logging
+
+from s2sjax import benchmarks, cache, text_tokenizer
+from s2sjax.builds import BuildMetadata, DataSelector, Variants
+from s2sjax.errors import UserError
+from s2sjax.output_dir import LOCK_NAME, fsync_path, waiting_lock
+from s2sjax.spec import load_spec
+from tasks.tfds_builder import make_config, resolve_manual_dir, resolve_tokenizer_dir
+
+INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
+               "audio_tokenizer": "the audio tokenizer"}
+
+
+class StaleDataError(UserError, ValueError):
+  """Built data exists for a config but came from other inputs than the ones given now."""
+
+
+def default_data_dir() -> str:
+  """`data/` of the cache the embedded default lives in ($S2SJAX_CACHE)."""
+  return os.path.join(cache.cache_dir(), "data")
+
+
+def builder_class(task: str):
+  """The task's TFDS builder, from its record's `builder` ("module:Class")."""
+  module, _, name = benchmarks.get(task).builder_path.partition(":")
+  return getattr(importlib.import_module(module), name)
+
+
+def prepare(task: str, spec: str, modality: str, row_length: int | None, data_dir: str, manual_dir: str | None = None,
+            overwrite: bool = False, variants: Variants = Variants(), **builder_kwargs) -> BuildMetadata:
+  """`prepare_build` of the selector these name (the Python API's spelling)."""
+  return prepare_build(DataSelector(task, modality, spec, row_length, variants), data_dir, manual_dir, overwrite,
+                       **builder_kwargs)
+
+
+def prepare_build(selector: DataSelector, data_dir: str, manual_dir: str | None = None, overwrite: bool = False,
+                  **builder_kwargs) -> BuildMetadata:
+  """Builds what `selector` names, or reuses it when it was built from the same inputs; returns its metadata.
+  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
+  task = selector.task
+  manual_dir = resolve_manual_dir(manual_dir)
+  if load_spec(selector.spec).text_vocabulary:  # refused before the builder writes anything
+    text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
+                                 builder_kwargs.get("trust_remote_code", False))
+  config = make_config(selector)
+  name = config.name
+  if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
+    config = name  # TFDS refuses a custom config named like a predefined one; names say everything
+  with _build_lock(builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs), task, name):
+    # made again under the lock: a build another run finished while this one waited is found, and reused
+    builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
+    return _prepare_locked(builder, task, name, config, data_dir, manual_dir, overwrite, builder_kwargs)
+
+
+def _build_lock(builder, task: str, name: str):
+  """One build of a config into a data dir at a time: `<data_dir>/<task>/.<config>.s2sjax-lock` (holder named, as
+  the output directory's lock; one left by a dead run of this host is taken over). A second run waits for the
+  first and reuses its build; TFDS would fail it at the rename of its finished build."""
+  config_dir = os.path.dirname(str(builder.data_dir))  # <data_dir>/<task>/<config>/<version>
+  return waiting_lock(os.path.dirname(config_dir), f".{os.path.basename(config_dir)}{LOCK_NAME}", f"{task}/{name}",
+                      "build")
+
+
+def _prepare_locked(builder, task: str, name: str, config, data_dir: str, manual_dir: str, overwrite: bool,
+                    builder_kwargs: dict) -> BuildMetadata:
+  if builder.is_prepared() and not overwrite:
+    previous = built_metadata(builder)
+    built = previous.inputs
+    now = builder.build_inputs(manual_dir).fingerprint
+    differ = [] if built is None else [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
+    if built is None:  # built by a version that did not record its inputs: nothing to compare
+      logging.warning("%s/%s in %s was built before builds recorded their inputs: reused unverified "
+                      "(--overwrite rebuilds it)", task, name, data_dir)
+    if differ:
+      raise StaleDataError(
+        f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
+        f"{previous.source}, now {manual_dir}): pass --overwrite to rebuild it, or use another "
+        "--data_dir")
+  _remove_dead_rebuilds(data_dir)
+  if builder.is_prepared() and overwrite:
+    return _rebuild_beside(builder, task, config, data_dir, manual_dir, builder_kwargs)
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+    manual_dir=manual_dir, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  return built_metadata(builder)
+
+
+def built_metadata(builder) -> BuildMetadata:
+  """The metadata a finished build wrote."""
+  return BuildMetadata.from_json(dict(builder.info.metadata), where=f"{builder.data_dir}/metadata.json")
+
+
+REBUILD_PREFIX = ".rebuild-"
+
+
+def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, builder_kwargs: dict) -> BuildMetadata:
+  """--overwrite of a finished build: the new one is built in a hidden data dir beside it, then the old version
+  folder is renamed aside, the new one into its place, and the old one removed. TFDS's own overwrite deletes the
+  old build first, so a rebuild that failed (a bad wav) lost the good one."""
+  staging = os.path.join(data_dir, f"{REBUILD_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  try:
+    builder = builder_class(task)(config=config, data_dir=staging, **builder_kwargs)
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+    metadata = built_metadata(builder)
+    target = str(old.data_dir)
+    aside = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.replaced-{os.path.basename(staging)}")
+    fsync_path(builder.data_dir)
+    os.rename(target, aside)
+    os.rename(str(builder.data_dir), target)
+    fsync_path(os.path.dirname(target))
+    shutil.rmtree(aside, ignore_errors=True)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return metadata
+
+
+def _remove_dead_rebuilds(data_dir: str) -> None:
+  """Rebuild folders left by prepare runs of this host that were killed (their pid is gone)."""
+  if not os.path.isdir(data_dir):
+    return
+  for name in os.listdir(data_dir):
+    if not name.startswith(REBUILD_PREFIX):
+      continue
+    parts = name[len(REBUILD_PREFIX):].rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+      continue
+    try:
+      os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+      logging.info("removing %s, the rebuild of a prepare run that died", name)
+      shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+    except PermissionError:
+      pass
