@@ -199,9 +199,11 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
   """Measures every size x attention x protocol that goes together, printing each line when it is done."""
   for size in sizes:  # a typo should fail now, not after an hour of measurements
     model_config(size)
-  unknown = sorted(set(protocols) - set(PROTOCOLS))
-  if unknown:
-    raise BenchError(f"unknown protocol(s) {unknown}; known: {list(PROTOCOLS)}")
+  for given, known in ((protocols, PROTOCOLS), (attentions, ("auto", *layers.ATTENTION_IMPLEMENTATIONS))):
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+      raise BenchError(f"unknown {'protocol' if given is protocols else 'attention'}(s) {unknown}; known: "
+                       f"{list(known)}")
   print(format_header(), flush=True)
   results = []
   for size in sizes:

@@ -28,6 +28,7 @@ import numpy as np
 from absl import flags
 
 from s2sjax import checkpoint, cli, default_model, families, modalities
+from s2sjax.errors import UserError
 from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.scoring import Scorer
@@ -43,6 +44,10 @@ class Verdict:
   check: str
   ok: bool
   detail: str
+
+
+class UsageError(UserError, ValueError):
+  """Flags that do not name what to check."""
 
 
 def config_verdict(manifest: dict) -> Verdict:
@@ -212,7 +217,7 @@ def main(argv) -> None:
   data = None
   if f.data_dir:
     if not (f.task and f.spec):
-      raise SystemExit("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
+      raise UsageError("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
     data = load_task_data(local(f.data_dir), f.task, modalities.get(f.modality).name, f.spec, f.row_length,
                           verify=f.verify_data)
   verdicts = run(local(f.checkpoint), f.trust_remote_code, f.spec, data, accept_config_change=f.accept_config_change)

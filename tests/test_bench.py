@@ -88,6 +88,8 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
 
   with pytest.raises(ValueError, match="unknown model size 'qwen2.5-3b'"):
     bench_accelerator.run(["tiny", "qwen2.5-3b"], ["xla"], 512, 2, jnp.float32, "data:-1", None, False, None)
+  with pytest.raises(ValueError, match=r"unknown attention\(s\) \['flsh'\]"):  # before any measurement
+    bench_accelerator.run(["tiny"], ["xla", "flsh"], 512, 2, jnp.float32, "data:-1", None, False, None)
   output = tmp_path / "accel.json"
   results = bench_accelerator.run(["tiny"], ["flash", "dot_product"], 512, 2, jnp.float32, "data:4,model:2", None,
                                   True, str(output), ["noshare"])
