@@ -46,7 +46,8 @@ from s2sjax.scoring import Scorer
 
 
 class BenchError(UserError, ValueError):
-  """A --sizes or --protocols entry that names no model size or protocol."""
+  """A benchmark's flags or inputs do not make a run: a size, protocol or attention it does not know, a missing
+  data folder, a subject lm-eval lacks (`s2sjax.bench` raises it too)."""
 
 
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}
@@ -199,11 +200,11 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
   """Measures every size x attention x protocol that goes together, printing each line when it is done."""
   for size in sizes:  # a typo should fail now, not after an hour of measurements
     model_config(size)
-  for given, known in ((protocols, PROTOCOLS), (attentions, ("auto", *layers.ATTENTION_IMPLEMENTATIONS))):
+  choices = {"protocol": (protocols, PROTOCOLS), "attention": (attentions, ("auto", *layers.ATTENTION_IMPLEMENTATIONS))}
+  for what, (given, known) in choices.items():
     unknown = sorted(set(given) - set(known))
     if unknown:
-      raise BenchError(f"unknown {'protocol' if given is protocols else 'attention'}(s) {unknown}; known: "
-                       f"{list(known)}")
+      raise BenchError(f"unknown {what}(s) {unknown}; known: {list(known)}")
   print(format_header(), flush=True)
   results = []
   for size in sizes:

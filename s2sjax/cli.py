@@ -26,8 +26,6 @@ from absl import app, flags, logging
 from s2sjax import benchmarks, cache
 from s2sjax.errors import UserError
 
-
-
 # Warnings TFDS writes about its own bookkeeping on every first build: a config folder not built yet, a config
 # made at run time (ours always are, their names say what they hold). They tell a user nothing.
 TFDS_CHATTER = ("has no dataset_info.json", "Using custom data configuration")

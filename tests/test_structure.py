@@ -101,8 +101,7 @@ def _module_graph() -> dict[str, set[str]]:
   paths = {}
   for package in ("s2sjax", "tasks", "checkpoints_conversion", "launch"):
     for path in (ROOT / package).rglob("*.py"):
-      parts = path.relative_to(ROOT).with_suffix("").parts
-      paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+      paths[module_name(path)] = path
 
   def project_module(name: str) -> str | None:
     while name and name not in paths:

@@ -51,9 +51,9 @@ from absl import flags
 
 from checkpoints_conversion.verify import load_torch_model
 from s2sjax import bench_accelerator, checkpoint, cli, plan
+from s2sjax.bench_accelerator import BenchError
 from s2sjax.bench_items import PROTOCOLS, WORKLOADS, make_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.errors import UserError
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.packing import Item, RowShape, auto_row_length, fit, pack
@@ -65,10 +65,6 @@ from tasks.release import Question
 
 FLAGS = flags.FLAGS
 STORYCLOZE = "storycloze"  # the real StoryCloze test stories (--storycloze_csv), beside the synthetic WORKLOADS
-
-
-class BenchError(UserError, ValueError):
-  """A benchmark's flags or inputs do not make a run (a missing data folder, a subject lm-eval lacks)."""
 
 
 def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:

@@ -49,7 +49,7 @@ from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
 from s2sjax.spec import load_spec
 from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
-from tasks.preparation import default_data_dir, prepare_build
+from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
 
 FLAGS = flags.FLAGS
@@ -99,7 +99,7 @@ class EvalConfig:
 
   def default_data_dir(self) -> str:
     """Where the embedded default's data is built: the bundled sample's, or the smoke release's apart."""
-    return os.path.join(cache.cache_dir(), "smoke", "data") if self.smoke else default_data_dir()
+    return os.path.join(cache.cache_dir(), "smoke", "data") if self.smoke else preparation.default_data_dir()
 
   def release_dir(self) -> str | None:
     """The release the embedded default builds from (None: the bundled sample)."""
@@ -114,7 +114,7 @@ def ensure_data(cfg: EvalConfig, data_dir: str, selector: builds.DataSelector, t
       raise
   # the embedded default builds the bundled sample on first use
   logging.info("building the bundled sample: %s %s", selector.task, selector.modality)
-  prepare_build(selector, data_dir, cfg.release_dir(), tokenizer_dir=tokenizer_dir)
+  preparation.prepare_build(selector, data_dir, cfg.release_dir(), tokenizer_dir=tokenizer_dir)
   return load_build(data_dir, selector, cfg.verify_data)
 
 
