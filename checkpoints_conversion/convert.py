@@ -14,7 +14,9 @@ audio tokenizer, vision towers) are left out without flags, listed in the manife
 command prints, with what each is and where a user gets it instead (`report`).
 
 An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
-names it (its registration says which module converts them).
+names it (its registration says which module converts them). A release whose config.json `architectures` names one
+of `RELEASE_CONVERTERS`' modeling classes goes to that converter with no flags, whatever family its model_type names
+(Kimi-Audio's says qwen2).
 
 A tokenizer that is remote code (tokenizer_config.json's `auto_map`, as GLM-4's `ChatGLM4Tokenizer`) is run only
 with --trust_remote_code; its code and model files are then copied with the checkpoint, as the source ships them.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -72,6 +75,8 @@ class Plan:
 
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted
+# Modeling classes (config.json `architectures`) whose releases a converter of their own reads.
+RELEASE_CONVERTERS = {"MoonshotKimiaForCausalLM": "checkpoints_conversion.kimi_release:convert"}
 
 
 def converted_architectures() -> tuple[str, ...]:
@@ -83,6 +88,17 @@ def family_choices() -> tuple[str, ...]:
   """--family's values: auto, then the registry's families and vendor layouts, then the architectures that convert
   their own releases."""
   return ("auto",) + families.layout_choices() + converted_architectures()
+
+
+def release_converter(source_path: str) -> str | None:
+  """The converter ("module:function") of a release folder whose config.json names a modeling class of
+  `RELEASE_CONVERTERS`, or None."""
+  try:
+    with open(os.path.join(source_path, "config.json")) as f:
+      names = json.load(f).get("architectures") or ()
+  except (OSError, ValueError, AttributeError):
+    return None  # not such a release: the readers of every other layout say what is wrong with it
+  return next((RELEASE_CONVERTERS[name] for name in names if name in RELEASE_CONVERTERS), None)
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
@@ -240,6 +256,8 @@ def convert(
   """Converts and writes; returns the manifest (what was read, kept, skipped)."""
   if family in converted_architectures():
     return load_object(architectures.get(family).converter)(source_path, output, dtype, overwrite)
+  if family == "auto" and (own := release_converter(source_path)):
+    return load_object(own)(source_path, output, dtype, overwrite)
   start = time.time()
   source = open_source(source_path)
   plan = plan_conversion(source, family, skip_prefixes)
