@@ -14,9 +14,9 @@ audio tokenizer, vision towers) are left out without flags, listed in the manife
 command prints, with what each is and where a user gets it instead (`report`).
 
 An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
-names it (its registration says which module converts them). A release whose config.json `architectures` names one
-of `RELEASE_CONVERTERS`' modeling classes goes to that converter with no flags, whatever family its model_type names
-(Kimi-Audio's says qwen2).
+names it (its registration says which module converts them). A release whose config.json `architectures` names a
+modeling class of `checkpoints_conversion.releases` goes to that class's converter with no flags, whatever family its
+model_type names (Kimi-Audio's says qwen2).
 
 A tokenizer that is remote code (tokenizer_config.json's `auto_map`, as GLM-4's `ChatGLM4Tokenizer`) is run only
 with --trust_remote_code; its code and model files are then copied with the checkpoint, as the source ships them.
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from checkpoints_conversion import verify
+from checkpoints_conversion import releases, verify
 from checkpoints_conversion.sources import TensorSource, open_source
 from s2sjax import architectures, checkpoint, cli, families, text_tokenizer
 from s2sjax.errors import UserError
@@ -75,8 +75,6 @@ class Plan:
 
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted
-# Modeling classes (config.json `architectures`) whose releases a converter of their own reads.
-RELEASE_CONVERTERS = {"MoonshotKimiaForCausalLM": "checkpoints_conversion.kimi_release:convert"}
 
 
 def converted_architectures() -> tuple[str, ...]:
@@ -92,13 +90,13 @@ def family_choices() -> tuple[str, ...]:
 
 def release_converter(source_path: str) -> str | None:
   """The converter ("module:function") of a release folder whose config.json names a modeling class of
-  `RELEASE_CONVERTERS`, or None."""
+  `checkpoints_conversion.releases`, or None."""
   try:
     with open(os.path.join(source_path, "config.json")) as f:
-      names = json.load(f).get("architectures") or ()
-  except (OSError, ValueError, AttributeError):
+      config = json.load(f)
+  except (OSError, ValueError):
     return None  # not such a release: the readers of every other layout say what is wrong with it
-  return next((RELEASE_CONVERTERS[name] for name in names if name in RELEASE_CONVERTERS), None)
+  return releases.converter_for(config) if isinstance(config, dict) else None
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
@@ -124,8 +122,9 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
   problems, rest = check_rules(set(abstract), rules, {key: source.shape(key) for key in source.keys()})
   ignored = [k for k in rest if k.endswith(layout.ignored_suffixes)]
   kept = [k for k in rest if k.startswith(layout.kept_prefixes)]
-  skipped = [k for k in rest if k.startswith(tuple(skip_prefixes) + layout.skipped_prefixes)]
-  modules = {p: sum(k.startswith(p) for k in skipped) for p in layout.skipped_prefixes}
+  left_out = tuple(layout.skipped_modules(source.config))
+  skipped = [k for k in rest if k.startswith(tuple(skip_prefixes) + left_out)]
+  modules = {p: sum(k.startswith(p) for k in skipped) for p in left_out}
   unexpected = sorted(set(rest) - set(ignored) - set(kept) - set(skipped))
   if unexpected:
     shown = "\n    ".join(unexpected[:50]) + ("\n    ..." if len(unexpected) > 50 else "")
@@ -293,10 +292,10 @@ def report(manifest: dict, output: str) -> str:
   and where a user gets it instead, and any LoRA factors merged."""
   lines = [f"converted {manifest['source_description']} -> {output} ({manifest['dtype']})"]
   skipped = manifest.get("skipped_modules") or {}
-  notes = families.layout_for_model_type(manifest["source_model_type"]).skipped_notes if skipped else {}
+  layout = families.layout_for_model_type(manifest["source_model_type"]) if skipped else None
+  notes = layout.skipped_modules(manifest["source_config"]) if layout else {}
   for prefix, count in skipped.items():
-    what = notes.get(prefix, "a module scoring does not run")
-    lines.append(f"left out {prefix}* ({count} tensor{'' if count == 1 else 's'}): {what}")
+    lines.append(f"left out {prefix}* ({count} tensor{'' if count == 1 else 's'}): {notes[prefix]}")
   if manifest.get("lora_merged"):
     merged = manifest["lora_merged"]
     lines.append(f"merged LoRA factors into {len(merged['weights'])} weights (W + {merged['scaling']} * B @ A)")
