@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -107,6 +108,9 @@ def test_config_reads_the_release_and_refuses_what_it_does_not_implement(meta):
     with pytest.raises(ConfigError, match=words):
       kimi_audio.parse_config(dict(release, **change))
   assert network.KimiAudioConfig.from_json(config.to_json()) == config
+  leaves = jax.tree.leaves(network.abstract_params(config))
+  assert config.num_params() == sum(int(np.prod(leaf.shape)) for leaf in leaves)
+  assert {key for key in meta["llm_state_dict_keys"]} == {p.key for r in kimi_audio.rules(config) for p in r.pieces}
 
 
 def test_layout_reproduces_upstreams_streams_exactly(special, meta):
@@ -174,6 +178,21 @@ def test_converted_release_gives_upstreams_log_probs_and_nlls(converted, model, 
     candidate = streams.text[prefix:]
     nll = -text[np.arange(prefix - 1, len(streams) - 1), candidate].mean()
     assert abs(nll - nlls[sequence]["nll_mean"]) < FROM_FEATURES
+
+
+def test_embeddings_mix_the_whisper_features_as_upstream(model, special):
+  """The adaptor's output at every row and the first layer's input ((embed(audio) + adaptor) * sqrt(2) at the code
+  rows, embed(audio) elsewhere, embed(text) added everywhere) of both audio examples and the text one."""
+  config, params = model
+  for example in EXAMPLES:
+    streams, _ = request(example, 0, special, config)
+    features = features_of(streams, example)
+    embedded = network.embed_inputs(config, params, streams.audio[None], streams.text[None],
+                                    None if features is None else features[None], streams.continuous[None])
+    assert np.abs(np.asarray(embedded)[0] - oracle(f"outputs/{example}_c0_inputs_embeds")).max() < 1e-5
+    if features is not None:
+      adapted = network.adaptor(config, params, oracle(f"outputs/{example}_c0_vq_adaptor_input"))
+      assert np.abs(np.asarray(adapted) - oracle(f"outputs/{example}_c0_vq_adaptor_output")).max() < 1e-5
 
 
 @pytest.mark.slow
