@@ -209,14 +209,14 @@ def test_log_probs_from_the_waves(model, special):
     assert np.abs(audio - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_WAVES
 
 
-def packed_row(config, special, length: int) -> tuple[dict, dict]:
-  """The three examples in one row, each prefix laid once with its two candidates branching from it (a candidate's
-  last token only in the target table), item after item; and {sequence: slot}."""
+def packed_row(config, special, length: int, examples=tuple(EXAMPLES)) -> tuple[dict, dict]:
+  """The examples in one row, each prefix laid once with its two candidates branching from it (a candidate's last
+  token only in the target table), item after item; and {sequence: slot}. Rows without audio carry no features."""
   fields = {name: np.zeros(length, np.int32) for name in ("audio_tokens", "text_tokens", "continuous",
                                                            "segment_ids", "branch_ids", "positions")}
   features = np.zeros((length, config.adaptor_input_dim), np.float32)
   targets, slots, cursor = [], {}, 0
-  for item, example in enumerate(EXAMPLES):
+  for item, example in enumerate(examples):
     for c in (0, 1):
       streams, prefix = request(example, c, special, config)
       prefix_rows = np.arange(prefix) if c == 0 else np.arange(0)
@@ -241,22 +241,27 @@ def packed_row(config, special, length: int) -> tuple[dict, dict]:
   table = np.array(targets + [(0, 0, -1)] * (shape_targets - len(targets)), np.int32)
   rows = {name: values[None] for name, values in fields.items()}
   rows.update(target_pos=table[None, :, 0], target_ids=table[None, :, 1], target_slot=table[None, :, 2],
-              target_head=np.zeros((1, shape_targets), np.int32), features=features[None],
-              slot_item=np.array([[0, 0, 1, 1, 2, 2, -1, -1]], np.int32),
-              slot_candidate=np.array([[0, 1, 0, 1, 0, 1, -1, -1]], np.int32))
+              target_head=np.zeros((1, shape_targets), np.int32),
+              slot_item=np.array([[i // 2 if i < len(slots) else -1 for i in range(8)]], np.int32),
+              slot_candidate=np.array([[i % 2 if i < len(slots) else -1 for i in range(8)]], np.int32))
+  if fields["continuous"].any():
+    rows["features"] = features[None]
   return rows, slots
 
 
 @pytest.mark.slow
 def test_packed_scoring_shares_each_prefix_and_gives_upstreams_nlls(model, special):
   """The scoring step over one packed row (three items, each prefix laid once, its candidates branching, item-local
-  attention) gives each candidate upstream's summed NLL; the step without the audio branch gives the same."""
+  attention) gives each candidate upstream's summed NLL; the step without the audio branch gives the same, and so
+  does the step for text rows without a feature track."""
   config, params = model
   rows, slots = packed_row(config, special, 128)
   nlls = json.loads((ORACLE / "outputs" / "nll_per_candidate.json").read_text())
   shape = RowShape(length=128, max_targets=64, max_slots=8, max_item=64)
-  for audio_head in (True, False):
-    scorer = kimi_audio.KimiScorer(config, shape, batch_size=1, audio_head=audio_head)
+  text_rows, text_slots = packed_row(config, special, 128, examples=("t2t",))
+  for rows, slots, features, audio_head in ((rows, slots, True, True), (rows, slots, True, False),
+                                            (text_rows, text_slots, False, False)):
+    scorer = kimi_audio.KimiScorer(config, shape, batch_size=1, audio_head=audio_head, features=features)
     nll_sum, n_tokens = scorer.score(params, rows, progress=False)
     for sequence, slot in slots.items():
       assert n_tokens[0, slot] == nlls[sequence]["n_tokens"]

@@ -32,8 +32,6 @@ from s2sjax.packing import RowShape
 from s2sjax.rows import Field, RowFormat
 from s2sjax.scoring import ScoringError, _RowScorer, by_target_chunks
 
-# What the release's modeling file is (config.json `architectures`): the converter reads a folder naming it.
-RELEASE_ARCHITECTURE = "MoonshotKimiaForCausalLM"
 # The Whisper-large-v3 encoder saved beside the LM (finetune_codes/model.py:63-75; read back by
 # kimia_infer/api/prompt_manager.py:23-25): the feature track is computed from it.
 WHISPER_FOLDER = "whisper-large-v3"
@@ -52,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
 # Switches the modeling file acts on that this port does not implement: refused unless they hold this value.
 REFUSED = {"tie_word_embeddings": False, "use_sliding_window": False, "rope_scaling": None}
 # Keys that do not change the forward: generation and training settings, bookkeeping, sizes the forward ignores
-# (the rope table is recomputed past max_position_embeddings, :219-222; the padding row only matters to training).
+# (the rope table is recomputed past max_position_embeddings, :223-224; the padding row only matters to training).
 INERT = ("architectures", "auto_map", "model_type", "torch_dtype", "transformers_version", "_name_or_path",
          "initializer_range", "use_cache", "attention_dropout", "max_position_embeddings", "max_window_layers",
          "sliding_window", "pad_token_id", "bos_token_id", "eos_token_id", "num_base_tokens",
@@ -145,7 +143,8 @@ def score_batch(config: KimiAudioConfig, dtype, target_chunk: int, num_slots: in
     mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
   else:
     mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
-  text, audio = hidden_states(config, params, batch["audio_tokens"], batch["text_tokens"], batch.get(FEATURES),
+  features = batch[FEATURES] if batch[FEATURES].shape[-1] else None  # width 0: rows without audio
+  text, audio = hidden_states(config, params, batch["audio_tokens"], batch["text_tokens"], features,
                               batch["continuous"] > 0, batch["positions"], mask, batch["segment_ids"],
                               batch["branch_ids"], dtype=dtype, attention=attention, window=window,
                               audio_head=audio_head)
@@ -178,7 +177,7 @@ def check_rows(rows: Mapping[str, np.ndarray], config: KimiAudioConfig, audio_he
       raise ScoringError(f"{field}[row {r}, position {pos}] = {rows[field][r, pos]} is outside the embedding table "
                          f"({config.vocab_size} rows); {len(bad)} such ids in all")
   if (rows["continuous"] > 0).any():
-    width = rows[FEATURES].shape[-1] if FEATURES in rows else 0
+    width = rows[FEATURES].shape[-1]
     if width != config.adaptor_input_dim:
       raise ScoringError(f"rows have continuous positions but {FEATURES} of width {width}; the adaptor reads "
                          f"{config.adaptor_input_dim or 'none (use_whisper_feature is false)'}")
@@ -188,14 +187,16 @@ def check_rows(rows: Mapping[str, np.ndarray], config: KimiAudioConfig, audio_he
 
 class KimiScorer(_RowScorer):
   """`s2sjax.scoring.Scorer` for Kimi-Audio rows (`KIMI_ROWS` and their `features`): one compiled step per row shape
-  over a mesh, rows split over processes."""
+  over a mesh, rows split over processes. `features=False` compiles the step for rows without audio (T->T), which
+  then carry no feature track; `audio_head=False` for rows whose targets are all the text head's (the branch is
+  not run)."""
 
   def __init__(self, config: KimiAudioConfig, shape: RowShape, mesh=None, batch_size: int = 8, dtype=jnp.float32,
-               attention: str = "xla", target_chunk: int = 256, audio_head: bool = True,
+               attention: str = "xla", target_chunk: int = 256, audio_head: bool = True, features: bool = True,
                local_attention: bool = True):
     self.audio_head = audio_head
     window = layers.local_window(shape.max_item, shape.length) if local_attention else None
-    width = config.adaptor_input_dim or 0
+    width = (config.adaptor_input_dim or 0) if features else 0
 
     def empty(count: int, rows: dict) -> dict:
       padding = KIMI_ROWS.empty(count, shape, width=0)
@@ -208,7 +209,10 @@ class KimiScorer(_RowScorer):
                      KIMI_ROWS.step_fields + (FEATURES,), {FEATURES: 3}, empty, score)
 
   def score(self, params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
+    """Scores all rows (the same full set on every process; rows without audio may leave `features` out); returns
+    (nll_sum, n_tokens) [R, C]."""
+    if FEATURES not in rows:
+      rows = {**rows, FEATURES: np.zeros(rows["segment_ids"].shape + (0,), np.float32)}
     check_rows(rows, self.config, self.audio_head)
     slots = self._score_rows(params, rows, progress)
     return slots["nll_sum"], slots["n_tokens"]

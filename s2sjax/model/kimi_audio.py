@@ -64,7 +64,7 @@ class KimiAudioConfig:
 
   def __post_init__(self):
     d = self.decoder
-    problems = []
+    problems = [] if self.family == NAME else [f"family {self.family!r} is not {NAME!r}"]
     if not 0 <= self.mimo_from_layer < d.num_layers:
       problems.append(f"the audio branch starts from main layer {self.mimo_from_layer}, but the main stack has "
                       f"{d.num_layers} layers (0..{d.num_layers - 1})")
@@ -104,11 +104,8 @@ class KimiAudioConfig:
 
   @classmethod
   def from_json(cls, text: str) -> "KimiAudioConfig":
-    fields = json.loads(text)
-    if fields.get("family") != NAME:
-      raise ConfigError(f"not a {NAME} config (family {fields.get('family')!r})")
-    fields["decoder"] = ModelConfig.from_json(json.dumps(fields["decoder"]))
-    return cls(**fields)
+    fields = json.loads(text)  # a key missing or unknown: the dataclass's own KeyError / TypeError
+    return cls(**dict(fields, decoder=ModelConfig.from_json(json.dumps(fields["decoder"]))))
 
 
 def _branch_config(config: KimiAudioConfig) -> ModelConfig:
