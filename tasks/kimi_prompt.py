@@ -157,6 +157,18 @@ def lay_text_continuation(candidate: Sequence[int], special: KimiSpecialIds) -> 
   return KimiStreams.of([(special.text_blank, int(token), False) for token in candidate])
 
 
+def lay_request(candidate: Sequence[int], special: KimiSpecialIds, token_offset: int, num_codes: int, *,
+                codes: Sequence[int] | None = None, text: Sequence[int] | None = None,
+                instruction: Sequence[int] | None = None) -> tuple[KimiStreams, int]:
+  """(rows, prefix length) of a scored text candidate after the user's turn: the instruction's text message where
+  one is given, then the prefix, its audio codes (S->T) or its text ids (T->T); the assistant's start; the
+  candidate's text."""
+  messages = [Message("user", text=instruction)] if instruction is not None else []
+  messages.append(Message("user", codes=codes, text=text))
+  prefix = lay_prompt(messages, special, token_offset, num_codes)
+  return prefix.then(lay_text_continuation(candidate, special)), len(prefix)
+
+
 def lay_features(streams: KimiStreams, features: np.ndarray) -> np.ndarray:
   """float32 [L, F]: the audio message's Whisper features [T, F] at the continuous rows, in order (the first T
   features, as modeling_kimia.py:693-698 reads them), zeros elsewhere."""

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not ORACLE.is_dir(), reason="the Kimi-Audio orac
                                                             "kimi_audio) is not beside this checkout")
 FROM_FEATURES = 1e-4  # fp32 against upstream's float64 run, fed its saved Whisper features
 FROM_WAVES = 2e-4  # the same from the waves: 2 and 5 mel entries round to the other bf16 value (PROVENANCE.txt)
-# example -> (its messages: instruction text then audio, audio alone, text alone), its waves' index
+# example -> (its text message: the instruction before the audio, or the text prefix; its wave's index or None)
 EXAMPLES = {"a2t_w0": ("prompt_a2t_w0", 0), "a2t_w1": (None, 1), "t2t": ("prompt_t2t", None)}
 SEQUENCES = [f"{example}_c{c}" for example in EXAMPLES for c in (0, 1)]
 
@@ -74,14 +74,12 @@ def model(converted):
 def request(example: str, candidate: int, special, config) -> tuple[kimi_prompt.KimiStreams, int]:
   """(prefix + candidate rows, prefix length) of an oracle sequence, laid by the project's layout."""
   instruction, wave = EXAMPLES[example]
-  messages = []
-  if instruction:
-    messages.append(kimi_prompt.Message("user", text=oracle(f"inputs/text_ids_{instruction}")))
-  if wave is not None:
-    messages.append(kimi_prompt.Message("user", codes=oracle(f"inputs/codes_wave{wave}")))
-  prefix = kimi_prompt.lay_prompt(messages, special, config.token_offset, config.audio_codes)
-  candidate_ids = oracle(f"inputs/text_ids_cand_{example}_{candidate}")
-  return prefix.then(kimi_prompt.lay_text_continuation(candidate_ids, special)), len(prefix)
+  prefix = ({"codes": oracle(f"inputs/codes_wave{wave}")} if wave is not None else
+            {"text": oracle(f"inputs/text_ids_{instruction}")})
+  if wave is not None and instruction:
+    prefix["instruction"] = oracle(f"inputs/text_ids_{instruction}")
+  return kimi_prompt.lay_request(oracle(f"inputs/text_ids_cand_{example}_{candidate}"), special, config.token_offset,
+                                 config.audio_codes, **prefix)
 
 
 def features_of(streams, example: str, waves: dict | None = None) -> np.ndarray | None:
