@@ -160,6 +160,20 @@ def test_whisper_features_match_every_upstream_stage(meta):
 
 
 @pytest.mark.slow
+def test_audio_past_30_seconds_is_encoded_in_30_second_pieces():
+  """whisper.py:184-221: each 30 s piece is padded and encoded alone, and the pieces' features are concatenated (T
+  per piece, (samples - 1) // 1280 + 1), whatever else shares the batch."""
+  whisper = kimi_whisper.KimiWhisperFeatures(str(ORACLE / "model" / "whisper-large-v3"), batch_size=2)
+  wave = np.random.default_rng(0).normal(scale=0.1, size=kimi_whisper.WINDOW_SAMPLES + 20800).astype(np.float32)
+  short = oracle("inputs/wave1")
+  joined, alone = whisper.features([wave, short]), whisper.features([wave[: kimi_whisper.WINDOW_SAMPLES],
+                                                                     wave[kimi_whisper.WINDOW_SAMPLES :]])
+  assert [len(f) for f in joined] == [375 + 17, 23] and len(alone[0]) == 375
+  np.testing.assert_allclose(joined[0], np.concatenate(alone), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(joined[1], whisper.features([short])[0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_converted_release_gives_upstreams_log_probs_and_nlls(converted, model, special):
   """Every position's text- and audio-head log-softmax of all six sequences, from the saved Whisper features, and
   each candidate's mean NLL over its tokens (text head rows P-1 .. P+n-2)."""

@@ -177,38 +177,34 @@ class KimiWhisperFeatures:
     return {"type": "kimi_whisper", **dataclasses.asdict(self.shape), "dtype": self.dtype,
             "weights_sha": self.weights_sha}
 
-  def _encoded(self, mels: np.ndarray, with_intermediates: bool = False):
+  @functools.cached_property
+  def _device_params(self):
+    """The weights on the device in the compute dtype, put there once."""
     import jax
     import jax.numpy as jnp
 
-    dtype = jnp.dtype(self.dtype)
-    params = jax.tree.map(lambda leaf: jnp.asarray(leaf, dtype), self.params)
-    return _jitted_encode()(params, self.shape, jnp.asarray(mels, dtype), with_intermediates)
+    return jax.tree.map(lambda leaf: jnp.asarray(leaf, self.dtype), self.params)
+
+  def _encoded(self, mels: np.ndarray, with_intermediates: bool = False):
+    import jax.numpy as jnp
+
+    return _jitted_encode()(self._device_params, self.shape, jnp.asarray(mels, self.dtype), with_intermediates)
 
   def features(self, waves: list[np.ndarray]) -> list[np.ndarray]:
-    """float32 [T, 4 d_model] per wave: its pieces' windows stacked over all waves, encoded `batch_size` at a time
-    (a batch is padded with silent windows to its full size, so one shape compiles)."""
-    owners, mels, kept = [], [], []
-    for index, wave in enumerate(waves):
-      for piece in pieces(np.asarray(wave, np.float32)):
-        owners.append(index)
-        mels.append(window_mel(piece))
-        kept.append(code_frames(len(piece)))
-    rows: list[np.ndarray] = []
-    for start in range(0, len(mels), self.batch_size):
+    """float32 [T, 4 d_model] per wave: the 30 s pieces of all waves encoded `batch_size` at a time, their mels
+    made batch by batch (a batch is padded with silent windows to its full size, so one shape compiles)."""
+    jobs = [(index, piece) for index, wave in enumerate(waves) for piece in pieces(np.asarray(wave, np.float32))]
+    per_wave: list[list[np.ndarray]] = [[] for _ in waves]
+    for start in range(0, len(jobs), self.batch_size):
+      chunk = jobs[start : start + self.batch_size]
       batch = np.zeros((self.batch_size, 2 * self.shape.frames, N_MELS), np.float32)
-      chunk = mels[start : start + self.batch_size]
-      batch[: len(chunk)] = chunk
+      for row, (_, piece) in enumerate(chunk):
+        batch[row] = window_mel(piece)
       encoded = np.asarray(self._encoded(batch), np.float32)
-      for row in range(len(chunk)):
-        frames = kept[start + row]
-        rows.append(encoded[row, : FRAMES_PER_CODE * frames].reshape(frames, self.shape.feature_dim))
-    out = [np.zeros((0, self.shape.feature_dim), np.float32) for _ in waves]
-    for index in range(len(waves)):
-      mine = [rows[i] for i, owner in enumerate(owners) if owner == index]
-      if mine:
-        out[index] = np.concatenate(mine)
-    return out
+      for row, (index, piece) in enumerate(chunk):
+        frames = code_frames(len(piece))
+        per_wave[index].append(encoded[row, : FRAMES_PER_CODE * frames].reshape(frames, self.shape.feature_dim))
+    return [np.concatenate(rows) if rows else np.zeros((0, self.shape.feature_dim), np.float32) for rows in per_wave]
 
   def intermediates(self, mel: np.ndarray) -> dict[str, np.ndarray]:
     """One window's encoder stages from its bf16-rounded mel [3000, 128]: "layer0_input", "layer{i}_output" and
