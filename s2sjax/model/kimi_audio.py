@@ -85,11 +85,6 @@ class KimiAudioConfig:
     """Layers of the top-level `layers` stack (the main stack), which the checkpoint stores one at a time."""
     return self.decoder.num_layers
 
-  def is_code(self, ids: np.ndarray) -> np.ndarray:
-    """Which audio-stream ids are GLM-4-Voice codes (token_offset .. token_offset + audio_codes - 1)."""
-    ids = np.asarray(ids)
-    return (ids >= self.token_offset) & (ids < self.token_offset + self.audio_codes)
-
   def num_params(self) -> int:
     """Every parameter: the main stack with its head, the branch with its norm and head, the adaptor."""
     d = self.decoder
