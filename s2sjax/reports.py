@@ -120,7 +120,7 @@ def read_runs(out_dir) -> list[dict]:
       task, _, modality = name.rpartition("-")
       path = record_path.parent / f"{name}{SCORES_SUFFIX}"
       checked = _checked_scores(out_dir, folder, path, task, modality)
-      scores[(task, modalities.canonical(modality))] = checked  # earlier versions wrote text, speech
+      scores[(task, modalities.Label.from_key(modality))] = checked
     summary = summarize(scores, record.get("ties"))
     runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                  "degradation": summary.get("degradation", {})})

@@ -10,7 +10,6 @@ the first's build (a lock beside it names the holder) and reuses it.
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import socket
@@ -19,12 +18,11 @@ import uuid
 import tensorflow_datasets as tfds
 from absl import logging
 
-from s2sjax import benchmarks, cache, text_tokenizer
+from s2sjax import cache, text_tokenizer
 from s2sjax.builds import BuildMetadata, DataSelector, Variants
 from s2sjax.errors import UserError
 from s2sjax.output_dir import LOCK_NAME, fsync_path, waiting_lock
-from s2sjax.spec import load_spec
-from tasks.tfds_builder import make_config, resolve_manual_dir, resolve_tokenizer_dir
+from tasks.tfds_builder import builder_class, make_config, resolve_manual_dir, resolve_tokenizer_dir
 
 INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
                "audio_tokenizer": "the audio tokenizer"}
@@ -37,12 +35,6 @@ class StaleDataError(UserError, ValueError):
 def default_data_dir() -> str:
   """`data/` of the cache the embedded default lives in ($S2SJAX_CACHE)."""
   return os.path.join(cache.cache_dir(), "data")
-
-
-def builder_class(task: str):
-  """The task's TFDS builder, from its record's `builder` ("module:Class")."""
-  module, _, name = benchmarks.get(task).builder_path.partition(":")
-  return getattr(importlib.import_module(module), name)
 
 
 def prepare(task: str, spec: str, modality: str, row_length: int | None, data_dir: str, manual_dir: str | None = None,
@@ -58,13 +50,15 @@ def prepare_build(selector: DataSelector, data_dir: str, manual_dir: str | None 
   builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
   task = selector.task
   manual_dir = resolve_manual_dir(manual_dir)
-  if load_spec(selector.spec).text_vocabulary:  # refused before the builder writes anything
+  plan = selector.resolve()
+  if plan.spec.text_vocabulary:  # refused before the builder writes anything
     text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
                                  builder_kwargs.get("trust_remote_code", False))
-  config = make_config(selector)
+  config = make_config(plan)
   name = config.name
   if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
     config = name  # TFDS refuses a custom config named like a predefined one; names say everything
+  builder_kwargs = dict(builder_kwargs, plan=plan)  # the spec as read now, whatever config object TFDS holds
   with _build_lock(builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs), task, name):
     # made again under the lock: a build another run finished while this one waited is found, and reused
     builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)

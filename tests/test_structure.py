@@ -16,8 +16,8 @@ FORBIDDEN = {"s2sjax": ("tasks", "checkpoints_conversion", *ENTRY_POINTS),
              "checkpoints_conversion": ("tasks", *ENTRY_POINTS)}
 
 
-def module_name(path: pathlib.Path) -> str:
-  parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
+  parts = path.relative_to(root).with_suffix("").parts
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -95,18 +95,30 @@ def test_the_check_reads_real_imports(tmp_path):
   assert imported_modules(sample) == {"os", "tasks.build", "checkpoints_conversion.convert"}
 
 
-def _module_graph() -> dict[str, set[str]]:
-  """Every project module (package `__init__`s as their package) -> the project modules it imports, at any depth
-  (function-level imports included: one that dodges a cycle at import time is still a cycle)."""
+def _module_graph(root: pathlib.Path = ROOT,
+                  packages: tuple[str, ...] = ("s2sjax", "tasks", "checkpoints_conversion", "launch")
+                  ) -> dict[str, set[str]]:
+  """Every project module under `root` (package `__init__`s as their package) -> the project modules it imports,
+  at any depth (function-level imports included: one that dodges a cycle at import time is still a cycle).
+  Importing `a.b.m` runs `a/__init__.py` and `a/b/__init__.py` first, so it is an edge to each of those packages
+  too, but for the importer's own packages, which Python has entered before the importer runs: a package whose
+  `__init__` imports a module that imports back into that package is a cycle (the module reads a half-initialised
+  package)."""
   paths = {}
-  for package in ("s2sjax", "tasks", "checkpoints_conversion", "launch"):
-    for path in (ROOT / package).rglob("*.py"):
-      paths[module_name(path)] = path
+  for package in packages:
+    for path in (root / package).rglob("*.py"):
+      paths[module_name(path, root)] = path
 
   def project_module(name: str) -> str | None:
     while name and name not in paths:
       name = name.rpartition(".")[0]
     return name or None
+
+  def with_packages(name: str, importer: str) -> set[str]:
+    """The module and the packages Python runs first, less the importer's own."""
+    parts = name.split(".")
+    own = {".".join(importer.split(".")[:n]) for n in range(1, len(importer.split(".")) + 1)}
+    return {name} | {package for n in range(1, len(parts)) if (package := ".".join(parts[:n])) not in own}
 
   graph = {}
   for module, path in paths.items():
@@ -121,7 +133,9 @@ def _module_graph() -> dict[str, set[str]]:
           base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
         # `from pkg import module` imports the module; `from module import name` the module
         names.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base for alias in node.names)
-    graph[module] = {found for name in names if (found := project_module(name)) and found != module}
+    graph[module] = {project for name in names if (found := project_module(name))
+                     for project in with_packages(found, package if path.name == "__init__.py" else module)
+                     if project in paths and project != module}
   return graph
 
 
@@ -161,3 +175,17 @@ def test_the_cycle_check_finds_a_cycle_through_three_modules():
   graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
   assert import_cycles(graph) == [["a", "b", "c"]]
   assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_cycle_check_sees_a_package_init(tmp_path):
+  """A package whose `__init__` imports a module of another package that imports back into the first package's
+  submodule: Python runs the first package's `__init__` again half-way (the module gets a half-initialised
+  package), though no module imports another that imports it back."""
+  for path, text in {"arch/__init__.py": "from fam import moshi\n", "arch/base.py": "X = 1\n",
+                     "fam/__init__.py": "", "fam/moshi.py": "from arch.base import X\n",
+                     "fam/own.py": "from fam.moshi import X\n"}.items():
+    (tmp_path / path).parent.mkdir(exist_ok=True)
+    (tmp_path / path).write_text(text)
+  graph = _module_graph(tmp_path, ("arch", "fam"))
+  assert graph["fam.moshi"] == {"arch", "arch.base"} and graph["fam.own"] == {"fam.moshi"}  # its own package: no edge
+  assert import_cycles(graph) == [["arch", "fam.moshi"]]
