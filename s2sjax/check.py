@@ -68,9 +68,8 @@ def config_verdict(manifest: dict, architecture: architectures.Architecture | No
     config = architecture.parse_config(source)
   except ConfigError as e:
     return Verdict("config", False, f"the source config.json is refused: {e}")
-  kind = getattr(config, "family", architecture.name)
-  return Verdict("config", True, f"{kind}, model_type {source.get('model_type', architecture.name)}: every switch "
-                                 "supported")
+  return Verdict("config", True, f"{config.family}, model_type {source.get('model_type', architecture.name)}: "
+                                 "every switch supported")
 
 
 def tokenizer_verdict(ckpt_dir: str, text_rows: int, trust_remote_code: bool):

@@ -53,7 +53,7 @@ class Architecture:
   (`s2sjax.sequence_inputs`); None: the architecture has no such command."""
 
   name: str  # model_config.json's `family` for an architecture of its own; DECODER for the shared decoder
-  config_class: type  # its config: hashable, with to_json / from_json
+  config_class: type  # its config: hashable, with to_json / from_json and `family` (model_config.json's)
   row_format: RowFormat
   abstract_params: Callable[..., Any]  # (config, param_dtype=float32) -> the tree of ShapeDtypeStructs
   param_logical_axes: Callable[[Any], Any]  # config -> the tree of logical axis names
