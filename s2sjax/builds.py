@@ -9,7 +9,8 @@ line asks for into builds by one rule (a protocol for the modalities it scores, 
 (`PROTOCOLS`) is a registry of records, as tasks are.
 
 `BuildMetadata` is what a build writes beside its rows (TFDS's `metadata.json`) and the evaluator reads: typed
-fields, one JSON layout (`to_json` / `from_json`; builds made before a field existed read with its old default).
+fields, one JSON layout (`to_json` / `from_json`; past the four every build has, a field left out reads as its
+default).
 """
 
 from __future__ import annotations
@@ -207,6 +208,12 @@ def selectors(tasks: list[str] | tuple[str, ...], modality_names: list[str] | tu
           for task in tasks for modality in modality_names for protocol in scoring(modality)]
 
 
+def usage(doc: str) -> str:
+  """A command's docstring with `--task=TASK|all` spelled out from the task registry (a plugin's tasks
+  included): what its `--help` prints."""
+  return doc.replace("--task=TASK|all", f"--task={'|'.join(benchmarks.names())}|all", 1)
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The flags that select builds, the same for `tasks.prepare` and `s2sjax.eval`."""
   flags.DEFINE_enum("task", "all", benchmarks.names() + ["all"], "Benchmark task (all: every one there is).",
@@ -273,7 +280,7 @@ class BuildMetadata:
 
   @classmethod
   def from_json(cls, fields: dict, where: str) -> BuildMetadata:
-    """Reads `to_json`'s layout; a field a build made before it existed has its default. `where` names the
+    """Reads `to_json`'s layout; a field left out past the core four has its default. `where` names the
     file in errors."""
     missing = [key for key in ("task", "modality", "spec", "row_shape") if key not in fields]
     if missing:

@@ -131,15 +131,17 @@ def read_json(path, what: str = "", hint: str = "") -> Any:
                            + (f": {hint}" if hint else "")) from None
 
 
-def _alive_here(owner: dict) -> bool:
-  """Whether the lock's owner is a running process of this host (a lock from another host counts as alive)."""
-  if owner.get("host") != socket.gethostname():
+def process_alive(host: str | None, pid) -> bool:
+  """Whether `pid` is a running process of `host`: the one liveness probe of the lock and of staging folders
+  (s2sjax/staging.py). A process of another host, or one this user may not signal, counts as alive: nothing it may
+  still be using is taken from it."""
+  if host != socket.gethostname():
     return True
   try:
-    os.kill(int(owner.get("pid", -1)), 0)
+    os.kill(int(pid), 0)
   except ProcessLookupError:
     return False
-  except (PermissionError, ValueError):
+  except (PermissionError, ValueError, TypeError, OverflowError):
     return True
   return True
 
@@ -180,7 +182,7 @@ class RunLock:
                           "if no run is writing it, rerun with --break_lock (or delete the file)")
       owner = {}
     where = f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
-    if _alive_here(owner) and not self.break_lock:
+    if process_alive(owner.get("host"), owner.get("pid", -1)) and not self.break_lock:
       raise LockHeldError(
         f"{self.directory} is being written by another run ({where}: {owner.get('command', '?')}): wait for it, "
         f"use another --output_dir, or if that run is dead, rerun with --break_lock (or delete {self.path})", owner)

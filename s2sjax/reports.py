@@ -30,7 +30,7 @@ from etils import epath
 
 from s2sjax import benchmarks, modalities
 from s2sjax.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
-from s2sjax.evaluator import summarize
+from s2sjax.metrics import summarize
 from s2sjax.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.questions import QuestionScores
 

@@ -76,7 +76,8 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
   from checkpoints_conversion.convert import convert
   from s2sjax import benchmarks, checkpoint, metrics
   from s2sjax.builds import Variants
-  from s2sjax.evaluator import Evaluator, ScoringOptions, summarize
+  from s2sjax.evaluator import Evaluator, ScoringOptions
+  from s2sjax.metrics import summarize
   from s2sjax.task_data import load_task_data
   from tasks.preparation import prepare
   from tests.hf_models import save_hf, tiny_model

@@ -189,3 +189,49 @@ def test_the_cycle_check_sees_a_package_init(tmp_path):
   graph = _module_graph(tmp_path, ("arch", "fam"))
   assert graph["fam.moshi"] == {"arch", "arch.base"} and graph["fam.own"] == {"fam.moshi"}  # its own package: no edge
   assert import_cycles(graph) == [["arch", "fam.moshi"]]
+
+
+# The core's stages, in the order data flows through them (docs/architecture.md, "Stages"): a module imports its own
+# stage and the stages before it, never one after (the run-time plumbing every stage uses comes first; a task's
+# arithmetic, `metrics`, is part of the benchmark's contract that the data stage defines). The entry points, their
+# aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above every stage.
+STAGES = (
+  ("runtime plumbing", ("s2sjax.errors", "s2sjax.registry", "s2sjax.plugins", "s2sjax.cache", "s2sjax.cli",
+                        "s2sjax.progress", "s2sjax.output_dir", "s2sjax.staging", "s2sjax.peers", "s2sjax.sharding")),
+  ("data contract and formats", ("s2sjax.modalities", "s2sjax.rows", "s2sjax.packing", "s2sjax.formats",
+                                 "s2sjax.spec", "s2sjax.benchmarks", "s2sjax.builds", "s2sjax.questions",
+                                 "s2sjax.task_data", "s2sjax.text_tokenizer", "s2sjax.metrics")),
+  ("scoring", ("s2sjax.model", "s2sjax.families", "s2sjax.architectures", "s2sjax.scoring", "s2sjax.sequence_inputs",
+               "s2sjax.checksums", "s2sjax.checkpoint", "s2sjax.checkpoint_paths", "s2sjax.evaluator",
+               "s2sjax.default_model", "s2sjax.logprobs", "s2sjax.check", "s2sjax.plan", "s2sjax.bench_items",
+               "s2sjax.bench_accelerator")),
+  ("results and reports", ("s2sjax.chunk_store", "s2sjax.reports", "s2sjax.flips")),
+)
+
+
+def stage_of(module: str) -> int | None:
+  return next((n for n, (_, members) in enumerate(STAGES) if within(module, members)), None)
+
+
+def reverse_imports(graph: dict[str, set[str]]) -> list[str]:
+  """Every import of a module of a later stage than the importer's."""
+  return [f"{module} ({STAGES[stage_of(module)][0]}) imports {other} ({STAGES[stage_of(other)][0]})"
+          for module, imported in sorted(graph.items()) if stage_of(module) is not None
+          for other in sorted(imported) if stage_of(other) is not None and stage_of(other) > stage_of(module)]
+
+
+def test_every_core_module_is_in_one_stage():
+  aliases = {module_name(path) for path in _project_files("s2sjax") if is_command_alias(path)}
+  unplaced = [module for module in sorted(_module_graph()) if within(module, ("s2sjax",)) and module != "s2sjax"
+              and not within(module, ENTRY_POINTS) and module not in aliases and stage_of(module) is None]
+  assert unplaced == [], "place each in the stage of STAGES it belongs to"
+
+
+def test_no_stage_imports_a_later_one():
+  assert reverse_imports(_module_graph()) == []
+
+
+def test_the_stage_check_finds_an_import_of_a_later_stage():
+  graph = {"s2sjax.spec": {"s2sjax.errors"}, "s2sjax.cli": {"s2sjax.benchmarks"}, "s2sjax.reports": {"s2sjax.evaluator"}}
+  assert reverse_imports(graph) == ["s2sjax.cli (runtime plumbing) imports s2sjax.benchmarks (data contract and "
+                                    "formats)"]

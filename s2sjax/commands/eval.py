@@ -42,7 +42,8 @@ from s2sjax import (architectures, benchmarks, builds, cache, checkpoint, checkp
                     metrics, modalities, peers, reports, sharding, text_tokenizer)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
+from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
+from s2sjax.metrics import summarize
 from s2sjax.model import layers
 from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
@@ -400,7 +401,7 @@ def main(argv):
 def command_line() -> None:
   """`python -m s2sjax.eval`."""
   define_flags()
-  cli.run(main, __doc__, flag_modules=(__name__, builds.__name__))
+  cli.run(main, builds.usage(__doc__), flag_modules=(__name__, builds.__name__))
 
 
 if __name__ == "__main__":
