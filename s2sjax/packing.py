@@ -171,16 +171,24 @@ def _laid_length(candidate: np.ndarray) -> int:
   return len(candidate) - 1
 
 
-def required_length(item: Item, share_prefix: bool) -> int:
+def _lengths(item: Item | LaidItem) -> tuple[int, list[int], list[int]]:
+  """(prefix positions, positions each candidate lays, targets each scores) of a token item or a laid one."""
+  if isinstance(item, LaidItem):
+    return (_length(item.prefix), [_length(positions) for positions, _ in item.candidates],
+            [_length(targets) for _, targets in item.candidates])
+  return len(item.prefix), [_laid_length(c) for c in item.candidates], [len(c) for c in item.candidates]
+
+
+def required_length(item: Item | LaidItem, share_prefix: bool) -> int:
   """Row length the item needs: its prefix plus all candidates as laid (shared), or plus the longest (not shared)."""
-  lengths = [_laid_length(c) for c in item.candidates]
-  return len(item.prefix) + (sum(lengths) if share_prefix else max(lengths))
+  prefix, laid, _ = _lengths(item)
+  return prefix + (sum(laid) if share_prefix else max(laid))
 
 
-def _scored_length(item: Item, share_prefix: bool) -> int:
+def _scored_length(item: Item | LaidItem, share_prefix: bool) -> int:
   """Targets the item needs in one row: all its candidates' tokens (shared), or the longest candidate's."""
-  lengths = [len(c) for c in item.candidates]
-  return sum(lengths) if share_prefix else max(lengths)
+  scored = _lengths(item)[2]
+  return sum(scored) if share_prefix else max(scored)
 
 
 # Short rows save nothing once attention is item-local (a token's cost is its item's, not its row's), while they
@@ -189,7 +197,7 @@ def _scored_length(item: Item, share_prefix: bool) -> int:
 AUTO_MIN_LENGTH = 1024
 
 
-def auto_row_length(items: Sequence[Item], share_prefix: bool, targets_per_token: float) -> int:
+def auto_row_length(items: Sequence[Item | LaidItem], share_prefix: bool, targets_per_token: float) -> int:
   """The row length of a build not given one: the smallest power of two, at least AUTO_MIN_LENGTH, that holds the
   longest item as laid, its candidates within the row's targets (`targets_per_token` of its length: a half for
   text candidates, all of it for spoken ones), and four median items, so that a row packs several and the padding

@@ -59,8 +59,8 @@ class QuestionEncoder(abc.ABC):
 
   layout: StreamLayout | None = None  # stream rows: how the rows' streams are delayed
   ids: AudioIds | None = None  # audio in token rows: the spec's special tokens and units, looked up
-  # Whether a build without a row length may choose one from the items (`packing.auto_row_length`, over token
-  # items); an encoder of another format that cannot sets False, and a build then needs --row_length.
+  # Whether a build without a row length may choose one from its items (`packing.auto_row_length`, over token items
+  # or laid ones); an encoder whose items depend on the row length (delayed streams) sets False: --row_length.
   auto_length = True
 
   def __new__(cls, spec: Spec, modality: str, *args, **kwargs):
@@ -335,7 +335,7 @@ class StreamEncoder(QuestionEncoder):
   one step each. The rows are packed by `pack_streams`, which applies the spec's delays, and each scored token
   carries its stream's weight."""
 
-  auto_length = False  # a delayed stream's steps are laid per row length: give it
+  auto_length = False  # its stream items are delayed only when packed, so their lengths are not known before: give it
 
   def __init__(self, spec: Spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)

@@ -98,7 +98,7 @@ def test_a_plugin_model_of_two_id_streams_and_a_feature_track_builds_and_scores(
             for name, leaf in toy.abstract_params(config).items()}
   ckpt, data = tmp_path / "ckpt", tmp_path / "data"
   checkpoint.save_params(ckpt, config, params, tokenizer_dir=qwen_tokenizer_dir)
-  common = [f"--task={TASK}", f"--spec={toy.NAME}", "--row_length=256", f"--data_dir={data}"]
+  common = [f"--task={TASK}", f"--spec={toy.NAME}", f"--data_dir={data}"]  # a row length chosen from its items
   _cli("tasks.prepare", *common, "--modality=s2t,s2s", f"--manual_dir={RELEASE_DIR}",
        f"--tokenizer_dir={qwen_tokenizer_dir}", f"--audio_tokenizer_dir={tmp_path / 'codes'}")
   _cli("s2sjax.eval", *common, "--modality=s2t,s2s", f"--checkpoint={ckpt}", f"--output_dir={tmp_path / 'out'}",

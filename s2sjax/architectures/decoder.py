@@ -11,7 +11,7 @@ from s2sjax.architectures.architecture import DECODER, Architecture, FitError, r
 from s2sjax.model import decoder
 from s2sjax.model.config import ModelConfig
 from s2sjax.rows import TOKEN_ROWS
-from s2sjax.scoring import Scorer, check_ids
+from s2sjax.scoring import Scorer, ScoringError, check_ids
 from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
 from s2sjax.spec import AudioIds, Spec, id_ranges
 
@@ -32,12 +32,15 @@ def check_fit(config: ModelConfig, data) -> None:
     raise FitError(f"spec {spec.name} feeds audio as {spec.audio_mode}; the {config.family} family takes "
                    f"{', '.join(accepted) or 'no audio'}")
   units = data.metadata.audio_ids.unit_ids if data.metadata.audio_ids else None
-  if units and max(units) >= config.vocab_size:
-    raise FitError(
-      f"{data.task}/{data.modality}: spec {spec.name}'s units {id_ranges(units)} lie past the checkpoint's embedding "
-      f"of {config.vocab_size} rows, so its audio would be read from rows it never learned: convert a checkpoint "
-      "whose embedding holds them, or build the data with a spec whose units it has (only the embedded default "
-      "model is given untrained rows for them)")
+  if units and max(units) >= config.vocab_size:  # the rows' own ids say whether any unit past the table is laid
+    try:
+      check_ids(data.rows, config)
+    except ScoringError as e:
+      raise FitError(
+        f"{data.task}/{data.modality}: {e}; spec {spec.name}'s units {id_ranges(units)} lie past the checkpoint's "
+        f"embedding of {config.vocab_size} rows, so its audio would be read from rows it never learned: convert a "
+        "checkpoint whose embedding holds them, or build the data with a spec whose units it has (only the "
+        "embedded default model is given untrained rows for them)") from None
   if spec.audio_mode == "codebook_tables":
     sizes = spec.codebook_sizes
     if len(config.audio_codebook_sizes) != len(sizes) or any(m < d for m, d in zip(config.audio_codebook_sizes, sizes)):

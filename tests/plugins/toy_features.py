@@ -85,8 +85,6 @@ class Encoder(QuestionEncoder):
   spoken candidate (the model's own speech, predicted by the audio head); text on the text stream, the audio
   stream blank."""
 
-  auto_length = False  # its items are laid fields, not token ids: give --row_length
-
   def _side(self, text: np.ndarray | None = None, codes: np.ndarray | None = None, features: bool = False) -> dict:
     options = self.spec.options
     n = len(text) if text is not None else len(codes)
