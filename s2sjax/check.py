@@ -189,15 +189,11 @@ def run(ckpt_dir: str, trust_remote_code: bool = False, spec: str | None = None,
   return verdicts
 
 
-def not_checked(spec: str | None, data: TaskData | None, smoke: bool = True) -> list[str]:
+def not_checked(spec: str | None, data: TaskData | None) -> list[str]:
   """What a run with these arguments leaves unchecked, and what would check it."""
-  missing = []
-  if spec is None and data is None:
-    missing.append("spec: not checked (give --spec)")
+  missing = ["spec: not checked (give --spec)"] if spec is None and data is None else []
   if data is None:
     missing.append("data: not checked (give --data_dir/--task/--modality)")
-  elif not smoke:
-    missing.append("smoke: not scored")
   return missing
 
 

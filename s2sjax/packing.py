@@ -1,6 +1,9 @@
 """Packs benchmark items (a prefix and the candidate continuations that follow it) into fixed-length rows.
 
-Row format (docs/architecture.md, "Packed rows"), every row the same shape so the scoring step compiles once:
+`pack_laid` is the engine every input format's packer hands its items to, once laid as the fields of its row
+format (`LaidItem`: per position, per target); `pack` lays the shared decoder's token items (below) and
+s2sjax/formats/streams.py its stream items. Token rows (docs/architecture.md, "Packed rows"), every row the same
+shape so the scoring step compiles once:
 
   tokens, segment_ids, branch_ids, positions   [L]      segment 0 = padding; branch 0 = the item's prefix,
                                                          branch c + 1 = candidate c's own tokens

@@ -140,21 +140,13 @@ def test_a_plugin_release_layout_of_a_gold_file_builds_and_scores(tmp_path):
   recording, the word the right one, and its loss the naive forward's over bos, its units and eos."""
   import soundfile
   import torch
-  import yaml
 
-  from checkpoints_conversion.convert import convert
   from tasks.audio.mel_kmeans import MelKmeansTokenizer
   from tasks.sample import MEL_KMEANS_CODEBOOK
-  from tests.hf_models import save_hf, tiny_model
+  from tests.test_spoken_storycloze import unit_lm
 
   names = _zerospeech_release(tmp_path / "release")
-  spec = tmp_path / "units.yaml"
-  spec.write_text(yaml.safe_dump({"name": "units", "audio_mode": "extended_vocab", "codebook_sizes": [256],
-                                  "audio_tokenizer": {"type": "mel_kmeans"}, "unit_offset": 2,
-                                  "text_vocabulary": False, "bos_id": 1}))
-  model = tiny_model("qwen2", vocab_size=258)
-  ckpt = str(tmp_path / "unit_lm")
-  convert(save_hf(model, str(tmp_path / "hf")), ckpt)
+  spec, model, ckpt = unit_lm(tmp_path)
   common = ["--task=toy_swuggy", f"--spec={spec}", "--modality=s2s", "--protocol=utterance", "--row_length=1024",
             f"--data_dir={tmp_path / 'data'}"]
   plugin = "tests.plugins.toy_zerospeech"
