@@ -232,9 +232,13 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 @functools.cache
 def builder_class(task: str) -> type[S2SBenchBuilder]:
-  """The task's TFDS builder, made from its record: TFDS names its data folder after the task. One class per task
-  and process (TFDS keeps state per class)."""
+  """The task's TFDS builder, made from its record and registered with TFDS under the task's name (its data
+  folder's, and what `tfds.builder(task)` finds). One class per task and process (TFDS keeps state per class)."""
   benchmarks.get(task)  # an unknown task is refused, naming the known ones
   return type(f"{task.title().replace('_', '')}Builder", (S2SBenchBuilder,),
-              {"name": task, "TASK": task, "__module__": __name__, "__doc__": f"{task}'s packed rows."},
-              skip_registration=True)
+              {"name": task, "TASK": task, "__module__": __name__, "__doc__": f"{task}'s packed rows."})
+
+
+# The package's tasks have their builders once this module is imported; a plugin's, when it is first asked for.
+for _record in benchmarks.TASKS.registered():
+  builder_class(_record.name)

@@ -174,3 +174,15 @@ def test_a_plugin_release_layout_of_a_gold_file_builds_and_scores(tmp_path):
     by_question.setdefault(line["question"], {})[line["is_answer"]] = loss[line["uttid"]]
   right = [(pair[True] < pair[False]) + 0.5 * (pair[True] == pair[False]) for pair in by_question.values()]
   assert metrics["questions"] == 3 and metrics["accuracy"] == pytest.approx(sum(right) / 3)
+
+
+def test_a_tasks_tfds_builder_is_made_from_its_record(tmp_path):
+  """No builder file per task: TFDS finds each task's builder by the task's name, its data folder named after it."""
+  import tensorflow_datasets as tfds
+
+  from tasks.tfds_builder import builder_class
+
+  for task in ("sstorycloze", "scmmlu", "spoken_tstorycloze"):
+    builder = tfds.builder(task, config="demo-t2t-1024", data_dir=str(tmp_path))
+    assert type(builder) is builder_class(task) and builder.TASK == task
+    assert str(builder.data_dir) == str(tmp_path / task / "demo-t2t-1024" / "1.1.0")
