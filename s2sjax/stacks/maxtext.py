@@ -265,28 +265,9 @@ class StepFolder:
   def load(self, mesh: Mesh | None = None, dtype=None) -> Loaded:
     """The parameters on `mesh` (default: every device, data-parallel), sharded as the decoder's are, without the
     whole tree passing through one host; optionally cast to `dtype`."""
-    from orbax.checkpoint.experimental import v1 as ocp
-
     mesh = mesh or sharding.make_mesh()
     config = self.model.config
-    targets = _flat(sharding.logical_to_sharding(param_logical_axes(config), abstract_params(config), mesh))
-    restore: dict = {}
-    for leaf in leaves(self.model):
-      spec = tuple(targets[leaf.target].spec)  # one entry per dim (sharding.fit_spec)
-      if leaf.per_layer:
-        spec = _scanned_axes(self.model, spec) if self.model.scan_layers else spec[1:]
-      for path in source_paths(self.model, leaf):
-        saved = self.saved[path]
-        _put(restore, path, jax.ShapeDtypeStruct(saved.shape, saved.dtype,
-                                                 sharding=NamedSharding(mesh, PartitionSpec(*spec))))
-    context = ocp.Context()
-    context.pytree.loading.partial_load = True  # params only: not the optimizer state, step or rng state
-    try:
-      with context:
-        restored = ocp.load_pytree(self.path, {"params": {"params": restore}}, checkpointable_name=ITEMS)
-    except Exception as e:  # what unreadable (truncated, corrupted) files raise, of many types
-      raise MaxTextError(f"{self.path}/{ITEMS} cannot be read ({type(e).__name__}: {_first_line(e)})") from e
-    tree = restored["params"]["params"]
+    tree = self.restore_tree(mesh)
     flat = _flat(tree)
     found = checksums.device_checksums(list(flat.values()), [False] * len(flat))
     sums = {"/".join(path): value[0] for path, value in zip(flat, found)}
@@ -299,6 +280,31 @@ class StepFolder:
                        out_shardings=jax.tree.map(lambda x: x.sharding, params))(params)
     logging.info("%s: %d MaxText leaves restored and checksummed", self.path, len(sums))
     return Loaded(config, params, sums)
+
+  def restore_tree(self, mesh: Mesh) -> dict:
+    """MaxText's parameter tree as saved (its `params` collection), restored onto `mesh`: each leaf sharded as the
+    decoder leaf it becomes, its axes in MaxText's order. Optimizer state, step and rng state are not read."""
+    from orbax.checkpoint.experimental import v1 as ocp
+
+    targets = _flat(sharding.logical_to_sharding(param_logical_axes(self.model.config),
+                                                 abstract_params(self.model.config), mesh))
+    restore: dict = {}
+    for leaf in leaves(self.model):
+      spec = tuple(targets[leaf.target].spec)  # one entry per dim (sharding.fit_spec)
+      if leaf.per_layer:
+        spec = _scanned_axes(self.model, spec) if self.model.scan_layers else spec[1:]
+      for path in source_paths(self.model, leaf):
+        saved = self.saved[path]
+        _put(restore, path, jax.ShapeDtypeStruct(saved.shape, saved.dtype,
+                                                 sharding=NamedSharding(mesh, PartitionSpec(*spec))))
+    context = ocp.Context()
+    context.pytree.loading.partial_load = True
+    try:
+      with context:
+        restored = ocp.load(self.path, {"params": {"params": restore}}, checkpointable_name=ITEMS)
+    except Exception as e:  # what unreadable (truncated, corrupted) files raise, of many types
+      raise MaxTextError(f"{self.path}/{ITEMS} cannot be read ({type(e).__name__}: {_first_line(e)})") from e
+    return restored["params"]["params"]
 
   def files(self) -> dict[str, int]:
     """{relative path: bytes} of every file of the folder."""
