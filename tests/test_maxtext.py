@@ -278,3 +278,22 @@ def test_a_maxtext_folder_converts_with_the_checksums_of_what_was_read(tmp_path)
   assert checkpoint.load_manifest(str(tmp_path / "out"))["source_model_type"] == "maxtext:llama3.1-8b"
   for ids, reference in padded_reference("llama3.1_scan"):
     assert np.abs(logprobs.compute(str(tmp_path / "out"), ids).text - reference).max() <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_converted_llama31_exports_to_transformers_with_its_rope_scaling(tmp_path):
+  """The converted checkpoint carries Llama 3.1's rope scaling into transformers' config (rope_type llama3), whose
+  LlamaForCausalLM then gives MaxText's log-probs."""
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  from checkpoints_conversion import export_hf
+
+  convert.convert(folder("llama3.1_noscan", "params only"), str(tmp_path / "s2sjax"),
+                  maxtext_run_config=run_config("llama3.1_noscan"))
+  export_hf.export(str(tmp_path / "s2sjax"), str(tmp_path / "hf"))
+  model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+  for ids, reference in padded_reference("llama3.1_noscan"):
+    with torch.no_grad():
+      logits = model(torch.from_numpy(ids[None].astype(np.int64))).logits[0]
+    assert np.abs(torch.log_softmax(logits, -1).numpy() - reference).max() <= TOLERANCE
