@@ -367,7 +367,8 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
   the parameters), and a leaf that differs is refused by name; a deleted or truncated file is refused by name
-  before orbax reads anything."""
+  before orbax reads anything. Another stack's checkpoint is restored by its reader (s2sjax/stacks): there are no
+  written checksums to hold it to."""
   from orbax.checkpoint.experimental import v1 as ocp
 
   if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:

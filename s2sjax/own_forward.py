@@ -5,7 +5,8 @@ architecture, with no conversion.
 decoder_positions, decoder_segment_ids) -> logits [batch, length, vocab]` (maxtext 0.2.5 `models/models.py:183`,
 called so by `train.loss_fn`, `trainers/pre_train/train.py:184`): tokens sharing a segment id attend causally to
 each other, segment 0 is padding, positions are each token's position within its segment. A levanter model is one
-`lambda params, tokens, positions, segments: model(tokens, AttentionMask.causal().with_segment_ids(segments))` away
+lambda away: `model(input_ids, attn_mask, pos_ids=...)` (levanter `models/llama.py:507`) with
+`AttentionMask.causal().with_segment_ids(segments)` (`layers/attention.py:851,878`), in haliax's named arrays
 (docs/training.md). `Evaluator(OwnForward(...), data)` scores with it: this module registers it as an
 architecture (s2sjax/architectures) reading token rows.
 

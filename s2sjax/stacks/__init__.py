@@ -1,6 +1,7 @@
 """Other training stacks' checkpoints and parameters, read as they wrote them: MaxText (`maxtext`, with its run
-config in `maxtext_config`) and levanter (`levanter`). `s2sjax.checkpoint` asks `open_checkpoint` first, so every
-command that reads a checkpoint reads theirs."""
+config in `maxtext_config`) and levanter (`levanter`, and its trainer's hook in `levanter_hook`).
+`s2sjax.checkpoint` asks `open_checkpoint` first, so every command that reads a checkpoint reads a MaxText folder;
+levanter's are read in Python (`levanter.load`), with the model's config.json."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ MaxText writes no checksums. What this reader holds instead: a folder's content 
 keys, its `_CHECKPOINT_METADATA` (the commit timestamp orbax writes) and the name and size of every file (OCDBT
 data files are named afresh by every write), so a step rewritten at the same path is told apart; and `load`
 returns every restored leaf's checksum (`s2sjax.checksums`, computed on the devices), which the converter writes
-into the converted checkpoint's manifest and the watcher records per step.
+into the converted checkpoint's manifest (`source_checksums`), so the converted checkpoint holds exactly the bits
+read.
 """
 
 from __future__ import annotations
