@@ -146,6 +146,17 @@ def test_a_folder_orbax_has_not_committed_is_refused(tmp_path):
     maxtext.StepFolder(copy, RunConfig.parse(run_config("qwen2.5_scan")))
 
 
+def test_a_glob_over_a_training_run_leaves_out_the_steps_orbax_is_still_writing(tmp_path):
+  from s2sjax import checkpoint_paths
+
+  steps = tmp_path / "run" / "checkpoints"
+  for name in ("1", "2"):
+    shutil.copytree(folder("qwen2.5_scan", "training state"), steps / name)
+  (steps / "2" / "commit_success.txt").unlink()  # written in place (a bucket): committed last
+  (steps / "3.orbax-checkpoint-tmp").mkdir()  # written aside (a local disk): renamed when done
+  assert checkpoint_paths.expand(f"{steps}/*") == [str(steps / "1")]
+
+
 def test_the_items_path_maxtext_users_pass_names_its_step_folder():
   items = os.path.join(folder("llama3.1_scan", "training state"), "items")
   assert maxtext.StepFolder(items, RunConfig.parse(run_config("llama3.1_scan"))).path == MAXTEXT / "llama3.1_scan" / \

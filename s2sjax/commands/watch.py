@@ -24,7 +24,7 @@ from typing import Callable
 from absl import flags
 from etils import epath
 
-from s2sjax import builds, checkpoint, cli, reports
+from s2sjax import builds, checkpoint, checkpoint_paths, cli, reports
 from s2sjax.commands import eval as eval_command
 from s2sjax.errors import UserError
 from s2sjax.output_dir import read_json
@@ -32,7 +32,6 @@ from s2sjax.stacks import maxtext, maxtext_config
 
 FLAGS = flags.FLAGS
 STATE = "watch.json"
-ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # where orbax writes a step before renaming it (local and fuse file systems)
 
 
 class WatchError(UserError, ValueError):
@@ -46,7 +45,7 @@ def committed_steps(run_dir: str | epath.Path) -> tuple[list[epath.Path], list[s
     raise WatchError(f"{run_dir} has no checkpoints/ folder: --run_dir is MaxText's <base_output_directory>/<run_name>")
   ready, pending = [], []
   for path in folder.iterdir():
-    if ORBAX_TEMPORARY in path.name or (path.name.isdigit() and not maxtext.is_committed(path)):
+    if checkpoint_paths.ORBAX_TEMPORARY.search(path.name) or (path.name.isdigit() and not maxtext.is_committed(path)):
       pending.append(path.name)
     elif path.name.isdigit() and maxtext.is_step_folder(path):
       ready.append(path)
@@ -54,8 +53,11 @@ def committed_steps(run_dir: str | epath.Path) -> tuple[list[epath.Path], list[s
 
 
 def _read_state(output_dir: str) -> dict[str, str]:
+  """{step folder name: content id} of the steps scored into `output_dir` so far."""
   path = epath.Path(output_dir) / STATE
-  return read_json(path, "the watcher's record", "delete it to score every step again")["scored"] if path.exists() else {}
+  if not path.exists():
+    return {}
+  return read_json(path, "the watcher's record", "delete it to score every step again")["scored"]
 
 
 def watch(cfg: eval_command.EvalConfig, run_dir: str, poll_seconds: float = 60.0, stop_after_step: int | None = None,

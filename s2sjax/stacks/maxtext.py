@@ -223,7 +223,7 @@ class StepFolder:
     from orbax.checkpoint.experimental import v1 as ocp
 
     try:
-      tree = ocp.pytree_metadata(self.path, checkpointable_name=ITEMS).metadata
+      tree = ocp.metadata(self.path, checkpointable_name=ITEMS).metadata
     except Exception as e:  # orbax's many kinds of "cannot read this": one line naming the folder
       raise MaxTextError(f"{self.path}/{ITEMS} cannot be read as an orbax PyTree ({type(e).__name__}: "
                          f"{_first_line(e)})") from None
@@ -329,7 +329,7 @@ class StepFolder:
   def _top_level(self) -> list[str]:
     from orbax.checkpoint.experimental import v1 as ocp
 
-    return sorted(ocp.pytree_metadata(self.path, checkpointable_name=ITEMS).metadata)
+    return sorted(ocp.metadata(self.path, checkpointable_name=ITEMS).metadata)
 
   def tokenizer_dir(self) -> str | None:
     """The run's tokenizer when its `tokenizer_path` is a folder here holding a transformers tokenizer."""
