@@ -16,14 +16,18 @@ import glob
 import os
 import re
 
+from absl import logging
 from etils import epath
+
 from s2sjax.errors import UserError
+from s2sjax.stacks import maxtext
 
 # The whole folder name: an optional word the checkpoint managers put before the step, then the step.
 STEP_NAME = re.compile(r"(?:(?:global_step|step|checkpoint|ckpt|iter|iteration)[-_]?)?(\d+)", re.IGNORECASE)
 STEP_FORMS = "step_N, checkpoint-N, ckpt-N, global_step_N or a bare N"
-# Orbax writes a step into `<step>.orbax-checkpoint-tmp-<n>` and renames it when done: never a checkpoint.
-ORBAX_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp-\d+$")
+# Orbax writes a step into `<step>.orbax-checkpoint-tmp` (`-<n>` in older versions) and renames it when done:
+# never a checkpoint.
+ORBAX_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp(-\d+)?$")
 
 
 class CheckpointListError(UserError, ValueError):
@@ -81,18 +85,26 @@ def steps(paths: list[str], pattern: str | None = None) -> list[int | None]:
 
 def expand(patterns: str, pattern: str | None = None) -> list[str]:
   """Paths from a comma-separated list of paths and globs, in step order (`pattern`: --step_pattern); a glob that
-  matches nothing is an error, and orbax's unfinished `*.orbax-checkpoint-tmp-*` folders are left out."""
+  matches nothing is an error, and orbax's unfinished `*.orbax-checkpoint-tmp*` folders and MaxText steps orbax
+  has not committed yet are left out (a glob over a run that is still training)."""
   paths = []
   for part in filter(None, (p.strip() for p in patterns.split(","))):
     part = os.path.expanduser(part)  # "--checkpoint=~/x" reaches us unexpanded
-    matches = ([m for m in _glob(part) if not ORBAX_TEMPORARY.search(_name(m))] if any(ch in part for ch in "*?[")
-               else [part])
+    matches = [m for m in _glob(part) if _finished(m)] if any(ch in part for ch in "*?[") else [part]
     if not matches:
       raise CheckpointListError(f"--checkpoint pattern {part!r} matches nothing")
     paths += matches
   paths = list(dict.fromkeys(paths))
   order = dict(zip(paths, steps(paths, pattern)))
   return sorted(paths, key=lambda p: (order[p] is None, order[p] or 0, p))
+
+
+def _finished(path: str) -> bool:
+  """Not a step orbax is still writing: neither its temporary folder nor a MaxText step without its commit marker."""
+  if ORBAX_TEMPORARY.search(_name(path)) or (maxtext.is_step_folder(path) and not maxtext.is_committed(path)):
+    logging.warning("%s is still being written: left out", path)
+    return False
+  return True
 
 
 def _glob(pattern: str) -> list[str]:

@@ -223,16 +223,22 @@ def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
 SCALARS = ("accuracy", "positive_loss", "negative_loss", "loss_gap")
 
 
+def scalars(tasks: dict, degradation: dict) -> dict[str, float]:
+  """The headline numbers of one evaluation by their scalar names, `<task>/<modality>/<metric>` and
+  `<task>/degradation/<pair>`: what TensorBoard and a training stack's tracker are given (a run record's `tasks`
+  and `degradation`, or `Evaluator.evaluate`'s result and its "degradation")."""
+  found = {f"{task}/{modality}/{key}": float(values[key]) for task, by_modality in tasks.items()
+           for modality, values in by_modality.items() for key in SCALARS}
+  found.update({f"{task}/degradation/{pair}": float(report["degradation"]) for task, matrix in degradation.items()
+                for pair, report in matrix.items()})
+  return found
+
+
 def write_tensorboard(out_dir, run: dict, step: int) -> None:
-  """The run's headline numbers as TensorBoard scalars (`<task>/<modality>/<metric>`, `<task>/degradation`), via
-  tensorboardX (the `tensorboard` extra), so no TensorFlow is needed."""
+  """The run's headline numbers as TensorBoard scalars (`scalars`), via tensorboardX (the `tensorboard` extra), so
+  no TensorFlow is needed."""
   from tensorboardX import SummaryWriter
 
   with SummaryWriter(str(epath.Path(out_dir) / "tensorboard")) as writer:
-    for task, by_modality in run["tasks"].items():
-      for modality, values in by_modality.items():
-        for key in SCALARS:
-          writer.add_scalar(f"{task}/{modality}/{key}", values[key], step)
-    for task, matrix in run["degradation"].items():
-      for pair, report in matrix.items():
-        writer.add_scalar(f"{task}/degradation/{pair}", report["degradation"], step)
+    for name, value in scalars(run["tasks"], run["degradation"]).items():
+      writer.add_scalar(name, value, step)

@@ -48,6 +48,7 @@ from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
 from s2sjax.spec import load_spec
+from s2sjax.stacks import maxtext_config
 from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
@@ -311,6 +312,7 @@ def define_flags() -> None:
                     "built apart in $S2SJAX_CACHE/smoke, results in outputs/smoke: minutes; the numbers mean nothing.")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: the "
                       "embedded SmolLM2-135M-Instruct, Q4_1 GGUF, with the demo spec).")
+  maxtext_config.define_flag()
   flags.DEFINE_string("data_dir", None, "Built datasets (default: $S2SJAX_CACHE/data, ~/.cache/s2sjax/data when "
                       "unset: the bundled sample).")
   flags.DEFINE_string("output_dir", "outputs/eval", "Where results go; rerunning into it resumes.")
@@ -393,7 +395,8 @@ def main(argv):
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
   config = config_from_flags()
-  runs = run(config)
+  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/stacks)
+    runs = run(config)
   if jax.process_index() != 0:
     return
   for run_ in runs:

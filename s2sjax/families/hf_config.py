@@ -19,18 +19,42 @@ def require(cfg: Mapping[str, Any], *keys: str) -> Any:
   raise ConfigError(f"config.json has none of {list(keys)}")
 
 
+LLAMA3_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope_type(cfg: Mapping[str, Any]) -> tuple[str, dict]:
+  """(rope_type, the dict that spells it) from either transformers v4 (`rope_scaling`) or v5 (`rope_parameters`)."""
+  for key in ("rope_parameters", "rope_scaling"):
+    spelled = dict(cfg.get(key) or {})
+    rope_type = spelled.get("rope_type") or spelled.get("type")
+    if rope_type:
+      return rope_type, spelled
+  return "default", {}
+
+
 def rope(cfg: Mapping[str, Any]) -> tuple[float, float | None]:
-  """(theta, partial_rotary_factor or None) from either transformers v4 or v5 spelling; rejects scaled ropes."""
+  """(theta, partial_rotary_factor or None) from either transformers v4 or v5 spelling; rejects scaled ropes other
+  than Llama 3.1's (`rope_scaling`)."""
   params = dict(cfg.get("rope_parameters") or {})
-  scaling = cfg.get("rope_scaling") or {}
-  rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-  if rope_type != "default":
-    raise ConfigError(f"rope_type {rope_type!r} is not supported (only unscaled 'default' rope)")
+  rope_type, _ = _rope_type(cfg)
+  if rope_type not in ("default", "llama3"):
+    raise ConfigError(f"rope_type {rope_type!r} is not supported (only unscaled 'default' rope and 'llama3')")
   theta = params.get("rope_theta", cfg.get("rope_theta"))
   if theta is None:
     raise ConfigError("config.json gives no rope_theta")
   factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
   return float(theta), None if factor is None else float(factor)
+
+
+def rope_scaling(cfg: Mapping[str, Any]) -> tuple[float, ...]:
+  """ModelConfig.rope_scaling: Llama 3.1's four numbers for rope_type "llama3", () for unscaled rope."""
+  rope_type, spelled = _rope_type(cfg)
+  if rope_type != "llama3":
+    return ()
+  missing = [key for key in LLAMA3_SCALING_KEYS if spelled.get(key) is None]
+  if missing:
+    raise ConfigError(f"rope_type 'llama3' without {missing}")
+  return tuple(float(spelled[key]) for key in LLAMA3_SCALING_KEYS)
 
 
 def whole_head_rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int:
@@ -58,6 +82,7 @@ def decoder_fields(cfg: Mapping[str, Any], *, head_dim: int, num_kv_heads: int, 
     rotary_dim=rotary_dim,
     rms_norm_eps=float(require(cfg, "rms_norm_eps")),
     tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),  # every family's transformers default
+    rope_scaling=rope_scaling(cfg),
   )
 
 
@@ -74,4 +99,6 @@ def export_fields(config: ModelConfig) -> dict[str, Any]:
     rms_norm_eps=config.rms_norm_eps,
     rope_theta=config.rope_theta,
     tie_word_embeddings=config.tie_embeddings,
+    **({"rope_scaling": {"rope_type": "llama3", **dict(zip(LLAMA3_SCALING_KEYS, config.rope_scaling))}}
+       if config.rope_scaling else {}),
   )

@@ -71,6 +71,9 @@ class ModelConfig:
   # Width of the token embeddings and the head when it is not hidden_size (OPT's word_embed_proj_dim): the decoder
   # then projects the embeddings in (`project_in`) and its output back out (`project_out`), neither with a bias.
   word_embed_dim: int | None = None
+  # Llama 3.1's frequency scaling of the rotary angles (transformers' rope_type "llama3"): (factor, low_freq_factor,
+  # high_freq_factor, original_max_position_embeddings); empty: the angles are unscaled.
+  rope_scaling: tuple[float, ...] = ()
 
   def __post_init__(self):
     for lookup in _family_lookup:
@@ -86,6 +89,9 @@ class ModelConfig:
     elif self.rotary_dim or self.max_positions <= 0:
       raise ConfigError(f"learned positions need rotary_dim=0 (got {self.rotary_dim}) and max_positions > 0 "
                         f"(got {self.max_positions})")
+    if self.rope_scaling and (len(self.rope_scaling) != 4 or self.position_embedding != "rope"):
+      raise ConfigError(f"rope_scaling={self.rope_scaling} must be (factor, low_freq_factor, high_freq_factor, "
+                        "original_max_position_embeddings), for a rope model")
     if self.audio_codebook_sizes and self.audio_placeholder_id is None:
       raise ConfigError("audio_codebook_sizes given without audio_placeholder_id")
 
@@ -105,6 +111,7 @@ class ModelConfig:
   def from_json(cls, text: str) -> "ModelConfig":
     fields = json.loads(text)
     fields["audio_codebook_sizes"] = tuple(fields.get("audio_codebook_sizes", ()))
+    fields["rope_scaling"] = tuple(fields.get("rope_scaling", ()))
     unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
       raise ConfigError(f"unknown ModelConfig keys: {sorted(unknown)}")
