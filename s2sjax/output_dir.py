@@ -94,6 +94,20 @@ def write_atomic(path, data: bytes) -> None:
     raise
 
 
+def replace_dir(target: str, complete: str) -> None:
+  """The local folder `complete` (written whole beside `target`) put in `target`'s place, and the old `target`, if
+  any, removed: at every moment `target` is the old folder or the new one, never a mix."""
+  import shutil
+
+  aside = f"{complete}.replaced"
+  fsync_path(complete)
+  if os.path.exists(target):
+    os.rename(target, aside)
+  os.rename(complete, target)
+  fsync_path(os.path.dirname(os.path.abspath(target)))
+  shutil.rmtree(aside, ignore_errors=True)
+
+
 def _first_non_finite(value: Any, where: str = "") -> str | None:
   """The key path of the first NaN or infinity in a JSON-ready value, if any."""
   if isinstance(value, float) and not math.isfinite(value):
