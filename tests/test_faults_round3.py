@@ -33,3 +33,37 @@ def test_a_flips_markdown_shows_a_release_text_as_it_reads():
   tags = set(re.findall(r"<(/?\w+)", rendered))
   assert tags <= {"h1", "/h1", "h2", "/h2", "p", "/p", "table", "/table", "thead", "/thead", "tbody", "/tbody",
                   "tr", "/tr", "th", "/th", "td", "/td", "br"}
+
+
+def _record(path, step, accuracy):
+  """A checkpoint's record as s2sjax.eval writes it into metrics.json (name, path, step, its task metrics)."""
+  return {"name": path, "path": path, "step": step,
+          "tasks": {"sstorycloze": {"t2t": {"accuracy": accuracy, "positive_loss": 2.0, "negative_loss": 3.0}}}}
+
+
+def test_two_runs_under_one_glob_are_two_curves_not_one_that_jumps(tmp_path):
+  """`--checkpoint=ckpts/*/step_*` over runA and runB, both with step_100 and step_200: each run keeps its own
+  line, named by its folder; checkpoints of one folder sharing a step are still refused."""
+  from s2sjax import checkpoint_paths, reports
+
+  for run in ("runA", "runB"):
+    for step in (100, 200):
+      (tmp_path / "ckpts" / run / f"step_{step}").mkdir(parents=True)
+  paths = checkpoint_paths.expand(str(tmp_path / "ckpts" / "*" / "step_*"))
+  assert checkpoint_paths.run_names(paths) == ["runA/step_100", "runB/step_100", "runA/step_200", "runB/step_200"]
+  accuracy = {"runA": {100: 0.5, 200: 0.6}, "runB": {100: 0.9, 200: 0.95}}
+  history = [_record(p, step, accuracy[p.split("/")[-2]][step])
+             for p, step in zip(paths, checkpoint_paths.steps(paths))]
+  lines = reports.curve_lines(history)
+  assert [(line.label, line.steps, line.values) for line in lines["accuracy"]] == [
+      ("runA sStoryCloze T→T", [100, 200], [50.0, 60.0]), ("runB sStoryCloze T→T", [100, 200], [90.0, 95.0])]
+  assert [line.label for line in lines["loss"]] == [
+      "runA sStoryCloze T→T positive", "runA sStoryCloze T→T negative",
+      "runB sStoryCloze T→T positive", "runB sStoryCloze T→T negative"]
+  one_run = reports.curve_lines(history[::2])  # runA alone: its line, named as before
+  assert [(line.label, line.steps) for line in one_run["accuracy"]] == [("sStoryCloze T→T", [100, 200])]
+  assert len(reports.plot_curves(tmp_path, history)) == 2
+  (tmp_path / "ckpts" / "runA" / "ckpt-100-fp16").mkdir()
+  with pytest.raises(checkpoint_paths.CheckpointListError, match="are all step 100"):
+    checkpoint_paths.steps([str(tmp_path / "ckpts" / "runA" / "step_100"),
+                            str(tmp_path / "ckpts" / "runA" / "ckpt-100-fp16")], r"(\d+)")
