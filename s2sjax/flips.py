@@ -25,6 +25,7 @@ import dataclasses
 import html
 import mimetypes
 import os
+import re
 
 import numpy as np
 from etils import epath
@@ -35,15 +36,16 @@ from s2sjax.questions import QuestionScores
 
 
 EMBED_BYTES = 32 * 2**20  # recordings embedded in one page at most: a page of ~43 MB
-# inline Markdown (emphasis, code, links and images, strikethrough, math), HTML tags and entities, table cells
-MARKDOWN_SPECIAL = frozenset("\\`*_[]<>&~|$")
+# What a Markdown or HTML reader acts on in a table cell: emphasis, code, links and images, strikethrough, math,
+# tags and entities, the cell's border. An underscore between two letters or digits never opens or closes emphasis
+# (CommonMark 6.2), so ids such as `16_zh` keep theirs bare.
+MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]<>&~|$]|(?<![^\W_])_|_(?![^\W_])")
 
 
 def markdown_text(text: str) -> str:
   """`text` as it reads, inside a Markdown table cell: each character with a meaning there backslash-escaped (any
   ASCII punctuation may be, CommonMark 2.4), line breaks as spaces."""
-  text = " ".join(text.splitlines())
-  return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in text)
+  return MARKDOWN_SPECIAL.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()))
 
 
 @dataclasses.dataclass(frozen=True)

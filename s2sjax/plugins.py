@@ -51,7 +51,8 @@ def _print_one_line_if_uncaught() -> None:
     return
 
   def hook(kind, error, traceback):
-    if isinstance(error, PluginError) and not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
+    verbose = any(a.split("=")[0].lstrip("-") in ("verbosity", "v") for a in sys.argv[1:])
+    if isinstance(error, PluginError) and not verbose:
       print(f"error: {error}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
     else:
       previous(kind, error, traceback)

@@ -12,7 +12,7 @@ from s2sjax import flips
 
 HOSTILE_TEXTS = ["<script>alert(1)</script> **bold** | x", "[click](javascript:alert(1)) ![i](http://x/i.png)",
                  "<img src=x onerror=alert(1)>", "`code` ~~gone~~ $x^2$ \\*", "two\nlines\n\n# a heading",
-                 "&lt;b&gt; &amp; <!-- hidden -->"]
+                 "&lt;b&gt; &amp; <!-- hidden -->", "_emphasis_ __strong__ snake_case 中_文"]
 
 
 def test_a_flips_markdown_shows_a_release_text_as_it_reads():
@@ -20,7 +20,7 @@ def test_a_flips_markdown_shows_a_release_text_as_it_reads():
   text: no tag, link, image or emphasis comes out of it."""
   markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the page as a reader would")
   texts = HOSTILE_TEXTS
-  flip = flips.Flip("q<1>*", True, 1.0, -1.0, tuple(texts[1:]), 0, (1.0,) * 5, (2.0,) * 5)
+  flip = flips.Flip("q<1>*", True, 1.0, -1.0, tuple(texts[1:]), 0, (1.0,) * 6, (2.0,) * 6)
   page = flips.markdown("T", ("t2t", "s2t"), [flip], {"q<1>*": texts[0]}, {"q<1>*": "a_b*.wav"})
   rendered = markdown_it.MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(page)
   cells = re.findall(r"<td>(.*?)</td>", rendered, re.S)
@@ -30,6 +30,7 @@ def test_a_flips_markdown_shows_a_release_text_as_it_reads():
   candidates = [html.unescape(c) for c in cells[2].split("<br>")]
   expected = [" ".join(t.splitlines()) for t in texts[1:]]
   assert [c.split(" ", 1)[1].rsplit(" (T→T", 1)[0] for c in candidates] == expected
+  assert flips.markdown_text("16_zh") == "16_zh"  # ids stay as they read: an intraword _ is no emphasis
   tags = set(re.findall(r"<(/?\w+)", rendered))
   assert tags <= {"h1", "/h1", "h2", "/h2", "p", "/p", "table", "/table", "thead", "/thead", "tbody", "/tbody",
                   "tr", "/tr", "th", "/th", "td", "/td", "br"}

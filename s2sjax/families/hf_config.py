@@ -67,10 +67,9 @@ def rope(cfg: Mapping[str, Any]) -> tuple[float, float | None]:
   rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
   if rope_type != "default":
     raise ConfigError(f"rope_type {rope_type!r} is not supported (only unscaled 'default' rope)")
-  theta = number(dict(cfg, **params), "rope_theta")
-  factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
-  return float(theta), None if factor is None else float(number({"partial_rotary_factor": factor},
-                                                                 "partial_rotary_factor"))
+  merged = {**cfg, **params}  # v5's rope_parameters over v4's top-level keys
+  factor = None if merged.get("partial_rotary_factor") is None else number(merged, "partial_rotary_factor")
+  return float(number(merged, "rope_theta")), None if factor is None else float(factor)
 
 
 def whole_head_rotary_dim(cfg: Mapping[str, Any], head_dim: int) -> int:
