@@ -7,6 +7,10 @@ Steps: `step_N`, `step-N`, `checkpoint-N` (transformers' Trainer), `ckpt-N` / `c
 digits in it (`ckpt-100-fp16`, `checkpoint-500-v2`) is ambiguous: its step is read only by a `--step_pattern`
 regex, and a list of checkpoints that holds one is refused (the last number would be taken for the step and the
 curves would lie). A name without digits has no step.
+
+A run is the folder its checkpoints lie in (`run_folder`): checkpoints of one run may not share a step, those of
+two runs may (`ckpts/*/step_*` over runA and runB, both with step_100): each run is its own curve
+(`reports.curve_lines`), which is what comparing two runs asks for.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def steps(paths: list[str], pattern: str | None = None) -> list[int | None]:
   by_folder = collections.defaultdict(list)
   for path, step in zip(paths, found):
     if step is not None:
-      by_folder[(os.path.dirname(os.path.normpath(path)), step)].append(_name(path))
+      by_folder[(run_folder(path), step)].append(_name(path))
   shared = {key: names for key, names in by_folder.items() if len(names) > 1}
   if shared:
     (_, step), names = next(iter(shared.items()))
@@ -113,6 +117,14 @@ def _glob(pattern: str) -> list[str]:
     return sorted(glob.glob(pattern))
   parent, _, name = pattern.rstrip("/").rpartition("/")
   return sorted(str(p) for p in epath.Path(parent).glob(name))
+
+
+def run_folder(path: str) -> str:
+  """The run a checkpoint belongs to: the folder it lies in (`runA` of `ckpts/runA/step_100`), where a training
+  run's checkpoint manager writes every step. Steps of one run make one curve."""
+  if "://" in path:
+    return path.rstrip("/").rpartition("/")[0]
+  return os.path.dirname(os.path.normpath(path))
 
 
 def run_names(paths: list[str]) -> list[str]:

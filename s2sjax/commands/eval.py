@@ -39,7 +39,7 @@ from absl import flags, logging
 from etils import epath
 
 from s2sjax import (benchmarks, builds, cache, checkpoint, checkpoint_paths, cli, default_model, flips, metrics,
-                    modalities, peers, reports, sharding, text_tokenizer)
+                    modalities, peers, plan, reports, sharding, text_tokenizer)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
@@ -176,6 +176,7 @@ def run(cfg: EvalConfig) -> list[dict]:
       config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint, cfg.accept_config_change)
       for td in data:
         check_fit(config, td, identity)
+      plan.check_step_memory(config, [td.shape for td in data], options.batch_size, options.dtype, attention, mesh)
       if evaluator is None or evaluator.config != config:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
