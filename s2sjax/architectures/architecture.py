@@ -60,8 +60,8 @@ class Architecture:
   scorer: Callable[..., Any]
   text_rows: Callable[[Any], int]  # config -> rows of its text embedding (the largest text tokenizer it reads)
   check_fit: Callable[[Any, Any], None]
-  check_ids: Callable[[Mapping[str, np.ndarray], Any], None]
-  parse_config: Callable[[Mapping[str, Any]], Any]
+  check_ids: Callable[[Mapping[str, np.ndarray], Any], None] | None = None  # None: its scorer checks ids alone
+  parse_config: Callable[[Mapping[str, Any]], Any] | None = None  # None: it reads no release config.json
   spec_checks: Callable[[Any, Any, Any], list[tuple[str, bool, str]]] = lambda config, spec, ids: []
   stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
   converter: str | None = None
