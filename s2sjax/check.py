@@ -242,7 +242,7 @@ def main(argv) -> None:
   for line in not_checked(spec, data):
     print(line)
   failed = sum(not v.ok for v in verdicts)
-  print(f"{failed} check(s) failed" if failed else f"all {len(verdicts)} checks passed")
+  print(f"{failed} check(s) failed" if failed else "all checks passed")
   sys.exit(1 if failed else 0)
 
 
