@@ -22,6 +22,7 @@ from checkpoints_conversion import safetensors_io
 from s2sjax import families
 from s2sjax.errors import UserError
 from s2sjax.model.config import ConfigError
+from s2sjax.registry import Registry
 
 
 class SourceError(UserError, ValueError):
@@ -225,18 +226,19 @@ class GgufSource:
 class Wrapper:
   """A model that holds a transformers causal LM as one of its modules, found by its config.json `model_type`."""
 
+  model_type: str  # its config.json's, what it is registered and found by
   name: str
   inner_config: str  # the config.json key holding the LM's own config (with its model_type)
   prefix: str  # of the LM's tensor keys
   outer_keys: tuple[str, ...]  # config.json keys that override the LM's config: the wrapper changes them
 
 
-WRAPPERS = {
-  # SlamKit (github.com/slp-rl/slamkit, slamkit/model/unit_lm.py): UnitLMConfig's model_type (line 33) keeps the
-  # LM's config as `base_config` (lines 63-73); UnitLM keeps the LM as `self.lm` (line 94) and resizes its
-  # embeddings to UnitLMConfig's own vocab_size (line 102), so base_config's may still be the base model's.
-  "speech_language_model": Wrapper("SlamKit UnitLM", "base_config", "lm.", ("vocab_size",)),
-}
+# A plugin registers a wrapper of its own here, as families register in s2sjax.families.
+WRAPPERS: Registry[Wrapper] = Registry("checkpoint wrapper", name_of=lambda wrapper: wrapper.model_type)
+# SlamKit (github.com/slp-rl/slamkit, slamkit/model/unit_lm.py): UnitLMConfig's model_type (line 33) keeps the LM's
+# config as `base_config` (lines 63-73); UnitLM keeps the LM as `self.lm` (line 94) and resizes its embeddings to
+# UnitLMConfig's own vocab_size (line 102), so base_config's may still be the base model's.
+WRAPPERS.register(Wrapper("speech_language_model", "SlamKit UnitLM", "base_config", "lm.", ("vocab_size",)))
 
 
 class WrappedSource:
@@ -264,8 +266,8 @@ class WrappedSource:
 
 
 def _unwrapped(source: TensorSource) -> TensorSource:
-  wrapper = WRAPPERS.get(source.config.get("model_type"))
-  return WrappedSource(source, wrapper) if wrapper else source
+  model_type = source.config.get("model_type")
+  return WrappedSource(source, WRAPPERS.get(model_type)) if model_type in WRAPPERS.names() else source
 
 
 def open_source(path: str) -> TensorSource:

@@ -32,12 +32,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
 import shutil
-import socket
 import tempfile
 import time
-import uuid
 from typing import Any, Iterable, Iterator, Mapping
 
 import jax
@@ -52,6 +49,7 @@ from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
 from s2sjax.output_dir import DamagedFileError, fsync_path, read_json, strict_json
+from s2sjax.staging import REPLACED, owner_tag, remove_dead, swap_into_place
 
 MANIFEST = "manifest.json"
 CONFIG = "model_config.json"
@@ -135,37 +133,16 @@ def _check_shapes(expected: Mapping[LeafPath, tuple], given: Mapping[LeafPath, t
     raise CheckpointError("parameters do not fit the config:\n  " + "\n  ".join(problems))
 
 
-def _staging_dir(out_dir: epath.Path) -> epath.Path:
-  """A hidden sibling named after this host and process, so a later run can tell a dead writer's leftovers."""
-  return out_dir.parent / f".{out_dir.name}.partial-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+PARTIAL = "partial"  # the kind of a checkpoint being written (s2sjax/staging.py)
 
 
 def _remove_stale_staging(out_dir: epath.Path) -> list[str]:
   """Deletes staging directories of `out_dir` left by writers on this host that are no longer running (a kill
   leaves them behind, possibly GBs), and the old checkpoints they had renamed aside once a finished one is in
   place again; those of other hosts are left and named in the log."""
-  removed = []
-  leftovers = list(out_dir.parent.glob(f".{out_dir.name}.partial-*"))
+  removed = remove_dead(out_dir.parent, f".{out_dir.name}.{PARTIAL}-")
   if (out_dir / MANIFEST).exists():  # a swap that was cut short left the old one aside: the new one is whole
-    leftovers += list(out_dir.parent.glob(f".{out_dir.name}.replaced-*"))
-  for staging in leftovers:
-    kind = ".partial-" if ".partial-" in staging.name else ".replaced-"
-    host, _, rest = staging.name.rpartition(kind)[2].partition("-")
-    pid = rest.partition("-")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-      logging.warning("%s: a staging directory of another host (or an older version) is left as it is", staging)
-      continue
-    try:
-      os.kill(int(pid), 0)
-      continue  # its writer is still running
-    except ProcessLookupError:
-      pass
-    except PermissionError:
-      continue
-    shutil.rmtree(str(staging), ignore_errors=True)
-    removed.append(staging.name)
-  if removed:
-    logging.info("removed %d stale staging directories of %s: %s", len(removed), out_dir, ", ".join(removed))
+    removed += remove_dead(out_dir.parent, f".{out_dir.name}.{REPLACED}-")
   return removed
 
 
@@ -197,7 +174,8 @@ def write_checkpoint(
   out_dir = epath.Path(out_dir)
   _check_replaceable(out_dir, overwrite)
   _remove_stale_staging(out_dir)
-  staging = _staging_dir(out_dir)
+  tag = owner_tag()
+  staging = out_dir.parent / f".{out_dir.name}.{PARTIAL}-{tag}"
   staging.mkdir(parents=True)
   try:
     (staging / CONFIG).write_text(config.to_json())
@@ -214,26 +192,11 @@ def write_checkpoint(
     (staging / MANIFEST).write_text(strict_json(record, f"{out_dir}/{MANIFEST}", indent=2, sort_keys=True,
                                                 default=str))
     fsync_path(staging / MANIFEST)
-    fsync_path(staging)
-    _swap_into_place(staging, out_dir)
+    swap_into_place(staging, out_dir, tag)
   except BaseException:
     shutil.rmtree(str(staging), ignore_errors=True)
     raise
   return out_dir
-
-
-def _swap_into_place(staging: epath.Path, out_dir: epath.Path) -> None:
-  """The finished staging directory becomes `out_dir`; an old checkpoint there is renamed aside first and removed
-  only once the new one is in place, so no moment leaves neither (a kill between the renames leaves the old one as
-  `.<name>.replaced-<host>-<pid>-<id>`, removed by the next write once a checkpoint is in place)."""
-  old = None
-  if out_dir.exists():
-    old = out_dir.parent / f".{out_dir.name}.replaced-{staging.name.rpartition('.partial-')[2]}"
-    out_dir.rename(old)
-  staging.rename(out_dir)
-  fsync_path(out_dir.parent)
-  if old is not None:
-    shutil.rmtree(str(old), ignore_errors=True)
 
 
 def _file_sizes(ckpt_dir: epath.Path) -> dict[str, int]:

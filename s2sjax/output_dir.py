@@ -95,20 +95,6 @@ def write_atomic(path, data: bytes) -> None:
     raise
 
 
-def replace_dir(target: str, complete: str) -> None:
-  """The local folder `complete` (written whole beside `target`) put in `target`'s place, and the old `target`, if
-  any, removed: at every moment `target` is the old folder or the new one, never a mix."""
-  import shutil
-
-  aside = f"{complete}.replaced"
-  fsync_path(complete)
-  if os.path.exists(target):
-    os.rename(target, aside)
-  os.rename(complete, target)
-  fsync_path(os.path.dirname(os.path.abspath(target)))
-  shutil.rmtree(aside, ignore_errors=True)
-
-
 def _first_non_finite(value: Any, where: str = "") -> str | None:
   """The key path of the first NaN or infinity in a JSON-ready value, if any."""
   if isinstance(value, float) and not math.isfinite(value):
@@ -146,15 +132,17 @@ def read_json(path, what: str = "", hint: str = "") -> Any:
                            + (f": {hint}" if hint else "")) from None
 
 
-def _alive_here(owner: dict) -> bool:
-  """Whether the lock's owner is a running process of this host (a lock from another host counts as alive)."""
-  if owner.get("host") != socket.gethostname():
+def process_alive(host: str | None, pid) -> bool:
+  """Whether `pid` is a running process of `host`: the one liveness probe of the lock and of staging folders
+  (s2sjax/staging.py). A process of another host, or one this user may not signal, counts as alive: nothing it may
+  still be using is taken from it."""
+  if host != socket.gethostname():
     return True
   try:
-    os.kill(int(owner.get("pid", -1)), 0)
+    os.kill(int(pid), 0)
   except ProcessLookupError:
     return False
-  except (PermissionError, ValueError):
+  except (PermissionError, ValueError, TypeError, OverflowError):
     return True
   return True
 
@@ -197,7 +185,7 @@ class RunLock:
                           "if no run is writing it, rerun with --break_lock (or delete the file)")
       owner = {}
     where = f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
-    if _alive_here(owner) and not self.break_lock:
+    if process_alive(owner.get("host"), owner.get("pid", -1)) and not self.break_lock:
       raise LockHeldError(
         f"{self.directory} is being written by another run ({where}: {owner.get('command', '?')}): wait for it, "
         f"use another --output_dir, or if that run is dead, rerun with --break_lock (or delete {self.path})", owner)

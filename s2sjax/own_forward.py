@@ -34,7 +34,7 @@ from s2sjax import architectures, modalities
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder
-from s2sjax.packing import Item, RowShape, pack
+from s2sjax.packing import Item, RowShape, empty_rows, pack
 from s2sjax.rows import TOKEN_ROWS
 from s2sjax.scoring import ScoringError, _RowScorer, by_target_chunks
 
@@ -104,7 +104,7 @@ class OwnForwardScorer(_RowScorer):
     self.forward = forward
     self._laid: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
     super().__init__(forward, shape, mesh, batch_size, None, None, TOKEN_ROWS.step_fields,
-                     {name: 3 for name in TOKEN_ROWS.wide}, lambda count, rows: TOKEN_ROWS.empty(count, shape),
+                     {name: 3 for name in TOKEN_ROWS.wide}, lambda count, rows: empty_rows(count, shape),
                      lambda params, batch: forward_batch(forward, target_chunk, params, batch))
 
   def laid(self, rows: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:

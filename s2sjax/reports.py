@@ -32,7 +32,7 @@ from etils import epath
 
 from s2sjax import benchmarks, checkpoint_paths, modalities
 from s2sjax.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
-from s2sjax.evaluator import summarize
+from s2sjax.metrics import summarize
 from s2sjax.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.questions import QuestionScores
 
@@ -122,7 +122,7 @@ def read_runs(out_dir) -> list[dict]:
       task, _, modality = name.rpartition("-")
       path = record_path.parent / f"{name}{SCORES_SUFFIX}"
       checked = _checked_scores(out_dir, folder, path, task, modality)
-      scores[(task, modalities.canonical(modality))] = checked  # earlier versions wrote text, speech
+      scores[(task, modalities.Label.from_key(modality))] = checked
     summary = summarize(scores, record.get("ties"))
     runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                  "degradation": summary.get("degradation", {})})

@@ -66,7 +66,7 @@ def measure(workload: str, ckpt: str, count: int, batch_size: int, own_batch_siz
   config = checkpoint.load_config(ckpt)
   params = checkpoint.load_params(ckpt, dtype=jnp.float32)
   if workload == "sample":
-    config, params = default_model.fit_to_spec(config, params, load_spec("demo"))
+    config, params = default_model.fit_to_spec(config, params, load_spec("demo"), checkpoint.load_manifest(ckpt))
     rows, shape = sample_rows(ckpt)
   elif workload == "storycloze":
     rows, shape = item_rows(storycloze_items(storycloze_csv, count, ckpt))

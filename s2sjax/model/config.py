@@ -5,8 +5,8 @@ checkpoint; nothing is defaulted silently. The switches added for decoders unlik
 residuals, ReLU MLP, learned positions, embedding projections) default to the Llama-style decoder, so configs
 written before they existed read as they did. How each config.json spelling is read is its family's business
 (`s2sjax.families.from_hf_config` finds the family by the config's `model_type`); which families exist is the
-family registry's to say, which hands this module its lookup (`check_families_with`): model/ imports nothing above
-it.
+family registry's to say, which every ModelConfig asks, named lazily (`FAMILY_LOOKUP`): model/ imports nothing
+above it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import dataclasses
 import json
 import math
 import numbers
-from typing import Any, Callable
+from typing import Any
+
 from s2sjax.errors import UserError
+from s2sjax.registry import load_object
 
 
 class ConfigError(UserError, ValueError):
@@ -36,15 +38,8 @@ NORMS = ("rms", "layer")
 MLPS = ("swiglu", "relu")
 POSITION_EMBEDDINGS = ("rope", "learned")
 
-# The family registry's lookup, a ConfigError naming the registered families for an unknown name (set by
-# s2sjax.families when it is imported; every path that builds a ModelConfig imports it, to parse or to score).
-_family_lookup: list[Callable[[str], Any]] = []
-
-
-def check_families_with(lookup: Callable[[str], Any]) -> None:
-  """Makes `lookup(family)` the check every ModelConfig's family passes."""
-  _family_lookup[:] = [lookup]
-
+# The family registry's lookup: a ConfigError naming the registered families for an unknown name.
+FAMILY_LOOKUP = "s2sjax.families:get"
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -87,8 +82,7 @@ class ModelConfig:
   rope_scaling: tuple[float, ...] = ()
 
   def __post_init__(self):
-    for lookup in _family_lookup:
-      lookup(self.family)  # a ConfigError naming the registered families when unknown
+    load_object(FAMILY_LOOKUP)(self.family)
     self._check_values()
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")

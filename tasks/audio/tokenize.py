@@ -22,7 +22,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import time
 
 import numpy as np
@@ -31,7 +30,7 @@ from absl import flags
 
 from s2sjax import cli
 from s2sjax.errors import MissingFileError, UserError
-from s2sjax.output_dir import replace_dir
+from s2sjax.staging import owner_tag, swap_into_place
 from s2sjax.spec import load_spec
 from tasks import audio
 from tasks.audio.base import AudioError, load_audio, resamplings
@@ -167,7 +166,8 @@ def write_codes(folder: str, encoded: dict[str, np.ndarray], summary: dict, repl
   """`<stem>.npy` per recording and tokenize.json, into `folder`, or (`replace`) into a folder beside it that is
   then swapped in whole: a run that fails leaves the old folder as it was."""
   parent, name = os.path.split(os.path.abspath(folder))
-  target = os.path.join(parent, f".{name}.tokenize-{socket.gethostname()}-{os.getpid()}") if replace else folder
+  tag = owner_tag()
+  target = os.path.join(parent, f".{name}.tokenize-{tag}") if replace else folder
   os.makedirs(target, exist_ok=True)
   try:
     for stem, codes in encoded.items():
@@ -175,7 +175,7 @@ def write_codes(folder: str, encoded: dict[str, np.ndarray], summary: dict, repl
     with open(os.path.join(target, SUMMARY), "w") as f:
       json.dump(summary, f, indent=2, allow_nan=False)
     if replace:
-      replace_dir(folder, target)
+      swap_into_place(target, folder, tag)
   finally:
     if replace:
       shutil.rmtree(target, ignore_errors=True)
