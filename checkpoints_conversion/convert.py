@@ -15,8 +15,8 @@ command prints, with what each is and where a user gets it instead (`report`).
 
 An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
 names it (its registration says which module converts them). A release whose config.json `architectures` names a
-modeling class of `checkpoints_conversion.releases` goes to that class's converter with no flags, whatever family its
-model_type names (Kimi-Audio's says qwen2).
+modeling class an architecture lists (its `release_classes`) goes to that architecture's converter with no flags,
+whatever family its model_type names (Kimi-Audio's says qwen2).
 
 A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/stacks/maxtext.py) is read
 as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from checkpoints_conversion import releases, verify
+from checkpoints_conversion import verify
 from checkpoints_conversion.sources import TensorSource, open_source
 from s2sjax import architectures, checkpoint, cli, families, text_tokenizer
 from s2sjax.errors import UserError
@@ -95,14 +95,15 @@ def family_choices() -> tuple[str, ...]:
 
 
 def release_converter(source_path: str) -> str | None:
-  """The converter ("module:function") of a release folder whose config.json names a modeling class of
-  `checkpoints_conversion.releases`, or None."""
+  """The converter ("module:function") of a release folder whose config.json names a modeling class an
+  architecture's `release_classes` list, or None."""
   try:
     with open(os.path.join(source_path, "config.json")) as f:
       config = json.load(f)
   except (OSError, ValueError):
     return None  # not such a release: the readers of every other layout say what is wrong with it
-  return releases.converter_for(config) if isinstance(config, dict) else None
+  architecture = architectures.for_release(config) if isinstance(config, dict) else None
+  return architecture.converter if architecture else None
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:

@@ -34,7 +34,7 @@ from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
 from s2sjax.progress import Progress
 from s2sjax.registry import load_object
 from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
-from tasks.audio.base import AudioError, AudioTokenizer, load_audio
+from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Question
 
@@ -84,6 +84,7 @@ class QuestionEncoder(abc.ABC):
     self.audio_tokenizer = audio_tokenizer
     self.language_override = language_override
     self._audio_cache: dict[str, tuple[np.ndarray, float]] = {}
+    self._audio_features: dict[str, np.ndarray] = {}  # a feature track's rows per recording, by the cache's key
     self._audio_failures: dict[str, AudioError] = {}  # recordings the batched pass could not load, by key
     self._requests: dict[str, tuple[tuple[str, ...], str]] | None = None  # set while `tokenize_audio` collects
     self.audio_counts: collections.Counter = collections.Counter()  # files resampled or mixed down
@@ -110,28 +111,54 @@ class QuestionEncoder(abc.ABC):
     distinct content: story lines 2k and 2k+1 usually carry the same prefix audio in two files. Precomputed codes
     are read by `name` (`<uttid>`, `candidates/<uttid>`, joined by `+`)."""
     tokenizer = self.audio_tokenizer
-    key = "+".join(_file_digest(p) for p in paths) if tokenizer.reads_audio else name
+    key = self._key(paths, name)
     if self._requests is not None:  # `tokenize_audio` is listing what the questions ask for
       self._requests.setdefault(key, (paths, name))
       return np.zeros((1, tokenizer.num_codebooks), np.int32), 0.0
     if key in self._audio_failures:
       raise self._audio_failures[key]
     if key not in self._audio_cache:
+      features = None
       if not tokenizer.reads_audio:
         codes, seconds = np.concatenate([tokenizer.encode(None, part) for part in name.split("+")]), 0.0
       else:
         wave = self._wave(paths)
         codes, seconds = tokenizer.encode(wave, name), len(wave) / tokenizer.sample_rate
-      self._remember(key, paths, name, codes, seconds)
+        if tokenizer.feature_width:
+          features = tokenizer.frame_features([wave])[0]
+      self._remember(key, paths, name, codes, seconds, features)
     return self._audio_cache[key]
+
+  def audio_features(self, paths: tuple[str, ...], name: str) -> np.ndarray:
+    """float32 [T, feature_width] of the recordings `audio_codes` reads at `paths`: the audio tokenizer's feature
+    track, a row per code frame (tokenizers with `feature_width` > 0)."""
+    width = self.audio_tokenizer.feature_width
+    if not width:
+      raise AudioTokenizerError(f"spec {self.spec.name} reads a feature track, and its audio tokenizer "
+                                f"{type(self.audio_tokenizer).__name__} has none")
+    if self._requests is not None:  # `tokenize_audio` is listing what the questions ask for
+      return np.zeros((1, width), np.float32)
+    self.audio_codes(paths, name)
+    return self._audio_features[self._key(paths, name)]
+
+  def _key(self, paths: tuple[str, ...], name: str) -> str:
+    """What identifies a recording in the caches: its files' contents, or for precomputed codes its name."""
+    return "+".join(_file_digest(p) for p in paths) if self.audio_tokenizer.reads_audio else name
 
   def _wave(self, paths: tuple[str, ...]) -> np.ndarray:
     return np.concatenate([load_audio(p, self.audio_tokenizer.sample_rate, self.audio_counts) for p in paths])
 
-  def _remember(self, key: str, paths: tuple[str, ...], name: str, codes: np.ndarray, seconds: float) -> None:
+  def _remember(self, key: str, paths: tuple[str, ...], name: str, codes: np.ndarray, seconds: float,
+                features: np.ndarray | None = None) -> None:
     if len(codes) == 0:
       self._audio_failures[key] = AudioError(f"{name}: {' + '.join(paths)} gave no audio frames")
       raise self._audio_failures[key]
+    if features is not None:
+      if features.shape != (len(codes), self.audio_tokenizer.feature_width):
+        self._audio_failures[key] = AudioError(
+          f"{name}: {' + '.join(paths)} gave {len(codes)} code frames but feature rows of shape {features.shape}")
+        raise self._audio_failures[key]
+      self._audio_features[key] = features
     self._audio_cache[key] = (codes, seconds)
 
   def tokenize_audio(self, questions: list[Question], progress: str | None = None) -> None:
@@ -155,6 +182,8 @@ class QuestionEncoder(abc.ABC):
     finally:
       self._requests = None
     meter = Progress(len(requests), progress, unit="utterances", rate_unit="audio s") if progress else None
+    tracks = (Progress(len(requests), f"{progress} features", unit="utterances", rate_unit="audio s")
+              if progress and tokenizer.feature_width else None)
     for start in range(0, len(requests), TOKENIZE_CHUNK):
       loaded = []
       for key, (paths, name) in requests[start:start + TOKENIZE_CHUNK]:
@@ -162,18 +191,24 @@ class QuestionEncoder(abc.ABC):
           loaded.append((key, paths, name, self._wave(paths)))
         except AudioError as e:
           self._audio_failures[key] = e
-          if meter:
-            meter.update(1)
+          for counter in (meter, tracks):
+            if counter:
+              counter.update(1)
       waves = [wave for *_, wave in loaded]
-      for (key, paths, name, wave), codes in zip(loaded, tokenizer.encode_batch(waves, [n for _, _, n, _ in loaded],
-                                                                                 meter)):
+      codes = tokenizer.encode_batch(waves, [n for _, _, n, _ in loaded], meter)
+      features = tokenizer.frame_features(waves, tracks) if tokenizer.feature_width else [None] * len(waves)
+      for (key, paths, name, wave), frames, track in zip(loaded, codes, features):
         try:
-          self._remember(key, paths, name, codes, len(wave) / tokenizer.sample_rate)
+          self._remember(key, paths, name, frames, len(wave) / tokenizer.sample_rate, track)
         except AudioError:
           pass  # kept in _audio_failures: raised for the question that asks
 
   def _prefix_codes(self, question: Question, c: int) -> tuple[np.ndarray, float]:
     return self.audio_codes((question.audio_paths[c],), question.uttids[c])
+
+  def _prefix_features(self, question: Question, c: int) -> np.ndarray:
+    """The feature track of candidate c's spoken prefix, a row per code frame of `_prefix_codes`."""
+    return self.audio_features((question.audio_paths[c],), question.uttids[c])
 
   def _candidate_codes(self, question: Question, c: int) -> tuple[np.ndarray, float]:
     """The spoken candidate's codes; under the utterance protocol, of the prefix's recording and its heard as one

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax import checkpoint
+from s2sjax import checkpoint, logprobs
 from s2sjax.architectures import kimi_audio
 from s2sjax.model import kimi_audio as network
 from s2sjax.model.config import ConfigError
-from s2sjax.packing import RowShape
+from s2sjax.sequence_inputs import LogProbsError
 from tasks import kimi_prompt
 from tasks.audio import kimi_whisper
 
@@ -173,23 +173,50 @@ def test_audio_past_30_seconds_is_encoded_in_30_second_pieces():
   np.testing.assert_allclose(joined[1], whisper.features([short])[0], rtol=0, atol=1e-6)
 
 
+def streams_of(example: str, candidate: int, special, config) -> np.ndarray:
+  """[2, T]: the audio stream over the text stream, as `s2sjax.logprobs` takes a Kimi-Audio request."""
+  streams, _ = request(example, candidate, special, config)
+  return np.stack([streams.audio, streams.text])
+
+
 @pytest.mark.slow
-def test_converted_release_gives_upstreams_log_probs_and_nlls(converted, model, special):
-  """Every position's text- and audio-head log-softmax of all six sequences, from the saved Whisper features, and
-  each candidate's mean NLL over its tokens (text head rows P-1 .. P+n-2)."""
-  _, manifest = converted
+def test_converted_release_gives_upstreams_log_probs_and_nlls(converted, special, meta):
+  """`s2sjax.logprobs` on the converted release, in a process that imports no plugin: every position's text- and
+  audio-head log-softmax of all six sequences, from the saved Whisper features, and each candidate's mean NLL over
+  its tokens (text head rows P-1 .. P+n-2)."""
+  ckpt, manifest = converted
   assert manifest["source_model_type"] == kimi_audio.NAME and "left in the release folder" in manifest["whisper_encoder"]
-  config, params = model
+  config = checkpoint.load_config(ckpt)
   nlls = json.loads((ORACLE / "outputs" / "nll_per_candidate.json").read_text())
   for sequence in SEQUENCES:
-    streams, prefix = request(sequence[:-3], int(sequence[-1]), special, config)
-    text, audio = network.sequence_log_probs(config, params, streams.audio, streams.text,
-                                             features_of(streams, sequence[:-3]), streams.continuous)
-    assert np.abs(text - oracle(f"outputs/{sequence}_text_head_logprobs")).max() < FROM_FEATURES
-    assert np.abs(audio - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_FEATURES
-    candidate = streams.text[prefix:]
-    nll = -text[np.arange(prefix - 1, len(streams) - 1), candidate].mean()
+    example, c = sequence[:-3], int(sequence[-1])
+    wave = EXAMPLES[example][1]
+    saved = None if wave is None else oracle(f"outputs/whisper_wave{wave}_continuous_feature")
+    out = logprobs.compute(str(ckpt), streams_of(example, c, special, config), features=saved)
+    assert np.abs(out.text - oracle(f"outputs/{sequence}_text_head_logprobs")).max() < FROM_FEATURES
+    assert np.abs(out.codebooks - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_FEATURES
+    prefix = meta["layouts"][example]["prefix_len_P"]
+    candidate = oracle(f"inputs/text_ids_cand_{example}_{c}")
+    nll = -out.text[np.arange(prefix - 1, prefix - 1 + len(candidate)), candidate].mean()
     assert abs(nll - nlls[sequence]["nll_mean"]) < FROM_FEATURES
+
+
+def test_log_probs_refuse_what_the_model_cannot_read(converted, special):
+  """The hook's inputs named when wrong: one stream, features without an audio message, a message without its
+  features, codebook codes."""
+  ckpt, _ = converted
+  config = checkpoint.load_config(ckpt)
+  audio = streams_of("a2t_w1", 0, special, config)
+  text = streams_of("t2t", 0, special, config)
+  features = oracle("outputs/whisper_wave1_continuous_feature")
+  for ids, kwargs, words in (
+      (audio[1], {"features": features}, r"input_ids \[2, T\]"),
+      (text, {"features": features}, "no audio message"),
+      (audio, {}, r"pass its Whisper features as --features \[23, 128\]"),
+      (audio, {"features": features[:5]}, r"features must be \[N >= 23, 128\]"),
+      (audio, {"features": features, "audio_codes": np.zeros((3, 1), np.int64)}, "--audio_codes does not apply")):
+    with pytest.raises(LogProbsError, match=words):
+      logprobs.compute(str(ckpt), ids, **kwargs)
 
 
 def test_embeddings_mix_the_whisper_features_as_upstream(model, special):
@@ -208,76 +235,19 @@ def test_embeddings_mix_the_whisper_features_as_upstream(model, special):
 
 
 @pytest.mark.slow
-def test_log_probs_from_the_waves(model, special):
+def test_log_probs_from_the_waves(converted, special):
   """The whole path from the 16 kHz waves: JAX Whisper features, the layout, the converted model."""
-  config, params = model
+  ckpt, _ = converted
+  config = checkpoint.load_config(ckpt)
   whisper = kimi_whisper.KimiWhisperFeatures(str(ORACLE / "model" / "whisper-large-v3"))
-  waves = dict(enumerate(whisper.features([oracle(f"inputs/wave{i}") for i in range(2)])))
+  features = whisper.features([oracle(f"inputs/wave{i}") for i in range(2)])
   for sequence in SEQUENCES:
-    streams, _ = request(sequence[:-3], int(sequence[-1]), special, config)
-    text, audio = network.sequence_log_probs(config, params, streams.audio, streams.text,
-                                             features_of(streams, sequence[:-3], waves), streams.continuous)
-    assert np.abs(text - oracle(f"outputs/{sequence}_text_head_logprobs")).max() < FROM_WAVES
-    assert np.abs(audio - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_WAVES
-
-
-def packed_row(config, special, length: int, examples=tuple(EXAMPLES)) -> tuple[dict, dict]:
-  """The examples in one row, each prefix laid once with its two candidates branching from it (a candidate's last
-  token only in the target table), item after item; and {sequence: slot}. Rows without audio carry no features."""
-  fields = {name: np.zeros(length, np.int32) for name in ("audio_tokens", "text_tokens", "continuous",
-                                                           "segment_ids", "branch_ids", "positions")}
-  features = np.zeros((length, config.adaptor_input_dim), np.float32)
-  targets, slots, cursor = [], {}, 0
-  for item, example in enumerate(examples):
-    for c in (0, 1):
-      streams, prefix = request(example, c, special, config)
-      prefix_rows = np.arange(prefix) if c == 0 else np.arange(0)
-      laid = np.concatenate([prefix_rows, np.arange(prefix, len(streams) - 1)])  # the prefix once, then this candidate
-      where = cursor + np.arange(len(laid))
-      for name, values in (("audio_tokens", streams.audio), ("text_tokens", streams.text),
-                           ("continuous", streams.continuous)):
-        fields[name][where] = values[laid]
-      fields["segment_ids"][where] = item + 1
-      fields["branch_ids"][where] = np.where(laid < prefix, 0, c + 1)
-      fields["positions"][where] = laid
-      feature_rows = features_of(streams, example)
-      if feature_rows is not None:
-        features[where] = feature_rows[laid]
-      if c == 0:
-        last_prefix_row = cursor + prefix - 1
-      predictors = np.concatenate([[last_prefix_row], where[len(prefix_rows):]])
-      slots[f"{example}_c{c}"] = len(slots)
-      targets += [(pos, token, slots[f"{example}_c{c}"]) for pos, token in zip(predictors, streams.text[prefix:])]
-      cursor += len(laid)
-  shape_targets = 64
-  table = np.array(targets + [(0, 0, -1)] * (shape_targets - len(targets)), np.int32)
-  rows = {name: values[None] for name, values in fields.items()}
-  rows.update(target_pos=table[None, :, 0], target_ids=table[None, :, 1], target_slot=table[None, :, 2],
-              target_head=np.zeros((1, shape_targets), np.int32),
-              slot_item=np.array([[i // 2 if i < len(slots) else -1 for i in range(8)]], np.int32),
-              slot_candidate=np.array([[i % 2 if i < len(slots) else -1 for i in range(8)]], np.int32))
-  if fields["continuous"].any():
-    rows["features"] = features[None]
-  return rows, slots
-
-
-@pytest.mark.slow
-def test_packed_scoring_shares_each_prefix_and_gives_upstreams_nlls(model, special):
-  """The scoring step over one packed row (three items, each prefix laid once, its candidates branching, item-local
-  attention) gives each candidate upstream's summed NLL; the step without the audio branch gives the same, and so
-  does the step for text rows without a feature track."""
-  config, params = model
-  rows, slots = packed_row(config, special, 128)
-  nlls = json.loads((ORACLE / "outputs" / "nll_per_candidate.json").read_text())
-  shape = RowShape(length=128, max_targets=64, max_slots=8, max_item=64)
-  text_rows, text_slots = packed_row(config, special, 128, examples=("t2t",))
-  for rows, slots, features, audio_head in ((rows, slots, True, True), (rows, slots, True, False),
-                                            (text_rows, text_slots, False, False)):
-    scorer = kimi_audio.KimiScorer(config, shape, batch_size=1, audio_head=audio_head, features=features)
-    nll_sum, n_tokens = scorer.score(params, rows, progress=False)
-    for sequence, slot in slots.items():
-      assert n_tokens[0, slot] == nlls[sequence]["n_tokens"]
-      assert abs(nll_sum[0, slot] - nlls[sequence]["nll_sum"]) < FROM_FEATURES * n_tokens[0, slot]
+    example, c = sequence[:-3], int(sequence[-1])
+    wave = EXAMPLES[example][1]
+    out = logprobs.compute(str(ckpt), streams_of(example, c, special, config),
+                           features=None if wave is None else features[wave])
+    assert np.abs(out.text - oracle(f"outputs/{sequence}_text_head_logprobs")).max() < FROM_WAVES
+    assert np.abs(out.codebooks - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_WAVES
 
 
 def test_converter_lists_every_missing_and_unexpected_tensor(tmp_path):
@@ -294,3 +264,206 @@ def test_converter_lists_every_missing_and_unexpected_tensor(tmp_path):
   assert "missing key model.mimo_norm.weight (for mimo_norm/scale)" in str(error.value)
   assert "model.extra_head.weight" in str(error.value)
   assert not (tmp_path / "out").exists()
+
+
+# ---- the data side: S2SBench questions built into Kimi-Audio rows and scored -----------------------------------------
+
+TEXT_IDS = 200  # the tiny tokenizer's ordinary ids 1..199 (num_base_tokens); its special tokens follow
+
+
+def word(ids) -> str:
+  """Oracle text ids as the words the tiny tokenizer maps back to them."""
+  return " ".join(f"t{int(i)}" for i in ids)
+
+
+def tiny_tokenizer(folder: Path, meta: dict) -> str:
+  """The oracle's stand-in text tokenizer as a tokenizer folder: word `t<i>` is id i, and the special tokens of the
+  layout at the oracle's tiny ids (PROVENANCE.txt's table), the rest of its 256 ids reserved."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  named = meta["special_token_ids_tiny"]
+  vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, TEXT_IDS)}}
+  vocab.update({kimi_prompt.TOKEN_NAMES[field]: named[name] for field, name in EXTRA_TOKENS.items()})
+  vocab.update({f"<|reserved_{i}|>": i for i in range(TEXT_IDS, 256) if i not in vocab.values()})
+  core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>").save_pretrained(str(folder))
+  return str(folder)
+
+
+# story -> (prefix wave, the example whose candidates it holds): a StoryCloze pair per oracle request
+STORIES = ((0, "a2t_w0"), (1, "t2t"), (1, "a2t_w1"))
+
+
+def tiny_release(root: Path) -> str:
+  """An S2SBench StoryCloze release of the oracle's waves and texts: story k's lines 2k and 2k+1 end with candidates 0
+  and 1 of its example, its written prefix is the t2t example's text, its spoken prefix the oracle's wave; and the
+  precomputed GLM-4-Voice codes of each prefix (the oracle's random codes), by uttid."""
+  import soundfile
+
+  speech = root / "release" / "StoryCloze" / "s-story-firstspeech"
+  speech.mkdir(parents=True)
+  (root / "audio" / "codes").mkdir(parents=True)
+  (root / "audio" / "whisper-large-v3").symlink_to(ORACLE / "model" / "whisper-large-v3")
+  lines = []
+  for story, (wave, example) in enumerate(STORIES):
+    for c in (0, 1):
+      uttid = 2 * story + c
+      lines.append({"uttid": uttid, "first": word(oracle("inputs/text_ids_prompt_t2t")),
+                    "last": word(oracle(f"inputs/text_ids_cand_{example}_{c}"))})
+      soundfile.write(speech / f"{uttid}.wav", oracle(f"inputs/wave{wave}"), 16000, subtype="FLOAT")
+      np.save(root / "audio" / "codes" / f"{uttid}.npy", oracle(f"inputs/codes_wave{wave}"))
+  (root / "release" / "StoryCloze" / "sStory_s2t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+  return str(root / "release")
+
+
+def oracle_spec(root: Path, name: str, instruction: str, codes: dict, codebook: int) -> str:
+  """The kimi_audio preset at the oracle's sizes (its config's offset and adaptor width), with an instruction."""
+  import yaml
+
+  fields = yaml.safe_load(open(Path(kimi_audio.__file__).parents[1] / "specs" / "kimi_audio.yaml"))
+  fields.update(name=name, codebook_sizes=[codebook], options={"token_offset": 256, "feature_width": 128},
+                speech_instruction={"en": instruction}, audio_tokenizer=dict(fields["audio_tokenizer"], codes=codes))
+  path = root / f"{name}.yaml"
+  path.write_text(yaml.safe_dump(fields))
+  return str(path)
+
+
+def laid_sequences(td, blank: int) -> dict[tuple[str, int], tuple]:
+  """Per (question, candidate) the request as the rows hold it: (audio stream, text stream, continuous mask) of the
+  prefix and the candidate's laid positions, then its last token (a target only: text = that token, audio = BLANK,
+  as upstream's request holds it); the candidate's targets; the feature track of its laid positions."""
+  rows, table = td.rows, td.metadata.questions
+  out = {}
+  for record in table:
+    for c, (item, j) in enumerate(record["slots"]):
+      r, s = np.argwhere((rows["slot_item"] == item) & (rows["slot_candidate"] == j))[0]
+      targets = rows["target_ids"][r][rows["target_slot"][r] == s]
+      segment = rows["segment_ids"][r, rows["target_pos"][r][rows["target_slot"][r] == s][0]]
+      laid = (rows["segment_ids"][r] == segment) & np.isin(rows["branch_ids"][r], (0, j + 1))
+      out[(record["id"], c)] = (np.append(rows["audio_ids"][r][laid], blank),
+                                np.append(rows["text_ids"][r][laid], targets[-1]),
+                                np.append(rows["continuous"][r][laid], 0), targets,
+                                rows["features"][r][laid] if "features" in rows else None)
+  return out
+
+
+@pytest.mark.slow
+def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, meta, converted):
+  """tasks.prepare lays the oracle's three requests from an S2SBench release of its waves and texts (S->T with the
+  spec's instruction as the user's text message, S->T without one, T->T), GLM-4-Voice codes precomputed and the
+  Whisper feature track computed in JAX from the waves: both id streams and the continuous mask equal upstream's,
+  id for id; the evaluator scores each candidate's NLL within 2e-4 per token of upstream's (from its waves)."""
+  from s2sjax.evaluator import Evaluator, ScoringOptions
+  from s2sjax.task_data import load_task_data
+  from tasks.preparation import prepare
+
+  release, tokenizer = tiny_release(tmp_path), tiny_tokenizer(tmp_path / "tokenizer", meta)
+  codes = {"type": "precomputed", "codes_dir": "codes"}
+  specs = {"a2t_w0": oracle_spec(tmp_path, "kimi_tiny", word(oracle("inputs/text_ids_prompt_a2t_w0")), codes, 1024),
+           "a2t_w1": oracle_spec(tmp_path, "kimi_tiny_bare", "", codes, 1024)}
+  specs["t2t"] = specs["a2t_w0"]
+  ckpt, _ = converted
+  config, params = checkpoint.load_config(ckpt), checkpoint.load_params(ckpt)
+  whisper = kimi_whisper.KimiWhisperFeatures(str(ORACLE / "model" / "whisper-large-v3"))
+  features = whisper.features([oracle(f"inputs/wave{i}") for i in range(2)])
+  nlls = json.loads((ORACLE / "outputs" / "nll_per_candidate.json").read_text())
+  for story, (wave, example) in enumerate(STORIES):
+    modality = "t2t" if example == "t2t" else "s2t"
+    prepare("sstorycloze", specs[example], modality, None, str(tmp_path / "data"), manual_dir=release,
+            tokenizer_dir=tokenizer, audio_tokenizer_dir=str(tmp_path / "audio"))
+    td = load_task_data(str(tmp_path / "data"), "sstorycloze", modality, specs[example], None)
+    scores = Evaluator(config, [td], ScoringOptions(batch_size=2)).score(params, td)
+    laid = laid_sequences(td, meta["special_token_ids_tiny"]["kimia_text_blank"])
+    for c in (0, 1):
+      sequence = f"{example}_c{c}"
+      audio, text, continuous, targets, track = laid[(str(2 * story), c)]
+      np.testing.assert_array_equal(audio, oracle(f"outputs/{sequence}_audio_stream_ids"))
+      np.testing.assert_array_equal(text, oracle(f"outputs/{sequence}_text_stream_ids"))
+      np.testing.assert_array_equal(continuous, oracle(f"outputs/{sequence}_is_continuous_mask"))
+      np.testing.assert_array_equal(targets, oracle(f"inputs/text_ids_cand_{example}_{c}"))
+      if modality == "s2t":
+        np.testing.assert_array_equal(track[continuous[:-1] > 0], features[wave])
+      q = scores.ids.index(str(2 * story))
+      assert scores.n_tokens[q, c] == nlls[sequence]["n_tokens"]
+      assert abs(scores.loss[q, c] - nlls[sequence]["nll_mean"]) < FROM_WAVES, (sequence, scores.loss[q, c])
+
+
+GLM4_ORACLE = ORACLE.parent / "glm4voice_tokenizer"
+
+
+@pytest.mark.slow
+def test_a_build_of_the_bundled_sample_imports_no_torch(tmp_path, meta):
+  """The bundled sample's S->T laid for Kimi-Audio with torch out of reach: GLM-4-Voice codes from the project's JAX
+  tokenizer (its oracle folder) and the Whisper features from the oracle release's encoder, both in JAX; each
+  prefix's code rows hold its codes + the offset and beside them its features, as the tokenizers give them."""
+  from tasks.audio.base import load_audio
+  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+  from tests.test_audio_builds import run_without_torch
+
+  audio = tmp_path / "audio"
+  audio.mkdir()
+  (audio / "glm-4-voice-tokenizer").symlink_to(GLM4_ORACLE)
+  (audio / "whisper-large-v3").symlink_to(ORACLE / "model" / "whisper-large-v3")
+  glm4 = Glm4VoiceTokenizer(str(GLM4_ORACLE))
+  spec = oracle_spec(tmp_path, "kimi_sample", "t1 t2", {"type": "glm4_voice", "model_dir": "glm-4-voice-tokenizer"},
+                     glm4.codebook_sizes[0])
+  tokenizer = tiny_tokenizer(tmp_path / "tokenizer", meta)
+  done = run_without_torch("tasks.prepare", "--task=sstorycloze", f"--spec={spec}", "--modality=s2t",
+                           f"--tokenizer_dir={tokenizer}", f"--audio_tokenizer_dir={audio}",
+                           f"--data_dir={tmp_path / 'data'}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  from s2sjax.task_data import load_task_data
+
+  td = load_task_data(str(tmp_path / "data"), "sstorycloze", "s2t", spec, None)
+  assert td.rows["features"].dtype == np.float32 and td.rows["features"].shape[-1] == 128
+  whisper = kimi_whisper.KimiWhisperFeatures(str(ORACLE / "model" / "whisper-large-v3"))
+  laid = laid_sequences(td, meta["special_token_ids_tiny"]["kimia_text_blank"])
+  questions = read_questions("sstorycloze", RELEASE_DIR)
+  for question in questions[:3]:
+    wave = load_audio(question.audio_paths[0], 16000)
+    audio_ids, _, continuous, _, track = laid[(question.id, 0)]
+    code_rows = continuous[:-1] > 0
+    np.testing.assert_array_equal(audio_ids[:-1][code_rows], 256 + glm4.encode(wave, question.uttids[0])[:, 0])
+    np.testing.assert_allclose(track[code_rows], whisper.features([wave])[0], rtol=0, atol=1e-5)
+  assert len({q for q, _ in laid}) == len(questions)
+
+
+def test_kimi_audio_cannot_be_asked_spoken_candidates_and_its_spec_is_checked():
+  """T->S and S->S are refused by name (kimia.py's delayed audio stream), and a spec the format cannot lay is too."""
+  from s2sjax import modalities
+  from s2sjax.spec import SpecError, load_spec, spec_from_dict
+
+  spec = load_spec("kimi_audio")
+  for modality in ("t2s", "s2s"):
+    with pytest.raises(SpecError, match=r"6 steps behind it \(kimia.py:125-150"):
+      spec.check_modality(modalities.get(modality))
+  spec.check_modality(modalities.get("s2t"))
+  fields = dict(spec.as_dict(), options={"token_offset": 152064})
+  with pytest.raises(SpecError, match="options needs exactly the non-negative integers token_offset, feature_width"):
+    spec_from_dict(fields)
+  with pytest.raises(SpecError, match=r"takes no unit_token"):
+    spec_from_dict(dict(spec.as_dict(), unit_token="<|audio_{}|>"))
+
+
+def test_a_checkpoint_whose_config_differs_from_the_spec_is_refused(meta):
+  """The evaluator's fit check and the pre-flight's verdicts compare the spec's offset, codes and feature width and
+  the tokenizer's media markers with the checkpoint's config, naming each."""
+  from s2sjax.architectures import FitError
+  from s2sjax.spec import AudioIds, load_spec
+
+  config = kimi_audio.parse_config(meta["config_json"])
+  spec = load_spec("kimi_audio")  # the 7B release's sizes, not the tiny oracle's
+  verdicts = {check: ok for check, ok, _ in kimi_audio.spec_checks(config, spec, AudioIds(213, 215, None, None))}
+  assert verdicts == {"code offset": False, "code range": False, "feature width": False, "media markers": True}
+
+  class Data:
+    task, modality = "sstorycloze", "s2t"
+    metadata = type("Metadata", (), {"spec": spec, "audio_ids": AudioIds(1, 2, None, None)})
+
+  with pytest.raises(FitError, match="code offset: spec kimi_audio lays code k at audio id 152064 \\+ k; the "
+                                     "checkpoint's kimia_token_offset is 256.*media markers"):
+    kimi_audio.check_fit(config, Data)

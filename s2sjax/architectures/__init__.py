@@ -9,11 +9,13 @@ axes, its scorer over one of s2sjax/rows.py's row formats, its fit check, for st
 """
 
 from s2sjax.architectures.architecture import (
-  ARCHITECTURES, DECODER, Architecture, FitError, StreamProtocol, for_config, for_family, for_spec, get, register)
+  ARCHITECTURES, DECODER, Architecture, FitError, StreamProtocol, for_config, for_family, for_release, for_spec, get,
+  planner_shapes, register)
 
 # The built-ins register on import: the shared decoder first, then the models of their own.
 from s2sjax.architectures import decoder  # noqa: E402,F401,I001
 from s2sjax.architectures import moshi  # noqa: E402,F401
+from s2sjax.architectures import kimi_audio  # noqa: E402,F401
 
 __all__ = ["ARCHITECTURES", "DECODER", "Architecture", "FitError", "StreamProtocol", "for_config", "for_family",
-           "for_spec", "get", "register"]
+           "for_release", "for_spec", "get", "planner_shapes", "register"]

@@ -1,15 +1,14 @@
 """Kimi-Audio-7B (base and Instruct) as an architecture of its own: its release config.json read into a
-`KimiAudioConfig` (every switch read or refused by name), the release's tensor keys, its scoring step over packed
-rows of two id streams and a Whisper feature track, and its registration (config class, parameter tree and axes,
-converter). The network is `s2sjax.model.kimi_audio`; the converter `checkpoints_conversion/kimi_release.py`.
+`KimiAudioConfig` (every switch read or refused by name), the release's tensor keys, its scoring step over the
+`kimi_audio` input format's rows (s2sjax/formats/kimi_audio.py: two id streams and a Whisper feature track), the
+evaluator's and the pre-flight's checks of a spec against a checkpoint, its log-probs hook, and its registration.
+The network is `s2sjax.model.kimi_audio`; the converter `checkpoints_conversion/kimi_release.py`, which
+`checkpoints_conversion.convert` runs for a release naming `MoonshotKimiaForCausalLM`, with no flags.
 
 Why not a family of the shared decoder: Kimi reads two id streams through one table, mixes continuous Whisper
 features in at the code rows and has a second head on a branch of six layers, none of which `ModelConfig` says.
-
-Rows. Until the data side's typed row fields exist, the step's rows are `KIMI_ROWS` (two id streams, the continuous
-mask, targets with the head that scores each) plus a float `features [L, 4 x Whisper d_model]` field beside them
-that `RowFormat` cannot declare yet (its fields are int32): `KimiScorer` lays it itself. No spec lays these rows
-yet, so no build reaches this architecture through `architectures.for_spec`.
+Its scoring step runs the main stack and the text head only: the format lays text candidates alone (its `refuse`
+says why spoken ones are not Kimi's protocol); the audio head is read by `log_probs`.
 """
 
 from __future__ import annotations
@@ -21,16 +20,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax import families
+from s2sjax import families, modalities
 from s2sjax.architectures.architecture import Architecture, FitError, register
 from s2sjax.families import keymap
+from s2sjax.formats.kimi_audio import ROWS
 from s2sjax.model import layers
 from s2sjax.model.config import ConfigError
-from s2sjax.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, audio_logits,
-                                     param_logical_axes, text_logits)
+from s2sjax.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
+                                     sequence_log_probs, text_logits)
 from s2sjax.packing import RowShape
-from s2sjax.rows import Field, RowFormat
-from s2sjax.scoring import ScoringError, _RowScorer, by_target_chunks
+from s2sjax.scoring import ScoringError, StreamScorer, by_target_chunks
+from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
+from s2sjax.spec import AudioIds, Spec
 
 # The Whisper-large-v3 encoder saved beside the LM (finetune_codes/model.py:63-75; read back by
 # kimia_infer/api/prompt_manager.py:23-25): the feature track is computed from it.
@@ -121,115 +122,159 @@ def rules(config: KimiAudioConfig) -> list[keymap.Rule]:
 
 # ---- the scoring step over packed rows -------------------------------------------------------------------------------
 
-TEXT_HEAD, AUDIO_HEAD = 0, 1  # target_head: which head scores a target (the text stream's or the audio stream's)
-
-KIMI_ROWS = RowFormat(
-  "kimi_streams", marker="audio_tokens",
-  own_positions=(Field("audio_tokens", "L", 0), Field("text_tokens", "L", 0), Field("continuous", "L", 0)),
-  own_targets=(Field("target_ids", "M", 0), Field("target_head", "M", TEXT_HEAD)),
-  scored=("audio_tokens", "text_tokens", "continuous", "target_pos", "target_ids", "target_head"),
-  audio_mode=NAME,
-)
-FEATURES = "features"  # [L, adaptor_input_dim] float32 beside KIMI_ROWS' fields: the Whisper feature of each row
-
 
 def score_batch(config: KimiAudioConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict,
-                audio_head: bool = True, attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
-  """Per target [B, M] `target_nll` (the token's NLL under the head `target_head` names), per slot [B, C]
-  `nll_sum` and `n_tokens`, as `s2sjax.scoring.score_batch` for the decoder. Attention is the decoder's over
-  segment / branch ids (a prefix shared by its candidates; item-local with a `window`). Without `audio_head` the
-  branch is not run and every target must be the text head's. Pure; jitted by `KimiScorer`."""
+                attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
+  """Per target [B, M] `target_nll` (the token's NLL under the text head, over the full vocabulary as
+  utils/sampler.py:138 reads it), per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.score_batch` for the
+  decoder. Attention is the decoder's over segment / branch ids (a prefix shared by its candidates; item-local with
+  a `window`). Rows of a written prefix carry a feature track of width 0. Pure; jitted by the scorer."""
   if window:
     mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
   else:
     mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
-  features = batch[FEATURES] if batch[FEATURES].shape[-1] else None  # width 0: rows without audio
-  text, audio = hidden_states(config, params, batch["audio_tokens"], batch["text_tokens"], features,
-                              batch["continuous"] > 0, batch["positions"], mask, batch["segment_ids"],
-                              batch["branch_ids"], dtype=dtype, attention=attention, window=window,
-                              audio_head=audio_head)
-  gather = lambda h: jnp.take_along_axis(h, batch["target_pos"][..., None], axis=1)
+  features = batch["features"] if batch["features"].shape[-1] else None
+  text, _ = hidden_states(config, params, batch["audio_ids"], batch["text_ids"], features, batch["continuous"] > 0,
+                          batch["positions"], mask, batch["segment_ids"], batch["branch_ids"], dtype=dtype,
+                          attention=attention, window=window, audio_head=False)
+  gathered = jnp.take_along_axis(text, batch["target_pos"][..., None], axis=1)
 
-  def nll_of(logits, ids):
+  def nll_of(h, ids):
+    logits = text_logits(params, h)
     return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
 
-  if audio_head:
-    def target_nll(text_h, audio_h, ids, head):
-      return jnp.where(head == AUDIO_HEAD, nll_of(audio_logits(params, audio_h), ids),
-                       nll_of(text_logits(params, text_h), ids))
-    nll = by_target_chunks(target_nll, target_chunk, gather(text), gather(audio), batch["target_ids"],
-                           batch["target_head"])
-  else:
-    nll = by_target_chunks(lambda h, ids: nll_of(text_logits(params, h), ids), target_chunk, gather(text),
-                           batch["target_ids"])
+  nll = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"])
   onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
   return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
           "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
 
 
-def check_rows(rows: Mapping[str, np.ndarray], config: KimiAudioConfig, audio_head: bool) -> None:
-  """Ids beyond the embedding (clamped silently by the gather), features of the wrong width, audio-head targets for
-  a step without the branch: refused, naming the field, row and position."""
-  for field in ("audio_tokens", "text_tokens", "target_ids"):
+def check_ids(rows: Mapping[str, np.ndarray], config: KimiAudioConfig) -> None:
+  """Ids beyond the embedding (clamped silently by the gather) and feature rows the adaptor cannot read: refused,
+  naming the field, row and position."""
+  for field in ("audio_ids", "text_ids", "target_ids"):
     bad = np.argwhere((rows[field] < 0) | (rows[field] >= config.vocab_size))
     if len(bad):
       r, pos = bad[0]
       raise ScoringError(f"{field}[row {r}, position {pos}] = {rows[field][r, pos]} is outside the embedding table "
                          f"({config.vocab_size} rows); {len(bad)} such ids in all")
   if (rows["continuous"] > 0).any():
-    width = rows[FEATURES].shape[-1]
+    width = rows["features"].shape[-1]
     if width != config.adaptor_input_dim:
-      raise ScoringError(f"rows have continuous positions but {FEATURES} of width {width}; the adaptor reads "
+      raise ScoringError(f"rows have continuous positions but features of width {width}; the adaptor reads "
                          f"{config.adaptor_input_dim or 'none (use_whisper_feature is false)'}")
-  if not audio_head and (rows["target_head"] == AUDIO_HEAD).any():
-    raise ScoringError("rows score targets with the audio head, but the step was built without it (audio_head=True)")
-
-
-class KimiScorer(_RowScorer):
-  """`s2sjax.scoring.Scorer` for Kimi-Audio rows (`KIMI_ROWS` and their `features`): one compiled step per row shape
-  over a mesh, rows split over processes. `features=False` compiles the step for rows without audio (T->T), which
-  then carry no feature track; `audio_head=False` for rows whose targets are all the text head's (the branch is
-  not run)."""
-
-  def __init__(self, config: KimiAudioConfig, shape: RowShape, mesh=None, batch_size: int = 8, dtype=jnp.float32,
-               attention: str = "xla", target_chunk: int = 256, audio_head: bool = True, features: bool = True,
-               local_attention: bool = True):
-    self.audio_head = audio_head
-    window = layers.local_window(shape.max_item, shape.length) if local_attention else None
-    width = (config.adaptor_input_dim or 0) if features else 0
-
-    def empty(count: int, rows: dict) -> dict:
-      padding = KIMI_ROWS.empty(count, shape, width=0)
-      padding[FEATURES] = np.zeros((count, shape.length, width), np.float32)
-      return padding
-
-    score = lambda params, batch: score_batch(config, dtype, target_chunk, shape.max_slots, params, batch,
-                                              audio_head, attention, window)
-    super().__init__(config, shape, mesh, batch_size, param_logical_axes(config), abstract_params(config),
-                     KIMI_ROWS.step_fields + (FEATURES,), {FEATURES: 3}, empty, score)
-
-  def score(self, params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Scores all rows (the same full set on every process; rows without audio may leave `features` out); returns
-    (nll_sum, n_tokens) [R, C]."""
-    if FEATURES not in rows:
-      rows = {**rows, FEATURES: np.zeros(rows["segment_ids"].shape + (0,), np.float32)}
-    check_rows(rows, self.config, self.audio_head)
-    slots = self._score_rows(params, rows, progress)
-    return slots["nll_sum"], slots["n_tokens"]
 
 
 def scorer(config: KimiAudioConfig, shape: RowShape, mesh=None, batch_size: int = 8, dtype=jnp.float32,
-           attention: str = "xla") -> KimiScorer:
-  return KimiScorer(config, shape, mesh=mesh, batch_size=batch_size, dtype=dtype, attention=attention)
+           attention: str = "xla") -> StreamScorer:
+  """The compiled step over `kimi_audio` rows of `shape` (item-local attention where the shape records its longest
+  item), driven by the generic row scorer."""
+  window = layers.local_window(shape.max_item, shape.length)
+  step = lambda config, dtype, target_chunk, num_slots, params, batch: score_batch(
+    config, dtype, target_chunk, num_slots, params, batch, attention, window)
+  return StreamScorer(config, shape, step, check_ids, abstract_params(config), param_logical_axes(config), mesh=mesh,
+                      batch_size=batch_size, dtype=dtype, row_format=ROWS)
+
+
+# ---- a spec's ids against the checkpoint: the evaluator's fit check and the pre-flight's verdicts --------------------
+
+
+def spec_checks(config: KimiAudioConfig, spec: Spec, ids: AudioIds | None) -> list[tuple[str, bool, str]]:
+  """Whether the rows a spec lays are the ids this checkpoint reads: its codes at the config's offset and within its
+  code range, its feature track the adaptor's width, the tokenizer's media markers the config's."""
+  options = spec.options or {}
+  verdicts = [
+    ("code offset", options.get("token_offset") == config.token_offset,
+     f"spec {spec.name} lays code k at audio id {options.get('token_offset')} + k; the checkpoint's kimia_token_offset "
+     f"is {config.token_offset}"),
+    ("code range", bool(spec.codebook_sizes) and spec.codebook_sizes[0] <= config.audio_codes,
+     f"spec {spec.name}'s {spec.codebook_sizes[0] if spec.codebook_sizes else 0} codes against the checkpoint's "
+     f"{config.audio_codes}"),
+    ("feature width", options.get("feature_width") == config.adaptor_input_dim,
+     f"spec {spec.name} lays Whisper features of width {options.get('feature_width')}; the checkpoint's adaptor reads "
+     f"{config.adaptor_input_dim}"),
+  ]
+  if ids is not None:
+    verdicts.append(("media markers", (ids.start, ids.end) == (config.media_begin, config.media_end),
+                     f"the tokenizer's <|im_media_begin|> / <|im_media_end|> are {ids.start} / {ids.end}; the "
+                     f"checkpoint's kimia_media_begin / kimia_media_end {config.media_begin} / {config.media_end}"))
+  return verdicts
 
 
 def check_fit(config: KimiAudioConfig, data) -> None:
-  """No build lays Kimi-Audio's rows yet: its builder comes with the data side's feature-carrying row formats."""
-  raise FitError(f"{data.task}/{data.modality}: no build lays Kimi-Audio's rows yet (two id streams and the Whisper "
-                 "feature track); its data is built once the row formats carry float features")
+  """Data laid for this checkpoint: its spec's offset, codes and feature width, and its tokenizer's media markers,
+  the config's (a spoken prefix's checks; text rows carry none of these)."""
+  if modalities.get(data.modality).prefix != modalities.SPEECH:
+    return
+  failed = [f"{check}: {detail}" for check, ok, detail in spec_checks(config, data.metadata.spec,
+                                                                      data.metadata.audio_ids) if not ok]
+  if failed:
+    raise FitError(f"{data.task}/{data.modality} does not fit this Kimi-Audio checkpoint: " + "; ".join(failed))
+
+
+# ---- one sequence's log-probs (s2sjax.logprobs) ----------------------------------------------------------------------
+
+
+def continuous_rows(config: KimiAudioConfig, audio_ids: np.ndarray) -> np.ndarray:
+  """bool [T]: the rows between the audio stream's media_begin and media_end, where the model places a message's
+  Whisper features (modeling_kimia.py:678-698; one audio message per sequence, kimia_prompt's rule)."""
+  begins, ends = np.flatnonzero(audio_ids == config.media_begin), np.flatnonzero(audio_ids == config.media_end)
+  mask = np.zeros(len(audio_ids), bool)
+  if len(begins) > 1 or len(begins) != len(ends) or (len(begins) and ends[0] < begins[0]):
+    raise LogProbsError(f"the audio stream holds {len(begins)} media_begin ({config.media_begin}) and {len(ends)} "
+                        f"media_end ({config.media_end}) ids: Kimi-Audio reads one audio message, opened then closed")
+  if len(begins):
+    mask[begins[0] + 1 : ends[0]] = True
+  return mask
+
+
+def log_probs(config: KimiAudioConfig, params, input_ids: np.ndarray, audio_codes: np.ndarray | None = None,
+              features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(text head, audio head) fp32 log-softmax [T, vocab] of one request. `input_ids` [2, T]: the audio stream
+  (upstream's `input_ids`) over the text stream (`text_input_ids`); `features` [N, adaptor_input_dim]: its audio
+  message's Whisper features (`whisper_input_feature`), read at the rows between media_begin and media_end."""
+  streams = np.asarray(input_ids)
+  if streams.ndim != 2 or streams.shape[0] != 2 or not np.issubdtype(streams.dtype, np.integer):
+    raise LogProbsError(f"a Kimi-Audio checkpoint reads input_ids [2, T]: the audio stream, then the text stream; got "
+                        f"{streams.dtype} {streams.shape}")
+  if audio_codes is not None:
+    raise LogProbsError("a Kimi-Audio checkpoint reads its codes on the audio stream (input_ids[0], code + "
+                        "kimia_token_offset): --audio_codes does not apply")
+  audio, text = sequence(streams[0]), sequence(streams[1])
+  check_range("input_ids[0]", audio, config.vocab_size, "the embedding's rows")
+  check_range("input_ids[1]", text, config.vocab_size, "the embedding's rows")
+  continuous = continuous_rows(config, audio)
+  track = None
+  if continuous.any():
+    if features is None:
+      raise LogProbsError(f"the audio stream holds an audio message of {int(continuous.sum())} code rows: pass its "
+                          f"Whisper features as --features [{int(continuous.sum())}, {config.adaptor_input_dim}]")
+    rows = np.asarray(features, np.float32)
+    if rows.ndim != 2 or rows.shape[1] != config.adaptor_input_dim or len(rows) < continuous.sum():
+      raise LogProbsError(f"features must be [N >= {int(continuous.sum())}, {config.adaptor_input_dim}] (one row per "
+                          f"code row of the audio message); got {rows.shape}")
+    track = np.zeros((len(audio), rows.shape[1]), np.float32)
+    track[continuous] = rows[: continuous.sum()]
+  elif features is not None:
+    raise LogProbsError("features given, but the audio stream holds no audio message (media_begin ... media_end)")
+  return sequence_log_probs(config, params, audio, text, track, continuous)
+
+
+# Kimi-Audio-7B / -7B-Instruct's config.json (moonshotai; the sizes as the upstream oracle's PROVENANCE.txt lists
+# them beside its scaled copy): what the planner sizes a run of the real model by.
+KIMI_AUDIO_7B = {
+  "architectures": ["MoonshotKimiaForCausalLM"], "model_type": "qwen2", "vocab_size": 168448, "hidden_size": 3584,
+  "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+  "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "kimia_mimo_layers": 6,
+  "kimia_mimo_transformer_from_layer_index": 21, "kimia_audio_output_vocab": 16896, "kimia_text_output_vocab": 152064,
+  "num_audio_special_tokens": 512, "kimia_token_offset": 152064, "use_whisper_feature": True,
+  "kimia_adaptor_input_dim": 5120, "kimia_media_begin": 151661, "kimia_media_end": 151663,
+}
 
 
 ARCHITECTURE = register(Architecture(
-  NAME, KimiAudioConfig, KIMI_ROWS, abstract_params, param_logical_axes, scorer,
-  text_rows=lambda config: config.text_output_vocab, check_fit=check_fit,
-  converter="checkpoints_conversion.kimi_release:convert"))
+  NAME, KimiAudioConfig, ROWS, abstract_params, param_logical_axes, scorer,
+  text_rows=lambda config: config.text_output_vocab, check_fit=check_fit, check_ids=check_ids,
+  parse_config=parse_config, spec_checks=spec_checks, converter="checkpoints_conversion.kimi_release:convert",
+  release_classes=("MoonshotKimiaForCausalLM",), log_probs=log_probs, planned=lambda config: config.decoder,
+  planner_shapes={"kimi-audio-7b": KIMI_AUDIO_7B}))

@@ -88,7 +88,7 @@ class KimiAudioConfig:
   def num_params(self) -> int:
     """Every parameter: the main stack with its head, the branch with its norm and head, the adaptor."""
     d = self.decoder
-    per_layer = (d.num_params() - dataclasses.replace(d, num_layers=0).num_params()) // d.num_layers
+    per_layer = dataclasses.replace(d, num_layers=2).num_params() - dataclasses.replace(d, num_layers=1).num_params()
     adaptor = 0
     if self.adaptor_input_dim:
       adaptor = self.adaptor_input_dim * d.hidden_size + d.hidden_size * d.hidden_size + 4 * d.hidden_size

@@ -18,6 +18,7 @@ read), without torch. Windows of every utterance are stacked and run through one
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -26,6 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from s2sjax.errors import UserError
+from s2sjax.progress import Progress
 from tasks.audio import whisper
 from tasks.audio.ops import conv1d, matmul_precision
 from tasks.audio.weights import ReleaseWeights, read_json
@@ -190,11 +192,17 @@ class KimiWhisperFeatures:
 
     return _jitted_encode()(self._device_params, self.shape, jnp.asarray(mels, self.dtype), with_intermediates)
 
-  def features(self, waves: list[np.ndarray]) -> list[np.ndarray]:
+  def features(self, waves: list[np.ndarray], progress: Progress | None = None) -> list[np.ndarray]:
     """float32 [T, 4 d_model] per wave: the 30 s pieces of all waves encoded `batch_size` at a time, their mels
-    made batch by batch (a batch is padded with silent windows to its full size, so one shape compiles)."""
+    made batch by batch (a batch is padded with silent windows to its full size, so one shape compiles).
+    `progress` counts each wave once its last piece is encoded."""
     jobs = [(index, piece) for index, wave in enumerate(waves) for piece in pieces(np.asarray(wave, np.float32))]
     per_wave: list[list[np.ndarray]] = [[] for _ in waves]
+    remaining = collections.Counter(index for index, _ in jobs)
+    if progress:  # an empty wave has no piece to wait for
+      for index, wave in enumerate(waves):
+        if not remaining[index]:
+          progress.update(1, 0.0)
     for start in range(0, len(jobs), self.batch_size):
       chunk = jobs[start : start + self.batch_size]
       batch = np.zeros((self.batch_size, 2 * self.shape.frames, N_MELS), np.float32)
@@ -204,6 +212,9 @@ class KimiWhisperFeatures:
       for row, (index, piece) in enumerate(chunk):
         frames = code_frames(len(piece))
         per_wave[index].append(encoded[row, : FRAMES_PER_CODE * frames].reshape(frames, self.shape.feature_dim))
+        remaining[index] -= 1
+        if progress and not remaining[index]:
+          progress.update(1, len(waves[index]) / SAMPLE_RATE)
     return [np.concatenate(rows) if rows else np.zeros((0, self.shape.feature_dim), np.float32) for rows in per_wave]
 
   def intermediates(self, mel: np.ndarray) -> dict[str, np.ndarray]:
