@@ -29,10 +29,11 @@ from s2sjax import architectures, modalities
 from s2sjax.builds import PROTOCOLS, VariantError
 from s2sjax.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
                                     weigh_streams)
-from s2sjax.modalities import TEXT
+from s2sjax.modalities import SPEECH, TEXT
 from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
 from s2sjax.progress import Progress
 from s2sjax.registry import load_object
+from s2sjax.rows import TOKEN_ROWS
 from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
 from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, load_audio
 from tasks.audio.precomputed import CANDIDATES
@@ -318,11 +319,41 @@ class AudioTokenEncoder(QuestionEncoder):
 
 class UnitEncoder(AudioTokenEncoder):
   """extended_vocab: each audio frame's unit is a token id (`AudioIds.unit_ids`); a unit LM (no text vocabulary)
-  opens every sequence with its bos. Spoken candidates are scored on their units, under either protocol."""
+  opens every sequence with its bos. Spoken candidates are scored on their units, under either protocol.
+
+  With K codebooks a frame lays K tokens, codebook after codebook, and a spoken candidate is scored on every K-th of
+  its tokens from the first: its first codebook's, and under the utterance protocol the closing token. That is
+  Llama-Mimi's authors' rule (llm-jp/Llama-Mimi 95dd630 eval/sStoryCloze.py:36-38: the labels kept at
+  `2::num_quantizers`, from the first unit after bos and <audio>); the other tokens are laid, not scored. The
+  spec's option `max_audio_seconds` cuts each recording before it is tokenized (their `audio_array_to_text`,
+  torchtitan/datasets/hf_datasets.py:30-34 at 41bf994: 20 s)."""
+
+  def __init__(self, spec: Spec, *args, **kwargs):
+    super().__init__(spec, *args, **kwargs)
+    # each codebook's token ids, in the order `unit_ids` lists them
+    self._tables = np.split(np.asarray(self.ids.unit_ids, np.int32), np.cumsum(spec.codebook_sizes)[:-1])
 
   def units(self, codes: np.ndarray) -> np.ndarray:
-    """Each frame's unit as its token id."""
-    return np.asarray(self.ids.unit_ids, np.int32)[codes[:, 0]]
+    """Each frame's units as token ids, frame after frame (K tokens a frame with K codebooks)."""
+    return np.stack([table[codes[:, q]] for q, table in enumerate(self._tables)], axis=1).reshape(-1)
+
+  def _wave(self, paths: tuple[str, ...]) -> np.ndarray:
+    wave = super()._wave(paths)
+    seconds = (self.spec.options or {}).get("max_audio_seconds")
+    return wave if seconds is None else wave[: int(seconds * self.audio_tokenizer.sample_rate)]
+
+  def _scored_every(self) -> int:
+    """A candidate is scored on every how many of its tokens: K for spoken candidates of K codebooks, else 1."""
+    return len(self._tables) if self.modality.candidate == SPEECH else 1
+
+  def scored(self, candidate: np.ndarray) -> int:
+    return -(-len(candidate) // self._scored_every())
+
+  def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
+    """`pack`, then each candidate's targets kept at every `_scored_every`-th token."""
+    rows, report = super().pack(items, shape, share_prefix, overlong)
+    every = self._scored_every()
+    return (rows if every == 1 else _targets_every(rows, every)), report
 
   def _lay(self, before: np.ndarray, codes: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, None]:
     return _joined(before, self.units(codes), after), None
@@ -411,6 +442,24 @@ class StreamEncoder(QuestionEncoder):
     """`pack_streams`, then the scored tokens weighted by the protocol."""
     rows, report = pack_streams(items, shape, self.layout, share_prefix)
     return weigh_streams(rows, self.weights), report
+
+
+def _targets_every(rows: dict[str, np.ndarray], every: int) -> dict[str, np.ndarray]:
+  """Token rows whose target tables keep only each candidate's targets 0, every, 2 x every, ... (the packer lays a
+  candidate's targets together, in order): the rest of its tokens stay laid as context. Each row's kept targets
+  move to the front of its table, their positions unchanged."""
+  per_target = [f for f in TOKEN_ROWS.fields if f.axis == "M"]
+  slots = rows["target_slot"]
+  out = {f.name: np.full_like(rows[f.name], f.fill) for f in per_target}
+  for r, row in enumerate(slots):
+    rank = np.zeros(len(row), np.int64)
+    for slot in np.unique(row[row >= 0]):
+      at = np.flatnonzero(row == slot)
+      rank[at] = np.arange(len(at))
+    kept = np.flatnonzero((row >= 0) & (rank % every == 0))
+    for f in per_target:
+      out[f.name][r, : len(kept)] = rows[f.name][r, kept]
+  return {**rows, **out}
 
 
 def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
