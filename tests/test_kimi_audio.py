@@ -1,9 +1,12 @@
 """Kimi-Audio held to its own code: ../shared/upstream-oracles/kimi_audio is a tiny release in Kimi-Audio's layout
 with what MoonshotAI/Kimi-Audio 349251e computed from it (its PROVENANCE.txt). The layout gives upstream's two id
 streams and continuous mask exactly; the JAX Whisper features are upstream's at every stage; the converted
-release's text- and audio-head log-probs at every position, and each candidate's NLL, are upstream's within 1e-4
-from its saved Whisper features and within 2e-4 from its waves (where a few mel entries round to the other bf16
-neighbour); the packed-row step scores the candidates, their prefix shared, as upstream does one by one."""
+release's text- and audio-head log-probs at every position (`s2sjax.logprobs`), and each candidate's NLL, are
+upstream's within 1e-4 from its saved Whisper features and within 2e-4 from its waves (where a few mel entries
+round to the other bf16 neighbour). Through the data side: S2SBench questions holding the oracle's waves and texts
+are built (`kimi_audio` spec, codes and Whisper features per recording) into rows equal to upstream's requests, and
+s2sjax.eval scores them as upstream does, their prefixes shared in packed rows; a build of the bundled sample
+imports no torch."""
 
 from __future__ import annotations
 
@@ -354,8 +357,10 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
   """tasks.prepare lays the oracle's three requests from an S2SBench release of its waves and texts (S->T with the
   spec's instruction as the user's text message, S->T without one, T->T), GLM-4-Voice codes precomputed and the
   Whisper feature track computed in JAX from the waves: both id streams and the continuous mask equal upstream's,
-  id for id; the evaluator scores each candidate's NLL within 2e-4 per token of upstream's (from its waves)."""
-  from s2sjax.evaluator import Evaluator, ScoringOptions
+  id for id, the features JAX's Whisper gives the waves; s2sjax.eval scores each candidate's NLL within 2e-4 per
+  token of upstream's (from its waves) and writes the model's rows of the Table 1 file."""
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.evaluator import ScoringOptions
   from s2sjax.task_data import load_task_data
   from tasks.preparation import prepare
 
@@ -365,17 +370,22 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
            "a2t_w1": oracle_spec(tmp_path, "kimi_tiny_bare", "", codes, 1024)}
   specs["t2t"] = specs["a2t_w0"]
   ckpt, _ = converted
-  config, params = checkpoint.load_config(ckpt), checkpoint.load_params(ckpt)
   whisper = kimi_whisper.KimiWhisperFeatures(str(ORACLE / "model" / "whisper-large-v3"))
   features = whisper.features([oracle(f"inputs/wave{i}") for i in range(2)])
   nlls = json.loads((ORACLE / "outputs" / "nll_per_candidate.json").read_text())
+  blank = meta["special_token_ids_tiny"]["kimia_text_blank"]
   for story, (wave, example) in enumerate(STORIES):
     modality = "t2t" if example == "t2t" else "s2t"
-    prepare("sstorycloze", specs[example], modality, None, str(tmp_path / "data"), manual_dir=release,
-            tokenizer_dir=tokenizer, audio_tokenizer_dir=str(tmp_path / "audio"))
-    td = load_task_data(str(tmp_path / "data"), "sstorycloze", modality, specs[example], None)
-    scores = Evaluator(config, [td], ScoringOptions(batch_size=2)).score(params, td)
-    laid = laid_sequences(td, meta["special_token_ids_tiny"]["kimia_text_blank"])
+    data, out = str(tmp_path / "data"), str(tmp_path / "out" / example)
+    prepare("sstorycloze", specs[example], modality, None, data, manual_dir=release, tokenizer_dir=tokenizer,
+            audio_tokenizer_dir=str(tmp_path / "audio"))
+    run(EvalConfig(tasks=("sstorycloze",), modalities=(modality,), checkpoints=str(ckpt), spec=specs[example],
+                   data_dir=data, output_dir=out, tokenizer_dir=tokenizer, chunk_rows=2,
+                   scoring=ScoringOptions(batch_size=2)))
+    lines = {(line["question"], line["candidate"]): line
+             for line in map(json.loads, open(Path(out) / "ckpt" / f"sstorycloze-{modality}.scores.jsonl"))}
+    assert f"| ckpt | {'T→T' if modality == 't2t' else 'S→T'} |" in (Path(out) / "table.md").read_text()
+    laid = laid_sequences(load_task_data(data, "sstorycloze", modality, specs[example], None), blank)
     for c in (0, 1):
       sequence = f"{example}_c{c}"
       audio, text, continuous, targets, track = laid[(str(2 * story), c)]
@@ -385,9 +395,9 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
       np.testing.assert_array_equal(targets, oracle(f"inputs/text_ids_cand_{example}_{c}"))
       if modality == "s2t":
         np.testing.assert_array_equal(track[continuous[:-1] > 0], features[wave])
-      q = scores.ids.index(str(2 * story))
-      assert scores.n_tokens[q, c] == nlls[sequence]["n_tokens"]
-      assert abs(scores.loss[q, c] - nlls[sequence]["nll_mean"]) < FROM_WAVES, (sequence, scores.loss[q, c])
+      line = lines[(str(2 * story), c)]
+      assert line["n_tokens"] == nlls[sequence]["n_tokens"]
+      assert abs(line["nll_sum"] / line["n_tokens"] - nlls[sequence]["nll_mean"]) < FROM_WAVES, (sequence, line)
 
 
 GLM4_ORACLE = ORACLE.parent / "glm4voice_tokenizer"

@@ -8,6 +8,7 @@ recording's score is the authors' (their eval/sStoryCloze.py, computed here on t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -115,12 +116,13 @@ def authors_loss(wave: np.ndarray, mimi, model, tokenizer) -> float:
 def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path, llama_mimi, mimi_release):
   """The official layout (sSC/<n>_<name>.wav, recordings 2i right, 2i+1 wrong), one recording past 20 s, built with
   the llama_mimi spec (at the tiny Mimi's codebook size) under the utterance protocol and scored: each recording's
-  mean NLL is the authors' first-quantizer loss within 1e-4, and the decisions are their `neg_loss > pos_loss`."""
+  mean NLL is the authors' first-quantizer loss within 1e-4, the accuracy their `neg_loss > pos_loss` count, and
+  the Table 1 file gains the model's S->S (utterance) row."""
   import soundfile
 
   from s2sjax.builds import Variants
-  from s2sjax.evaluator import Evaluator, ScoringOptions
-  from s2sjax.task_data import load_task_data
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.evaluator import ScoringOptions
   from tasks.audio.base import load_audio
   from tasks.preparation import prepare
   from tasks.release import read_questions
@@ -140,21 +142,25 @@ def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path,
   spec = tmp_path / "llama_mimi_tiny.yaml"
   spec.write_text(yaml.safe_dump(dict(fields, name="llama_mimi_tiny", codebook_sizes=[CODES] * QUANTIZERS)))
 
-  utterance = Variants(protocol="utterance")
-  data = str(tmp_path / "data")
-  prepare("spoken_sstorycloze", str(spec), "s2s", None, data, manual_dir=str(tmp_path / "release"), variants=utterance,
-          tokenizer_dir=source, audio_tokenizer_dir=mimi_release["folder"])
-  td = load_task_data(data, "spoken_sstorycloze", "s2s", str(spec), None, utterance)
-  scores = Evaluator(checkpoint.load_config(ckpt), [td], ScoringOptions(batch_size=2)).score(
-      checkpoint.load_params(ckpt), td)
+  data, out = str(tmp_path / "data"), str(tmp_path / "out")
+  prepare("spoken_sstorycloze", str(spec), "s2s", None, data, manual_dir=str(tmp_path / "release"),
+          variants=Variants(protocol="utterance"), tokenizer_dir=source, audio_tokenizer_dir=mimi_release["folder"])
+  run(EvalConfig(tasks=("spoken_sstorycloze",), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt,
+                 spec=str(spec), data_dir=data, output_dir=out, ties="reference", chunk_rows=2,
+                 scoring=ScoringOptions(batch_size=2)))
+  lines = {(line["question"], line["candidate"]): line
+           for line in map(json.loads, open(os.path.join(out, "ckpt", "spoken_sstorycloze-s2s_utterance.scores.jsonl")))}
 
   mimi = mimi_release["transformers"]
-  questions = read_questions("spoken_sstorycloze", str(tmp_path / "release"))
-  expected = np.zeros((len(questions), 2))
-  for q, question in enumerate(questions):
+  ours, expected = np.zeros((3, 2)), np.zeros((3, 2))
+  for q, question in enumerate(read_questions("spoken_sstorycloze", str(tmp_path / "release"))):
     for c, path in enumerate(question.candidate_audio_paths):
-      expected[q, c] = authors_loss(load_audio(path, SAMPLE_RATE), mimi, model, tokenizer)
-      frames = -(-min(len(load_audio(path, SAMPLE_RATE)), 20 * SAMPLE_RATE) // 1920)
-      assert scores.n_tokens[q, c] == frames + 1  # each frame's first quantizer, and </audio>
-  assert np.abs(scores.loss - expected).max() < 1e-4
-  np.testing.assert_array_equal(scores.loss[:, 1] > scores.loss[:, 0], expected[:, 1] > expected[:, 0])
+      wave = load_audio(path, SAMPLE_RATE)
+      expected[q, c] = authors_loss(wave, mimi, model, tokenizer)
+      line = lines[(question.id, c)]
+      assert line["n_tokens"] == -(-min(len(wave), 20 * SAMPLE_RATE) // 1920) + 1  # each frame's first quantizer, </audio>
+      ours[q, c] = line["nll_sum"] / line["n_tokens"]
+  assert np.abs(ours - expected).max() < 1e-4
+  accuracy = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["spoken_sstorycloze"]
+  assert accuracy["s2s_utterance"]["accuracy"] == pytest.approx((expected[:, 1] > expected[:, 0]).mean())  # :109
+  assert "| ckpt | S→S (utterance) |" in open(os.path.join(out, "table.md")).read()

@@ -9,6 +9,9 @@ RMSNorms; config.json as config_7B_mtp10.json (model_type qwen2_mtp) at tiny siz
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -22,9 +25,9 @@ from tests.hf_models import state_numpy, tiny_model, torch_log_probs, write_raw_
 SCORED, MTP = 2, 3  # the tiny release: 5 layers, the last 3 MCTP modules'
 
 
-def vita_release(directory) -> tuple[str, dict[str, np.ndarray]]:
+def vita_release(directory, **overrides) -> tuple[str, dict[str, np.ndarray]]:
   """A tiny VITA-Audio release (config.json as config_7B_mtp10.json spells it) and its tensors."""
-  model = tiny_model("qwen2", num_hidden_layers=SCORED + MTP)
+  model = tiny_model("qwen2", num_hidden_layers=SCORED + MTP, **overrides)
   tensors = state_numpy(model)
   rng = np.random.default_rng(0)
   hidden = model.config.hidden_size
@@ -37,25 +40,33 @@ def vita_release(directory) -> tuple[str, dict[str, np.ndarray]]:
   return write_raw_checkpoint(str(directory), config, tensors), tensors
 
 
+MCTP_KEYS = {f"model.layers.{SCORED + j}.": 12 for j in range(MTP)}  # q/k/v weight and bias, o, mlp x3, 2 norms
+MCTP_KEYS.update({"mtp_projs.": MTP, "mtp_embed_norms.": MTP, "mtp_hidden_norms.": MTP})
+
+
+def scored_reference(tensors: dict[str, np.ndarray], **overrides):
+  """transformers' Qwen2 over the release's scored layers, its MCTP tensors left out."""
+  reference = tiny_model("qwen2", num_hidden_layers=SCORED, **overrides)
+  scored = {k: torch.from_numpy(v) for k, v in tensors.items()
+            if not k.startswith(tuple(MCTP_KEYS)) and not k.endswith("rotary_emb.inv_freq")}
+  reference.load_state_dict(scored, strict=True)
+  return reference.eval()
+
+
 def test_vita_audio_release_converts_its_scored_layers_and_scores_as_qwen2(tmp_path):
   source, tensors = vita_release(tmp_path / "release")
   out = str(tmp_path / "ckpt")
   manifest = convert.convert(source, out)
-  counted = {f"model.layers.{SCORED + j}.": 12 for j in range(MTP)}  # q/k/v weight and bias, o, mlp x3, 2 norms
-  counted.update({"mtp_projs.": MTP, "mtp_embed_norms.": MTP, "mtp_hidden_norms.": MTP})
-  assert manifest["skipped_modules"] == counted
+  assert manifest["skipped_modules"] == MCTP_KEYS
   report = convert.report(manifest, out)
   assert f"left out model.layers.{SCORED}.* (12 tensors): MCTP module 0's transformer layer" in report
   assert f"left out mtp_projs.* ({MTP} tensors): the {MTP} MCTP modules' mtp_projs" in report
   assert checkpoint.load_config(out).num_layers == SCORED
 
-  reference = tiny_model("qwen2", num_hidden_layers=SCORED)
-  scored = {k: torch.from_numpy(v) for k, v in tensors.items()
-            if not k.startswith(tuple(counted)) and not k.endswith("rotary_emb.inv_freq")}
-  reference.load_state_dict(scored, strict=True)
+  reference = scored_reference(tensors)
   ids = np.random.default_rng(1).integers(0, reference.config.vocab_size, size=(1, 160))
   ours = logprobs.compute(out, ids).text
-  assert np.abs(ours - torch_log_probs(reference.eval(), ids)[0]).max() < 1e-4
+  assert np.abs(ours - torch_log_probs(reference, ids)[0]).max() < 1e-4
 
 
 def test_vita_audio_config_needs_its_scored_layers():
@@ -86,3 +97,69 @@ def test_vita_audio_spec_turns_are_its_chat_template_rendering(qwen_tokenizer_di
   assert speech == spec.chat["speech"] + AUDIO + spec.chat["reply"]
   text = template.apply_chat_template([{"role": "user", "content": "TEXT"}], tokenize=False, add_generation_prompt=True)
   assert text == spec.chat["text"] + "TEXT" + spec.chat["reply"]
+
+
+def laid_requests(td) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+  """Per (question, candidate) its token rows read back: (prefix ids, candidate ids), the candidate's last token
+  from the target table (it is predicted, not laid)."""
+  rows, out = td.rows, {}
+  for record in td.metadata.questions:
+    for c, (item, j) in enumerate(record["slots"]):
+      r, s = np.argwhere((rows["slot_item"] == item) & (rows["slot_candidate"] == j))[0]
+      targets = rows["target_ids"][r][rows["target_slot"][r] == s]
+      segment = rows["segment_ids"][r, rows["target_pos"][r][rows["target_slot"][r] == s][0]]
+      prefix = rows["tokens"][r][(rows["segment_ids"][r] == segment) & (rows["branch_ids"][r] == 0)]
+      out[(record["id"], c)] = prefix, targets
+  return out
+
+
+@pytest.mark.slow
+def test_the_spec_scores_the_bundled_sample_end_to_end(tmp_path, qwen_tokenizer_dir):
+  """The bundled sample's S->T and T->T built with the vita_audio spec (its GLM-4-Voice units from the project's JAX
+  tokenizer, at the oracle tokenizer's 128 codes) and scored by s2sjax.eval on a tiny converted release: each
+  request is the release's chat turns around the prefix, and each candidate's NLL is transformers' Qwen2 over the
+  scored layers on those ids; the Table 1 file gains the model's S->T and T->T rows."""
+  from transformers import AutoTokenizer
+
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.evaluator import ScoringOptions
+  from s2sjax.task_data import load_task_data
+  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
+  from tasks.preparation import prepare
+  from tests.test_audio_builds import ORACLES, oracle_spec, text_tokenizer
+
+  glm4 = Glm4VoiceTokenizer(str(ORACLES / "glm4voice_tokenizer"))
+  spec_path = oracle_spec(tmp_path, "vita_audio", glm4)
+  spec = load_spec(spec_path)
+  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, spec)
+  tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+  size = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64)
+  source, tensors = vita_release(tmp_path / "release", **size)
+  tokenizer.save_pretrained(source)
+  ckpt = str(tmp_path / "vita-tiny")
+  convert.convert(source, ckpt)
+  data = str(tmp_path / "data")
+  for modality in ("t2t", "s2t"):
+    prepare("sstorycloze", spec_path, modality, None, data, tokenizer_dir=tokenizer_dir,
+            audio_tokenizer_dir=str(ORACLES / "glm4voice_tokenizer"))
+  out = str(tmp_path / "out")
+  run(EvalConfig(tasks=("sstorycloze",), modalities=("t2t", "s2t"), checkpoints=ckpt, spec=spec_path, data_dir=data,
+                 output_dir=out, chunk_rows=4, scoring=ScoringOptions(batch_size=4)))
+
+  reference = scored_reference(tensors, **size)
+  for modality, turn in (("t2t", spec.chat["text"]), ("s2t", spec.chat["speech"])):
+    lines = {(line["question"], line["candidate"]): line
+             for line in map(json.loads, open(os.path.join(out, "vita-tiny", f"sstorycloze-{modality}.scores.jsonl")))}
+    laid = laid_requests(load_task_data(data, "sstorycloze", modality, spec_path, None))
+    assert set(laid) == set(lines) and len(lines) == 48
+    for key, (prefix, candidate) in list(laid.items())[:8]:
+      text = tokenizer.decode(prefix)
+      assert text.startswith(turn) and text.endswith(spec.chat["reply"])
+      assert ("<|begin_of_audio|><|audio_" in text) == (modality == "s2t")
+      ids = np.concatenate([prefix, candidate])[None]
+      log_probs = torch_log_probs(reference, ids)[0]
+      expected = -log_probs[np.arange(len(prefix) - 1, ids.shape[1] - 1), candidate].sum()
+      assert lines[key]["n_tokens"] == len(candidate)
+      assert abs(lines[key]["nll_sum"] - expected) < 1e-4 * len(candidate), (key, lines[key]["nll_sum"], expected)
+  table = open(os.path.join(out, "table.md")).read()
+  assert "| vita-tiny | T→T |" in table and "| vita-tiny | S→T |" in table
