@@ -29,8 +29,10 @@ from tasks.release import Question
 
 
 def special_ids(spec, tokenizer) -> KimiSpecialIds:
-  """The layout's ids looked up by name in the release's tokenizer; a token it lacks is named."""
-  vocab = tokenizer.get_vocab()
+  """The layout's ids looked up by name as upstream looks them up (special_tokens.py:25-31): in the tokenizer's
+  `special_tokens` table where it has one (the release's tiktoken tokenizer), else in its vocabulary; a token it
+  lacks is named."""
+  vocab = tokenizer.special_tokens if hasattr(tokenizer, "special_tokens") else tokenizer.get_vocab()
   missing = [token for token in TOKEN_NAMES.values() if token not in vocab]
   if missing:
     raise SpecError(f"spec {spec.name}: Kimi-Audio's layout needs the tokens {', '.join(missing)}, which the text "

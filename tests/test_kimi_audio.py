@@ -477,3 +477,33 @@ def test_a_checkpoint_whose_config_differs_from_the_spec_is_refused(meta):
   with pytest.raises(FitError, match="code offset: spec kimi_audio lays code k at audio id 152064 \\+ k; the "
                                      "checkpoint's kimia_token_offset is 256.*media markers"):
     kimi_audio.check_fit(config, Data)
+
+
+def test_special_ids_are_looked_up_as_upstream_looks_them_up(meta, special):
+  """special_tokens.py:25-31: the tokenizer's `special_tokens` table where it has one (the release's tiktoken
+  tokenizer), else its vocabulary; a token it lacks is named."""
+  from s2sjax.spec import SpecError, load_spec
+  from tasks.kimi_encoder import special_ids
+
+  named = meta["special_token_ids_tiny"]
+  table = {kimi_prompt.TOKEN_NAMES[field]: named[name] for field, name in EXTRA_TOKENS.items()}
+  tiktoken_like = type("Tokenizer", (), {"special_tokens": table})()
+  assert special_ids(load_spec("kimi_audio"), tiktoken_like) == special
+  vocabulary_only = type("Tokenizer", (), {"get_vocab": lambda self: {"<|im_msg_end|>": 200}})()
+  with pytest.raises(SpecError, match=r"needs the tokens <\|im_media_begin\|>.*--tokenizer_dir=RELEASE"):
+    special_ids(load_spec("kimi_audio"), vocabulary_only)
+
+
+def test_the_planner_sizes_kimi_audio_7b_through_its_architecture():
+  """The 7B release's config parsed by the architecture: 9.77B parameters held (7.73B in the main stack, the rest
+  the audio branch, its head and the adaptor), the step costed as the main stack it runs."""
+  from s2sjax import plan
+
+  config = plan.MODELS["kimi-audio-7b"]
+  assert (config.token_offset, config.audio_codes, config.adaptor_input_dim) == (152064, 16384, 5120)
+  assert round(config.num_params() / 1e9, 2) == 9.77 and round(config.decoder.num_params() / 1e9, 2) == 7.73
+  p = plan.plan(config, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  assert p["fits"] and p["mesh"] == "data:4,model:2"
+  assert p["params_gib"] == pytest.approx(config.num_params() * 2 / 2 / 2**30)
+  decoder = plan.plan(config.decoder, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  assert p["total_seconds"] == decoder["total_seconds"] and p["activations_gib"] == decoder["activations_gib"]
