@@ -21,7 +21,7 @@ from s2sjax import packing
 from s2sjax.builds import VariantError
 from s2sjax.formats.kimi_audio import ROWS
 from s2sjax.modalities import SPEECH
-from s2sjax.spec import AudioIds, SpecError
+from s2sjax.spec import SpecError, resolve_audio_ids
 from tasks.encoders import QuestionEncoder
 from tasks.kimi_prompt import TOKEN_NAMES, KimiSpecialIds, KimiStreams, Message, lay_features, lay_prompt, \
   lay_text_continuation
@@ -52,7 +52,7 @@ class KimiEncoder(QuestionEncoder):
     if self.width and self.audio_tokenizer.feature_width != self.width:
       raise SpecError(f"spec {spec.name} lays features of width {self.width}; its audio tokenizer's track is "
                       f"{self.audio_tokenizer.feature_width} wide")
-    self.ids = AudioIds(self.special.media_begin, self.special.media_end, None, None)
+    self.ids = resolve_audio_ids(spec, self.tokenizer)  # none of the spec's: Kimi's markers are the tokenizer's
 
   def _fields(self, streams: KimiStreams, features: np.ndarray | None = None) -> dict[str, np.ndarray]:
     track = lay_features(streams, features) if features is not None else np.zeros((len(streams), self.width), np.float32)

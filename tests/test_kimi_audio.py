@@ -204,6 +204,27 @@ def test_converted_release_gives_upstreams_log_probs_and_nlls(converted, special
     assert abs(nll - nlls[sequence]["nll_mean"]) < FROM_FEATURES
 
 
+@pytest.mark.slow
+def test_the_command_line_reads_a_converted_checkpoint_in_a_fresh_process(converted, special, tmp_path):
+  """`python -m s2sjax.logprobs` with no plugin named: the architecture registers with the package."""
+  import os
+  import subprocess
+  import sys
+
+  ckpt, _ = converted
+  np.save(tmp_path / "ids.npy", streams_of("a2t_w0", 1, special, checkpoint.load_config(ckpt)))
+  np.save(tmp_path / "features.npy", oracle("outputs/whisper_wave0_continuous_feature"))
+  env = {key: value for key, value in os.environ.items() if key != "S2SJAX_PLUGINS"}
+  root = Path(__file__).resolve().parents[1]
+  subprocess.run([sys.executable, "-m", "s2sjax.logprobs", f"--checkpoint={ckpt}", f"--input_ids={tmp_path / 'ids.npy'}",
+                  f"--features={tmp_path / 'features.npy'}", f"--output={tmp_path / 'text.npy'}",
+                  f"--codebook_output={tmp_path / 'audio.npy'}"], check=True, cwd=root, env=dict(env, PYTHONPATH=str(root)),
+                 capture_output=True, timeout=600)
+  for head in ("text", "audio"):
+    expected = oracle(f"outputs/a2t_w0_c1_{head}_head_logprobs")
+    assert np.abs(np.load(tmp_path / f"{head}.npy") - expected).max() < FROM_FEATURES
+
+
 def test_log_probs_refuse_what_the_model_cannot_read(converted, special):
   """The hook's inputs named when wrong: one stream, features without an audio message, a message without its
   features, codebook codes."""
@@ -399,6 +420,18 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
       assert line["n_tokens"] == nlls[sequence]["n_tokens"]
       assert abs(line["nll_sum"] / line["n_tokens"] - nlls[sequence]["nll_mean"]) < FROM_WAVES, (sequence, line)
 
+  # the pre-flight on the checkpoint with its tokenizer beside it, and the S->T data: every check passes, the audio
+  # blanked by the format's rule moves the scores
+  import shutil
+
+  from s2sjax import check
+
+  shutil.copytree(ckpt, tmp_path / "ckpt")
+  shutil.copytree(tokenizer, tmp_path / "ckpt" / "tokenizer")
+  td = load_task_data(str(tmp_path / "data"), "sstorycloze", "s2t", specs["a2t_w0"], None)
+  verdicts = check.run(str(tmp_path / "ckpt"), spec=specs["a2t_w0"], data=td)
+  assert all(v.ok for v in verdicts) and "audio reaches the model" in {v.check for v in verdicts}, check.table(verdicts)
+
 
 GLM4_ORACLE = ORACLE.parent / "glm4voice_tokenizer"
 
@@ -459,23 +492,28 @@ def test_kimi_audio_cannot_be_asked_spoken_candidates_and_its_spec_is_checked():
     spec_from_dict(dict(spec.as_dict(), unit_token="<|audio_{}|>"))
 
 
-def test_a_checkpoint_whose_config_differs_from_the_spec_is_refused(meta):
-  """The evaluator's fit check and the pre-flight's verdicts compare the spec's offset, codes and feature width and
-  the tokenizer's media markers with the checkpoint's config, naming each."""
+def test_a_checkpoint_whose_config_differs_from_the_spec_is_refused(meta, special):
+  """The evaluator's fit check and the pre-flight's verdicts compare the spec's offset, codes and feature width with
+  the checkpoint's config, and the fit check the media markers the rows hold, naming each."""
   from s2sjax.architectures import FitError
-  from s2sjax.spec import AudioIds, load_spec
+  from s2sjax.spec import load_spec
 
   config = kimi_audio.parse_config(meta["config_json"])
   spec = load_spec("kimi_audio")  # the 7B release's sizes, not the tiny oracle's
-  verdicts = {check: ok for check, ok, _ in kimi_audio.spec_checks(config, spec, AudioIds(213, 215, None, None))}
-  assert verdicts == {"code offset": False, "code range": False, "feature width": False, "media markers": True}
+  verdicts = {check: ok for check, ok, _ in kimi_audio.spec_checks(config, spec)}
+  assert verdicts == {"code offset": False, "code range": False, "feature width": False}
+  streams, _ = request("a2t_w1", 0, special, config)
+  rows = {"audio_ids": streams.audio[None], "continuous": streams.continuous[None].astype(np.int32)}
+  assert kimi_audio.media_markers(rows) == ({213}, {215})
 
   class Data:
     task, modality = "sstorycloze", "s2t"
-    metadata = type("Metadata", (), {"spec": spec, "audio_ids": AudioIds(1, 2, None, None)})
+    metadata = type("Metadata", (), {"spec": spec})
 
+  Data.rows = dict(rows, audio_ids=np.where(streams.audio == 213, 1, streams.audio)[None])
   with pytest.raises(FitError, match="code offset: spec kimi_audio lays code k at audio id 152064 \\+ k; the "
-                                     "checkpoint's kimia_token_offset is 256.*media markers"):
+                                     "checkpoint's kimia_token_offset is 256.*media markers: the rows open their "
+                                     "audio with ids \\[1\\] and close it with \\[215\\]"):
     kimi_audio.check_fit(config, Data)
 
 

@@ -179,11 +179,12 @@ def scorer(config: KimiAudioConfig, shape: RowShape, mesh=None, batch_size: int 
 # ---- a spec's ids against the checkpoint: the evaluator's fit check and the pre-flight's verdicts --------------------
 
 
-def spec_checks(config: KimiAudioConfig, spec: Spec, ids: AudioIds | None) -> list[tuple[str, bool, str]]:
+def spec_checks(config: KimiAudioConfig, spec: Spec, ids: AudioIds | None = None) -> list[tuple[str, bool, str]]:
   """Whether the rows a spec lays are the ids this checkpoint reads: its codes at the config's offset and within its
-  code range, its feature track the adaptor's width, the tokenizer's media markers the config's."""
+  code range, its feature track the adaptor's width. (The media markers are the tokenizer's, by name: `check_fit`
+  holds the rows' own to the config.)"""
   options = spec.options or {}
-  verdicts = [
+  return [
     ("code offset", options.get("token_offset") == config.token_offset,
      f"spec {spec.name} lays code k at audio id {options.get('token_offset')} + k; the checkpoint's kimia_token_offset "
      f"is {config.token_offset}"),
@@ -194,20 +195,29 @@ def spec_checks(config: KimiAudioConfig, spec: Spec, ids: AudioIds | None) -> li
      f"spec {spec.name} lays Whisper features of width {options.get('feature_width')}; the checkpoint's adaptor reads "
      f"{config.adaptor_input_dim}"),
   ]
-  if ids is not None:
-    verdicts.append(("media markers", (ids.start, ids.end) == (config.media_begin, config.media_end),
-                     f"the tokenizer's <|im_media_begin|> / <|im_media_end|> are {ids.start} / {ids.end}; the "
-                     f"checkpoint's kimia_media_begin / kimia_media_end {config.media_begin} / {config.media_end}"))
-  return verdicts
+
+
+def media_markers(rows: Mapping[str, np.ndarray]) -> tuple[set[int], set[int]]:
+  """The audio-stream ids just before and just after each run of continuous rows: what the rows open and close
+  their audio messages with."""
+  continuous = rows["continuous"] > 0
+  opens = continuous[:, 1:] & ~continuous[:, :-1]
+  closes = continuous[:, :-1] & ~continuous[:, 1:]
+  audio = rows["audio_ids"]
+  return set(audio[:, :-1][opens].tolist()), set(audio[:, 1:][closes].tolist())
 
 
 def check_fit(config: KimiAudioConfig, data) -> None:
-  """Data laid for this checkpoint: its spec's offset, codes and feature width, and its tokenizer's media markers,
-  the config's (a spoken prefix's checks; text rows carry none of these)."""
+  """Data laid for this checkpoint (a spoken prefix's checks; text rows carry no audio): its spec's offset, codes
+  and feature width, and the media markers its rows hold, the config's."""
   if modalities.get(data.modality).prefix != modalities.SPEECH:
     return
-  failed = [f"{check}: {detail}" for check, ok, detail in spec_checks(config, data.metadata.spec,
-                                                                      data.metadata.audio_ids) if not ok]
+  failed = [f"{check}: {detail}" for check, ok, detail in spec_checks(config, data.metadata.spec) if not ok]
+  opening, closing = media_markers(data.rows)
+  if not opening <= {config.media_begin} or not closing <= {config.media_end}:
+    failed.append(f"media markers: the rows open their audio with ids {sorted(opening)} and close it with "
+                  f"{sorted(closing)}; the checkpoint's kimia_media_begin / kimia_media_end are {config.media_begin} / "
+                  f"{config.media_end} (build with the release's own tokenizer)")
   if failed:
     raise FitError(f"{data.task}/{data.modality} does not fit this Kimi-Audio checkpoint: " + "; ".join(failed))
 
