@@ -1,6 +1,6 @@
-"""S2SBench's questions in Kimi-Audio's own message layout (the `kimi_audio` input format, s2sjax/formats/kimi_audio.py):
-the user's turn holds the prefix, the assistant's text reply is the scored candidate (tasks/kimi_prompt.py lays the
-ids as upstream's prompt manager does).
+"""S2SBench's questions in Kimi-Audio's own message layout (the `kimi_audio` input format,
+s2sjax/formats/kimi_audio.py): the user's turn holds the prefix, the assistant's text reply is the scored candidate
+(tasks/kimi_prompt.py lays the ids as upstream's prompt manager does).
 
   S->T  a text message of S2SBench's instruction (the spec's `speech_instruction`; none when it is empty), then the
         audio message of the prefix: GLM-4-Voice codes on the audio stream and their Whisper features (the audio
@@ -55,14 +55,18 @@ class KimiEncoder(QuestionEncoder):
     self.ids = resolve_audio_ids(spec, self.tokenizer)  # none of the spec's: Kimi's markers are the tokenizer's
 
   def _fields(self, streams: KimiStreams, features: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    track = lay_features(streams, features) if features is not None else np.zeros((len(streams), self.width), np.float32)
+    if features is None:
+      track = np.zeros((len(streams), self.width), np.float32)
+    else:
+      track = lay_features(streams, features)
     return {"audio_ids": streams.audio.astype(np.int32), "text_ids": streams.text.astype(np.int32),
             "features": track, "continuous": streams.continuous.astype(np.int32)}
 
   def prefix(self, question: Question, c: int) -> tuple[dict, None, float]:
     if self.modality.prefix != SPEECH:
       text = self.text_ids(question.prefixes[c], special=False)
-      return self._fields(lay_prompt([Message("user", text=text)], self.special, self.offset, self.num_codes)), None, 0.0
+      streams = lay_prompt([Message("user", text=text)], self.special, self.offset, self.num_codes)
+      return self._fields(streams), None, 0.0
     codes, seconds = self._prefix_codes(question, c)
     instruction = self.spec.speech_instruction[self.language(question)]
     messages = [Message("user", text=self.text_ids(instruction, special=False))] if instruction else []
@@ -91,4 +95,5 @@ class KimiEncoder(QuestionEncoder):
   def pack(self, items: list, shape: packing.RowShape, share_prefix: bool, overlong: str):
     laid = [dataclasses.replace(item, share=packing.fit_laid(i, item, shape, share_prefix))
             for i, item in enumerate(items)]
-    return packing.pack_laid(laid, shape, share_prefix, lambda count: ROWS.empty(count, shape, {"features": self.width}))
+    empty = lambda count: ROWS.empty(count, shape, {"features": self.width})
+    return packing.pack_laid(laid, shape, share_prefix, empty)

@@ -216,10 +216,10 @@ def test_the_command_line_reads_a_converted_checkpoint_in_a_fresh_process(conver
   np.save(tmp_path / "features.npy", oracle("outputs/whisper_wave0_continuous_feature"))
   env = {key: value for key, value in os.environ.items() if key != "S2SJAX_PLUGINS"}
   root = Path(__file__).resolve().parents[1]
-  subprocess.run([sys.executable, "-m", "s2sjax.logprobs", f"--checkpoint={ckpt}", f"--input_ids={tmp_path / 'ids.npy'}",
-                  f"--features={tmp_path / 'features.npy'}", f"--output={tmp_path / 'text.npy'}",
-                  f"--codebook_output={tmp_path / 'audio.npy'}"], check=True, cwd=root, env=dict(env, PYTHONPATH=str(root)),
-                 capture_output=True, timeout=600)
+  subprocess.run([sys.executable, "-m", "s2sjax.logprobs", f"--checkpoint={ckpt}",
+                  f"--input_ids={tmp_path / 'ids.npy'}", f"--features={tmp_path / 'features.npy'}",
+                  f"--output={tmp_path / 'text.npy'}", f"--codebook_output={tmp_path / 'audio.npy'}"],
+                 check=True, cwd=root, env=dict(env, PYTHONPATH=str(root)), capture_output=True, timeout=600)
   for head in ("text", "audio"):
     expected = oracle(f"outputs/a2t_w0_c1_{head}_head_logprobs")
     assert np.abs(np.load(tmp_path / f"{head}.npy") - expected).max() < FROM_FEATURES

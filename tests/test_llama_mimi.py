@@ -148,8 +148,8 @@ def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path,
   run(EvalConfig(tasks=("spoken_sstorycloze",), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt,
                  spec=str(spec), data_dir=data, output_dir=out, ties="reference", chunk_rows=2,
                  scoring=ScoringOptions(batch_size=2)))
-  lines = {(line["question"], line["candidate"]): line
-           for line in map(json.loads, open(os.path.join(out, "ckpt", "spoken_sstorycloze-s2s_utterance.scores.jsonl")))}
+  scores_file = os.path.join(out, "ckpt", "spoken_sstorycloze-s2s_utterance.scores.jsonl")
+  lines = {(line["question"], line["candidate"]): line for line in map(json.loads, open(scores_file))}
 
   mimi = mimi_release["transformers"]
   ours, expected = np.zeros((3, 2)), np.zeros((3, 2))
@@ -158,7 +158,8 @@ def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path,
       wave = load_audio(path, SAMPLE_RATE)
       expected[q, c] = authors_loss(wave, mimi, model, tokenizer)
       line = lines[(question.id, c)]
-      assert line["n_tokens"] == -(-min(len(wave), 20 * SAMPLE_RATE) // 1920) + 1  # each frame's first quantizer, </audio>
+      frames = -(-min(len(wave), 20 * SAMPLE_RATE) // 1920)
+      assert line["n_tokens"] == frames + 1  # each frame's first quantizer, and </audio>
       ours[q, c] = line["nll_sum"] / line["n_tokens"]
   assert np.abs(ours - expected).max() < 1e-4
   accuracy = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["spoken_sstorycloze"]

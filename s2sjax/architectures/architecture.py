@@ -79,8 +79,8 @@ class Architecture:
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
   problems = [f"its config class {new.config_class.__name__} is {a.name}'s already" for a in registered.values()
               if a.config_class is new.config_class]
-  problems += [f"release class {name} is {a.name}'s already" for a in registered.values() for name in new.release_classes
-               if name in a.release_classes]
+  problems += [f"release class {name} is {a.name}'s already" for a in registered.values()
+               for name in new.release_classes if name in a.release_classes]
   problems += [f"planner shape {name!r} is {a.name}'s already" for a in registered.values() for name in
                new.planner_shapes if name in a.planner_shapes]
   if (new.release_classes or new.planner_shapes) and new.parse_config is None:

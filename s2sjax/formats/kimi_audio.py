@@ -48,7 +48,8 @@ def _spec_problems(spec) -> list[str]:
                     f"{options or 'none'})")
   if len(spec.codebook_sizes) != 1 or not spec.text_vocabulary:
     problems.append("one codebook (GLM-4-Voice's) and a text vocabulary")
-  problems += [f"no {key} (its markers are the tokenizer's own)" for key in TOKEN_KEYS if getattr(spec, key) is not None]
+  problems += [f"no {key} (its markers are the tokenizer's own)" for key in TOKEN_KEYS
+               if getattr(spec, key) is not None]
   return [f"spec {spec.name}: {NAME} takes {p}" for p in problems]
 
 
