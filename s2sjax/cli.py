@@ -132,8 +132,8 @@ def in_worker(fn: Callable[..., T], *args) -> T:
       done.set()
 
   worker = threading.Thread(target=work, name=f"worker: {getattr(fn, '__qualname__', fn)}", daemon=True)
-  worker.start()
   try:
+    worker.start()  # which waits for the thread to start: the signal may come in there too
     while not done.wait(_WAIT_S):  # a signal's handler runs here, in the main thread, and raises
       pass
   except BaseException:

@@ -71,7 +71,6 @@ Pair = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "tpu"}  # lm-eval's device -> JAX's
 AUTO_MAX_BATCH = 64  # the hf backend's default max_batch_size for batch_size=auto
 DTYPES = ("float32", "bfloat16")
-# what model_args may name (lm-eval adds batch_size, max_batch_size and device from its own flags)
 # How a request is fitted to a row (`S2SJaxLM._windows`), as each call's warning says it, with how many
 FITTED = {
   "empty_context": "whitespace-only contexts scored after the prefix token, as an empty context is",
@@ -80,6 +79,7 @@ FITTED = {
   "split_continuation": "continuations longer than max_length={max_length} scored in pieces of max_length tokens, "
                         "each after the tokens before it, as loglikelihood_rolling scores a long text",
 }
+# what model_args may name (lm-eval adds batch_size, max_batch_size and device from its own flags)
 MODEL_ARGS = ("pretrained", "checkpoint", "mesh", "dtype", "row_length", "add_bos_token", "trust_remote_code")
 # lm-eval's own rule for an instruct or chat model run without a chat template (lm_eval/evaluator.py, simple_evaluate)
 CHAT_MODEL_WORDS = ("inst", "chat")
@@ -299,7 +299,7 @@ class S2SJaxLM(TemplateLM):
   def _windows(self, context: list[int], continuation: list[int], index: int) -> tuple[list[Pair], list[str]]:
     """One request as the (context, continuation) pairs that fill at most a row each, the hf backend's way
     (lm_eval/models/huggingface.py, HFLM._loglikelihood_tokens): context + continuation keep their last
-    max_length + 1 tokens, the context losing its first ones. Two requests hf stops the run at (its asserts) are
+    max_length + 1 tokens, the context losing its first ones. Two kinds hf stops the run at (its asserts) are
     scored instead: a continuation longer than max_length in pieces of max_length tokens, each after the tokens
     before it (lm-eval's rule for a text longer than the window, `loglikelihood_rolling`), its log-likelihood the
     pieces' sum and is_greedy all of theirs; a context that encodes to no tokens (whitespace only: lm-eval's
