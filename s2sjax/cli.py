@@ -2,12 +2,13 @@
 
 - a quiet console: third-party INFO records (orbax's partial saves, TFDS, transformers) are hidden unless
   `--verbosity` is given; warnings and errors are always shown;
-- SIGINT (Ctrl-C) and SIGTERM raise `Interrupted` in the main thread, so a command stops within seconds through
-  its own cleanup (the lock released, what is complete kept and summarized), says in one line what it kept and
-  how to resume, and exits 128 + the signal's number; a second signal ends it at once. Python runs a signal's
-  handler in the main thread between bytecodes only, so a long computation there (an XLA compilation or step,
-  which never returns to Python until it ends) would hold the signal back: such work runs in a worker thread
-  (`in_worker`) that the main thread waits on, and is left behind, its result dropped, when the signal comes;
+- SIGINT (Ctrl-C) and SIGTERM raise `Interrupted` in the main thread, so a command stops at once through its own
+  cleanup (the lock released, what is complete kept and summarized), says in one line what it kept and how to
+  resume, and exits 128 + the signal's number without the interpreter's slow teardown (`exit_at_once`); a second
+  signal ends it at once. Python runs a signal's handler in the main thread between bytecodes only, so a long
+  computation there (an XLA compilation or step, which never returns to Python until it ends) would hold the
+  signal back: such work runs in a worker thread (`in_worker`) that the main thread waits on, and is left behind,
+  its result dropped, when the signal comes;
 - a user's mistake (`s2sjax.errors.UserError`: a bad path, data that does not fit, a refused checkpoint) is printed
   as its message, not as a 40-line traceback, and the program exits 1; `--verbosity=1` shows the traceback too.
   Anything else is a bug and prints its traceback;
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import importlib.util
@@ -24,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 from absl import app, flags, logging
 
@@ -38,6 +40,7 @@ T = TypeVar("T")
 STALL_WORKER = "S2SJAX_STALL_WORKER"
 _WAIT_S = 0.25  # the main thread's wait wakes this often: a signal the OS handed to another thread is run by then
 _left_running: set[threading.Thread] = set()  # workers the main thread stopped waiting for
+_stopped_by_signal = threading.Event()  # a command's cleanup after a signal is done: `run` ends it at once
 _worker_calls = 0
 
 # Warnings TFDS writes about its own bookkeeping on every first build: a config folder not built yet, a config
@@ -107,10 +110,13 @@ def in_worker(fn: Callable[..., T], *args) -> T:
   """fn(*args), run in a worker thread while the main thread waits on it and on SIGINT / SIGTERM, so that a long
   computation (an XLA compilation or step) cannot hold `Interrupted` back. When the signal comes first, the worker
   is left to end on its own and its result is dropped: `fn` must only compute (nothing it does may write a file),
-  and everything written afterwards is the main thread's cleanup. Called from another thread, which takes no
-  signal, it is fn(*args)."""
+  and everything written afterwards is the main thread's cleanup, after which the command ends without the
+  interpreter's teardown (`exit_at_once`), which would free the runtime beneath the worker. So only under this
+  module's handlers (`catch_interrupts`: a command line) is there a worker; anywhere else (a training loop, a
+  notebook, another thread, which takes no signal) it is fn(*args), and a signal waits for the step as Python's
+  own handling does."""
   global _worker_calls
-  if threading.current_thread() is not threading.main_thread():
+  if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not _interrupt:
     return fn(*args)
   _worker_calls += 1
   call = _worker_calls
@@ -145,17 +151,6 @@ def in_worker(fn: Callable[..., T], *args) -> T:
   return outcome[0]
 
 
-def _exit(code: int) -> None:
-  """Ends the command with `code`. A worker left computing (`in_worker`) is not waited for: the process ends
-  without the interpreter's teardown, which would run under it (its runtime freed as it computes)."""
-  if not any(worker.is_alive() for worker in _left_running):
-    sys.exit(code)
-  std_logging.shutdown()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(code)
-
-
 def _one_line_errors(main):
   @functools.wraps(main)
   def wrapped(argv):
@@ -166,15 +161,30 @@ def _one_line_errors(main):
     except Interrupted as e:
       progress.end_bars()  # the bars' last state above the message, not drawn again below it
       print(e.message, file=sys.stderr, flush=True)
-      _exit(128 + e.signum)
+      _stopped_by_signal.set()
+      sys.exit(128 + e.signum)
     except UserError as e:  # anything else is a bug: its traceback is printed
       if flags.FLAGS["verbosity"].value >= 1:
         raise
       progress.end_bars()
       print(f"error: {e}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
-      _exit(1)
+      sys.exit(1)
 
   return wrapped
+
+
+def exit_at_once(code: int) -> NoReturn:
+  """Ends a command a signal stopped, its cleanup done: the exit handlers run and the streams are flushed, and the
+  interpreter's own teardown is skipped (freeing every module takes seconds for a process that imported jax, on a
+  loaded machine). A worker still computing (`in_worker`) is not waited for, and then the exit handlers do not
+  run either: jax's would free the runtime beneath it."""
+  if any(worker.is_alive() for worker in _left_running):
+    std_logging.shutdown()
+  else:
+    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers os._exit would skip
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
 
 
 HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "?")
@@ -219,4 +229,9 @@ def run(main, doc: str | None = None, flag_modules: tuple[str, ...] = ()) -> Non
   for flag in key_flags:
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   cache.use_compilation_cache()
-  app.run(_one_line_errors(main), flags_parser=_parse_flags)
+  try:
+    app.run(_one_line_errors(main), flags_parser=_parse_flags)
+  except SystemExit as e:
+    if _stopped_by_signal.is_set():
+      exit_at_once(e.code)
+    raise

@@ -1,6 +1,7 @@
-"""`cli.in_worker`: a long computation (an XLA compilation or step) runs in a worker thread while the main thread
-waits on it and on SIGINT / SIGTERM, so the signal raises `cli.Interrupted` at once, the computation still
-running; its result is dropped. (tests/test_interrupt.py does the same to a whole `s2sjax.eval`.)"""
+"""`cli.in_worker`: under a command line's handlers, a long computation (an XLA compilation or step) runs in a
+worker thread while the main thread waits on it and on SIGINT / SIGTERM, so the signal raises `cli.Interrupted` at
+once, the computation still running; its result is dropped. (tests/test_interrupt.py does the same to a whole
+`s2sjax.eval`.)"""
 
 import os
 import signal
@@ -23,11 +24,17 @@ def signals_caught():
     signal.signal(each, handler)
 
 
-def test_the_workers_result_or_error_comes_back():
+def test_the_workers_result_or_error_comes_back(signals_caught):
   assert cli.in_worker(lambda a, b: a + b, 2, 3) == 5
   with pytest.raises(ZeroDivisionError):
     cli.in_worker(lambda: 1 / 0)
   assert cli.in_worker(threading.current_thread) is not threading.current_thread()  # the work ran elsewhere
+
+
+def test_without_the_command_lines_handlers_it_runs_in_the_calling_thread():
+  # a training loop or a notebook: Python's own SIGINT handling, which a worker left running would outlive
+  assert signal.getsignal(signal.SIGINT) is not cli._interrupt
+  assert cli.in_worker(threading.current_thread) is threading.current_thread()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -54,7 +61,7 @@ def test_a_signal_during_a_long_computation_interrupts_without_waiting_for_it(si
   cli._left_running.clear()
 
 
-def test_called_from_another_thread_it_runs_there():
+def test_called_from_another_thread_it_runs_there(signals_caught):
   seen = []
   thread = threading.Thread(target=lambda: seen.append(cli.in_worker(threading.current_thread)))
   thread.start()

@@ -2,6 +2,7 @@
 its command line (no model loaded: the backend's own numbers are tests/test_lm_eval.py's)."""
 
 import shutil
+import signal
 import sys
 
 import jax
@@ -51,7 +52,16 @@ def test_the_registry_finds_the_backend_by_name():
   assert "hf" in model_registry and "vllm" in model_registry  # lm-eval's own models are still there
 
 
-def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypatch):
+@pytest.fixture
+def signal_handlers_kept():
+  """The command line installs s2sjax.cli's SIGINT / SIGTERM handlers: this process gets its own back after."""
+  handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+  yield
+  for each, handler in handlers.items():
+    signal.signal(each, handler)
+
+
+def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypatch, signal_handlers_kept):
   import lm_eval.__main__
 
   seen = []

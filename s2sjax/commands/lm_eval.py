@@ -45,6 +45,7 @@ import dataclasses
 import logging
 import math
 import os
+import signal
 import sys
 
 import jax
@@ -57,7 +58,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from s2sjax import cache, plan, sharding
+from s2sjax import cache, cli, plan, progress, sharding
 from s2sjax import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.errors import UserError
@@ -423,17 +424,24 @@ def _git_quiet():
 
 def cli_evaluate(argv: list[str] | None = None) -> None:
   """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
-  defaulting to s2sjax. lm-eval builds and calls the backend itself, so a refusal of the backend's (a UserError:
-  model_args, a device, a mesh, a checkpoint, a generation task) is printed here, as one line, and exits 1, as
-  every s2sjax command line does (s2sjax/cli.py)."""
+  defaulting to s2sjax. lm-eval builds and calls the backend itself, so what every s2sjax command line does
+  (s2sjax/cli.py) is done here: a refusal of the backend's (a UserError: model_args, a device, a mesh, a
+  checkpoint, a generation task) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
+  and says that lm-eval writes its files only when a run ends."""
   args = list(sys.argv[1:] if argv is None else argv)
   named = any(a in ("--model", "-M", "-h", "--help") or a.startswith("--model=") for a in args)
   if args and not named and args[0] not in ("ls", "validate"):
     args += ["--model", "s2sjax"]
   sys.argv = [sys.argv[0]] + args
+  cli.catch_interrupts()
   try:
     with _git_quiet():
       lm_eval.__main__.cli_evaluate()
+  except cli.Interrupted as e:
+    progress.end_bars()
+    print(f"interrupted by {signal.Signals(e.signum).name}: lm-eval writes its results when a run ends, so nothing "
+          "was written; rerun the command", file=sys.stderr, flush=True)
+    cli.exit_at_once(128 + e.signum)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
