@@ -2,28 +2,25 @@
 what is complete, summarizes it, releases the lock, drops the result of the step it did not wait for, and a rerun
 scores only the rest, ending with the files of an uninterrupted run.
 
-The step the signal lands in is held (`cli.STALL_WORKER`) until the command has stopped waiting for it, as a long
-XLA step running on past Ctrl-C: a command that waited for its step would never end. The test waits on the
-process, not on a clock, and prints how long after the signal it ended."""
+The step the signal lands in is held (`s2sjax.cli.STALL_WORKER`) until the command has stopped waiting for it, as
+a long XLA step running on past Ctrl-C: a command that waited for its step would never end. The test waits on the
+process, not on a clock, and prints how long after the signal it ended (tests/interrupting.py)."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from s2sjax import cli
 from s2sjax.output_dir import LOCK_NAME
 from s2sjax.task_data import load_task_data
 from tasks.preparation import prepare
 from tests.eval_fixtures import same_tree, tiny_checkpoint
+from tests.interrupting import HANG_GUARD_S, interrupt_mid_step
 
 pytestmark = pytest.mark.slow  # builds a task of the sample and runs evaluations as subprocesses
-
-HANG_GUARD_S = 600  # a bound on a hung command, not a measurement
 
 
 @pytest.fixture(scope="module")
@@ -47,40 +44,14 @@ def _command(setup, out):
           "--row_length=1024"]
 
 
-def interrupt_mid_step(command: list[str], step: int, signum: int, record_property) -> tuple[int, str]:
-  """Runs `command` with its `step`-th step held, sends `signum` once that step is under way, and waits for the
-  process. Returns its exit status and stderr; prints (and records) how long after the signal it ended."""
-  env = dict(os.environ, **{cli.STALL_WORKER: str(step)})
-  process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-  try:
-    seen = []
-    for line in process.stderr:  # the process's own word that the step is under way, not a guess at a time
-      seen.append(line)
-      if line.startswith(f"{cli.STALL_WORKER}={step}:"):
-        break
-    else:
-      pytest.fail(f"step {step} never started: {''.join(seen)[-3000:]}")
-    sent = time.monotonic()
-    process.send_signal(signum)
-    process.wait(timeout=HANG_GUARD_S)
-    latency = time.monotonic() - sent
-    stderr = "".join(seen) + process.stderr.read()
-  finally:
-    if process.poll() is None:
-      process.kill()
-      process.wait()
-  print(f"{signal.Signals(signum).name} during step {step}: the command ended {latency:.2f} s after the signal")
-  record_property(f"{signal.Signals(signum).name}_latency_s", round(latency, 3))
-  return process.returncode, stderr
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_mid_step_keeps_finished_chunks_summarizes_and_resumes(setup, tmp_path, signum, record_property):
   reference, out = setup["reference"], str(tmp_path / "interrupted")
   text_rows, speech_rows = setup["rows"]["t2t"], setup["rows"]["s2t"]
   assert speech_rows >= 3
   # T->T complete, S->T's first chunk saved, its second under way
-  returncode, stderr = interrupt_mid_step(_command(setup, out), text_rows + 2, signum, record_property)
+  returncode, stderr, latency = interrupt_mid_step(_command(setup, out), text_rows + 2, signum)
+  record_property(f"{signal.Signals(signum).name}_latency_s", round(latency, 3))
   assert returncode == 128 + signum, stderr
   assert not os.path.exists(os.path.join(out, LOCK_NAME))
   speech_chunks = os.path.join(out, "chunks", "ckpt-100", "scmmlu-s2t")

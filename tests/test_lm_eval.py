@@ -2,7 +2,7 @@
 default's GGUF, loaded by transformers): per-request log-likelihoods, greedy flags, rolling windows, few-shot and
 chat-templated requests, requests longer than a row, the same bits whatever shares a request's row, a local
 StoryCloze 2016 task through lm-eval's own command line and `simple_evaluate`, the README's command as printed, and
-the backend's refusals through lm-eval's command line as one line."""
+the backend's refusals and Ctrl-C through lm-eval's command line, each one line."""
 
 import json
 import logging
@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from s2sjax.commands.default_checkpoint import default_checkpoint  # noqa: E402
 from s2sjax.commands.lm_eval import S2SJaxLM  # noqa: E402
+from tests.interrupting import interrupt_mid_step  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -330,3 +332,17 @@ def test_a_backend_refusal_through_lm_evals_command_line_is_one_line(model_args,
     env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
   assert run.returncode == 1, run.stderr[-3000:]
   assert run.stderr.splitlines()[-1] == refusal and "Traceback" not in run.stderr, run.stderr
+
+
+def test_ctrl_c_mid_step_stops_lm_evals_command_line_with_one_line(tmp_path):
+  # the first step held until the command stops waiting for it (tests/interrupting.py)
+  assignments, words = readme_command()
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
+  words[words.index("--output_path") + 1] = str(tmp_path / "out")
+  returncode, stderr, _ = interrupt_mid_step([sys.executable if w == "python" else w for w in words], 1,
+                                             signal.SIGINT, cwd=ROOT, env=env)
+  assert returncode == 130, stderr[-3000:]
+  assert stderr.splitlines()[-1] == ("interrupted by SIGINT: lm-eval writes its results when a run ends, so nothing "
+                                     "was written; rerun the command")
+  assert "Traceback" not in stderr and not (tmp_path / "out").exists()

@@ -1,5 +1,6 @@
-"""What lm-eval hands the `s2sjax` backend besides requests: its device and batch size arguments, its registry and
-its command line (no model loaded: the backend's own numbers are tests/test_lm_eval.py's)."""
+"""What lm-eval hands the `s2sjax` backend besides requests: its device and batch size arguments, model_args
+refused by name before a model is loaded, its registry, its command line and its git lookup (no model loaded: the
+backend's own numbers are tests/test_lm_eval.py's)."""
 
 import shutil
 import signal
