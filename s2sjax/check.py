@@ -33,6 +33,7 @@ from s2sjax.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.scoring import Scorer
 from s2sjax.spec import AudioIds, Spec, SpecError, load_spec, resolve_audio_ids
+from s2sjax.stacks import maxtext_config
 from s2sjax.task_data import TaskData, load_task_data, tokenizer_identity
 
 # Where a source config.json states a spec's special ids (Baichuan-Audio's audio_config).
@@ -220,7 +221,8 @@ def main(argv) -> None:
       raise UsageError("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
     data = load_task_data(local(f.data_dir), f.task, modalities.get(f.modality).name, f.spec, f.row_length,
                           verify=f.verify_data)
-  verdicts = run(local(f.checkpoint), f.trust_remote_code, f.spec, data, accept_config_change=f.accept_config_change)
+  with maxtext_config.given(f.maxtext_config):  # a MaxText checkpoint's run config (s2sjax/stacks)
+    verdicts = run(local(f.checkpoint), f.trust_remote_code, f.spec, data, accept_config_change=f.accept_config_change)
   print(table(verdicts))
   failed = sum(not v.ok for v in verdicts)
   print(f"{failed} check(s) failed" if failed else "all checks passed")
@@ -238,5 +240,6 @@ if __name__ == "__main__":
   flags.DEFINE_integer("row_length", None, "Row length of the built data (default: the -auto build).")
   flags.DEFINE_bool("verify_data", True, "Hold the built data to its checksums (--noverify_data skips it).")
   flags.DEFINE_bool("accept_config_change", False, "Check a checkpoint whose model_config.json was edited.")
+  maxtext_config.define_flag()
   flags.mark_flags_as_required(["checkpoint"])
   cli.run(main)

@@ -19,6 +19,9 @@ the leftovers of writers that died. `overwrite` replaces only a finished checkpo
 only once the new one is complete: the old one is renamed aside, the new one into place, then the old one removed
 (a failed write leaves the old checkpoint as it was).
 
+A folder another training stack wrote (a MaxText step folder: s2sjax/stacks) is read as it is: every function
+below that takes a checkpoint directory asks `stacks.open_checkpoint` first, so every command reads it.
+
 The config is part of a checkpoint's identity: a model_config.json (or tokenizer file) changed after it was
 written is refused by name, unless the caller accepts the change on purpose (`accept_changed_config`,
 `--accept_config_change`).
@@ -44,7 +47,7 @@ from etils import epath
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax import architectures, checksums, sharding, text_tokenizer
+from s2sjax import architectures, checksums, sharding, stacks, text_tokenizer
 from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
@@ -315,6 +318,8 @@ def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False)
   (`architectures.for_family`). A
   model_config.json that differs from the one written with the checkpoint (the manifest's hash) is refused, unless
   `accept_changed_config` (an edit made on purpose)."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.config
   ckpt_dir = epath.Path(ckpt_dir)
   manifest = load_manifest(ckpt_dir)
   path = ckpt_dir / CONFIG
@@ -336,6 +341,8 @@ def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False)
 
 
 def load_manifest(ckpt_dir: str | epath.Path) -> dict:
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.manifest()
   ckpt_dir = epath.Path(ckpt_dir)
   _require_finished(ckpt_dir)
   return _read_json(ckpt_dir / MANIFEST, "the checkpoint's manifest")
@@ -360,9 +367,12 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
   the parameters), and a leaf that differs is refused by name; a deleted or truncated file is refused by name
-  before orbax reads anything."""
+  before orbax reads anything. Another stack's checkpoint is restored by its reader (s2sjax/stacks): there are no
+  written checksums to hold it to."""
   from orbax.checkpoint.experimental import v1 as ocp
 
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.load(mesh, dtype).params
   ckpt_dir = epath.Path(ckpt_dir)
   config = load_config(ckpt_dir, accept_changed_config)
   manifest = load_manifest(ckpt_dir)
@@ -437,7 +447,9 @@ def _verify(ckpt_dir: epath.Path, params: Params, expected: Mapping[str, str]) -
 def content_id(ckpt_dir: str | epath.Path) -> str:
   """What the checkpoint holds, as a short hash: its config, every leaf's checksum and its tokenizer files. A
   checkpoint replaced at the same path gets another id; a copy elsewhere the same one. Checkpoints written before
-  checksums were recorded are hashed from their files' bytes instead."""
+  checksums were recorded are hashed from their files' bytes instead; another stack's, as its reader says."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.content_id()
   ckpt_dir = epath.Path(ckpt_dir)
   manifest = load_manifest(ckpt_dir)
   digest = hashlib.sha256((ckpt_dir / CONFIG).read_bytes())
@@ -467,7 +479,10 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, 
   """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
   local temporary folder first: transformers reads local folders only (stray folders and hidden files left in
   tokenizer/ are not copied). A tokenizer shipped as code (GLM-4's `tokenization_chatglm.py`) runs only with
-  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config."""
+  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config.
+  Another stack's checkpoint: the tokenizer its run config names, when there is one here."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.load_tokenizer(trust_remote_code)
   ckpt_dir = epath.Path(ckpt_dir)
   tokenizer_dir = ckpt_dir / "tokenizer"
   if not tokenizer_dir.exists():

@@ -26,6 +26,7 @@ from typing import Any
 
 from absl import logging
 from etils import epath
+from s2sjax import cache
 from s2sjax.errors import UserError
 
 LOCK_NAME = ".s2sjax-lock"
@@ -94,6 +95,20 @@ def write_atomic(path, data: bytes) -> None:
     raise
 
 
+def replace_dir(target: str, complete: str) -> None:
+  """The local folder `complete` (written whole beside `target`) put in `target`'s place, and the old `target`, if
+  any, removed: at every moment `target` is the old folder or the new one, never a mix."""
+  import shutil
+
+  aside = f"{complete}.replaced"
+  fsync_path(complete)
+  if os.path.exists(target):
+    os.rename(target, aside)
+  os.rename(complete, target)
+  fsync_path(os.path.dirname(os.path.abspath(target)))
+  shutil.rmtree(aside, ignore_errors=True)
+
+
 def _first_non_finite(value: Any, where: str = "") -> str | None:
   """The key path of the first NaN or infinity in a JSON-ready value, if any."""
   if isinstance(value, float) and not math.isfinite(value):
@@ -147,10 +162,13 @@ def _alive_here(owner: dict) -> bool:
 class RunLock:
   """`with RunLock(OUT):` — OUT is this run's until the block ends."""
 
-  def __init__(self, directory, break_lock: bool = False, name: str = LOCK_NAME):
+  def __init__(self, directory, break_lock: bool = False, name: str = LOCK_NAME,
+               unwritable: str = "cannot write to the output directory {directory} ({error}): choose another "
+                                 "--output_dir"):
     self.directory = epath.Path(directory)
     self.path = self.directory / name
     self.break_lock = break_lock
+    self.unwritable = unwritable  # what a directory that cannot be written is, and what to do
     self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": " ".join(sys.argv)[:500]}
 
@@ -161,8 +179,7 @@ class RunLock:
         self._take_over(self._owner())
       self._create()
     except OSError as e:
-      raise OutputError(f"cannot write to the output directory {self.directory} ({e.strerror or e}): choose "
-                        "another --output_dir") from e
+      raise OutputError(self.unwritable.format(directory=self.directory, error=e.strerror or e)) from e
     return self
 
   def _owner(self) -> dict | None:
@@ -214,12 +231,22 @@ class RunLock:
 LOCK_WAIT_S = 1.0
 
 
+def _unwritable(directory, subject: str, work: str) -> str:
+  """What a lock's folder that cannot be written is: the project's cache (`$S2SJAX_CACHE`), or a folder of the
+  user's."""
+  folder, root = os.path.abspath(str(directory)), os.path.abspath(cache.cache_dir())
+  if folder == root or folder.startswith(root + os.sep):
+    return (f"cannot write to the cache {{directory}} (${cache.ENV}={root}), where the {work} of {subject} goes "
+            f"({{error}}): set {cache.ENV} to a folder you can write")
+  return f"cannot write to {{directory}}, where the {work} of {subject} goes ({{error}})"
+
+
 @contextlib.contextmanager
 def waiting_lock(directory, name: str, subject: str, work: str):
   """`RunLock(directory, name=name)` held for the block. While a live run holds it, this one waits, saying once
   whose `work` on `subject` it waits for; the caller then finds what that run made (two first runs on one cache:
   one builds or converts, the other reuses it)."""
-  lock = RunLock(directory, name=name)
+  lock = RunLock(directory, name=name, unwritable=_unwritable(directory, subject, work))
   said = False
   while True:
     try:

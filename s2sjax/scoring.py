@@ -174,14 +174,16 @@ class _RowScorer:
                fields: tuple[str, ...], ndim: dict[str, int], empty: Callable[[int, dict], dict],
                score: Callable[[Params, dict], dict]):
     """fields: the step's batch fields, `row_id` among them; ndim: those that are not [B, L] or [B, M];
-    empty(count, rows): `count` padding rows of the format (and of `rows`' stream count, where it has one)."""
+    empty(count, rows): `count` padding rows of the format (and of `rows`' stream count, where it has one).
+    param_axes None: parameters are placed by their owner (a training loop's own model) and used where they are."""
     self.config, self.shape, self._fields, self._empty = config, shape, fields, empty
     self.mesh = mesh or sharding.make_mesh()
     data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     # Every step's batch is a multiple of the data-parallel devices (and so of the processes).
     self.batch_size = math.ceil(batch_size / data_parallel) * data_parallel
     self.local_batch = self.batch_size // jax.process_count()
-    self.param_shardings = sharding.logical_to_sharding(param_axes, abstract, self.mesh)
+    self.param_shardings = (None if param_axes is None
+                            else sharding.logical_to_sharding(param_axes, abstract, self.mesh))
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
     ndim = {"row_id": 1, **ndim}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in fields}
@@ -193,7 +195,7 @@ class _RowScorer:
 
     self._step = jax.jit(
       step,
-      in_shardings=(self.param_shardings, self._batch_shardings),
+      in_shardings=None if self.param_shardings is None else (self.param_shardings, self._batch_shardings),
       out_shardings=sharding.replicated(self.mesh),
     )
 
@@ -242,7 +244,8 @@ class _RowScorer:
     num_rows = len(rows["segment_ids"])
     self._check_widths(rows)
     self._agree_across_processes(num_rows)
-    params = jax.device_put(params, self.param_shardings)
+    if self.param_shardings is not None:
+      params = jax.device_put(params, self.param_shardings)
     count, index = jax.process_count(), jax.process_index()
     mine = np.arange(index, num_rows, count)
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)

@@ -19,7 +19,7 @@ from s2sjax.errors import UserError
 from s2sjax.packing import Item, PackingError, RowShape, auto_row_length
 from s2sjax.progress import Progress
 from s2sjax.questions import QuestionTable
-from tasks.audio.base import AudioError
+from tasks.audio.base import AudioError, resamplings
 from tasks.encoders import QuestionEncoder
 from tasks.release import Problems, Question
 
@@ -42,6 +42,7 @@ class BuildStats:
       "skipped_questions": [{"where": w, "why": y} for w, y in self.skipped],
       "audio_seconds": round(self.audio_seconds, 2), "build_seconds": round(self.seconds, 2),
       "audio_files_resampled": self.audio_files.get("resampled", 0),
+      "audio_resampled_from_to": resamplings(self.audio_files),  # {"22050->16000": files}
       "audio_files_mixed_down": self.audio_files.get("mixed_down", 0),
       "questions_per_second": round(self.questions / self.seconds, 2) if self.seconds else None,
       "audio_seconds_per_second": round(self.audio_seconds / self.seconds, 2) if self.seconds else None,

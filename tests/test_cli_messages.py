@@ -38,13 +38,7 @@ def test_the_command_lines_are_found():
   assert "s2sjax.commands.eval" not in command_lines()  # run as s2sjax.eval
 
 
-# launch/tpu.py calls absl's app.run, whose --help exits 1; it is another change's file (the launcher's quoting)
-ABSL_HELP_EXIT = {"launch.tpu"}
-
-
-@pytest.mark.parametrize("command", [pytest.param(name, marks=pytest.mark.xfail(
-  strict=True, reason="absl's app.run: --help exits 1")) if name in ABSL_HELP_EXIT else name
-  for name in command_lines()])
+@pytest.mark.parametrize("command", command_lines())
 def test_help_exits_0_and_lists_verbosity(command):
   shown = _run(command, "--help")  # a script checking an install runs --help: 0 is success
   assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-3000:]

@@ -39,7 +39,7 @@ from absl import flags, logging
 from etils import epath
 
 from s2sjax import (benchmarks, builds, cache, checkpoint, checkpoint_paths, cli, default_model, flips, metrics,
-                    modalities, peers, reports, sharding, text_tokenizer)
+                    modalities, peers, plan, reports, sharding, text_tokenizer)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
@@ -48,6 +48,7 @@ from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
 from s2sjax.spec import load_spec
+from s2sjax.stacks import maxtext_config
 from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
@@ -175,6 +176,7 @@ def run(cfg: EvalConfig) -> list[dict]:
       config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint, cfg.accept_config_change)
       for td in data:
         check_fit(config, td, identity)
+      plan.check_step_memory(config, [td.shape for td in data], options.batch_size, options.dtype, attention, mesh)
       if evaluator is None or evaluator.config != config:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
@@ -311,6 +313,7 @@ def define_flags() -> None:
                     "built apart in $S2SJAX_CACHE/smoke, results in outputs/smoke: minutes; the numbers mean nothing.")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: the "
                       "embedded SmolLM2-135M-Instruct, Q4_1 GGUF, with the demo spec).")
+  maxtext_config.define_flag()
   flags.DEFINE_string("data_dir", None, "Built datasets (default: $S2SJAX_CACHE/data, ~/.cache/s2sjax/data when "
                       "unset: the bundled sample).")
   flags.DEFINE_string("output_dir", "outputs/eval", "Where results go; rerunning into it resumes.")
@@ -393,7 +396,8 @@ def main(argv):
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
   config = config_from_flags()
-  runs = run(config)
+  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/stacks)
+    runs = run(config)
   if jax.process_index() != 0:
     return
   for run_ in runs:
