@@ -80,9 +80,10 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
   missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
   overlong="error", a row's targets exceeded, a candidate too long even with the prefix truncated, an empty
   candidate), raises naming it, or with `skip_bad` is left out and listed. With overlong="truncate_prefix" the
-  packer drops prefix tokens instead, and counts them. `progress` names a progress bar (questions, audio s/s)."""
+  packer drops prefix tokens instead, and counts them. `progress` names a progress bar of the questions laid (no
+  rate: their audio was tokenized before, by `tokenize_audio`'s own bar)."""
   stats = BuildStats()
-  meter = Progress(len(questions), progress, unit="questions", rate_unit="audio s") if progress else None
+  meter = Progress(len(questions), progress, unit="questions") if progress else None
   start = time.time()
   items: list[Item] = []
   table: list[dict] = []  # QuestionTable records
@@ -129,7 +130,7 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
     })
     stats.audio_seconds += seconds
     if meter:
-      meter.update(1, seconds)
+      meter.update(1)
   stats.questions = len(table)
   stats.skipped = problems.entries
   stats.seconds = time.time() - start
