@@ -52,21 +52,23 @@ class BenchError(UserError, ValueError):
 
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}
 
-# The published shapes, plus a tiny one for tests.
-SIZES = {
-  **plan.MODELS,
-  "tiny": dataclasses.replace(plan.MODELS["qwen2.5-0.5b"], hidden_size=128, intermediate_size=256, num_layers=2,
-                              num_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=32, vocab_size=4096),
-}
+def sizes() -> dict:
+  """The published shapes, plus a tiny one for tests."""
+  published = plan.named_models()
+  return {**published, "tiny": dataclasses.replace(published["qwen2.5-0.5b"], hidden_size=128, intermediate_size=256,
+                                                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
+                                                   rotary_dim=32, vocab_size=4096)}
+
 
 COLUMNS = ("model", "attention", "rows laid", "dtype", "L", "rows", "tokens/s", "TFLOP/s", "MFU", "compile s",
            "max |Δ NLL| vs first", "device")
 
 
 def model_config(size: str):
-  if size not in SIZES:
-    raise BenchError(f"unknown model size {size!r}; known: {sorted(SIZES)}")
-  return SIZES[size]
+  known = sizes()
+  if size not in known:
+    raise BenchError(f"unknown model size {size!r}; known: {sorted(known)}")
+  return known[size]
 
 
 def peak_tflops(device_kind: str) -> float | None:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import importlib.util
@@ -26,7 +27,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, NoReturn, TypeVar
+from typing import Callable, Iterator, NoReturn, TypeVar
 
 from absl import app, flags, logging
 
@@ -151,6 +152,24 @@ def in_worker(fn: Callable[..., T], *args) -> T:
   return outcome[0]
 
 
+def _user_error_line(error: UserError) -> str:
+  return f"error: {error}\n(--verbosity=1 shows where it was raised)"
+
+
+@contextlib.contextmanager
+def setting_up() -> Iterator[None]:
+  """Around a command line's set-up before `run`: defining flags lists registries (`--task`'s choices), which
+  loads $S2SJAX_PLUGINS, so a user's mistake can be raised there, and is one line as in `run` (with --verbosity
+  given, its traceback)."""
+  try:
+    yield
+  except UserError as e:
+    if any(arg.split("=")[0].lstrip("-") in ("verbosity", "v") for arg in sys.argv[1:]):
+      raise
+    print(_user_error_line(e), file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def _one_line_errors(main):
   @functools.wraps(main)
   def wrapped(argv):
@@ -167,7 +186,7 @@ def _one_line_errors(main):
       if flags.FLAGS["verbosity"].value >= 1:
         raise
       progress.end_bars()
-      print(f"error: {e}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
+      print(_user_error_line(e), file=sys.stderr, flush=True)
       sys.exit(1)
 
   return wrapped
