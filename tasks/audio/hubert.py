@@ -18,10 +18,10 @@ import os
 import numpy as np
 
 from s2sjax.errors import MissingFileError, UserError
-from s2sjax.model.layers import attention, layer_norm
+from s2sjax.model.layers import layer_norm
 from tasks.audio.base import dedup, hash_array
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.ops import conv1d, dense, nearest
+from tasks.audio.ops import attention, conv1d, dense, nearest
 from tasks.audio.weights import INDEX, SINGLE, ReleaseWeights, read_json
 
 SAMPLE_RATE = 16000
@@ -193,18 +193,15 @@ def _encoder_layer(hidden, p, valid, config: HubertArchitecture):
   """HubertEncoderLayer (post-norm) or HubertEncoderLayerStableLayerNorm (pre-norm); attention over the row's
   valid frames, as the row alone attends over all of its frames."""
   import jax
-  import jax.numpy as jnp
-
 
   batch, frames, width = hidden.shape
   heads, eps = config.num_attention_heads, config.layer_norm_eps
   split = lambda t: t.reshape(batch, frames, heads, width // heads)
   feed_forward = lambda x: dense(jax.nn.gelu(dense(x, p["ffn_in"]), approximate=False), p["ffn_out"])
-  mask = jnp.broadcast_to(valid[:, None, :], (batch, frames, frames))
 
   def attend(x):
     q, k, v = (split(dense(x, p[name])) for name in ("q", "k", "v"))
-    return dense(attention(q, k, v, mask, precision=jax.lax.Precision.HIGHEST).reshape(hidden.shape), p["out"])
+    return dense(attention(q, k, v, valid[:, None, :]).reshape(hidden.shape), p["out"])
 
   if config.do_stable_layer_norm:
     hidden = hidden + attend(_norm(hidden, p["attn_norm"], eps))

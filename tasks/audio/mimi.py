@@ -27,7 +27,7 @@ import numpy as np
 from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import layer_norm
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.ops import conv1d, nearest
+from tasks.audio.ops import attention, conv1d, nearest
 from tasks.audio.weights import ReleaseWeights, WeightsError, read_json
 
 KYUTAI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"  # loaders.py l.34, MIMI_NAME
@@ -502,10 +502,7 @@ def transformer(params, x, arch: MimiArchitecture):
     v = jnp.matmul(h, p["v"], precision=highest).reshape(batch, steps, arch.num_kv_heads, arch.head_dim)
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=highest) / np.sqrt(arch.head_dim).astype(np.float32)
-    scores = jnp.where(visible[None, None], scores.astype(jnp.float32), -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=highest).reshape(batch, steps, -1)
+    attended = attention(q, k, v, visible[None], highest).reshape(batch, steps, -1)
     x = x + p["attn_scale"] * jnp.matmul(attended, p["o"], precision=highest)
     h = layer_norm(x, p["norm2_scale"], p["norm2_bias"], arch.norm_eps)
     h = jax.nn.gelu(jnp.matmul(h, p["fc1"], precision=highest), approximate=False)

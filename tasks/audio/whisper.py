@@ -66,24 +66,20 @@ def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
 
 
 def encoder_layer(x, params: dict, visible, heads: int, precision):
-  """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees. A
-  hidden key gets finfo.min, as upstream's additive masks, so a row with no visible key (an empty batch row) stays
-  finite. Attention logits and softmax in fp32."""
+  """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees
+  (`ops.attention`: an empty batch row stays finite)."""
   # jax loads here, not at import: the log-mel features above are numpy alone
   import jax
-  import jax.numpy as jnp
 
   from s2sjax.model.layers import layer_norm
-  from tasks.audio.ops import dense
+  from tasks.audio.ops import attention, dense
 
   batch, frames, width = x.shape
   norm = lambda y, p: layer_norm(y, p["scale"], p["bias"], LAYER_NORM_EPS)
   split = lambda y: y.reshape(batch, frames, heads, width // heads)
   h = norm(x, params["attention_norm"])
   q, k, v = (split(dense(h, params[name], precision)) for name in ("q", "k", "v"))
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision, preferred_element_type=jnp.float32)
-  logits = jnp.where(visible[:, None], logits / np.sqrt(width // heads), jnp.finfo(jnp.float32).min)
-  attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1).astype(v.dtype), v, precision=precision)
+  attended = attention(q, k, v, visible, precision)
   x = x + dense(attended.reshape(batch, frames, width), params["out"], precision)
   hidden = jax.nn.gelu(dense(norm(x, params["mlp_norm"]), params["fc1"], precision), approximate=False)
   return x + dense(hidden, params["fc2"], precision)
