@@ -261,6 +261,7 @@ class BaichuanAudioTokenizer(JaxAudioTokenizer):
     self.frame_rate = c.sampling_rate / c.hop_length / c.stride_size / c.avg_pooler
     self.segment_samples = c.window_samples  # split_overlap 0: consecutive chunks (processor_omni.py l.276-291)
     self.time_multiple = c.stride_size * c.avg_pooler  # whole bridge groups
+    self.attention_heads, self.attention_stride = c.encoder_attention_heads, c.stride_size
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> BaichuanAudioTokenizer:

@@ -294,6 +294,8 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
     self.codebook_sizes = (len(centroids),)
     self.frame_rate = SAMPLE_RATE / c.samples_per_frame
     self.time_multiple = c.samples_per_frame
+    self.attention_heads = c.num_attention_heads if layer else 0
+    self.attention_stride = c.samples_per_frame
     self._identity = {"type": "hubert_kmeans", "layer": layer, "dedup": deduplicate, "units": len(centroids),
                       "centroids_sha": hash_array(centroids), "weights_sha": weights.fingerprint()}
 

@@ -21,8 +21,12 @@ from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError
 # Frames (of the features' time axis) per batch: a bucket of length T holds about BATCH_FRAMES // T segments,
 # rounded to the device count, so a batch's activation memory is about the same whatever the bucket.
 BATCH_FRAMES = 1 << 15
-# Padded lengths grow in steps of 2^(1/4): at most 19% padding, and a few dozen shapes for any corpus.
-BUCKET_STEPS_PER_OCTAVE = 4
+# Bytes of one [rows, heads, steps, steps] fp32 attention tensor a batch may hold: attention grows with the square
+# of a segment's length, so long buckets take fewer rows than BATCH_FRAMES alone would give them.
+ATTENTION_BYTES = 1 << 28
+# Padded lengths grow in steps of 2^(1/8): at most 9% padding (the torch side computes none), and a few dozen shapes
+# for any corpus (each compiles once, in seconds).
+BUCKET_STEPS_PER_OCTAVE = 8
 FLOAT_DTYPES = ("float32", "bfloat16")
 
 
@@ -44,6 +48,8 @@ class JaxAudioTokenizer(AudioTokenizer):
   dtype: str = "float32"
   mesh_spec: str = "data:-1"
   batch_frames: int = BATCH_FRAMES
+  attention_heads: int = 0  # of the widest attention layer; 0: none
+  attention_stride: int = 1  # feature frames per attention step
 
   @abc.abstractmethod
   def prepare(self, segment: np.ndarray) -> tuple[np.ndarray, int]:
@@ -116,9 +122,17 @@ class JaxAudioTokenizer(AudioTokenizer):
     devices = self.runner.devices
     for length in sorted(by_length, reverse=True):
       group = by_length[length]
-      size = max(devices, self.batch_frames // length // devices * devices)
+      size = max(devices, self.batch_rows(length) // devices * devices)
       for start in range(0, len(group), size):
         yield group[start:start + size]
+
+  def batch_rows(self, length: int) -> int:
+    """Segments of a bucket of `length` frames laid in one batch: `batch_frames` frames, and no more attention
+    weights than ATTENTION_BYTES."""
+    rows = self.batch_frames // length
+    if self.attention_heads:
+      rows = min(rows, ATTENTION_BYTES // (self.attention_heads * 4 * (-(-length // self.attention_stride)) ** 2))
+    return max(1, rows)
 
   def _run(self, pieces: list[tuple[int, np.ndarray, int]]) -> np.ndarray:
     length = bucket_length(max(len(p[1]) for p in pieces), self.time_multiple)

@@ -603,6 +603,7 @@ class MimiTokenizer(JaxAudioTokenizer):
     self.codebook_sizes = (arch.bins,) * codebooks
     self.frame_rate = arch.frame_rate
     self.time_multiple = arch.frame_size  # whole frames: every stride divides the padded length
+    self.attention_heads, self.attention_stride = arch.num_heads, arch.hop
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> MimiTokenizer:
