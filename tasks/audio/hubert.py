@@ -189,6 +189,22 @@ def _masked_group_norm(x, p, valid):
   return normed * p["scale"].astype(x.dtype) + p["bias"].astype(x.dtype)
 
 
+def _framed_conv(x, kernel, stride: int):
+  """conv1d of x [B, T, C_in] with no padding, as a matmul over frames of `stride` steps when the kernel spans a
+  whole number of them (HuBERT's first: 10 samples, stride 5) and T is a multiple of the stride (the runner's
+  lengths are): the same products, summed as XLA:CPU's convolution sums them (equal bits where measured), at twice
+  its speed there for one input channel."""
+  import jax.numpy as jnp
+
+  width, channels, _ = kernel.shape
+  if width % stride or x.shape[1] % stride:
+    return conv1d(x, {"kernel": kernel}, stride)
+  frames = x.reshape(x.shape[0], -1, stride * channels)
+  span = width // stride
+  windows = jnp.concatenate([frames[:, k: frames.shape[1] - span + 1 + k] for k in range(span)], axis=-1)
+  return dense(windows, {"kernel": kernel.reshape(width * channels, -1)})
+
+
 def _encoder_layer(hidden, p, valid, config: HubertArchitecture):
   """HubertEncoderLayer (post-norm) or HubertEncoderLayerStableLayerNorm (pre-norm); attention over the row's
   valid frames, as the row alone attends over all of its frames."""
@@ -222,7 +238,7 @@ def hidden_states(params: dict, waves, lengths, config: HubertArchitecture):
   frame_counts = conv_lengths(lengths, config)
   x = jnp.where((jnp.arange(waves.shape[1]) < lengths[:, None])[..., None], waves, 0).astype(dtype)
   for i, (p, stride) in enumerate(zip(params["convs"], config.conv_stride)):
-    x = conv1d(x, {"kernel": p["kernel"]}, stride)
+    x = _framed_conv(x, p["kernel"], stride) if i == 0 else conv1d(x, {"kernel": p["kernel"]}, stride)
     if "bias" in p:
       x = x + p["bias"].astype(dtype)
     if config.feat_extract_norm == "layer":
