@@ -232,8 +232,8 @@ def log_mel(wave: np.ndarray, config: BaichuanAudioConfig) -> np.ndarray:
   frames kept (one more than Whisper's extractor keeps)."""
   window = config.window_samples
   wave = np.asarray(wave, np.float32)[:window]
-  mel = whisper_log_mel(np.pad(wave, (0, window - len(wave))), n_mels=config.num_mel_bins, n_fft=config.n_fft,
-                        hop=config.hop_length, sample_rate=config.sampling_rate)
+  mel = whisper_log_mel(wave, n_mels=config.num_mel_bins, n_fft=config.n_fft, hop=config.hop_length,
+                        sample_rate=config.sampling_rate, pad_to=window)
   return mel[:, : min(window // config.hop_length, len(wave) // config.hop_length + 1)]
 
 

@@ -36,9 +36,19 @@ def power_spectrum(wave: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
 
 
 def whisper_log_mel(wave: np.ndarray, n_mels: int = 128, n_fft: int = 400, hop: int = 160,
-                    sample_rate: int = 16000) -> np.ndarray:
-  """float32 [n_mels, len(wave) // hop]: Whisper's normalised log-mel of the (already padded) wave."""
+                    sample_rate: int = 16000, pad_to: int | None = None) -> np.ndarray:
+  """float32 [n_mels, len(wave) // hop]: Whisper's normalised log-mel of the (already padded) wave.
+
+  With `pad_to` (samples), the same as of the wave zero-padded to that length, [n_mels, pad_to // hop], with the
+  STFT taken over the frames the wave reaches only: a frame of zeros has the mel floor (log10 of 1e-10) exactly,
+  and enters the result only through the maximum."""
+  frames = max(len(wave), pad_to or 0) // hop
+  if pad_to is not None:
+    # enough zeros that every frame touching the wave reads them, and the end's reflection reflects only zeros
+    wave = np.pad(wave, (0, min(max(pad_to, len(wave)), -(-(len(wave) + n_fft) // hop) * hop) - len(wave)))
   mel = power_spectrum(wave, n_fft, hop) @ mel_filters(n_mels, n_fft, sample_rate)
+  if len(mel) < frames:  # frames of zeros only
+    mel = np.concatenate([mel, np.zeros((frames - len(mel), n_mels))])
   log_mel = np.log10(np.maximum(mel, 1e-10))
   log_mel = np.maximum(log_mel, log_mel.max() - 8.0)
   return ((log_mel + 4.0) / 4.0).T.astype(np.float32)
