@@ -85,3 +85,17 @@ def test_bf16_and_a_bad_dtype():
   assert tokenizer.encode(np.full(16, 0.9, np.float32), "x").tolist() == [[2]] * 4
   with pytest.raises(ValueError, match="float16"):
     RunningMeanTokenizer().configure(dtype="float16")
+
+
+def test_placed_weights_are_the_host_weights_not_a_second_copy():
+  """On a CPU the runner's weights are the tokenizer's own arrays, 64-byte aligned so XLA reads them in place."""
+  from tasks.audio.jax_tokenizer import aligned
+
+  tokenizer = RunningMeanTokenizer()
+  odd = np.zeros(67, np.uint8)[3:].view(np.float32)  # 64 bytes at an address that is 3 past an allocation's
+  copy = aligned(odd)
+  assert copy is not odd and copy.ctypes.data % 64 == 0 and aligned(copy) is copy
+  np.testing.assert_array_equal(copy, odd)
+  placed = tokenizer.runner.params["levels"]
+  assert np.shares_memory(np.asarray(placed), tokenizer.params["levels"])
+  np.testing.assert_array_equal(np.asarray(placed), [0.0, 0.5, 1.0])

@@ -128,7 +128,15 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
       out["bias"] = weights.take(f"{key}.bias", (n_out,))
     return out
 
-  layers = [whisper.read_layer(weights, f"audio_model.layers.{i}", d, ffn) for i in range(config.encoder_layers)]
+  layers = None  # each part stacked over the layers as it is read: one copy of the encoder, not two
+  for i in range(config.encoder_layers):
+    layer = whisper.read_layer(weights, f"audio_model.layers.{i}", d, ffn)
+    if layers is None:
+      layers = {name: {part: np.empty((config.encoder_layers,) + array.shape, np.float32)
+                       for part, array in parts.items()} for name, parts in layer.items()}
+    for name, parts in layer.items():
+      for part, array in parts.items():
+        layers[name][part][i] = array
   if weights.has(f"audio_model.layers.{config.encoder_layers}.fc1.weight"):
     raise BaichuanConfigError(f"{weights.path} holds more encoder layers than audio_config.encoder_layers="
                               f"{config.encoder_layers}")
@@ -146,8 +154,7 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
       "conv1": conv("audio_model.conv1", mels, d, 3),
       "conv2": conv("audio_model.conv2", d, d, 3),
       "positions": positions,
-      "layers": {name: {part: np.stack([l[name][part] for l in layers]) for part in layers[0][name]}
-                 for name in layers[0]},
+      "layers": layers,
       "final_norm": norm("audio_model.layer_norm", d),
       "gate": pooling_conv("audio_bridge_model.gate_proj"),
       "up": pooling_conv("audio_bridge_model.up_proj"),

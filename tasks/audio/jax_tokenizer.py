@@ -150,6 +150,18 @@ class JaxAudioTokenizer(AudioTokenizer):
     return self.__dict__["_runner"]
 
 
+def aligned(array, alignment: int = 64) -> np.ndarray:
+  """`array` itself when C-contiguous at an `alignment`-byte address, else an equal copy that is."""
+  array = np.asarray(array)
+  if array.flags.c_contiguous and array.ctypes.data % alignment == 0:
+    return array
+  buffer = np.empty(array.nbytes + alignment, np.uint8)
+  start = -buffer.ctypes.data % alignment
+  out = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+  out[...] = array
+  return out
+
+
 class _Runner:
   """The tokenizer's `apply` jitted over a data-parallel mesh, its weights placed once on every device."""
 
@@ -169,6 +181,10 @@ class _Runner:
     self.dtype = dtype
     cast = lambda x: jnp.asarray(x, dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else jnp.asarray(x)
     replicated = NamedSharding(mesh, PartitionSpec())
+    if mesh.devices.flat[0].platform == "cpu":
+      # XLA:CPU reads a 64-byte-aligned host array in place and copies any other: with aligned weights the host
+      # copy and the placed one are one copy, not two (1.3 GB for GLM-4-Voice's encoder)
+      tokenizer.params = jax.tree_util.tree_map(aligned, tokenizer.params)
     self.params = jax.device_put(jax.tree_util.tree_map(cast, tokenizer.params), replicated)
     self.batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
     self.step = jax.jit(tokenizer.apply, out_shardings=self.batch_sharding)

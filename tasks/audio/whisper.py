@@ -60,11 +60,13 @@ LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: neither release sets another
 def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
   """One encoder layer's tensors under `key` (`layers.3`), in Whisper's names: pre-norm attention whose key
   projection has no bias, then a pre-norm gelu MLP. Kernels [in, out]."""
+  from tasks.audio.jax_tokenizer import aligned
+
   norm = lambda name: {"scale": weights.take(f"{key}.{name}.weight", (d_model,)),
                        "bias": weights.take(f"{key}.{name}.bias", (d_model,))}
 
   def linear(name, n_in, n_out, bias=True):
-    out = {"kernel": weights.take(f"{key}.{name}.weight", (n_out, n_in)).T.copy()}
+    out = {"kernel": aligned(weights.take(f"{key}.{name}.weight", (n_out, n_in)).T)}  # XLA:CPU reads it in place
     if bias:
       out["bias"] = weights.take(f"{key}.{name}.bias", (n_out,))
     return out
