@@ -16,7 +16,7 @@ import numpy as np
 from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import layer_norm
 from tasks.audio import whisper
-from tasks.audio.jax_tokenizer import JaxAudioTokenizer
+from tasks.audio.jax_tokenizer import JaxAudioTokenizer, aligned_empty
 from tasks.audio.ops import conv1d, dense, squared_distances
 from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio.whisper import whisper_log_mel
@@ -128,11 +128,12 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
       out["bias"] = weights.take(f"{key}.bias", (n_out,))
     return out
 
-  layers = None  # each part stacked over the layers as it is read: one copy of the encoder, not two
+  # each part stacked over the layers as it is read, aligned for XLA: one copy of the encoder, not two
+  layers = None
   for i in range(config.encoder_layers):
     layer = whisper.read_layer(weights, f"audio_model.layers.{i}", d, ffn)
     if layers is None:
-      layers = {name: {part: np.empty((config.encoder_layers,) + array.shape, np.float32)
+      layers = {name: {part: aligned_empty((config.encoder_layers,) + array.shape)
                        for part, array in parts.items()} for name, parts in layer.items()}
     for name, parts in layer.items():
       for part, array in parts.items():

@@ -150,14 +150,23 @@ class JaxAudioTokenizer(AudioTokenizer):
     return self.__dict__["_runner"]
 
 
-def aligned(array, alignment: int = 64) -> np.ndarray:
-  """`array` itself when C-contiguous at an `alignment`-byte address, else an equal copy that is."""
+ALIGNMENT = 64  # bytes: XLA:CPU places a host array this aligned without copying it (numpy's own are 16)
+
+
+def aligned_empty(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+  """An uninitialised C-contiguous array at an ALIGNMENT-byte address."""
+  size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+  buffer = np.empty(size + ALIGNMENT, np.uint8)
+  start = -buffer.ctypes.data % ALIGNMENT
+  return buffer[start:start + size].view(dtype).reshape(shape)
+
+
+def aligned(array) -> np.ndarray:
+  """`array` itself when C-contiguous at an ALIGNMENT-byte address, else an equal copy that is."""
   array = np.asarray(array)
-  if array.flags.c_contiguous and array.ctypes.data % alignment == 0:
+  if array.flags.c_contiguous and array.ctypes.data % ALIGNMENT == 0:
     return array
-  buffer = np.empty(array.nbytes + alignment, np.uint8)
-  start = -buffer.ctypes.data % alignment
-  out = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+  out = aligned_empty(array.shape, array.dtype)
   out[...] = array
   return out
 
@@ -179,7 +188,9 @@ class _Runner:
     self.devices = mesh.shape["data"]
     dtype = jnp.dtype(tokenizer.dtype)
     self.dtype = dtype
-    cast = lambda x: jnp.asarray(x, dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else jnp.asarray(x)
+    # host arrays straight to device_put (a jnp array first would be a second copy while the first is placed)
+    cast = lambda x: np.asarray(x).astype(dtype, copy=False) if np.issubdtype(np.asarray(x).dtype, np.floating) \
+        else np.asarray(x)
     replicated = NamedSharding(mesh, PartitionSpec())
     if mesh.devices.flat[0].platform == "cpu":
       # XLA:CPU reads a 64-byte-aligned host array in place and copies any other: with aligned weights the host
