@@ -99,3 +99,14 @@ def test_placed_weights_are_the_host_weights_not_a_second_copy():
   placed = tokenizer.runner.params["levels"]
   assert np.shares_memory(np.asarray(placed), tokenizer.params["levels"])
   np.testing.assert_array_equal(np.asarray(placed), [0.0, 0.5, 1.0])
+
+
+def test_first_argmin_is_argmin_ties_included():
+  from tasks.audio.ops import first_argmin
+
+  rng = np.random.default_rng(1)
+  distances = rng.integers(0, 6, (64, 300)).astype(np.float32)  # many equal minima per row
+  distances[3] = 7.0  # a row of nothing but ties
+  found = np.asarray(first_argmin(distances))
+  np.testing.assert_array_equal(found, distances.argmin(-1))
+  assert found.dtype == np.int32 and found[3] == 0

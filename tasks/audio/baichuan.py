@@ -17,7 +17,7 @@ from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import layer_norm
 from tasks.audio import whisper
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer, aligned_empty
-from tasks.audio.ops import conv1d, dense, squared_distances
+from tasks.audio.ops import conv1d, dense, first_argmin, squared_distances
 from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio.whisper import whisper_log_mel
 
@@ -182,7 +182,7 @@ def _residual_quantize(x, codebooks):
   codes = []
   for embed in codebooks:
     embed = embed.astype(jnp.float32)
-    index = jnp.argmin(jnp.sqrt(jnp.maximum(squared_distances(residual, embed), 0)), axis=-1)
+    index = first_argmin(jnp.sqrt(jnp.maximum(squared_distances(residual, embed), 0)))
     residual = residual - embed[index]
     codes.append(index)
   return jnp.stack(codes, -1).astype(jnp.int32)
