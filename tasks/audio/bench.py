@@ -10,8 +10,8 @@ transformers' `MimiModel.encode` and `HubertModel`. Per tokenizer, one process w
 torch modules (seeded), then the torch side and the JAX side each run in a process of their own: each loads its
 model (torch builds the same seeded modules, JAX reads the folder), measures its framework's fp32 2048^2 matmul,
 tokenizes the same recordings (the bundled sample's speech) once to warm up (JAX: compiles) and once timed, and
-reports its peak resident memory (the process's ru_maxrss: imports, weights, the runs; XLA's buffers included).
-Both sides start from the same host features. FLOPs per audio second are torch's count of the reference forward
+reports its peak resident memory while tokenizing (`PeakRss`: weights and every buffer, XLA's included). Both sides
+start from the same host features. FLOPs per audio second are torch's count of the reference forward
 on one 10.24 s segment (XLA's cost analysis counts a scanned layer once), so each side's FLOP/s is that times its
 audio s/s, and its share of the matmul rate its own process measured is printed beside it.
 The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
