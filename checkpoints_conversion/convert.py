@@ -16,6 +16,11 @@ command prints, with what each is and where a user gets it instead (`report`).
 An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
 names it (its registration says which module converts them).
 
+A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/stacks/maxtext.py) is read
+as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
+config.yml beside the run); the manifest records the run config and the checksum of every MaxText leaf read, and
+the tokenizer is the run's `tokenizer_path` when that is a folder here.
+
 A tokenizer that is remote code (tokenizer_config.json's `auto_map`, as GLM-4's `ChatGLM4Tokenizer`) is run only
 with --trust_remote_code; its code and model files are then copied with the checkpoint, as the source ships them.
 
@@ -48,6 +53,7 @@ from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
 from s2sjax.progress import Progress
 from s2sjax.registry import load_object
+from s2sjax.stacks import maxtext, maxtext_config
 
 TOKENIZER_FILES = (
   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -236,10 +242,15 @@ def convert(
   skip_prefixes: Sequence[str] = (),
   overwrite: bool = False,
   trust_remote_code: bool = False,
+  maxtext_run_config: str | None = None,
 ) -> dict:
-  """Converts and writes; returns the manifest (what was read, kept, skipped)."""
+  """Converts and writes; returns the manifest (what was read, kept, skipped). `maxtext_run_config`: a MaxText
+  source's run config (--maxtext_config)."""
   if family in converted_architectures():
     return load_object(architectures.get(family).converter)(source_path, output, dtype, overwrite)
+  if maxtext.is_step_folder(source_path):
+    with maxtext_config.given(maxtext_run_config):
+      return convert_maxtext(source_path, output, dtype, overwrite, trust_remote_code)
   start = time.time()
   source = open_source(source_path)
   plan = plan_conversion(source, family, skip_prefixes)
@@ -267,6 +278,26 @@ def convert(
         manifest=manifest, overwrite=overwrite,
       )
   logging.info("wrote %s in %.1fs (%d kept, %d skipped)", output, time.time() - start, len(plan.kept), len(plan.skipped))
+  return manifest
+
+
+def convert_maxtext(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False,
+                    trust_remote_code: bool = False) -> dict:
+  """A MaxText checkpoint folder, restored on this host's devices and written leaf by leaf (module docstring)."""
+  folder = maxtext.StepFolder(source_path)
+  loaded = folder.load(dtype=jnp.dtype(dtype))
+  with tempfile.TemporaryDirectory() as staging:
+    tokenizer_dir, tokenizer_record = (None, {"note": "the run config names no tokenizer folder here: evaluate "
+                                                      "with --tokenizer_dir"})
+    if folder.tokenizer_dir() is not None:
+      tokenizer_dir, tokenizer_record = _tokenizer_dir(folder.tokenizer_dir(), loaded.config.vocab_size, staging,
+                                                       trust_remote_code)
+    manifest = dict(folder.manifest(), source=str(folder.path), dtype=dtype, tokenizer=tokenizer_record,
+                    trust_remote_code=trust_remote_code, kept_as_extras=[], skipped=[], skipped_modules={},
+                    maxtext_model_keys=dict(maxtext_config.model_keys(folder.run)), source_checksums=loaded.checksums)
+    manifest.pop("files")
+    checkpoint.save_params(output, loaded.config, loaded.params, tokenizer_dir=tokenizer_dir, manifest=manifest,
+                           overwrite=overwrite)
   return manifest
 
 
@@ -301,6 +332,7 @@ def define_flags() -> None:
                     "Run a tokenizer shipped as code (tokenizer_config.json auto_map); its code is copied along.")
   flags.DEFINE_bool("verify", False, "Compare per-token log-probs with the PyTorch model (needs torch).")
   flags.DEFINE_integer("verify_length", 512, "Tokens in the --verify comparison.")
+  maxtext_config.define_flag()
 
 
 def _interrupted_line(signum: int, output: str, replaced: bool, written: bool) -> str:
@@ -319,11 +351,14 @@ def main(argv):
   replaced = os.path.exists(os.path.join(FLAGS.output, checkpoint.MANIFEST))  # a checkpoint --overwrite replaces
   try:
     manifest = convert(FLAGS.source, FLAGS.output, FLAGS.family, FLAGS.dtype, FLAGS.skip_prefix, FLAGS.overwrite,
-                       FLAGS.trust_remote_code)
+                       FLAGS.trust_remote_code, FLAGS.maxtext_config)
   except cli.Interrupted as e:
     e.message = _interrupted_line(e.signum, FLAGS.output, replaced, isinstance(e, InterruptedAfterWriting))
     raise
   print(report(manifest, FLAGS.output))
+  if FLAGS.verify and maxtext.is_step_folder(FLAGS.source):
+    raise ConversionError("--verify compares with transformers' model of a Hugging Face source; a MaxText folder has "
+                          "none: compare s2sjax.logprobs with MaxText's own forward or its to_huggingface export")
   if FLAGS.verify:
     try:
       result = verify.compare_with_torch(FLAGS.source, FLAGS.output, length=FLAGS.verify_length)

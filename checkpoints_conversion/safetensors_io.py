@@ -48,9 +48,12 @@ def read_header(path: str) -> tuple[dict, int]:
     if size > file_size - 8:
       raise SafetensorsError(f"{path}: corrupt safetensors header (length prefix {size}, file size {file_size} bytes)")
     try:
-      header = json.loads(f.read(size))
+      header = json.loads(f.read(size), object_pairs_hook=_refuse_repeated_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise SafetensorsError(f"{path}: corrupt safetensors header ({e})") from e
+    except _RepeatedKey as e:
+      raise SafetensorsError(f"{path}: the safetensors header names {e.key!r} twice: which entry is meant cannot "
+                             "be told") from None
   if not isinstance(header, dict):
     raise SafetensorsError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
   header.pop("__metadata__", None)
@@ -60,13 +63,30 @@ def read_header(path: str) -> tuple[dict, int]:
   return header, 8 + size
 
 
+class _RepeatedKey(Exception):
+  def __init__(self, key: str):
+    super().__init__(key)
+    self.key = key
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+  """A JSON object as a dict, unless it names a key twice (json.loads would keep the last silently)."""
+  found = {}
+  for key, value in pairs:
+    if key in found:
+      raise _RepeatedKey(key)
+    found[key] = value
+  return found
+
+
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _entry_problems(header: dict, data_size: int) -> list[str]:
   """Every tensor entry that is malformed, lies past the data section, disagrees with its dtype x shape, or
-  overlaps another."""
+  overlaps another; and every span of the data section no tensor covers. The tensors tile the data section, as the
+  safetensors library requires (its `Metadata::validate`): a gap is a tensor's bytes whose entry is lost."""
   problems, spans = [], []
   for name, entry in header.items():
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
@@ -89,12 +109,20 @@ def _entry_problems(header: dict, data_size: int) -> list[str]:
                       f"{DTYPES[dtype].itemsize * math.prod(shape)}")
     elif offsets[0] < offsets[1]:
       spans.append((offsets[0], offsets[1], name))
+  if problems:  # the tiling of a section whose entries are broken says nothing more
+    return problems
   reach, reach_name = 0, None  # the furthest end so far, so that nested spans are caught too
   for begin, end, name in sorted(spans):
     if begin < reach:
       problems.append(f"tensors {reach_name} and {name} overlap at bytes [{begin}, {min(end, reach)})")
+    elif begin > reach:
+      problems.append(f"bytes [{reach}, {begin}) of the data section belong to no tensor (between "
+                      f"{reach_name or 'the start'} and {name})")
     if end > reach:
       reach, reach_name = end, name
+  if reach < data_size:
+    problems.append(f"bytes [{reach}, {data_size}) of the data section belong to no tensor (after "
+                    f"{reach_name or 'the start'})")
   return problems
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import json
 import os
+import zipfile
 from typing import Protocol
 
 import numpy as np
@@ -21,6 +22,7 @@ from checkpoints_conversion import safetensors_io
 from s2sjax import families
 from s2sjax.errors import UserError
 from s2sjax.model.config import ConfigError
+from s2sjax.registry import Registry
 
 
 class SourceError(UserError, ValueError):
@@ -42,8 +44,14 @@ def _read_config(directory: str) -> dict:
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
     raise SourceError(f"{directory} has no config.json")
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise SourceError(f"{path} is not JSON ({e})") from e
+  if not isinstance(config, dict):
+    raise SourceError(f"{path} holds a JSON {type(config).__name__}, not an object of settings")
+  return config
 
 
 def _indexed_files(directory: str, index_name: str, pattern: str) -> tuple[list[str], dict[str, str] | None]:
@@ -100,7 +108,9 @@ class SafetensorsSource:
 
 
 class TorchBinSource:
-  """`pytorch_model*.bin` files, memory-mapped through torch (the `convert` extra)."""
+  """`pytorch_model*.bin` files through torch (the `convert` extra), with `weights_only` (a pickle runs no code):
+  memory-mapped when zip-serialized (torch >= 1.6), read whole when in the legacy format torch maps not, as
+  transformers reads them (`modeling_utils.load_state_dict`: mmap only if `is_zipfile`)."""
 
   def __init__(self, directory: str):
     import torch
@@ -111,7 +121,7 @@ class TorchBinSource:
     self._tensors: dict = {}
     for path in paths:
       try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        state = torch.load(path, map_location="cpu", mmap=zipfile.is_zipfile(path), weights_only=True)
       except Exception as e:  # torch raises several types for truncated or foreign files
         raise SourceError(f"{path}: cannot be read as a PyTorch state dict ({e})") from e
       self._tensors.update(state)
@@ -159,27 +169,42 @@ class GgufSource:
     field = self._reader.fields.get(name)
     return default if field is None else field.contents()
 
+  def _number(self, key: str, kind=int, default=None):
+    """`<architecture>.<key>` as a number of `kind` (`default` when absent, if given), or a SourceError naming it: a
+    file whose general.architecture was relabelled holds its settings under another architecture's name."""
+    name = f"{self._arch}.{key}"
+    value = self._field(name)
+    if value is None and default is not None:
+      return default
+    if value is None:
+      found = sorted({n.split(".", 1)[0] for n in self._reader.fields if "." in n} - {"general", "tokenizer", "GGUF"})
+      raise SourceError(f"{self.path}: GGUF general.architecture is {self._arch!r} but the file has no {name}"
+                        + (f" (its settings are under {', '.join(found)}: relabelled?)" if found else ""))
+    try:
+      return kind(value)
+    except (TypeError, ValueError):
+      raise SourceError(f"{self.path}: GGUF {name}={value!r} is not a number") from None
+
   def _hf_config(self) -> dict:
     """llama.cpp's metadata (`<architecture>.<key>`) in transformers' config.json keys."""
     arch = self._arch
     if self._field(f"{arch}.rope.scaling.type", "none") not in ("none",):
       raise SourceError(f"{self.path}: scaled rope is not supported")
     tokens = self._field("tokenizer.ggml.tokens", [])
-    heads = int(self._field(f"{arch}.attention.head_count"))
-    hidden = int(self._field(f"{arch}.embedding_length"))
+    heads, hidden = self._number("attention.head_count"), self._number("embedding_length")
     return {
       "model_type": self._layout.model_type,
       "hidden_size": hidden,
-      "intermediate_size": int(self._field(f"{arch}.feed_forward_length")),
-      "num_hidden_layers": int(self._field(f"{arch}.block_count")),
+      "intermediate_size": self._number("feed_forward_length"),
+      "num_hidden_layers": self._number("block_count"),
       "num_attention_heads": heads,
-      "num_key_value_heads": int(self._field(f"{arch}.attention.head_count_kv", heads)),
-      "head_dim": int(self._field(f"{arch}.attention.key_length", hidden // heads)),
-      "rms_norm_eps": float(self._field(f"{arch}.attention.layer_norm_rms_epsilon")),
-      "rope_theta": float(self._field(f"{arch}.rope.freq_base", 10000.0)),
-      "vocab_size": int(self._field(f"{arch}.vocab_size", len(tokens))),
+      "num_key_value_heads": self._number("attention.head_count_kv", default=heads),
+      "head_dim": self._number("attention.key_length", default=hidden // heads if heads > 0 else 0),
+      "rms_norm_eps": self._number("attention.layer_norm_rms_epsilon", float),
+      "rope_theta": self._number("rope.freq_base", float, default=10000.0),
+      "vocab_size": self._number("vocab_size", default=len(tokens)),
       "tie_word_embeddings": "lm_head.weight" not in self._tensors,
-      "max_position_embeddings": int(self._field(f"{arch}.context_length", 2048)),
+      "max_position_embeddings": self._number("context_length", default=2048),
       "attention_bias": False,
     }
 
@@ -201,18 +226,19 @@ class GgufSource:
 class Wrapper:
   """A model that holds a transformers causal LM as one of its modules, found by its config.json `model_type`."""
 
+  model_type: str  # its config.json's, what it is registered and found by
   name: str
   inner_config: str  # the config.json key holding the LM's own config (with its model_type)
   prefix: str  # of the LM's tensor keys
   outer_keys: tuple[str, ...]  # config.json keys that override the LM's config: the wrapper changes them
 
 
-WRAPPERS = {
-  # SlamKit (github.com/slp-rl/slamkit, slamkit/model/unit_lm.py): UnitLMConfig's model_type (line 33) keeps the
-  # LM's config as `base_config` (lines 63-73); UnitLM keeps the LM as `self.lm` (line 94) and resizes its
-  # embeddings to UnitLMConfig's own vocab_size (line 102), so base_config's may still be the base model's.
-  "speech_language_model": Wrapper("SlamKit UnitLM", "base_config", "lm.", ("vocab_size",)),
-}
+# A plugin registers a wrapper of its own here, as families register in s2sjax.families.
+WRAPPERS: Registry[Wrapper] = Registry("checkpoint wrapper", name_of=lambda wrapper: wrapper.model_type)
+# SlamKit (github.com/slp-rl/slamkit, slamkit/model/unit_lm.py): UnitLMConfig's model_type (line 33) keeps the LM's
+# config as `base_config` (lines 63-73); UnitLM keeps the LM as `self.lm` (line 94) and resizes its embeddings to
+# UnitLMConfig's own vocab_size (line 102), so base_config's may still be the base model's.
+WRAPPERS.register(Wrapper("speech_language_model", "SlamKit UnitLM", "base_config", "lm.", ("vocab_size",)))
 
 
 class WrappedSource:
@@ -240,8 +266,8 @@ class WrappedSource:
 
 
 def _unwrapped(source: TensorSource) -> TensorSource:
-  wrapper = WRAPPERS.get(source.config.get("model_type"))
-  return WrappedSource(source, wrapper) if wrapper else source
+  model_type = source.config.get("model_type")
+  return WrappedSource(source, WRAPPERS.get(model_type)) if model_type in WRAPPERS.names() else source
 
 
 def open_source(path: str) -> TensorSource:

@@ -11,20 +11,55 @@ Actions: create, install, run, fetch, delete, all (create, install, run with pre
 With --action=all the slice is deleted even when a step fails (after fetching what a failed run wrote), and the
 error is raised again. --queued waits until the queued resource is ACTIVE (at most --queued_timeout_s); one that
 fails, is suspended or times out is deleted. --dry_run prints every command instead of running it.
+
+Arguments are data. gcloud is run without a local shell (an argument list); what a worker's shell reads
+(`--command=`) is built by `shell_line`, the one place words become a shell line, every word quoted; the printed
+commands are `shell_line` too, so a pasted one means what was run. `--eval_args` is split as a shell would
+(`shlex`) and must be flags; a worker-local `--output_dir` is fetched by scp, which hands the path to the worker's
+shell in its legacy mode and not in its SFTP mode (no quoting is right for both), so it must be plain characters.
+Every argument is checked before anything is created.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import time
 from typing import Callable, Sequence
 
-from absl import app, flags
+from absl import flags
+
+from s2sjax import cli
+from s2sjax.errors import UserError
 
 ACTIONS = ("create", "install", "run", "fetch", "delete", "all")
-REMOTE_DIR = "~/s2sjax"
+REMOTE_DIR = "s2sjax"  # relative to the worker's home, where ssh and scp start: a quoted "~" would not expand
+PLAIN_PATH = re.compile(r"[A-Za-z0-9._+,@%=/~-]+")  # no character any shell reads as syntax
 UNUSABLE_QUEUED_STATES = ("FAILED", "SUSPENDING", "SUSPENDED")  # a queued resource never leaves these for ACTIVE
+
+
+class LaunchArgumentError(UserError, ValueError):
+  """An argument of launch.tpu that cannot be handed on as it is; refused before anything is created."""
+
+
+def shell_line(argv: Sequence[str]) -> str:
+  """The words as one line a POSIX shell reads back into exactly these words (each quoted where it needs it)."""
+  return shlex.join(argv)
+
+
+def eval_flags(eval_args: str) -> list[str]:
+  """`--eval_args` split into words as a shell would, each a flag of s2sjax.eval (`--name` or `--name=value`)."""
+  try:
+    words = shlex.split(eval_args)
+  except ValueError as e:  # an unbalanced quote: no worker could parse the command either
+    raise LaunchArgumentError(f"--eval_args={eval_args!r} cannot be split into words ({e})") from e
+  for word in words:
+    if not word.startswith("--"):
+      raise LaunchArgumentError(
+          f"--eval_args: {word!r} is not a flag of s2sjax.eval (each word is --name or --name=value; a value "
+          "holding spaces goes in quotes within its word, as in --eval_args=\"--step_pattern='a b'\")")
+  return words
 
 
 class Launcher:
@@ -52,12 +87,12 @@ class Launcher:
     return argv + ([f"--project={self.project}"] if self.project else [])
 
   def _do(self, argv: Sequence[str], check: bool = True) -> int:
-    self.echo(shlex.join(argv))
+    self.echo(shell_line(argv))
     if self.dry_run:
       return 0
     code = self.runner(argv)
     if check and code:
-      raise RuntimeError(f"command failed ({code}): {shlex.join(argv)}")
+      raise RuntimeError(f"command failed ({code}): {shell_line(argv)}")
     return code
 
   def create(self) -> None:
@@ -77,7 +112,7 @@ class Launcher:
     """Queued-resource create returns once the request is accepted; its VMs are usable only once it is ACTIVE."""
     describe = self._gcloud("compute", "tpus", "queued-resources", "describe", self.queued_resource,
                             "--format=value(state.state)")
-    self.echo(shlex.join(describe))
+    self.echo(shell_line(describe))
     if self.dry_run:
       return
     deadline = time.monotonic() + self.queued_timeout_s
@@ -92,25 +127,33 @@ class Launcher:
         raise RuntimeError(f"queued resource {self.queued_resource} is {why} (--queued_timeout_s); deleted it")
       time.sleep(self.poll_interval_s)
 
-  def ssh_all(self, command: str, check: bool = True) -> int:
-    """One command on every worker of the slice at once (how JAX multi-host programs start)."""
+  def ssh_all(self, *argv: str, check: bool = True) -> int:
+    """One command (its words) on every worker of the slice at once (how JAX multi-host programs start), run in
+    the project's folder there."""
+    command = f"cd {shell_line([REMOTE_DIR])} && {shell_line(argv)}"
     return self._do(self._gcloud("compute", "tpus", "tpu-vm", "ssh", self.name, "--worker=all",
                                  f"--command={command}"), check)
 
   def install(self, source_dir: str = ".") -> None:
     self._do(self._gcloud("compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=all", source_dir,
                           f"{self.name}:{REMOTE_DIR}"))
-    self.ssh_all(f"cd {REMOTE_DIR} && python3 -m pip install -q -e '.[tpu]'")
+    self.ssh_all("python3", "-m", "pip", "install", "-q", "-e", ".[tpu]")
 
-  def eval_command(self, checkpoint: str, data_dir: str, output_dir: str, eval_args: str) -> str:
-    args = [f"--checkpoint={checkpoint}", f"--data_dir={data_dir}", f"--output_dir={output_dir}", "--distributed"]
-    return f"cd {REMOTE_DIR} && python3 -m s2sjax.eval {shlex.join(args)} {eval_args}".strip()
+  @staticmethod
+  def eval_argv(checkpoint: str, data_dir: str, output_dir: str, eval_args: str) -> list[str]:
+    return ["python3", "-m", "s2sjax.eval", f"--checkpoint={checkpoint}", f"--data_dir={data_dir}",
+            f"--output_dir={output_dir}", "--distributed", *eval_flags(eval_args)]
+
+  def check_arguments(self, checkpoint: str, data_dir: str, output_dir: str, eval_args: str) -> None:
+    """Everything run and fetch will hand on, refused now if it cannot be (before a slice is created)."""
+    self.eval_argv(checkpoint, data_dir, output_dir, eval_args)
+    self.fetch_argv(output_dir, "")
 
   def run(self, checkpoint: str, data_dir: str, output_dir: str, eval_args: str, retries: int) -> None:
     """Runs on all workers; on failure of a spot slice, recreates it and reruns (the output directory resumes)."""
-    command = self.eval_command(checkpoint, data_dir, output_dir, eval_args)
+    argv = self.eval_argv(checkpoint, data_dir, output_dir, eval_args)
     for attempt in range(retries + 1):
-      if self.ssh_all(command, check=False) == 0:
+      if self.ssh_all(*argv, check=False) == 0:
         return
       if attempt == retries or not self.spot:
         raise RuntimeError(f"evaluation failed after {attempt + 1} attempt(s)")
@@ -120,13 +163,20 @@ class Launcher:
       self.create()
       self.install()
 
-  def fetch(self, output_dir: str, fetch_to: str) -> None:
+  def fetch_argv(self, output_dir: str, fetch_to: str) -> list[str]:
     if output_dir.startswith("gs://"):
-      self._do(["gcloud", "storage", "rsync", "--recursive", output_dir, fetch_to])
-    else:  # a worker-local directory: process 0 wrote it on worker 0, relative to where the eval ran
-      remote_dir = output_dir if output_dir.startswith(("/", "~")) else f"{REMOTE_DIR}/{output_dir}"
-      self._do(self._gcloud("compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=0",
-                            f"{self.name}:{remote_dir}", fetch_to))
+      return ["gcloud", "storage", "rsync", "--recursive", output_dir, fetch_to]
+    # a worker-local directory: process 0 wrote it on worker 0, relative to where the eval ran
+    if not PLAIN_PATH.fullmatch(output_dir):
+      raise LaunchArgumentError(
+          f"--output_dir={output_dir!r}: a worker-local output directory is fetched by scp, which may hand it to "
+          "the worker's shell; use letters, digits and ._+,@%=/~- only, or a gs:// directory")
+    remote_dir = output_dir if output_dir.startswith(("/", "~")) else f"{REMOTE_DIR}/{output_dir}"
+    return self._gcloud("compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=0", f"{self.name}:{remote_dir}",
+                        fetch_to)
+
+  def fetch(self, output_dir: str, fetch_to: str) -> None:
+    self._do(self.fetch_argv(output_dir, fetch_to))
 
   def delete(self) -> None:
     if self.deleted:
@@ -142,6 +192,7 @@ class Launcher:
               fetch_to: str) -> None:
     """create, install, run, fetch, delete. Whatever fails, the slice is deleted (it bills until then) and the error
     is raised again; a failed evaluation's partial results are still fetched."""
+    self.check_arguments(checkpoint, data_dir, output_dir, eval_args)
     run_started = False
     try:
       self.create()
@@ -203,4 +254,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -1,24 +1,68 @@
-"""The task registry: one record per benchmark, read by everything that needs to know a task.
+"""The task registry: one record per benchmark, read by everything that needs to know a task, and the release
+layouts its records name.
 
-The release reader and the TFDS builder (`tasks`), the metrics (the decision rule), the result tables (titles),
-the planner (sizes), the command lines (`--task` choices) and the sample maker all look a task up here; none of
-them lists tasks. Adding a benchmark is one `register(Benchmark(...))` plus its builder file (see
-docs/architecture.md, "Adding a task"); a module of your own that registers one is found through `S2SJAX_PLUGINS`
+The release reader and the TFDS builders (`tasks`: one builder class per task, made from its record), the metrics
+(the decision rule), the result tables (titles), the planner (sizes), the command lines (`--task` choices) and the
+sample maker all look a task up here; none of them lists tasks. Adding a benchmark is one `register(Benchmark(...))`
+(docs/architecture.md, "Adding a task"); a release laid out in a new way is one `RELEASE_FORMATS.register(
+ReleaseFormat(...))` with its reader. A module of your own that registers them is found through `S2SJAX_PLUGINS`
 (s2sjax/plugins.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
+from s2sjax import modalities
 from s2sjax.registry import Registry
 
-# How the release's jsonl lines become questions (tasks/release.py reads each format):
-#   story_pairs:     `uttid, first, last`; uttid 2k holds the right ending, 2k+1 the wrong one of the same story
-#   multiple_choice: `uttid, first, A, B, C, D, answer`; one prefix, four options
-# story_pairs, multiple_choice: S2SBench's jsonl layouts; spoken_pairs: slp-rl/SpokenStoryCloze's folders of whole
-# spoken stories (tasks/spoken_storycloze.py), scored S->S under the utterance protocol only.
-RELEASE_FORMATS = ("story_pairs", "multiple_choice", "spoken_pairs")
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseFormat:
+  """How a release lays a task's questions out (a record's `release_format`).
+
+  `reader` ("module:function", imported when a build asks: tasks/release.py's, or a plugin's) turns the release into
+  questions: `reader(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
+  `paths` (tasks.release.ReleasePaths), every bad line a problem naming it. `modalities` are what its questions can
+  be asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names,
+  and so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
+  recordings). `lines_per_question` of the index (a sample of the release keeps whole questions), and `spoken_names`
+  ("module:function": a line -> {its spoken candidates' wav names: their texts}) for the tools that write a
+  release's recordings (tasks.importer, the bundled sample)."""
+
+  name: str
+  reader: str
+  summary: str  # what its questions are, in messages
+  modalities: tuple[str, ...] = modalities.NAMES
+  protocols: tuple[str, ...] | None = None
+  index: str = "file"
+  lines_per_question: int | None = None
+  spoken_names: str | None = None
+
+  def __post_init__(self):
+    if self.index not in ("file", "folder") or not set(self.modalities) <= set(modalities.NAMES):
+      raise ValueError(f"release format {self.name}: index {self.index!r} (file, folder) or modalities "
+                       f"{self.modalities} ({', '.join(modalities.NAMES)})")
+
+  @property
+  def has_text(self) -> bool:
+    """Whether its questions are written (T->T, S->T can be asked): a folder of whole recordings is not."""
+    return any(modalities.get(name).reads_text for name in self.modalities)
+
+
+RELEASE_FORMATS: Registry[ReleaseFormat] = Registry("release format")
+# S2SBench's jsonl layouts, and slp-rl/SpokenStoryCloze's folders of whole spoken stories, read as SlamKit reads
+# them: each read by its function in tasks/release.py.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "story_pairs", "tasks.release:read_story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, "
+  "2k+1 the wrong one of the same story", lines_per_question=2, spoken_names="tasks.release:story_spoken_names"))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "multiple_choice", "tasks.release:read_multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, "
+  "answer`", lines_per_question=1, spoken_names="tasks.release:option_spoken_names"))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "spoken_pairs", "tasks.release:read_spoken_pairs", "whole spoken stories, no text and no separate prefix",
+  modalities=("s2s",), protocols=("utterance",), index="folder"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,34 +80,35 @@ class Benchmark:
   name: str  # the --task value and the builder's folder
   title: str  # in tables and curves
   language: str  # picks the spec's templates (instruction, separator) and the TTS voice
-  release_format: str  # one of RELEASE_FORMATS
+  release_format: str  # the name of a registered ReleaseFormat
   release_jsonl: str  # relative to the release directory
   release_audio_dir: str  # <uttid>.wav of each spoken prefix, relative to the release directory
   # Spoken candidates (T->S, S->S), an s2sjax extension of the layout: story_pairs <uttid>.wav (each line's
   # `last`), multiple_choice <uttid>_<A|B|C|D>.wav; relative to the release directory.
   release_candidate_audio_dir: str
-  decision: str  # a key of s2sjax.metrics.DECISIONS: how losses become right/wrong
+  decision: str  # the name of a rule in s2sjax.metrics.DECISIONS: how losses become right/wrong
   candidates: int  # per question
   sizes: PlannerSizes
-  builder: str = ""  # "module:Class" of the TFDS builder; default tasks.<name>.<name>_dataset_builder:Builder
   ties: str = "reference"  # s2sjax.metrics.TIE_RULES: how a tie counts (SlamKit's spoken StoryCloze: "half")
 
-  def __post_init__(self):
-    if self.release_format not in RELEASE_FORMATS:
-      raise ValueError(f"task {self.name}: release_format {self.release_format!r} is not one of {RELEASE_FORMATS}")
+  @property
+  def release(self) -> ReleaseFormat:
+    """How its release is laid out."""
+    return RELEASE_FORMATS.get(self.release_format)
 
   @property
   def has_text(self) -> bool:
-    """Whether the release writes its questions (jsonl): a folder of whole recordings (spoken_pairs) does not, and is
-    asked S->S only."""
-    return self.release_format != "spoken_pairs"
-
-  @property
-  def builder_path(self) -> str:
-    return self.builder or f"tasks.{self.name}.{self.name}_dataset_builder:Builder"
+    """Whether the release writes its questions: a folder of whole recordings does not, and is asked S->S only."""
+    return self.release.has_text
 
 
-TASKS: Registry[Benchmark] = Registry("task")
+def _problems(new: Benchmark, registered: Mapping[str, Benchmark]) -> list[str]:
+  known = [f.name for f in RELEASE_FORMATS.registered()]
+  return [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
+                                                 f"{', '.join(known)} (register its ReleaseFormat first)"]
+
+
+TASKS: Registry[Benchmark] = Registry("task", check=_problems)
 register, names, get = TASKS.register, TASKS.names, TASKS.get
 
 
@@ -86,7 +131,7 @@ register(Benchmark(
   "tstorycloze", "tStoryCloze (replica)", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
   "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
 # The official spoken StoryCloze (slp-rl/SpokenStoryCloze, TWIST's sSC and tSC): whole spoken stories, read as
-# SlamKit reads them (tasks/release.py _spoken_pairs), scored S->S under the utterance protocol with ties counted
+# SlamKit reads them (tasks/release.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
 # half, as SlamKit's modelling metric counts them: the protocol of TWIST's and Moshi's published numbers.
 register(Benchmark(
   "spoken_sstorycloze", "SpokenStoryCloze sSC", "en", "spoken_pairs", "sSC", "sSC", "sSC", decision="pair",

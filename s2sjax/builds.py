@@ -1,13 +1,16 @@
-"""What names a build and what a build records: `DataSelector` and `BuildMetadata`.
+"""What names a build, what it resolves to and what it records: `DataSelector`, `BuildPlan`, `BuildMetadata`.
 
 A `DataSelector` (task, modality, spec, row length, variants) is one build as `tasks.prepare` makes it and
 `s2sjax.eval` reads it: it names its TFDS config (`demo-s2t-1024`, `-noshare`, ...) and its record, so the build and
-the reader cannot disagree. `selectors` expands what a command line asks for into builds by one rule (a protocol
-for S->S only, a tokenization for T->T only); `define_flags` / `from_flags` declare and read that command line once
-for both commands.
+the reader cannot disagree. `resolve()` turns it into a `BuildPlan` once: the spec loaded, the modality, the input
+format and the rows' capacity, which the builder and its encoder are handed. `selectors` expands what a command
+line asks for into builds by one rule (a protocol for the modalities it scores, a tokenization for T->T only);
+`define_flags` / `from_flags` declare and read that command line once for both commands. How S->S may be scored
+(`PROTOCOLS`) is a registry of records, as tasks are.
 
 `BuildMetadata` is what a build writes beside its rows (TFDS's `metadata.json`) and the evaluator reads: typed
-fields, one JSON layout (`to_json` / `from_json`; builds made before a field existed read with its old default).
+fields, one JSON layout (`to_json` / `from_json`; past the four every build has, a field left out reads as its
+default).
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ import re
 
 from absl import flags
 
-from s2sjax import benchmarks, modalities
+from s2sjax import benchmarks, formats, modalities
 from s2sjax.errors import UserError
+from s2sjax.modalities import SPEECH, Label, Modality
 from s2sjax.packing import RowShape
+from s2sjax.registry import Registry
+from s2sjax.rows import RowFormat
 from s2sjax.spec import AudioIds, Spec, is_spec_path, load_spec, spec_from_dict
 
-PROTOCOLS = ("s2sbench", "utterance")
 OVERLONG = ("error", "truncate_prefix")
 TOKENIZATIONS = ("separate", "joint")
 AUTO = None  # a row length chosen from the items (s2sjax.packing.auto_row_length): configs named `-auto`
+AUTO_MAX_LENGTH = 16384  # a build without a row length refuses items longer than this
 
 
 class DataError(UserError, ValueError):
@@ -34,6 +40,27 @@ class DataError(UserError, ValueError):
 
 class VariantError(UserError, ValueError):
   """A build variant (--protocol, --overlong, --tokenization, or a build's metadata) that is not one there is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """How a modality's candidates are laid and scored (tasks/encoders.py lays them): `modalities` it applies to
+  (None: every one), and what it adds to a build's config name."""
+
+  name: str
+  modalities: tuple[str, ...] | None
+  suffix: str
+  summary: str
+
+
+def _no_protocol(name: str, known: list[str]) -> VariantError:
+  return VariantError(f"protocol must be one of {tuple(known)}, not {name!r}")
+
+
+PROTOCOLS: Registry[Protocol] = Registry("protocol", unknown=_no_protocol)
+PROTOCOLS.register(Protocol(modalities.DEFAULT_PROTOCOL, None, "", "prefix + candidate, the candidate's tokens scored"))
+PROTOCOLS.register(Protocol("utterance", ("s2s",), "-utterance", "TWIST / SlamKit: the whole spoken story as one "
+                            "recording, every unit after bos scored"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +80,7 @@ class Variants:
   def __post_init__(self):
     if self.overlong not in OVERLONG:
       raise VariantError(f"overlong must be one of {OVERLONG}, not {self.overlong!r}")
-    if self.protocol not in PROTOCOLS:
-      raise VariantError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
+    PROTOCOLS.get(self.protocol)
     if self.tokenization not in TOKENIZATIONS:
       raise VariantError(f"tokenization must be one of {TOKENIZATIONS}, not {self.tokenization!r}")
 
@@ -63,15 +89,15 @@ class Variants:
     """What the variants add to a config's name."""
     return (("" if self.share_prefix else "-noshare") + ("-zhquirk" if self.reference_language_quirk else "")
             + ("-truncate" if self.overlong == "truncate_prefix" else "")
-            + ("-utterance" if self.protocol == "utterance" else "") + ("-joint" if self.tokenization == "joint" else ""))
+            + PROTOCOLS.get(self.protocol).suffix + ("-joint" if self.tokenization == "joint" else ""))
 
 
-def spec_label(spec: str) -> str:
+def spec_label(spec: str, loaded: Spec | None = None) -> str:
   """A preset's name; for a YAML path, the spec's own name and a hash of its resolved contents (a path would put
-  slashes in the config name, and two files may carry one name)."""
+  slashes in the config name, and two files may carry one name). `loaded`: the spec, when it is at hand."""
   if not is_spec_path(spec):
     return spec
-  loaded = load_spec(spec)
+  loaded = loaded or load_spec(spec)
   return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', loaded.name)}-{loaded.digest()[:8]}"
 
 
@@ -87,35 +113,105 @@ class DataSelector:
   variants: Variants = Variants()
 
   def __post_init__(self):
-    object.__setattr__(self, "modality", modalities.get(self.modality).name)  # "speech" -> "s2t"
+    object.__setattr__(self, "modality", modalities.get(self.modality).name)  # the alias "speech" -> "s2t"
 
   @property
   def config(self) -> str:
     """`demo-s2t-1024` (`mine-1a2b3c4d-s2t-1024` for a YAML spec; `demo-s2t-auto` for rows whose length the build
     chose from its items); variants that change the rows say so: `-noshare`, `-zhquirk`, `-truncate`, `-utterance`,
     `-joint`."""
-    return f"{spec_label(self.spec)}-{self.modality}-{self.row_length or 'auto'}{self.variants.suffix}"
+    return self._config(spec_label(self.spec))
+
+  def _config(self, label: str) -> str:
+    return f"{label}-{self.modality}-{self.row_length or 'auto'}{self.variants.suffix}"
 
   @property
-  def label(self) -> str:
+  def label(self) -> Label:
     """What it is scored as, in file names and keys: `s2s`, or `s2s_utterance` for the other protocol."""
-    return modalities.label(self.modality, self.variants.protocol)
+    return Label(self.modality, self.variants.protocol)
 
   def record(self) -> dict:
     """What the build is, as it records it (`BuildMetadata.build`) and as a reader asks for it."""
     return {"task": self.task, "config": self.config, "spec": spec_label(self.spec), "modality": self.modality,
             "row_length": self.row_length, **dataclasses.asdict(self.variants)}
 
+  def resolve(self) -> BuildPlan:
+    """The selector with its spec loaded (once) and what follows from it."""
+    spec = load_spec(self.spec)
+    return BuildPlan(self, spec, self._config(spec_label(self.spec, spec)))
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildPlan:
+  """One build resolved: its selector, the spec as loaded and the config name, and from them the modality, the
+  input format (s2sjax/formats) and the rows' capacity. Made once per build (`DataSelector.resolve`) and handed to
+  the builder, its encoder and its metadata, which read no spec file again."""
+
+  selector: DataSelector
+  spec: Spec
+  config: str  # the selector's config name
+
+  @property
+  def task(self) -> str:
+    return self.selector.task
+
+  @property
+  def modality(self) -> Modality:
+    return modalities.get(self.selector.modality)
+
+  @property
+  def variants(self) -> Variants:
+    return self.selector.variants
+
+  @property
+  def input_format(self) -> formats.InputFormat:
+    return self.spec.input_format
+
+  @property
+  def row_format(self) -> RowFormat:
+    return self.input_format.row_format
+
+  def for_task(self, task: str) -> BuildPlan:
+    """The same build of another task (a TFDS config is shared by every task's builder)."""
+    return dataclasses.replace(self, selector=dataclasses.replace(self.selector, task=task))
+
+  def check(self) -> None:
+    """Refuses, by name, what the spec cannot be asked (`Spec.check_modality`), before anything is loaded."""
+    self.spec.check_modality(self.modality)
+
+  @property
+  def capacity(self) -> RowShape:
+    """The rows' room before the build fits its tables to what they hold (packing.fit): for a build without a row
+    length, the longest row allowed. Spoken candidates run to hundreds of units (a whole story, in the utterance
+    protocol): any token may be scored."""
+    shape = RowShape.for_length(self.selector.row_length or AUTO_MAX_LENGTH,
+                                self.input_format.num_codebooks(self.spec, self.modality))
+    return dataclasses.replace(shape, max_targets=shape.length) if self.modality.candidate == SPEECH else shape
+
+  @property
+  def widths(self) -> dict[str, int]:
+    """The size of each named width of the rows' fields."""
+    return self.input_format.widths(self.spec, self.modality)
+
 
 def selectors(tasks: list[str] | tuple[str, ...], modality_names: list[str] | tuple[str, ...],
               protocols: list[str] | tuple[str, ...] = ("s2sbench",), spec: str = "demo",
               row_length: int | None = AUTO, variants: Variants = Variants()) -> list[DataSelector]:
-  """The builds of every task x modality: every protocol for S->S and s2sbench's for the rest; the tokenization
-  for T->T and `separate` for the rest (a modality with speech has no joint string)."""
+  """The builds of every task x modality: every protocol asked that scores the modality (s2sbench's where none
+  does); the tokenization for T->T and `separate` for the rest (a modality with speech has no joint string)."""
+  def scoring(modality: str) -> list[str]:
+    asked = [p for p in protocols if PROTOCOLS.get(p).modalities is None or modality in PROTOCOLS.get(p).modalities]
+    return asked or [modalities.DEFAULT_PROTOCOL]
+
   return [DataSelector(task, modality, spec, row_length, dataclasses.replace(
             variants, protocol=protocol, tokenization=variants.tokenization if modality == "t2t" else "separate"))
-          for task in tasks for modality in modality_names
-          for protocol in (protocols if modality == "s2s" else ("s2sbench",))]
+          for task in tasks for modality in modality_names for protocol in scoring(modality)]
+
+
+def usage(doc: str) -> str:
+  """A command's docstring with `--task=TASK|all` spelled out from the task registry (a plugin's tasks
+  included): what its `--help` prints."""
+  return doc.replace("--task=TASK|all", f"--task={'|'.join(benchmarks.names())}|all", 1)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -184,7 +280,7 @@ class BuildMetadata:
 
   @classmethod
   def from_json(cls, fields: dict, where: str) -> BuildMetadata:
-    """Reads `to_json`'s layout; a field a build made before it existed has its default. `where` names the
+    """Reads `to_json`'s layout; a field left out past the core four has its default. `where` names the
     file in errors."""
     missing = [key for key in ("task", "modality", "spec", "row_shape") if key not in fields]
     if missing:

@@ -9,8 +9,11 @@ import os
 import sys
 
 
+ENV = "S2SJAX_CACHE"
+
+
 def cache_dir() -> str:
-  return os.environ.get("S2SJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "s2sjax"))
+  return os.environ.get(ENV, os.path.join(os.path.expanduser("~"), ".cache", "s2sjax"))
 
 
 def use_compilation_cache() -> None:

@@ -19,6 +19,9 @@ the leftovers of writers that died. `overwrite` replaces only a finished checkpo
 only once the new one is complete: the old one is renamed aside, the new one into place, then the old one removed
 (a failed write leaves the old checkpoint as it was).
 
+A folder another training stack wrote (a MaxText step folder: s2sjax/stacks) is read as it is: every function
+below that takes a checkpoint directory asks `stacks.open_checkpoint` first, so every command reads it.
+
 The config is part of a checkpoint's identity: a model_config.json (or tokenizer file) changed after it was
 written is refused by name, unless the caller accepts the change on purpose (`accept_changed_config`,
 `--accept_config_change`).
@@ -29,12 +32,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
 import shutil
-import socket
 import tempfile
 import time
-import uuid
 from typing import Any, Iterable, Iterator, Mapping
 
 import jax
@@ -44,11 +44,12 @@ from etils import epath
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax import architectures, checksums, sharding, text_tokenizer
+from s2sjax import architectures, checksums, sharding, stacks, text_tokenizer
 from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params
 from s2sjax.output_dir import DamagedFileError, fsync_path, read_json, strict_json
+from s2sjax.staging import REPLACED, owner_tag, remove_dead, swap_into_place
 
 MANIFEST = "manifest.json"
 CONFIG = "model_config.json"
@@ -132,37 +133,16 @@ def _check_shapes(expected: Mapping[LeafPath, tuple], given: Mapping[LeafPath, t
     raise CheckpointError("parameters do not fit the config:\n  " + "\n  ".join(problems))
 
 
-def _staging_dir(out_dir: epath.Path) -> epath.Path:
-  """A hidden sibling named after this host and process, so a later run can tell a dead writer's leftovers."""
-  return out_dir.parent / f".{out_dir.name}.partial-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+PARTIAL = "partial"  # the kind of a checkpoint being written (s2sjax/staging.py)
 
 
 def _remove_stale_staging(out_dir: epath.Path) -> list[str]:
   """Deletes staging directories of `out_dir` left by writers on this host that are no longer running (a kill
   leaves them behind, possibly GBs), and the old checkpoints they had renamed aside once a finished one is in
   place again; those of other hosts are left and named in the log."""
-  removed = []
-  leftovers = list(out_dir.parent.glob(f".{out_dir.name}.partial-*"))
+  removed = remove_dead(out_dir.parent, f".{out_dir.name}.{PARTIAL}-")
   if (out_dir / MANIFEST).exists():  # a swap that was cut short left the old one aside: the new one is whole
-    leftovers += list(out_dir.parent.glob(f".{out_dir.name}.replaced-*"))
-  for staging in leftovers:
-    kind = ".partial-" if ".partial-" in staging.name else ".replaced-"
-    host, _, rest = staging.name.rpartition(kind)[2].partition("-")
-    pid = rest.partition("-")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-      logging.warning("%s: a staging directory of another host (or an older version) is left as it is", staging)
-      continue
-    try:
-      os.kill(int(pid), 0)
-      continue  # its writer is still running
-    except ProcessLookupError:
-      pass
-    except PermissionError:
-      continue
-    shutil.rmtree(str(staging), ignore_errors=True)
-    removed.append(staging.name)
-  if removed:
-    logging.info("removed %d stale staging directories of %s: %s", len(removed), out_dir, ", ".join(removed))
+    removed += remove_dead(out_dir.parent, f".{out_dir.name}.{REPLACED}-")
   return removed
 
 
@@ -194,7 +174,8 @@ def write_checkpoint(
   out_dir = epath.Path(out_dir)
   _check_replaceable(out_dir, overwrite)
   _remove_stale_staging(out_dir)
-  staging = _staging_dir(out_dir)
+  tag = owner_tag()
+  staging = out_dir.parent / f".{out_dir.name}.{PARTIAL}-{tag}"
   staging.mkdir(parents=True)
   try:
     (staging / CONFIG).write_text(config.to_json())
@@ -211,26 +192,11 @@ def write_checkpoint(
     (staging / MANIFEST).write_text(strict_json(record, f"{out_dir}/{MANIFEST}", indent=2, sort_keys=True,
                                                 default=str))
     fsync_path(staging / MANIFEST)
-    fsync_path(staging)
-    _swap_into_place(staging, out_dir)
+    swap_into_place(staging, out_dir, tag)
   except BaseException:
     shutil.rmtree(str(staging), ignore_errors=True)
     raise
   return out_dir
-
-
-def _swap_into_place(staging: epath.Path, out_dir: epath.Path) -> None:
-  """The finished staging directory becomes `out_dir`; an old checkpoint there is renamed aside first and removed
-  only once the new one is in place, so no moment leaves neither (a kill between the renames leaves the old one as
-  `.<name>.replaced-<host>-<pid>-<id>`, removed by the next write once a checkpoint is in place)."""
-  old = None
-  if out_dir.exists():
-    old = out_dir.parent / f".{out_dir.name}.replaced-{staging.name.rpartition('.partial-')[2]}"
-    out_dir.rename(old)
-  staging.rename(out_dir)
-  fsync_path(out_dir.parent)
-  if old is not None:
-    shutil.rmtree(str(old), ignore_errors=True)
 
 
 def _file_sizes(ckpt_dir: epath.Path) -> dict[str, int]:
@@ -315,6 +281,8 @@ def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False)
   (`architectures.for_family`). A
   model_config.json that differs from the one written with the checkpoint (the manifest's hash) is refused, unless
   `accept_changed_config` (an edit made on purpose)."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.config
   ckpt_dir = epath.Path(ckpt_dir)
   manifest = load_manifest(ckpt_dir)
   path = ckpt_dir / CONFIG
@@ -336,6 +304,8 @@ def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False)
 
 
 def load_manifest(ckpt_dir: str | epath.Path) -> dict:
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.manifest()
   ckpt_dir = epath.Path(ckpt_dir)
   _require_finished(ckpt_dir)
   return _read_json(ckpt_dir / MANIFEST, "the checkpoint's manifest")
@@ -360,9 +330,12 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
   the parameters), and a leaf that differs is refused by name; a deleted or truncated file is refused by name
-  before orbax reads anything."""
+  before orbax reads anything. Another stack's checkpoint is restored by its reader (s2sjax/stacks): there are no
+  written checksums to hold it to."""
   from orbax.checkpoint.experimental import v1 as ocp
 
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.load(mesh, dtype).params
   ckpt_dir = epath.Path(ckpt_dir)
   config = load_config(ckpt_dir, accept_changed_config)
   manifest = load_manifest(ckpt_dir)
@@ -437,7 +410,9 @@ def _verify(ckpt_dir: epath.Path, params: Params, expected: Mapping[str, str]) -
 def content_id(ckpt_dir: str | epath.Path) -> str:
   """What the checkpoint holds, as a short hash: its config, every leaf's checksum and its tokenizer files. A
   checkpoint replaced at the same path gets another id; a copy elsewhere the same one. Checkpoints written before
-  checksums were recorded are hashed from their files' bytes instead."""
+  checksums were recorded are hashed from their files' bytes instead; another stack's, as its reader says."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.content_id()
   ckpt_dir = epath.Path(ckpt_dir)
   manifest = load_manifest(ckpt_dir)
   digest = hashlib.sha256((ckpt_dir / CONFIG).read_bytes())
@@ -467,7 +442,10 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, 
   """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
   local temporary folder first: transformers reads local folders only (stray folders and hidden files left in
   tokenizer/ are not copied). A tokenizer shipped as code (GLM-4's `tokenization_chatglm.py`) runs only with
-  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config."""
+  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config.
+  Another stack's checkpoint: the tokenizer its run config names, when there is one here."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.load_tokenizer(trust_remote_code)
   ckpt_dir = epath.Path(ckpt_dir)
   tokenizer_dir = ckpt_dir / "tokenizer"
   if not tokenizer_dir.exists():

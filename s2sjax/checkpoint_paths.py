@@ -7,6 +7,10 @@ Steps: `step_N`, `step-N`, `checkpoint-N` (transformers' Trainer), `ckpt-N` / `c
 digits in it (`ckpt-100-fp16`, `checkpoint-500-v2`) is ambiguous: its step is read only by a `--step_pattern`
 regex, and a list of checkpoints that holds one is refused (the last number would be taken for the step and the
 curves would lie). A name without digits has no step.
+
+A run is the folder its checkpoints lie in (`run_folder`): checkpoints of one run may not share a step, those of
+two runs may (`ckpts/*/step_*` over runA and runB, both with step_100): each run is its own curve
+(`reports.curve_lines`), which is what comparing two runs asks for.
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ import glob
 import os
 import re
 
+from absl import logging
 from etils import epath
+
 from s2sjax.errors import UserError
+from s2sjax.stacks import maxtext
 
 # The whole folder name: an optional word the checkpoint managers put before the step, then the step.
 STEP_NAME = re.compile(r"(?:(?:global_step|step|checkpoint|ckpt|iter|iteration)[-_]?)?(\d+)", re.IGNORECASE)
 STEP_FORMS = "step_N, checkpoint-N, ckpt-N, global_step_N or a bare N"
-# Orbax writes a step into `<step>.orbax-checkpoint-tmp-<n>` and renames it when done: never a checkpoint.
-ORBAX_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp-\d+$")
+# Orbax writes a step into `<step>.orbax-checkpoint-tmp` (`-<n>` in older versions) and renames it when done:
+# never a checkpoint.
+ORBAX_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp(-\d+)?$")
 
 
 class CheckpointListError(UserError, ValueError):
@@ -70,7 +78,7 @@ def steps(paths: list[str], pattern: str | None = None) -> list[int | None]:
   by_folder = collections.defaultdict(list)
   for path, step in zip(paths, found):
     if step is not None:
-      by_folder[(os.path.dirname(os.path.normpath(path)), step)].append(_name(path))
+      by_folder[(run_folder(path), step)].append(_name(path))
   shared = {key: names for key, names in by_folder.items() if len(names) > 1}
   if shared:
     (_, step), names = next(iter(shared.items()))
@@ -81,12 +89,12 @@ def steps(paths: list[str], pattern: str | None = None) -> list[int | None]:
 
 def expand(patterns: str, pattern: str | None = None) -> list[str]:
   """Paths from a comma-separated list of paths and globs, in step order (`pattern`: --step_pattern); a glob that
-  matches nothing is an error, and orbax's unfinished `*.orbax-checkpoint-tmp-*` folders are left out."""
+  matches nothing is an error, and orbax's unfinished `*.orbax-checkpoint-tmp*` folders and MaxText steps orbax
+  has not committed yet are left out (a glob over a run that is still training)."""
   paths = []
   for part in filter(None, (p.strip() for p in patterns.split(","))):
     part = os.path.expanduser(part)  # "--checkpoint=~/x" reaches us unexpanded
-    matches = ([m for m in _glob(part) if not ORBAX_TEMPORARY.search(_name(m))] if any(ch in part for ch in "*?[")
-               else [part])
+    matches = [m for m in _glob(part) if _finished(m)] if any(ch in part for ch in "*?[") else [part]
     if not matches:
       raise CheckpointListError(f"--checkpoint pattern {part!r} matches nothing")
     paths += matches
@@ -95,12 +103,28 @@ def expand(patterns: str, pattern: str | None = None) -> list[str]:
   return sorted(paths, key=lambda p: (order[p] is None, order[p] or 0, p))
 
 
+def _finished(path: str) -> bool:
+  """Not a step orbax is still writing: neither its temporary folder nor a MaxText step without its commit marker."""
+  if ORBAX_TEMPORARY.search(_name(path)) or (maxtext.is_step_folder(path) and not maxtext.is_committed(path)):
+    logging.warning("%s is still being written: left out", path)
+    return False
+  return True
+
+
 def _glob(pattern: str) -> list[str]:
   """Local or gs:// glob (the pattern in the last path component for buckets)."""
   if "://" not in pattern:
     return sorted(glob.glob(pattern))
   parent, _, name = pattern.rstrip("/").rpartition("/")
   return sorted(str(p) for p in epath.Path(parent).glob(name))
+
+
+def run_folder(path: str) -> str:
+  """The run a checkpoint belongs to: the folder it lies in (`runA` of `ckpts/runA/step_100`), where a training
+  run's checkpoint manager writes every step. Steps of one run make one curve."""
+  if "://" in path:
+    return path.rstrip("/").rpartition("/")[0]
+  return os.path.dirname(os.path.normpath(path))
 
 
 def run_names(paths: list[str]) -> list[str]:

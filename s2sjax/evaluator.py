@@ -10,7 +10,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax import architectures, benchmarks, metrics, modalities
+from s2sjax import architectures, metrics, modalities
 from s2sjax.errors import UserError
 from s2sjax.model.decoder import Params
 from s2sjax.packing import RowShape, spanning
@@ -75,7 +75,7 @@ def _check_rows_fit(architecture: architectures.Architecture, config, data: Task
     raise EvalError(f"{where} holds {data.row_format.name} rows, which {' or '.join(readers)} checkpoints read; this "
                     f"checkpoint is {kind(architecture)}, which reads {architecture.row_format.name} rows: build the "
                     f"data with a spec whose audio_mode lays those (its own spec)")
-  if data.row_format.streams and architectures.for_spec(spec) is not architecture:
+  if architecture.stream_protocol is not None and architectures.for_spec(spec) is not architecture:
     raise EvalError(f"{where} is laid by the {architectures.for_spec(spec).name} protocol; this checkpoint is "
                     f"{kind(architecture)}: build the data with a spec of architecture {architecture.name}")
 
@@ -149,30 +149,6 @@ class Evaluator:
   def evaluate(self, params: Params, step: int | None = None) -> dict:
     """{task: {modality: metrics}} plus {"degradation": {task: {"s2t_vs_t2t": report, ...}}} for the pairs of
     modalities that ran."""
-    result = summarize({(td.task, td.label): self.score(params, td) for td in self.data})
+    result = metrics.summarize({(td.task, td.label): self.score(params, td) for td in self.data})
     self.history.append({"step": step, **result})
     return result
-
-
-def summarize(scores: dict[tuple[str, str], QuestionScores], ties: str | None = None) -> dict:
-  """Metrics of every (task, modality), and the degradation matrix of every task: each pair of
-  s2sjax.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones).
-  `ties` (metrics.TIE_RULES) overrides each task's own rule for ties."""
-  result: dict = {}
-  rule = lambda task: ties or benchmarks.get(task).ties
-  for (task, modality), s in scores.items():
-    result.setdefault(task, {})[modality] = metrics.task_metrics(benchmarks.get(task).decision, s, rule(task))
-  for task in dict.fromkeys(task for task, _ in scores):
-    for reference, other in modalities.COMPARISONS:
-      if (task, reference) in scores and (task, other) in scores:
-        first, second = common_questions(scores[(task, reference)], scores[(task, other)])
-        result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
-          metrics.degradation(benchmarks.get(task).decision, first, second, rule(task)))
-  return result
-
-
-def common_questions(first: QuestionScores, second: QuestionScores) -> tuple[QuestionScores, QuestionScores]:
-  """Both on the questions both hold, in the first's order."""
-  in_second = set(second.ids)
-  common = [i for i in first.ids if i in in_second]
-  return first.select(common), second.select(common)

@@ -13,6 +13,9 @@ link their files instead, and the page says how many.
 A question's margin in a modality is the loss of its best wrong candidate minus the right one's (positive: the
 model prefers the right candidate), so a question decided right has a positive margin under S2SBench's rule for
 stories and a non-negative one for sCMMLU. The decisions are the task's own (metrics.question_decisions).
+
+A release's texts and ids are data, not markup: the `.md` writes them through `markdown_text` (every character a
+Markdown or HTML reader acts on in a table cell escaped, line breaks made spaces), the page through `html.escape`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import dataclasses
 import html
 import mimetypes
 import os
+import re
 
 import numpy as np
 from etils import epath
@@ -32,6 +36,16 @@ from s2sjax.questions import QuestionScores
 
 
 EMBED_BYTES = 32 * 2**20  # recordings embedded in one page at most: a page of ~43 MB
+# What a Markdown or HTML reader acts on in a table cell: emphasis, code, links and images, strikethrough, math,
+# tags and entities, the cell's border. An underscore between two letters or digits never opens or closes emphasis
+# (CommonMark 6.2), so ids such as `16_zh` keep theirs bare.
+MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]<>&~|$]|(?<![^\W_])_|_(?![^\W_])")
+
+
+def markdown_text(text: str) -> str:
+  """`text` as it reads, inside a Markdown table cell: each character with a meaning there backslash-escaped (any
+  ASCII punctuation may be, CommonMark 2.4), line breaks as spaces."""
+  return MARKDOWN_SPECIAL.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +104,10 @@ def markdown(title: str, pair: tuple[str, str], flips: list[Flip], prefixes: dic
               f"| question | prefix | candidates | margin {titles[0]} | margin {titles[1]} | audio |",
               "|---|---|---|---|---|---|"]
     for f in part:
-      cell = lambda text: text.replace("|", "\\|").replace("\n", " ")
-      lines.append(f"| {f.question} | {cell(prefixes.get(f.question, ''))} | "
-                   f"{'<br>'.join(cell(c) for c in _candidate_lines(f, titles))} | {f.reference_margin:+.3f} | "
-                   f"{f.other_margin:+.3f} | {audio.get(f.question, '')} |")
+      text = markdown_text
+      lines.append(f"| {text(f.question)} | {text(prefixes.get(f.question, ''))} | "
+                   f"{'<br>'.join(text(c) for c in _candidate_lines(f, titles))} | {f.reference_margin:+.3f} | "
+                   f"{f.other_margin:+.3f} | {text(audio.get(f.question, ''))} |")
     lines.append("")
   return "\n".join(lines)
 

@@ -17,6 +17,9 @@ distribution of step t's text token, as `log_softmax(LMModel.forward(codes).text
 masks (a text id of -1) are NaN. `--codebook_output` also writes the depformer's `[T, dep_q, card]`, NaN where
 `LMModel.forward`'s mask is false (codes of -1, a delayed stream's last steps).
 
+A MaxText checkpoint folder (s2sjax/stacks/maxtext.py) is read as MaxText wrote it, with `--maxtext_config`: the
+run config it was trained with (unless MaxText wrote its config.yml beside the run).
+
 Everything runs in fp32, on the project's own loader (`s2sjax.checkpoint`) and model code.
 """
 
@@ -29,6 +32,7 @@ from absl import flags
 
 from s2sjax import architectures, checkpoint, cli
 from s2sjax.sequence_inputs import LogProbsError
+from s2sjax.stacks import maxtext_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +41,13 @@ class LogProbs:
   codebooks: np.ndarray | None = None  # Moshi: [T, dep_q, card] fp32, the depformer's; None for decoders
 
 
-def compute(ckpt_dir: str, input_ids: np.ndarray, audio_codes: np.ndarray | None = None) -> LogProbs:
-  """The checkpoint's log-probs on one sequence, loaded in fp32 (module docstring)."""
-  config = checkpoint.load_config(ckpt_dir)
-  params = checkpoint.load_params(ckpt_dir, dtype=np.float32)
+def compute(ckpt_dir: str, input_ids: np.ndarray, audio_codes: np.ndarray | None = None,
+            maxtext_run_config: str | None = None) -> LogProbs:
+  """The checkpoint's log-probs on one sequence, loaded in fp32 (module docstring); `maxtext_run_config`: a MaxText
+  checkpoint's run config (--maxtext_config)."""
+  with maxtext_config.given(maxtext_run_config):
+    config = checkpoint.load_config(ckpt_dir)
+    params = checkpoint.load_params(ckpt_dir, dtype=np.float32)
   architecture = architectures.for_config(config)
   if architecture.log_probs is None:
     raise LogProbsError(f"{ckpt_dir}: the {architecture.name} architecture declares no log_probs")
@@ -58,7 +65,7 @@ def main(argv) -> None:
   del argv
   f = flags.FLAGS
   codes = _load(f.audio_codes, "audio_codes") if f.audio_codes else None
-  result = compute(f.checkpoint, _load(f.input_ids, "input_ids"), codes)
+  result = compute(f.checkpoint, _load(f.input_ids, "input_ids"), codes, f.maxtext_config)
   if f.codebook_output and result.codebooks is None:
     raise LogProbsError(f"--codebook_output is for Moshi checkpoints (a depformer's codebook heads); {f.checkpoint} "
                         "has none")
@@ -70,7 +77,9 @@ def main(argv) -> None:
 
 
 def define_flags() -> None:
-  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint directory (as the converter writes it).")
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint directory (as the converter writes it), or a MaxText "
+                      "checkpoint folder (<run>/checkpoints/<step>, or a params-only one).")
+  maxtext_config.define_flag()
   flags.DEFINE_string("input_ids", None, ".npy of token ids [T] (or [1, T]); Moshi: the text stream [T], -1 silent.")
   flags.DEFINE_string("audio_codes", None, ".npy of audio codes: [audio positions, codebooks] in placeholder order "
                       "(codebook-table models), or Moshi's codebook streams [T, K] time-aligned with --input_ids.")

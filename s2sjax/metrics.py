@@ -1,7 +1,7 @@
 """Benchmark metrics from per-candidate losses: S2SBench's own arithmetic first, then the usual extras.
 
 S2SBench (eval_story.py, eval_cmmlu4.py): a candidate's loss is its mean token cross-entropy. A task's decision
-rule (its registry record's `decision`, one of `DECISIONS`) turns losses into comparisons:
+rule (its registry record's `decision`, a `Decision` of the `DECISIONS` registry) turns losses into comparisons:
   * pair (stories): uttid 2k (right ending) against 2k+1 (wrong); right iff loss(2k) < loss(2k+1), strictly;
   * answer_vs_distractors (sCMMLU): the answer against each of the 3 distractors; right iff loss(answer) <=
     loss(distractor); the accuracy is over 3N comparisons, not a 4-way choice.
@@ -12,17 +12,21 @@ Extras: 4-way argmin accuracy, lm-eval-style `acc` (summed log-prob) and `acc_no
 text), the mean negative - positive loss gap, 95% bootstrap intervals, and the paired degradation report of one
 modality against another (S->T against T->T, and the rest of s2sjax.modalities.COMPARISONS): a paired bootstrap
 interval and an exact McNemar test, both over questions (sCMMLU's three comparisons of a question are not
-independent: McNemar counts a question right when its answer beats all three distractors).
+independent: McNemar counts a question right when its answer beats all three distractors). `summarize` makes all of
+it for every task and modality scored: what metrics.json holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
 import scipy.stats
 
+from s2sjax import benchmarks, modalities
 from s2sjax.questions import QuestionScores
+from s2sjax.registry import Registry
 
 BOOTSTRAP_SAMPLES = 1000
 TIE_RULES = ("reference", "half")  # a tie as the decision rule's comparison makes it, or half right
@@ -45,18 +49,25 @@ def _answer_vs_distractors(loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
   return loss[np.arange(len(loss)), correct][:, None] <= _others(loss, correct)
 
 
-# Decision rules by name: (loss [N, C], right candidate [N]) -> comparisons [N, k], True = the model was right.
-DECISIONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-  "pair": _pair,
-  "answer_vs_distractors": _answer_vs_distractors,
-}
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """A decision rule: (loss [N, C], right candidate [N]) -> comparisons [N, k], True = the model was right."""
+
+  name: str
+  rule: Callable[[np.ndarray, np.ndarray], np.ndarray]
+  summary: str
+
+
+# A plugin's task that decides another way registers its rule here, as a task registers in s2sjax.benchmarks.
+DECISIONS: Registry[Decision] = Registry("decision rule")
+DECISIONS.register(Decision("pair", _pair, "the right candidate's loss strictly below the wrong one's"))
+DECISIONS.register(Decision("answer_vs_distractors", _answer_vs_distractors,
+                            "the answer's loss at most each distractor's, one comparison each"))
 
 
 def comparisons(decision: str, loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
   """[N, k] the reference's right/wrong comparisons of each question (k = 1 for stories, 3 for sCMMLU)."""
-  if decision not in DECISIONS:
-    raise ValueError(f"unknown decision rule {decision!r}; known: {', '.join(DECISIONS)}")
-  return DECISIONS[decision](loss, correct)
+  return DECISIONS.get(decision).rule(loss, correct)
 
 
 def tied(loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -150,3 +161,27 @@ def degradation(decision: str, reference: QuestionScores, other: QuestionScores,
     "ratio": float(o.mean() / r.mean()) if r.mean() else None,
     "mcnemar": {"questions": questions, "reference_only_right": b, "other_only_right": c, "p_value": p},
   }
+
+
+def summarize(scores: dict[tuple[str, str], QuestionScores], ties: str | None = None) -> dict:
+  """Metrics of every (task, modality), and the degradation matrix of every task: each pair of
+  s2sjax.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones).
+  `ties` (TIE_RULES) overrides each task's own rule for ties."""
+  result: dict = {}
+  rule = lambda task: ties or benchmarks.get(task).ties
+  for (task, modality), s in scores.items():
+    result.setdefault(task, {})[modality] = task_metrics(benchmarks.get(task).decision, s, rule(task))
+  for task in dict.fromkeys(task for task, _ in scores):
+    for reference, other in modalities.COMPARISONS:
+      if (task, reference) in scores and (task, other) in scores:
+        first, second = common_questions(scores[(task, reference)], scores[(task, other)])
+        result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
+          degradation(benchmarks.get(task).decision, first, second, rule(task)))
+  return result
+
+
+def common_questions(first: QuestionScores, second: QuestionScores) -> tuple[QuestionScores, QuestionScores]:
+  """Both on the questions both hold, in the first's order."""
+  in_second = set(second.ids)
+  common = [i for i in first.ids if i in in_second]
+  return first.select(common), second.select(common)

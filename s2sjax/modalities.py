@@ -52,8 +52,8 @@ COMPARISONS = (("t2t", "s2t"), ("t2t", "t2s"), ("t2t", "s2s"), ("s2t", "s2s"))
 
 
 def get(name: str) -> Modality:
-  """A modality by name; the old one-word names (`text`, `speech`, in earlier output directories) still read."""
-  name = ALIASES[name][0] if name in ("text", "speech") else name
+  """A modality by its name, or by an alias that names one (`text`, `speech`, as --modality takes them)."""
+  name = ALIASES[name][0] if name in ALIASES and len(ALIASES[name]) == 1 else name
   if name not in MODALITIES:
     raise ModalityError(f"unknown modality {name!r}: one of {', '.join(NAMES)} (or {', '.join(ALIASES)})")
   return MODALITIES[name]
@@ -76,24 +76,52 @@ def comparison_key(reference: str, other: str) -> str:
   return f"{other}_vs_{reference}"
 
 
-def label(name: str, protocol: str = "s2sbench") -> str:
-  """What a score is filed under: the modality, or `s2s_utterance` for S->S scored by the utterance protocol."""
-  return name if protocol == "s2sbench" else f"{name}_{protocol}"
+DEFAULT_PROTOCOL = "s2sbench"  # S2SBench's: prefix + candidate, the candidate's tokens scored (s2sjax.builds.PROTOCOLS)
 
 
-def canonical(scored_as: str) -> str:
-  """A label as this version writes it (earlier output directories say `text`, `speech`)."""
-  name, _, protocol = scored_as.partition("_")
-  return label(get(name).name, protocol or "s2sbench")
+class Label(str):
+  """What a score is filed under: the modality, or `s2s_utterance` for S->S scored by another protocol. A string
+  (file names, metrics.json keys) that carries its modality and protocol: made from them once, read back from a
+  key only where a file names it (`from_key`)."""
+
+  modality: Modality
+  protocol: str
+
+  def __new__(cls, modality: Modality | str, protocol: str = DEFAULT_PROTOCOL) -> "Label":
+    modality = get(modality) if isinstance(modality, str) else modality
+    label = super().__new__(cls, modality.name if protocol == DEFAULT_PROTOCOL else f"{modality.name}_{protocol}")
+    label.modality, label.protocol = modality, protocol
+    return label
+
+  def __getnewargs__(self):
+    return self.modality.name, self.protocol
+
+  @classmethod
+  def from_key(cls, key: str) -> "Label":
+    """The label a scores file's or metrics.json's key names (`s2t`, `s2s_utterance`)."""
+    if isinstance(key, Label):
+      return key
+    for name in NAMES:
+      if key == name or key.startswith(f"{name}_"):
+        return cls(MODALITIES[name], key[len(name) + 1:] or DEFAULT_PROTOCOL)
+    raise ModalityError(f"{key!r} names no modality: one of {', '.join(NAMES)}, or one followed by _<protocol>")
+
+  @property
+  def title(self) -> str:
+    """`S→T`, or `S→S (utterance)`."""
+    return self.modality.title + (f" ({self.protocol})" if self.protocol != DEFAULT_PROTOCOL else "")
+
+  @property
+  def order(self) -> tuple[int, str]:
+    """Sort key: the four modalities in their order, each protocol after its modality."""
+    return NAMES.index(self.modality.name), "" if self.protocol == DEFAULT_PROTOCOL else self.protocol
 
 
-def title(scored_as: str) -> str:
-  """`S→T`, or `S→S (utterance)`."""
-  name, _, protocol = scored_as.partition("_")
-  return get(name).title + (f" ({protocol})" if protocol else "")
+def title(label: str) -> str:
+  """A label's title, from the label or from the key a file gives it."""
+  return Label.from_key(label).title
 
 
-def order(scored_as: str) -> tuple[int, str]:
-  """Sort key: the four modalities in their order, each protocol after its modality."""
-  name, _, protocol = scored_as.partition("_")
-  return NAMES.index(get(name).name), protocol
+def order(label: str) -> tuple[int, str]:
+  """A label's sort key, from the label or from the key a file gives it."""
+  return Label.from_key(label).order

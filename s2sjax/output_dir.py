@@ -26,6 +26,7 @@ from typing import Any
 
 from absl import logging
 from etils import epath
+from s2sjax import cache
 from s2sjax.errors import UserError
 
 LOCK_NAME = ".s2sjax-lock"
@@ -131,15 +132,17 @@ def read_json(path, what: str = "", hint: str = "") -> Any:
                            + (f": {hint}" if hint else "")) from None
 
 
-def _alive_here(owner: dict) -> bool:
-  """Whether the lock's owner is a running process of this host (a lock from another host counts as alive)."""
-  if owner.get("host") != socket.gethostname():
+def process_alive(host: str | None, pid) -> bool:
+  """Whether `pid` is a running process of `host`: the one liveness probe of the lock and of staging folders
+  (s2sjax/staging.py). A process of another host, or one this user may not signal, counts as alive: nothing it may
+  still be using is taken from it."""
+  if host != socket.gethostname():
     return True
   try:
-    os.kill(int(owner.get("pid", -1)), 0)
+    os.kill(int(pid), 0)
   except ProcessLookupError:
     return False
-  except (PermissionError, ValueError):
+  except (PermissionError, ValueError, TypeError, OverflowError):
     return True
   return True
 
@@ -147,10 +150,13 @@ def _alive_here(owner: dict) -> bool:
 class RunLock:
   """`with RunLock(OUT):` — OUT is this run's until the block ends."""
 
-  def __init__(self, directory, break_lock: bool = False, name: str = LOCK_NAME):
+  def __init__(self, directory, break_lock: bool = False, name: str = LOCK_NAME,
+               unwritable: str = "cannot write to the output directory {directory} ({error}): choose another "
+                                 "--output_dir"):
     self.directory = epath.Path(directory)
     self.path = self.directory / name
     self.break_lock = break_lock
+    self.unwritable = unwritable  # what a directory that cannot be written is, and what to do
     self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "command": " ".join(sys.argv)[:500]}
 
@@ -161,8 +167,7 @@ class RunLock:
         self._take_over(self._owner())
       self._create()
     except OSError as e:
-      raise OutputError(f"cannot write to the output directory {self.directory} ({e.strerror or e}): choose "
-                        "another --output_dir") from e
+      raise OutputError(self.unwritable.format(directory=self.directory, error=e.strerror or e)) from e
     return self
 
   def _owner(self) -> dict | None:
@@ -180,7 +185,7 @@ class RunLock:
                           "if no run is writing it, rerun with --break_lock (or delete the file)")
       owner = {}
     where = f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
-    if _alive_here(owner) and not self.break_lock:
+    if process_alive(owner.get("host"), owner.get("pid", -1)) and not self.break_lock:
       raise LockHeldError(
         f"{self.directory} is being written by another run ({where}: {owner.get('command', '?')}): wait for it, "
         f"use another --output_dir, or if that run is dead, rerun with --break_lock (or delete {self.path})", owner)
@@ -214,12 +219,22 @@ class RunLock:
 LOCK_WAIT_S = 1.0
 
 
+def _unwritable(directory, subject: str, work: str) -> str:
+  """What a lock's folder that cannot be written is: the project's cache (`$S2SJAX_CACHE`), or a folder of the
+  user's."""
+  folder, root = os.path.abspath(str(directory)), os.path.abspath(cache.cache_dir())
+  if folder == root or folder.startswith(root + os.sep):
+    return (f"cannot write to the cache {{directory}} (${cache.ENV}={root}), where the {work} of {subject} goes "
+            f"({{error}}): set {cache.ENV} to a folder you can write")
+  return f"cannot write to {{directory}}, where the {work} of {subject} goes ({{error}})"
+
+
 @contextlib.contextmanager
 def waiting_lock(directory, name: str, subject: str, work: str):
   """`RunLock(directory, name=name)` held for the block. While a live run holds it, this one waits, saying once
   whose `work` on `subject` it waits for; the caller then finds what that run made (two first runs on one cache:
   one builds or converts, the other reuses it)."""
-  lock = RunLock(directory, name=name)
+  lock = RunLock(directory, name=name, unwritable=_unwritable(directory, subject, work))
   said = False
   while True:
     try:

@@ -1,6 +1,9 @@
 """Packs benchmark items (a prefix and the candidate continuations that follow it) into fixed-length rows.
 
-Row format (docs/architecture.md, "Packed rows"), every row the same shape so the scoring step compiles once:
+`pack_laid` is the engine every input format's packer hands its items to, once laid as the fields of its row
+format (`LaidItem`: per position, per target); `pack` lays the shared decoder's token items (below) and
+s2sjax/formats/streams.py its stream items. Token rows (docs/architecture.md, "Packed rows"), every row the same
+shape so the scoring step compiles once:
 
   tokens, segment_ids, branch_ids, positions   [L]      segment 0 = padding; branch 0 = the item's prefix,
                                                          branch c + 1 = candidate c's own tokens
@@ -22,12 +25,12 @@ scores are the same bits whatever shares its row (`scoring.Scorer(neighbour_free
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from s2sjax.errors import UserError
-from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS
+from s2sjax.rows import TOKEN_ROWS
 
 
 class PackingError(UserError, ValueError):
@@ -127,23 +130,25 @@ class _Unit:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Laid:
-  """An item as rows of either format take it: the fields its prefix writes per position, and per candidate the
-  fields it writes per position and per target: a target per position and one more (the last token or step,
-  which no scored position reads)."""
+class LaidItem:
+  """An item as a row format lays it, the unit every format's packer hands `pack_laid`: the fields its prefix
+  writes per position [P, ...], and per candidate the fields it writes per position and per target: a target per
+  position and one more (the last token or step, which no scored position reads, is a target only). `share`: laid
+  as one unit (`fits_shared`), else a prefix copy per candidate."""
 
-  prefix: dict[str, np.ndarray]
-  candidates: tuple[tuple[dict[str, np.ndarray], dict[str, np.ndarray]], ...]
-  share: bool  # laid as one unit (`lays_shared`), else a prefix copy per candidate
+  prefix: Mapping[str, np.ndarray]
+  candidates: tuple[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], ...]
+  share: bool
+  name: str = ""
 
 
-def _length(fields: dict[str, np.ndarray]) -> int:
+def _length(fields: Mapping[str, np.ndarray]) -> int:
   """How many positions (or targets) a laid part spans: the common length of its fields."""
   return len(next(iter(fields.values())))
 
 
-def _named(index: int, item: Item | StreamItem) -> str:
-  """The item's name in errors; refuses an item without candidates (either row format)."""
+def item_name(index: int, item) -> str:
+  """The item's name in errors (any format's item: a `name` and `candidates`); refuses one without candidates."""
   name = item.name or f"item {index}"
   if not item.candidates:
     raise PackingError(f"{name}: has no candidates")
@@ -151,7 +156,7 @@ def _named(index: int, item: Item | StreamItem) -> str:
 
 
 def _validate(index: int, item: Item, num_codebooks: int) -> str:
-  name = _named(index, item)
+  name = item_name(index, item)
   if len(item.prefix) == 0:
     raise PackingError(f"{name}: empty prefix")
   for c, candidate in enumerate(item.candidates):
@@ -169,16 +174,24 @@ def _laid_length(candidate: np.ndarray) -> int:
   return len(candidate) - 1
 
 
-def required_length(item: Item, share_prefix: bool) -> int:
+def _lengths(item: Item | LaidItem) -> tuple[int, list[int], list[int]]:
+  """(prefix positions, positions each candidate lays, targets each scores) of a token item or a laid one."""
+  if isinstance(item, LaidItem):
+    return (_length(item.prefix), [_length(positions) for positions, _ in item.candidates],
+            [_length(targets) for _, targets in item.candidates])
+  return len(item.prefix), [_laid_length(c) for c in item.candidates], [len(c) for c in item.candidates]
+
+
+def required_length(item: Item | LaidItem, share_prefix: bool) -> int:
   """Row length the item needs: its prefix plus all candidates as laid (shared), or plus the longest (not shared)."""
-  lengths = [_laid_length(c) for c in item.candidates]
-  return len(item.prefix) + (sum(lengths) if share_prefix else max(lengths))
+  prefix, laid, _ = _lengths(item)
+  return prefix + (sum(laid) if share_prefix else max(laid))
 
 
-def _scored_length(item: Item, share_prefix: bool) -> int:
+def _scored_length(item: Item | LaidItem, share_prefix: bool) -> int:
   """Targets the item needs in one row: all its candidates' tokens (shared), or the longest candidate's."""
-  lengths = [len(c) for c in item.candidates]
-  return sum(lengths) if share_prefix else max(lengths)
+  scored = _lengths(item)[2]
+  return sum(scored) if share_prefix else max(scored)
 
 
 # Short rows save nothing once attention is item-local (a token's cost is its item's, not its row's), while they
@@ -187,7 +200,7 @@ def _scored_length(item: Item, share_prefix: bool) -> int:
 AUTO_MIN_LENGTH = 1024
 
 
-def auto_row_length(items: Sequence[Item], share_prefix: bool, targets_per_token: float) -> int:
+def auto_row_length(items: Sequence[Item | LaidItem], share_prefix: bool, targets_per_token: float) -> int:
   """The row length of a build not given one: the smallest power of two, at least AUTO_MIN_LENGTH, that holds the
   longest item as laid, its candidates within the row's targets (`targets_per_token` of its length: a half for
   text candidates, all of it for spoken ones), and four median items, so that a row packs several and the padding
@@ -199,9 +212,10 @@ def auto_row_length(items: Sequence[Item], share_prefix: bool, targets_per_token
   return 1 << (need - 1).bit_length()
 
 
-def _fits_shared(prefix_len: int, laid: list[int], scored: list[int], shape: RowShape, share_prefix: bool) -> bool:
+def fits_shared(prefix_len: int, laid: Sequence[int], scored: Sequence[int], shape: RowShape,
+                share_prefix: bool) -> bool:
   """Whether, with sharing on, a prefix and candidates laying `laid` positions and scoring `scored` targets each
-  fit an empty row as one unit (positions, targets and slots), in either row format."""
+  fit an empty row as one unit (positions, targets and slots), in any row format."""
   return (share_prefix and prefix_len + sum(laid) <= shape.length and sum(scored) <= shape.max_targets
           and len(scored) <= shape.max_slots)
 
@@ -210,7 +224,7 @@ def lays_shared(item: Item, shape: RowShape, share_prefix: bool) -> bool:
   """Whether the item is laid as one shared unit: with sharing on, when prefix and all candidates fit an empty
   row. An item that does not is laid as the unshared mode lays it (a copy of the prefix per candidate), so both
   modes truncate the same prefix tokens and give the same numbers."""
-  return _fits_shared(len(item.prefix), [_laid_length(c) for c in item.candidates],
+  return fits_shared(len(item.prefix), [_laid_length(c) for c in item.candidates],
                       [len(c) for c in item.candidates], shape, share_prefix)
 
 
@@ -270,13 +284,34 @@ def pack(
     if item.prefix_codes is not None and shape.num_codebooks:
       prefix["audio_codes"] = item.prefix_codes[drop:]
     candidates = [np.asarray(candidate) for candidate in item.candidates]
-    laid.append(_Laid(prefix, tuple(({"tokens": c[:-1]}, {"target_ids": c}) for c in candidates), share))
-  return _pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report, align)
+    laid.append(LaidItem(prefix, tuple(({"tokens": c[:-1]}, {"target_ids": c}) for c in candidates), share, name))
+  return pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report, align)
 
 
-def _pack_laid(laid: list[_Laid], shape: RowShape, share_prefix: bool, empty: Callable[[int], dict[str, np.ndarray]],
-               report: PackReport, align: int = 1) -> tuple[dict[str, np.ndarray], PackReport]:
-  """First-fit-decreasing packing of laid items (either format) into `empty(count)` rows; completes the report."""
+def fit_laid(index: int, item: LaidItem, shape: RowShape, share_prefix: bool) -> bool:
+  """Whether a laid item of any format is laid shared (`fits_shared`); a PackingError naming it when even a prefix
+  copy per candidate does not fit an empty row (laid items are not truncated: a format that truncates does so
+  before it lays them)."""
+  name = item_name(index, item)
+  p = _length(item.prefix)
+  laid = [_length(positions) for positions, _ in item.candidates]
+  scored = [_length(targets) for _, targets in item.candidates]
+  if min(scored) == 0 or any(n != s - 1 for n, s in zip(laid, scored)):
+    raise PackingError(f"{name}: every candidate is scored on at least one target and lays one position fewer")
+  if max(scored) > shape.max_targets:
+    raise PackingError(f"{name}: a candidate of {max(scored)} targets exceeds a row's {shape.max_targets} targets")
+  if p + max(laid) > shape.length:
+    raise PackingError(f"{name}: {p} prefix + {max(laid)} candidate positions laid exceed the row length "
+                       f"{shape.length}")
+  return fits_shared(p, laid, scored, shape, share_prefix)
+
+
+def pack_laid(laid: Sequence[LaidItem], shape: RowShape, share_prefix: bool,
+              empty: Callable[[int], dict[str, np.ndarray]], report: PackReport | None = None,
+              align: int = 1) -> tuple[dict[str, np.ndarray], PackReport]:
+  """First-fit-decreasing packing of laid items (any format) into `empty(count)` rows, each field of an item written
+  where its part lies; completes the report."""
+  report = report or PackReport(items=len(laid))
   units = []
   for index, item in enumerate(laid):
     p = _length(item.prefix)
@@ -369,14 +404,14 @@ def longest_item(segment_ids: np.ndarray) -> int:
 
 
 def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
-  """`count` padding rows: they score nothing (all slots and targets unused)."""
-  return TOKEN_ROWS.empty(count, shape)
+  """`count` padding token rows: they score nothing (all slots and targets unused)."""
+  return TOKEN_ROWS.empty(count, shape, {"codebooks": shape.num_codebooks})
 
 
-def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[_Laid],
+def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[LaidItem],
              align: int = 1) -> None:
   """Lays row r (either format): per unit, from the next multiple of `align`, its prefix, then each candidate
-  branching from it (the positions its `_Laid` entry gives), a target per candidate token and a slot per
+  branching from it (the positions its `LaidItem` gives), a target per candidate token and a slot per
   candidate."""
   cursor, n_targets, n_slots = 0, 0, 0
   for segment, unit in enumerate(units, 1):
@@ -410,156 +445,3 @@ def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Se
       n_targets += n
       n_slots += 1
       cursor += n_laid
-
-
-# ---- Parallel streams: rows whose every position carries a text token and K codebook tokens ------------------------
-#
-# The stream row format (s2sjax/rows.py's STREAM_ROWS): per position S = 1 + K stream ids (text first) in delayed
-# step space, positions being step indices; per target the position whose temporal output predicts a step, that
-# predicted step's tokens [M, S] (`target_frame`: a depth model reads its earlier streams) and the weight of each
-# stream's token in the score [M, S] (`target_weight`, 0: not scored); one target per predicted step.
-#
-# Delays are applied here, once, when an item's rows are built (`delay_streams`): a candidate's steps then hold the
-# tail of the prefix's delayed streams, so they are built from prefix + candidate together; a delayed stream's
-# token is scored with the candidate it belongs to (its time, not its step, is the candidate's).
-# Rows may carry only the first S streams a model reads (the text and the model's own codebooks, as a spec lays
-# them): the model's scorer reads the streams past them as silence.
-
-
-def delay_streams(streams: np.ndarray, delays: Sequence[int], initial_ids: Sequence[int]) -> np.ndarray:
-  """Kyutai's `LMModel._delay_sequence` with its initial step: time-aligned streams [T, S] -> steps [T + 1, S],
-  where step 0 is every stream's initial token and step s + 1 of stream k holds streams[s - delays[k], k] (the
-  initial token while s < delays[k])."""
-  streams = np.asarray(streams)
-  if streams.ndim != 2 or streams.shape[1] != len(delays) or len(initial_ids) != len(delays):
-    raise PackingError(f"streams {streams.shape} do not match {len(delays)} delays and {len(initial_ids)} initial ids")
-  length = streams.shape[0]
-  steps = np.empty((length + 1, len(delays)), np.int32)
-  for k, (delay, initial) in enumerate(zip(delays, initial_ids)):
-    steps[: delay + 1, k] = initial
-    steps[delay + 1 :, k] = streams[: max(length - delay, 0), k]
-  return steps[: length + 1]
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamLayout:
-  """How a parallel-stream model reads its streams: per stream (text first) its delay and initial token, and which
-  streams the model predicts (`predicted`: text and the codebooks it has heads for; the rest, such as another
-  speaker's audio, are only read)."""
-
-  delays: tuple[int, ...]
-  initial_ids: tuple[int, ...]
-  predicted: int  # streams 0..predicted-1 have a head
-
-  @property
-  def num_streams(self) -> int:
-    return len(self.delays)
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamItem:
-  """One prefix and its candidates as time-aligned streams [T, S] (text first; -1 = no token, as upstream's zero
-  token), and which streams of a candidate are scored (`scored`, stream indices: (0,) the text stream, (1,) the
-  first codebook, ...). Tokens of -1 are never scored."""
-
-  prefix: np.ndarray
-  candidates: tuple[np.ndarray, ...]
-  scored: tuple[int, ...]
-  name: str = ""
-
-
-def _stream_unit_steps(item: StreamItem, layout: StreamLayout, flush: bool):
-  """(prefix steps [P + 1, S], per candidate (steps [n, S], weights [n, S])) in delayed step space. With `flush`,
-  each candidate runs max(delays) steps longer with -1 in every stream, so that its delayed streams' last tokens
-  are predicted too (upstream's forward leaves them out: the last `delay` steps of a delayed stream are masked)."""
-  prefix = np.asarray(item.prefix)
-  p = len(prefix)
-  extra = max(layout.delays) if flush else 0
-  delays = np.asarray(layout.delays)
-  prefix_steps = delay_streams(prefix, layout.delays, layout.initial_ids)
-  out = []
-  for candidate in item.candidates:
-    candidate = np.asarray(candidate)
-    tail = np.full((extra, layout.num_streams), -1, np.int32)
-    steps = delay_streams(np.concatenate([prefix, candidate, tail]), layout.delays, layout.initial_ids)[p + 1 :]
-    # step p + 1 + j holds stream k's token of time p + j - delay_k: the candidate's when that time is in [p, p + n)
-    time = np.arange(len(steps))[:, None] - delays[None, :]
-    weights = (time >= 0) & (time < len(candidate)) & (steps >= 0)
-    weights &= np.isin(np.arange(layout.num_streams), item.scored)[None, :]
-    out.append((steps, weights.astype(np.int32)))
-  return prefix_steps, out
-
-
-def _validate_stream_item(index: int, item: StreamItem, layout: StreamLayout) -> str:
-  name = _named(index, item)
-  for what, streams in [("prefix", item.prefix)] + [(f"candidate {c}", x) for c, x in enumerate(item.candidates)]:
-    streams = np.asarray(streams)
-    if streams.ndim != 2 or streams.shape[1] != layout.num_streams:
-      raise PackingError(f"{name}: {what} must be [T, {layout.num_streams}] streams, got {streams.shape}")
-    if what != "prefix" and len(streams) == 0:
-      raise PackingError(f"{name}: {what} is empty")
-  bad = [k for k in item.scored if not 0 <= k < layout.predicted]
-  if bad or not item.scored:
-    raise PackingError(f"{name}: scored streams {list(item.scored)} must be among the {layout.predicted} streams the "
-                       "model predicts (0 = text, k = codebook k - 1)")
-  return name
-
-
-def _stream_fit(index: int, item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool,
-                flush: bool) -> bool:
-  """Whether a valid item that fits a row is laid shared; a PackingError naming it otherwise. No truncation: a
-  delayed prefix cannot lose steps cleanly."""
-  name = _validate_stream_item(index, item, layout)
-  p = len(item.prefix) + 1  # the initial step opens every item
-  lengths = [len(c) + (max(layout.delays) if flush else 0) for c in item.candidates]  # steps predicted
-  laid = [n - 1 for n in lengths]  # as text: a candidate's last step is a target only
-  if max(lengths) > shape.max_targets:
-    raise PackingError(f"{name}: a candidate of {max(lengths)} steps exceeds a row's {shape.max_targets} targets")
-  if p + max(laid) > shape.length:
-    raise PackingError(f"{name}: {p} prefix + {max(laid)} candidate steps laid exceed the row length {shape.length}")
-  return _fits_shared(p, laid, lengths, shape, share_prefix)
-
-
-def check_stream_item(item: StreamItem, shape: RowShape, layout: StreamLayout, share_prefix: bool = True,
-                      flush: bool = False) -> None:
-  """Raises the PackingError (naming the item) that `pack_streams` would raise for it (see `check_item`)."""
-  _stream_fit(0, item, shape, layout, share_prefix, flush)
-
-
-def pack_streams(
-  items: Sequence[StreamItem],
-  shape: RowShape,
-  layout: StreamLayout,
-  share_prefix: bool = True,
-  flush: bool = False,
-) -> tuple[dict[str, np.ndarray], PackReport]:
-  """First-fit-decreasing packing of parallel-stream items (as `pack`, one target per predicted step); rows carry
-  the layout's streams. An item that does not fit a row is an error naming it."""
-  laid = []
-  for index, item in enumerate(items):
-    share = _stream_fit(index, item, shape, layout, share_prefix, flush)
-    prefix_steps, candidates = _stream_unit_steps(item, layout, flush)
-    laid.append(_Laid({STREAM_ROWS.marker: prefix_steps}, tuple(
-      ({STREAM_ROWS.marker: steps[:-1]}, {"target_frame": steps, "target_weight": weights})
-      for steps, weights in candidates), share))
-  return _pack_laid(laid, shape, share_prefix, lambda count: empty_stream_rows(count, shape, layout.num_streams),
-                    PackReport(items=len(items)))
-
-
-def empty_stream_rows(count: int, shape: RowShape, num_streams: int) -> dict[str, np.ndarray]:
-  """`count` padding rows of parallel streams: they score nothing."""
-  return STREAM_ROWS.empty(count, shape, num_streams)
-
-
-def scored_streams(weights: Sequence[int]) -> tuple[int, ...]:
-  """The streams a protocol's per-stream weights score (`StreamItem.scored`): those of positive weight."""
-  return tuple(k for k, w in enumerate(weights) if w > 0)
-
-
-def weigh_streams(rows: dict[str, np.ndarray], weights: Sequence[int]) -> dict[str, np.ndarray]:
-  """Rows packed by `pack_streams` (each scored token's `target_weight` 1) -> the same rows with each scored
-  token weighted as a protocol's per-stream weights say."""
-  weights = np.asarray(weights, np.int32)
-  if rows["target_weight"].shape[-1] != len(weights):
-    raise ValueError(f"rows carry {rows['target_weight'].shape[-1]} streams, the weights are for {len(weights)}")
-  return {**rows, "target_weight": rows["target_weight"] * weights}

@@ -6,17 +6,27 @@ r"""Plans an evaluation before it runs: memory per chip, a mesh that fits, and t
 Memory per chip = parameters (split over the `model` axis) + the scoring step's activations for the rows a chip
 holds, at the larger of its two phases (`activation_bytes`); it agrees with XLA's own memory analysis of the
 compiled step within 20% (tests). Time = the benchmark's FLOPs / (chips x peak x MFU).
+
+`s2sjax.eval` asks the same figures before it compiles anything (`check_step_memory`): a step that cannot fit a
+device (rows of 16,384 tokens for one long story, `--batch_size=4096`) is refused with them, not after minutes of
+compiling.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from typing import TYPE_CHECKING
 
 from absl import flags
 
 from s2sjax import benchmarks, cli, families
+from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
+
+if TYPE_CHECKING:  # the attention modules bring jax (seconds): a plan of a named model runs without it
+  from s2sjax.packing import RowShape
 
 TARGET_CHUNK = 256
 
@@ -53,19 +63,82 @@ def param_bytes(config: ModelConfig, dtype: str) -> int:
   return config.num_params() * bytes_of(dtype)
 
 
-def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, model_parallel: int = 1) -> int:
+def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, model_parallel: int = 1,
+                     keys: int | None = None) -> int:
   """Peak live activations of the scoring step for `rows` rows on one chip (heads, mlp and vocab split
   `model_parallel` ways): the larger of the layer phase (fp32 attention scores, their masked copy and the
-  probabilities, about three [rows, heads, L, L] buffers, plus MLP and residual activations and the mask) and the
-  head phase (one chunk of fp32 logits plus the gathered hidden states)."""
+  probabilities, about three [rows, heads, L, keys] buffers, plus MLP and residual activations and the mask) and
+  the head phase (one chunk of fp32 logits plus the gathered hidden states). `keys`: what each query's scores
+  span (`attention_keys`); the whole row by default."""
   b = bytes_of(dtype)
+  keys = length if keys is None else keys
   heads = math.ceil(config.num_heads / model_parallel)
-  scores = rows * heads * length * length * 4
+  scores = rows * heads * length * keys * 4
   mlp = rows * length * math.ceil(config.intermediate_size / model_parallel) * b
   residual = rows * length * config.hidden_size * b
-  layer_phase = 3 * scores + 2 * mlp + 2 * residual + rows * length * length
+  layer_phase = 3 * scores + 2 * mlp + 2 * residual + rows * length * keys
   head_phase = rows * TARGET_CHUNK * math.ceil(config.vocab_size / model_parallel) * 4 + 2 * residual
   return max(layer_phase, head_phase)
+
+
+def attention_keys(shape: RowShape, attention: str) -> int:
+  """Keys per query whose scores the step holds in memory: none for the fused kernels (flash, cudnn: scores live
+  in on-chip blocks), the item-local window where the shape records its longest item, else the whole row."""
+  from s2sjax.model import layers
+
+  if attention in layers.FLASH_IMPLEMENTATIONS or layers.FUSED_IMPLEMENTATIONS.get(attention):
+    return 0
+  window = layers.local_window(shape.max_item, shape.length)
+  return window.span if window else shape.length
+
+
+def device_memory(device) -> int:
+  """Bytes one device may use: what it reports (accelerators), else the host's memory shared by its devices."""
+  import jax
+
+  stats = device.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return host // max(len(jax.local_devices(backend=device.platform)), 1)
+
+
+class MemoryPlanError(UserError, ValueError):
+  """A scoring step the planner can tell will not fit a device's memory."""
+
+
+# `activation_bytes` against XLA's analysis of the compiled step: within 20% over whole rows, up to 2x over with
+# item-local windows (XLA fuses some of the three score buffers there), never under by more than 10%. So a step
+# estimated at more than twice a device's memory cannot fit, and one below may.
+ESTIMATE_OVER = 2.0
+
+
+def check_step_memory(config, shapes: list[RowShape], batch_size: int, dtype: str, attention: str, mesh) -> None:
+  """Refuses, before anything is compiled, a scoring step whose parameters and activations (`activation_bytes`)
+  would need more than ESTIMATE_OVER x a device's memory, naming the figures and what to lower. Architectures other
+  than the shared decoder (Moshi's) are not planned here."""
+  if not isinstance(config, ModelConfig):
+    return
+  data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
+  rows = math.ceil(batch_size / data_parallel)
+  params = param_bytes(config, dtype) / (model_parallel * mesh.shape["fsdp"])
+  memory = device_memory(mesh.devices.flat[0])
+  gib = lambda n: f"{n / 2**30:,.1f} GiB"
+  for shape in shapes:
+    keys = attention_keys(shape, attention)
+    per_row = activation_bytes(config, 1, shape.length, dtype, model_parallel, keys)  # every term grows with rows
+    if params + rows * per_row <= ESTIMATE_OVER * memory:
+      continue
+    activations = rows * per_row
+    most = max(int((ESTIMATE_OVER * memory - params) // per_row), 0)  # rows per device that may fit
+    remedy = (f"--batch_size={most * data_parallel} or less may fit" if most else
+              f"not even one row fits: rebuild with a shorter --row_length (its rows hold the longest item, "
+              f"{shape.max_item:,} tokens; --overlong=truncate_prefix cuts long prefixes) or split the model over "
+              "more devices (--mesh=...,model:N)")
+    raise MemoryPlanError(
+      f"the scoring step would need about {gib(params + activations)} per device ({gib(params)} of parameters + "
+      f"{gib(activations)} of activations: {rows} row(s) of {shape.length:,} tokens, attention over {keys:,} keys "
+      f"each with --attention={attention}), more than twice a device's {gib(memory)}: {remedy}")
 
 
 def forward_flops(config: ModelConfig, tokens: float, context: float, scored: float) -> float:

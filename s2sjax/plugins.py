@@ -12,18 +12,50 @@ from __future__ import annotations
 import importlib
 import os
 
+from s2sjax.errors import UserError
+
 ENV = "S2SJAX_PLUGINS"
 _loaded: set[str] = set()
 
 
+class PluginError(UserError, ImportError):
+  """A module named in $S2SJAX_PLUGINS that is not there, or whose import fails (its own error is chained: the
+  command's --verbosity=1 prints its traceback)."""
+
+
 def load_plugins() -> None:
-  """Imports every module named in $S2SJAX_PLUGINS not imported yet; one that fails to import is an error."""
+  """Imports every module named in $S2SJAX_PLUGINS not imported yet; one that fails to import is a PluginError
+  naming the module and its error."""
   for name in filter(None, (part.strip() for part in os.environ.get(ENV, "").split(","))):
     if name in _loaded:
       continue
     _loaded.add(name)  # before the import: a plugin that reads a registry while registering must not recurse
     try:
       importlib.import_module(name)
-    except ImportError as e:
+    except Exception as e:  # the plugin is the user's code: any error it raises on import is theirs to mend
       _loaded.discard(name)
-      raise ImportError(f"{ENV} names {name!r}, which cannot be imported ({e})") from e
+      missing = isinstance(e, ModuleNotFoundError) and e.name == name
+      why = "no such module on the Python path" if missing else f"{type(e).__name__}: {e}"
+      _print_one_line_if_uncaught()
+      raise PluginError(f"{ENV} names {name!r}, which cannot be imported ({why})") from e
+
+
+def _print_one_line_if_uncaught() -> None:
+  """Registries load the plugins when first listed, which a command line does while it defines its flags
+  (`--task`'s choices), before `cli.run` turns user errors into one line: so an uncaught PluginError is printed
+  as `error: ...` here too (its traceback with --verbosity), and anything else as Python prints it."""
+  import sys
+
+  previous = sys.excepthook
+  if getattr(previous, "prints_plugin_errors", False):
+    return
+
+  def hook(kind, error, traceback):
+    verbose = any(a.split("=")[0].lstrip("-") in ("verbosity", "v") for a in sys.argv[1:])
+    if isinstance(error, PluginError) and not verbose:
+      print(f"error: {error}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
+    else:
+      previous(kind, error, traceback)
+
+  hook.prints_plugin_errors = True
+  sys.excepthook = hook

@@ -7,8 +7,7 @@ metadata; the evaluator reads it back.
 `QuestionScores`: per question and candidate, summed NLL and token count (mean NLL = S2SBench's loss), with the
 right candidate and the candidate texts. Metrics and result files take it; `scores.jsonl` is its file form
 (`to_lines` / `from_lines`, exact), so an output directory's summaries are recomputed from its files. A line's
-`is_answer` marks the question's right candidate (whatever the model made of it); files written before it was
-named so call it `correct`, and are read too.
+`is_answer` marks the question's right candidate (whatever the model made of it).
 """
 
 from __future__ import annotations
@@ -21,16 +20,6 @@ import numpy as np
 from s2sjax.output_dir import DamagedFileError
 
 ANSWER_FIELD = "is_answer"  # a scores.jsonl line's mark of the right candidate
-OLD_ANSWER_FIELD = "correct"  # its name in files written before
-
-
-def _answer_named_as_now(line: dict) -> dict:
-  """A scores line with the right candidate's mark under this version's name."""
-  if ANSWER_FIELD in line or OLD_ANSWER_FIELD not in line:
-    return line
-  line = dict(line)
-  line[ANSWER_FIELD] = line.pop(OLD_ANSWER_FIELD)
-  return line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +61,10 @@ class QuestionTable:
     """How many candidates each packed item holds: what the rows must hold."""
     if not len(self):
       return []
-    items = self.slots[..., 0].ravel()
-    return np.bincount(items, minlength=items.max() + 1).tolist()
+    items, within = self.slots[..., 0].ravel(), self.slots[..., 1].ravel()
+    counts = np.zeros(items.max() + 1, np.int64)
+    np.maximum.at(counts, items, within + 1)  # candidates of the same tokens share one laying (tasks/build.py)
+    return counts.tolist()
 
   def scores(self, nll_sum: np.ndarray, n_tokens: np.ndarray) -> "QuestionScores":
     """Per-question scores from per-(item, candidate) arrays [items, max candidates] (scoring.collect's)."""
@@ -133,7 +124,6 @@ class QuestionScores:
   def from_lines(cls, lines: list[dict], where: str = "scores") -> "QuestionScores":
     """Back from `to_lines` (every question complete, one right candidate), exactly: summaries of an output
     directory are recomputed from its files."""
-    lines = [_answer_named_as_now(line) for line in lines]
     by_question: dict[str, list[dict]] = {}
     for line in lines:
       by_question.setdefault(str(line["question"]), []).append(line)

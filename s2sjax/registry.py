@@ -48,6 +48,11 @@ class Registry(Generic[T]):
     plugins.load_plugins()  # a user's modules register themselves before the first listing
     return self._records
 
+  def registered(self) -> list[T]:
+    """The records registered so far, without importing plugins: what a registration's own checks read (a plugin
+    imported halfway through the package's registrations would come before them)."""
+    return list(self._records.values())
+
   def names(self) -> list[str]:
     """Every registered name, in registration order (the package's own first)."""
     return list(self._loaded())

@@ -6,7 +6,8 @@ TensorBoard scalars.
                                                                         s2t, t2s, s2s, s2s_utterance)
     OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality; the
                                                                         degradation matrix (metrics.json, table.md)
-    OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints)
+    OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints;
+                                                                        a line per run: the checkpoints' folder)
 
 The summaries (metrics.json, the tables, the curves) are recomputed from every completed scores file in OUT
 (`read_runs`), so a later run of another task, modality or checkpoint adds to them and never drops what is there.
@@ -20,6 +21,7 @@ etils `epath`, so OUT may be a `gs://` bucket.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -28,9 +30,9 @@ import sys
 import numpy as np
 from etils import epath
 
-from s2sjax import benchmarks, modalities
+from s2sjax import benchmarks, checkpoint_paths, modalities
 from s2sjax.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
-from s2sjax.evaluator import summarize
+from s2sjax.metrics import summarize
 from s2sjax.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.questions import QuestionScores
 
@@ -120,7 +122,7 @@ def read_runs(out_dir) -> list[dict]:
       task, _, modality = name.rpartition("-")
       path = record_path.parent / f"{name}{SCORES_SUFFIX}"
       checked = _checked_scores(out_dir, folder, path, task, modality)
-      scores[(task, modalities.canonical(modality))] = checked  # earlier versions wrote text, speech
+      scores[(task, modalities.Label.from_key(modality))] = checked
     summary = summarize(scores, record.get("ties"))
     runs.append({**record, "tasks": {k: v for k, v in summary.items() if k != "degradation"},
                  "degradation": summary.get("degradation", {})})
@@ -184,28 +186,54 @@ def write_tables(out_dir, runs: list[dict]) -> None:
   _write_text(epath.Path(out_dir) / "table.csv", buffer.getvalue())
 
 
+@dataclasses.dataclass(frozen=True)
+class Line:
+  label: str
+  steps: list[int]
+  values: list[float]
+  style: str  # matplotlib's: "-" solid, "--" dashed
+
+
+def curve_lines(history: list[dict]) -> dict[str, list[Line]]:
+  """The lines of each figure (`accuracy`, `loss`): one per run x task x modality (x positive / negative loss),
+  through its checkpoints in step order. A run is the folder its checkpoints lie in (`checkpoint_paths.run_folder`):
+  `ckpts/*/step_*` over runA and runB draws each run's own curve, named by its folder, as a person comparing two
+  runs reads them; one line through both would jump between them at every step they share."""
+  points = sorted((h for h in history if h.get("step") is not None), key=lambda h: h["step"])
+  run_of = lambda h: checkpoint_paths.run_folder(h["path"]) if h.get("path") else ""  # a training loop's: one run
+  folders = sorted({run_of(h) for h in points})
+  run_label = dict(zip(folders, checkpoint_paths.run_names(folders) if len(folders) > 1 else [""] * len(folders)))
+  series = sorted({(t, m) for h in points for t, v in h["tasks"].items() for m in v})
+  figures = {}
+  for name, keys in (("accuracy", ["accuracy"]), ("loss", ["positive_loss", "negative_loss"])):
+    figures[name] = []
+    for folder in folders:
+      run = [h for h in points if run_of(h) == folder]
+      for task, modality in series:
+        for key in keys:
+          values = [h["tasks"].get(task, {}).get(modality, {}).get(key, np.nan) for h in run]
+          label = " ".join(filter(None, (run_label[folder], benchmarks.get(task).title, modalities.title(modality),
+                                         key.split("_")[0] if len(keys) > 1 else "")))
+          figures[name].append(Line(label, [h["step"] for h in run],
+                                    [100 * v if name == "accuracy" else v for v in values],
+                                    "--" if key == "negative_loss" else "-"))
+  return figures
+
+
 def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
-  """Accuracy and positive/negative loss over steps, one line per task x modality (paper Appendix A)."""
-  points = [h for h in history if h.get("step") is not None]
-  if len(points) < 2:  # before importing matplotlib: an interrupted run writes its summaries within seconds
-    return []
+  """Accuracy and positive/negative loss over steps, one line per run x task x modality (paper Appendix A)."""
+  if sum(h.get("step") is not None for h in history) < 2:  # before importing matplotlib: an interrupted run
+    return []                                                # writes its summaries within seconds
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  points.sort(key=lambda h: h["step"])
-  steps = [h["step"] for h in points]
-  series = sorted({(t, m) for h in points for t, v in h["tasks"].items() for m in v})
   paths = []
-  for name, keys in (("accuracy", ["accuracy"]), ("loss", ["positive_loss", "negative_loss"])):
+  for name, lines in curve_lines(history).items():
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for task, modality in series:
-      for key in keys:
-        ys = [h["tasks"].get(task, {}).get(modality, {}).get(key, np.nan) for h in points]
-        style = "--" if key == "negative_loss" else "-"
-        label = f"{benchmarks.get(task).title} {modalities.title(modality)}" + (f" {key.split('_')[0]}" if len(keys) > 1 else "")
-        ax.plot(steps, [100 * y if name == "accuracy" else y for y in ys], style, marker="o", label=label)
+    for line in lines:
+      ax.plot(line.steps, line.values, line.style, marker="o", label=line.label)
     ax.set_xlabel("training step")
     ax.set_ylabel("accuracy (%)" if name == "accuracy" else "mean NLL (nats/token)")
     ax.grid(alpha=0.3)
@@ -223,16 +251,22 @@ def plot_curves(out_dir, history: list[dict]) -> list[epath.Path]:
 SCALARS = ("accuracy", "positive_loss", "negative_loss", "loss_gap")
 
 
+def scalars(tasks: dict, degradation: dict) -> dict[str, float]:
+  """The headline numbers of one evaluation by their scalar names, `<task>/<modality>/<metric>` and
+  `<task>/degradation/<pair>`: what TensorBoard and a training stack's tracker are given (a run record's `tasks`
+  and `degradation`, or `Evaluator.evaluate`'s result and its "degradation")."""
+  found = {f"{task}/{modality}/{key}": float(values[key]) for task, by_modality in tasks.items()
+           for modality, values in by_modality.items() for key in SCALARS}
+  found.update({f"{task}/degradation/{pair}": float(report["degradation"]) for task, matrix in degradation.items()
+                for pair, report in matrix.items()})
+  return found
+
+
 def write_tensorboard(out_dir, run: dict, step: int) -> None:
-  """The run's headline numbers as TensorBoard scalars (`<task>/<modality>/<metric>`, `<task>/degradation`), via
-  tensorboardX (the `tensorboard` extra), so no TensorFlow is needed."""
+  """The run's headline numbers as TensorBoard scalars (`scalars`), via tensorboardX (the `tensorboard` extra), so
+  no TensorFlow is needed."""
   from tensorboardX import SummaryWriter
 
   with SummaryWriter(str(epath.Path(out_dir) / "tensorboard")) as writer:
-    for task, by_modality in run["tasks"].items():
-      for modality, values in by_modality.items():
-        for key in SCALARS:
-          writer.add_scalar(f"{task}/{modality}/{key}", values[key], step)
-    for task, matrix in run["degradation"].items():
-      for pair, report in matrix.items():
-        writer.add_scalar(f"{task}/degradation/{pair}", report["degradation"], step)
+    for name, value in scalars(run["tasks"], run["degradation"]).items():
+      writer.add_scalar(name, value, step)

@@ -33,7 +33,7 @@ from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
 from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, longest_item, neighbour_free_bound
 from s2sjax.progress import Progress
-from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS
+from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS, RowFormat
 
 
 class ScoringError(UserError, ValueError):
@@ -174,14 +174,16 @@ class _RowScorer:
                fields: tuple[str, ...], ndim: dict[str, int], empty: Callable[[int, dict], dict],
                score: Callable[[Params, dict], dict]):
     """fields: the step's batch fields, `row_id` among them; ndim: those that are not [B, L] or [B, M];
-    empty(count, rows): `count` padding rows of the format (and of `rows`' stream count, where it has one)."""
+    empty(count, rows): `count` padding rows of the format (and of `rows`' stream count, where it has one).
+    param_axes None: parameters are placed by their owner (a training loop's own model) and used where they are."""
     self.config, self.shape, self._fields, self._empty = config, shape, fields, empty
     self.mesh = mesh or sharding.make_mesh()
     data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     # Every step's batch is a multiple of the data-parallel devices (and so of the processes).
     self.batch_size = math.ceil(batch_size / data_parallel) * data_parallel
     self.local_batch = self.batch_size // jax.process_count()
-    self.param_shardings = sharding.logical_to_sharding(param_axes, abstract, self.mesh)
+    self.param_shardings = (None if param_axes is None
+                            else sharding.logical_to_sharding(param_axes, abstract, self.mesh))
     batch_spec = lambda ndim: NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
     ndim = {"row_id": 1, **ndim}
     self._batch_shardings = {name: batch_spec(ndim.get(name, 2)) for name in fields}
@@ -193,7 +195,7 @@ class _RowScorer:
 
     self._step = jax.jit(
       step,
-      in_shardings=(self.param_shardings, self._batch_shardings),
+      in_shardings=None if self.param_shardings is None else (self.param_shardings, self._batch_shardings),
       out_shardings=sharding.replicated(self.mesh),
     )
 
@@ -207,6 +209,12 @@ class _RowScorer:
   def compiled_count(self) -> int:
     """How many times the step has been compiled (one per row shape)."""
     return self._step._cache_size()
+
+  @property
+  def step_identity(self) -> str:
+    """What of the compiled step changes a chunk's bits beyond the model and the rows (chunks of another step are
+    scored again, never mixed): an architecture's own step reads every key of the row."""
+    return "streams window None"
 
   def _agree_across_processes(self, num_rows: int) -> None:
     mine = np.array([num_rows, self.shape.length, self.shape.max_targets, self.shape.max_slots,
@@ -242,7 +250,8 @@ class _RowScorer:
     num_rows = len(rows["segment_ids"])
     self._check_widths(rows)
     self._agree_across_processes(num_rows)
-    params = jax.device_put(params, self.param_shardings)
+    if self.param_shardings is not None:
+      params = jax.device_put(params, self.param_shardings)
     count, index = jax.process_count(), jax.process_index()
     mine = np.arange(index, num_rows, count)
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
@@ -318,6 +327,12 @@ class Scorer(_RowScorer):
     super().__init__(config, shape, mesh, batch_size, param_logical_axes(config), abstract_params(config),
                      TOKEN_ROWS.step_fields, {name: 3 for name in TOKEN_ROWS.wide},
                      lambda count, rows: empty_rows(count, shape), score)
+
+  @property
+  def step_identity(self) -> str:
+    """The attention kernel and its item-local window, which spans the longest item of every task sharing the step
+    (so T->T run beside S->T is scored by another program than T->T alone, ~1e-6 nats apart)."""
+    return f"{self.attention} window {self.window}"
 
   def lower_abstract(self, param_dtype=jnp.float32, platforms: tuple[str, ...] | None = None) -> jax.stages.Lowered:
     """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
@@ -399,26 +414,27 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
   return CandidateScores(total, count)
 
 
-# ---- Stream rows -----------------------------------------------------------------------------------------------------
+# ---- Rows of an architecture's own format ---------------------------------------------------------------------------
 #
-# The same driver for rows of parallel streams (`packing.pack_streams`, s2sjax/rows.py's STREAM_ROWS): a target is
-# one predicted step, its tokens weighted per stream by `target_weight`, so `n_tokens` counts a candidate's steps.
-# The step itself is the architecture's (its model, its heads): `score_batch(config, dtype, target_chunk, num_slots,
-# params, batch)` returns per target `target_nll` and per slot `nll_sum` and `n_tokens`, as `score_batch` above;
-# `check_ids(rows, config)` refuses ids beyond the model's tables.
+# The same driver for rows of another format: parallel streams (s2sjax/formats/streams.py, where a target is one
+# predicted step, its tokens weighted per stream by `target_weight`, so `n_tokens` counts a candidate's steps) or a
+# plugin's (tests/plugins/toy_features.py). The step itself is the architecture's (its model, its heads):
+# `score_batch(config, dtype, target_chunk, num_slots, params, batch)` returns per target `target_nll` and per slot
+# `nll_sum` and `n_tokens`, as `score_batch` above; `check_ids(rows, config)` refuses ids beyond the model's tables.
 
 
 class StreamScorer(_RowScorer):
-  """`Scorer` for stream rows: one compiled step per row shape (and stream count) over a mesh, rows split over
-  processes; the model's step, id check and parameter tree come from its architecture."""
+  """`Scorer` for rows of an architecture's own format (stream rows unless `row_format` says otherwise): one
+  compiled step per row shape (and width) over a mesh, rows split over processes; the model's step, id check and
+  parameter tree come from its architecture."""
 
   def __init__(self, config, shape: RowShape, score_batch: Callable, check_ids: Callable, abstract: Params,
                param_axes: Params, mesh: Mesh | None = None, batch_size: int = 8, dtype=jnp.float32,
-               target_chunk: int = 256):
+               target_chunk: int = 256, row_format: RowFormat = STREAM_ROWS):
     score = lambda params, batch: score_batch(config, dtype, target_chunk, shape.max_slots, params, batch)
-    empty = lambda count, rows: STREAM_ROWS.empty(count, shape, STREAM_ROWS.width_of(rows))
-    super().__init__(config, shape, mesh, batch_size, param_axes, abstract, STREAM_ROWS.step_fields,
-                     {name: 3 for name in STREAM_ROWS.wide}, empty, score)
+    empty = lambda count, rows: row_format.empty(count, shape, row_format.widths_of(rows))
+    super().__init__(config, shape, mesh, batch_size, param_axes, abstract, row_format.step_fields,
+                     {name: 3 for name in row_format.wide}, empty, score)
     self._check_ids = check_ids
 
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:

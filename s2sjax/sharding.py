@@ -43,11 +43,16 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 def parse_mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
   """'data:-1,model:2' -> {'data': n/2, 'fsdp': 1, 'model': 2}; one axis may be -1 (all remaining devices)."""
   sizes = {axis: 1 for axis in MESH_AXES}
-  free = None
+  free, named = None, set()
   for part in filter(None, (p.strip() for p in spec.split(","))):
     name, _, value = part.partition(":")
     if name not in MESH_AXES or not value.lstrip("-").isdigit():
       raise MeshError(f"bad mesh entry {part!r} in {spec!r}: expected AXIS:SIZE with AXIS in {MESH_AXES}")
+    if name in named:  # the last would win without a word
+      raise MeshError(f"mesh {spec!r} names axis {name!r} twice: give each axis once")
+    named.add(name)
+    if int(value) == 0 or int(value) < -1:
+      raise MeshError(f"mesh {spec!r}: {name}:{value} is no size (a positive count, or -1 for the devices left)")
     if int(value) == -1:
       if free is not None:
         raise MeshError(f"mesh {spec!r}: only one axis may be -1")

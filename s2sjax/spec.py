@@ -1,11 +1,12 @@
 """The speech-LLM spec: everything that differs between speech LLMs when their benchmark rows are built.
 
 A spec is a small YAML (presets: `SPECS`, the package's `s2sjax/specs/*.yaml` and a plugin's own): how audio
-enters the model (`none`, `extended_vocab`: unit k is an ordinary token; `codebook_tables`: K codebooks summed at
-a placeholder token; the stream mode, `STREAMS_MODE`: a text stream and K codebook streams side by side, one step
-per audio frame, in stream rows, s2sjax/rows.py), which audio tokenizer makes the units, the special tokens around
-audio, whether the model reads text at all (a unit LM does not), and the prompt templates. Per modality
-(s2sjax.modalities), the prefix, then the scored candidate:
+enters the model (`audio_mode`, the name of a registered input format, s2sjax/formats: `none`; `extended_vocab`:
+unit k is an ordinary token; `codebook_tables`: K codebooks summed at a placeholder token; `parallel_streams`: a
+text stream and K codebook streams side by side, one step per audio frame; or a plugin's), which audio tokenizer
+makes the units, the special tokens around audio, whether the model reads text at all (a unit LM does not), and
+the prompt templates. The format checks what it asks of a spec and says which modalities it cannot be asked. Per
+modality (s2sjax.modalities), the prefix, then the scored candidate:
 
   T->T: first + separator | candidate text                   (S2SBench's; separator " " in English, "" in Chinese)
   S->T: instruction + [start] units(first) [end] | candidate text        (S2SBench's; instruction per language)
@@ -25,7 +26,7 @@ used.
 A spoken candidate is scored on its units only, as a text one on its tokens; no end token is scored. The
 `utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
 
-Specs of the stream mode have no templates: the streams of prefix and candidate are laid by the protocol of the
+Specs of `parallel_streams` have no templates: the streams of prefix and candidate are laid by the protocol of the
 architecture that reads them (`architecture`, by default the first registered one that reads stream rows:
 s2sjax/architectures), audio on the codebook streams, text on the text stream, -1 where a stream is silent,
 delayed per stream by `stream_delays` when rows are built; a delayed stream opens with its initial token
@@ -43,20 +44,17 @@ from typing import Any, Mapping
 
 import yaml
 
-from s2sjax.errors import UserError
-from s2sjax.families.family import AUDIO_INPUTS
-from s2sjax.modalities import SPEECH, Modality
+from s2sjax import formats
+from s2sjax.errors import UnknownNameError, UserError
+from s2sjax.modalities import Modality
 from s2sjax.registry import Registry
-from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS, RowFormat
+from s2sjax.rows import RowFormat
 
 SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
-# Not a way the shared decoder takes audio (families/family.py's AUDIO_INPUTS) but rows of another format: a text
-# stream and codebook streams read side by side by an architecture of its own (s2sjax/architectures).
-STREAMS_MODE = STREAM_ROWS.audio_mode
-AUDIO_MODES = ("none",) + AUDIO_INPUTS + (STREAMS_MODE,)  # no audio, a way a family takes audio tokens, streams
-# Keys only stream-mode specs set: left out of the other specs' `as_dict`, so their digests (and so the names
-# and fingerprints of data built with them) stay as they were.
-STREAM_KEYS = ("stream_delays", "text_initial_id")
+# Keys a spec sets only when it uses them (a format's own keys, chat turns, an architecture, format options): an
+# unset one is no part of what the spec is, so it is left out of `as_dict` and so of the digest that names the
+# data built with it.
+UNSET_UNLESS_USED = ("stream_delays", "text_initial_id", "chat", "architecture", "options")
 CHAT_KEYS = ("speech", "text", "reply")  # `chat`: what opens the user turn for each kind of prefix, then the reply
 
 # S2SBench's s2t prompt (s2t_infer_ppl.py) and t2t separator (t2t_infer_ppl.py).
@@ -87,50 +85,42 @@ class Spec:
   bos_id: int | None = None  # without a text vocabulary: the id that opens every sequence (SlamKit's 1)
   stream_delays: tuple[int, ...] | None = None  # streams: per stream (text, then each codebook) its delay
   text_initial_id: int | None = None  # streams: the text stream's initial token (the model's text vocabulary size)
-  # streams: the registered architecture whose protocol lays them (s2sjax/architectures); None: the first that
-  # reads stream rows. Left out of `as_dict` when None, so the digests of the specs before it stay as they were.
+  # The registered architecture that scores its rows and whose protocol lays stream rows (s2sjax/architectures);
+  # None: the first that reads the format's rows.
   architecture: str | None = None
   speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
   text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
   chat: dict[str, str] | None = None  # an instruct model's turns (CHAT_KEYS), in place of the templates above
+  options: dict[str, Any] | None = None  # settings only the input format reads (its `check_spec` holds them)
 
   def __post_init__(self):
+    try:
+      input_format = formats.get(self.audio_mode)
+    except UnknownNameError as e:
+      raise SpecError(f"spec {self.name}: {e.args[0]}") from None
     if self.chat is not None and (set(self.chat) != set(CHAT_KEYS) or not self.text_vocabulary
-                                  or self.audio_mode == STREAMS_MODE):
+                                  or not input_format.chat):
       raise SpecError(f"spec {self.name}: chat needs exactly the keys {', '.join(CHAT_KEYS)} (found "
-                      f"{', '.join(sorted(self.chat))}), a text vocabulary and token rows")
-    if self.audio_mode not in AUDIO_MODES:
-      raise SpecError(f"spec {self.name}: audio_mode {self.audio_mode!r} is not one of {AUDIO_MODES}")
-    if self.audio_mode == "codebook_tables" and not self.placeholder_token:
-      raise SpecError(f"spec {self.name}: codebook_tables needs placeholder_token")
-    if self.audio_mode == "extended_vocab":
-      if len(self.codebook_sizes) != 1 or (self.unit_token is None) == (self.unit_offset is None):
-        raise SpecError(f"spec {self.name}: extended_vocab needs one codebook and exactly one of unit_token, "
-                        "unit_offset")
-    if self.audio_mode != "none" and not self.audio_tokenizer.get("type"):
+                      f"{', '.join(sorted(self.chat))}), a text vocabulary and an audio_mode that lays chat turns")
+    for key in (f.name for f in dataclasses.fields(self)):
+      owner = formats.owner_of_key(key)
+      if getattr(self, key) is not None and owner is not None and owner is not input_format:
+        raise SpecError(f"spec {self.name}: {' and '.join(owner.spec_keys)} are set exactly when audio_mode is "
+                        f"{owner.name}")
+    problems = input_format.check_spec(self)
+    if problems:
+      raise SpecError("; ".join(problems))
+    if input_format.takes_audio and not self.audio_tokenizer.get("type"):
       raise SpecError(f"spec {self.name}: audio_tokenizer.type is required with audio_mode {self.audio_mode}")
-    streams = self.audio_mode == STREAMS_MODE
-    if streams != (self.stream_delays is not None) or streams != (self.text_initial_id is not None):
-      raise SpecError(f"spec {self.name}: stream_delays and text_initial_id are set exactly when audio_mode is "
-                      f"{STREAMS_MODE}")
-    if streams:
-      if (not self.codebook_sizes or len(self.stream_delays) != 1 + len(self.codebook_sizes)
-          or min(self.stream_delays) < 0):
-        raise SpecError(f"spec {self.name}: stream_delays {list(self.stream_delays)} must give the text stream and "
-                        f"each of the {len(self.codebook_sizes)} codebooks a delay >= 0")
-      tokens = [k for k in ("start_token", "end_token", "placeholder_token", "unit_token", "unit_offset", "bos_id")
-                if getattr(self, k) is not None]
-      if tokens or not self.text_vocabulary:
-        raise SpecError(f"spec {self.name}: {STREAMS_MODE} lays audio on streams of its own: it takes no "
-                        f"{', '.join(tokens) or 'text_vocabulary: false'}")
-    if not self.text_vocabulary and (self.audio_mode != "extended_vocab" or self.unit_offset is None
-                                     or self.bos_id is None):
-      raise SpecError(f"spec {self.name}: a spec without a text vocabulary is a unit LM: it needs audio_mode "
-                      "extended_vocab with unit_offset and bos_id (no token names to look up)")
+
+  @property
+  def input_format(self) -> formats.InputFormat:
+    """How its model takes audio: the format its `audio_mode` names (s2sjax/formats)."""
+    return formats.get(self.audio_mode)
 
   @property
   def has_speech(self) -> bool:
-    return self.audio_mode != "none"
+    return self.input_format.takes_audio
 
   def check_modality(self, modality: Modality) -> None:
     """Refuses, by name, a modality this spec's model cannot be asked."""
@@ -139,20 +129,14 @@ class Spec:
     if modality.reads_text and not self.text_vocabulary:
       raise SpecError(f"spec {self.name} is a unit LM without a text vocabulary: only s2s (S→S) can be asked of "
                       f"it, not {modality.name} ({modality.title})")
-    if modality.candidate == SPEECH and self.audio_mode == "codebook_tables":
-      raise SpecError(
-        f"spec {self.name} feeds audio as codebook tables at a placeholder token: its audio is predicted by the "
-        f"checkpoint's own audio head (kept under extras/, not run by s2sjax), not by the text head, so spoken "
-        f"candidates ({modality.name}, {modality.title}) cannot be scored for it")
-    if modality.name == "t2s" and self.audio_mode == STREAMS_MODE:
-      raise SpecError(
-        f"spec {self.name} reads parallel streams, whose text stream transcribes the speech beside it frame by frame: "
-        f"a text prefix has no speech to continue, so t2s ({modality.title}) cannot be asked of it")
+    refused = self.input_format.refuse(self, modality)
+    if refused:
+      raise SpecError(refused)
 
   @property
   def row_format(self) -> RowFormat:
-    """The rows a build of this spec packs: stream rows in the stream mode, token rows otherwise."""
-    return STREAM_ROWS if self.audio_mode == STREAMS_MODE else TOKEN_ROWS
+    """The rows a build of this spec packs: its input format's."""
+    return self.input_format.row_format
 
   @property
   def num_streams(self) -> int:
@@ -165,11 +149,8 @@ class Spec:
     return (self.text_initial_id,) + tuple(self.codebook_sizes)
 
   def as_dict(self) -> dict:
-    """The fields, less those a spec of its kind does not use (stream keys, an unset chat): the digests, and so the
-    names of data built with the specs that predate them, stay as they were."""
-    unused = ((() if self.audio_mode == STREAMS_MODE else STREAM_KEYS) + (("chat",) if self.chat is None else ())
-              + (("architecture",) if self.architecture is None else ()))
-    return {k: v for k, v in dataclasses.asdict(self).items() if k not in unused}
+    """The fields, less those left unset that a spec sets only when it uses them (`UNSET_UNLESS_USED`)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if not (k in UNSET_UNLESS_USED and v is None)}
 
   def digest(self) -> str:
     """A hash of the resolved contents (defaults filled in), so the same spec hashes alike from any file."""
@@ -256,6 +237,17 @@ def spec_from_dict(fields: dict, where: str = "spec") -> Spec:
   if missing:
     raise SpecError(f"{where}: missing keys {missing}")
   return Spec(**fields)
+
+
+def id_ranges(ids) -> str:
+  """A list of ids as runs: `49152..49407` (256 ids), `3, 7..9`."""
+  ids = sorted(ids)
+  runs, start = [], 0
+  for i in range(1, len(ids) + 1):
+    if i == len(ids) or ids[i] != ids[i - 1] + 1:
+      runs.append(str(ids[start]) if start == i - 1 else f"{ids[start]}..{ids[i - 1]}")
+      start = i
+  return ", ".join(runs) + (f" ({len(ids)} ids)" if len(ids) > 2 else "")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,11 +18,11 @@ import hashlib
 import os
 
 import numpy as np
-from absl import logging
 from etils import epath
 
 from s2sjax import benchmarks, modalities
-from s2sjax.builds import BuildMetadata, DataError, DataSelector, Variants, spec_label
+from s2sjax.builds import BuildMetadata, DataError, DataSelector, Variants
+from s2sjax.modalities import Label
 from s2sjax.output_dir import strict_json
 from s2sjax.packing import RowShape
 from s2sjax.questions import QuestionTable
@@ -44,30 +44,10 @@ def tokenizer_identity(tokenizer) -> dict:
           "size": len(tokenizer), "vocab_sha": digest}
 
 
-def rows_checksum(rows: dict[str, np.ndarray]) -> str:
-  """A hash of every stored row field (name, shape, int32 bytes), in name order: what the build wrote is what the
-  evaluator reads."""
-  digest = hashlib.sha256()
-  for name in sorted(rows):
-    array = np.ascontiguousarray(rows[name], dtype="<i4")
-    digest.update(f"{name}{list(array.shape)}".encode() + b"\0" + array.tobytes())
-  return digest.hexdigest()
-
-
 def questions_checksum(records: list[dict]) -> str:
   """A hash of the question table as metadata.json holds it (which candidate is right, where each one lies)."""
   return hashlib.sha256(strict_json(records, "the question table", sort_keys=True, ensure_ascii=False).encode()
                         ).hexdigest()
-
-
-def _recorded_build(metadata: BuildMetadata, asked: DataSelector) -> dict:
-  """The build record of a folder; for builds made before records, rebuilt from the fields they hold."""
-  if metadata.build is not None:
-    return metadata.build
-  spec = metadata.spec.name
-  if spec_label(asked.spec) == spec or spec_label(asked.spec).startswith(f"{spec}-"):  # a YAML spec's label adds its digest
-    spec = asked.spec
-  return DataSelector(metadata.task, metadata.modality, spec, asked.row_length, metadata.variants).record()
 
 
 def _shard_problems(builder, read: bool = False) -> list[str]:
@@ -134,19 +114,19 @@ def load_rows(data_dir: str, task: str, config: str,
     raise DataError(f"{path} holds no rows: {hint}")
   rows = {name: np.stack([np.asarray(e[name]) for e in examples]) for name in examples[0] if name != "row"}
   metadata = BuildMetadata.from_json(dict(builder.info.metadata), where=f"{path}/metadata.json")
-  integrity = metadata.integrity
-  if verify and integrity is None:
-    logging.warning("%s was built before builds recorded checksums: read unverified (tasks.prepare --overwrite "
-                    "rebuilds it with them)", path)
-  if verify and integrity is not None:
-    if rows_checksum(rows) != integrity.get("rows"):
+  integrity, row_format = metadata.integrity, metadata.spec.row_format
+  if metadata.build is None or integrity is None:
+    raise DataError(f"{path}/metadata.json records no {'build' if metadata.build is None else 'checksums'} (not a "
+                    f"build of this version): {hint}")
+  if verify:
+    if row_format.checksum(rows) != integrity.get("rows"):
       raise DataError(f"{path}: the rows differ from the checksum written with the build (a damaged or replaced "
                       f"shard): {hint}; --noverify_data reads them anyway")
     if questions_checksum(list(metadata.questions)) != integrity.get("questions"):
       raise DataError(f"{path}/metadata.json: the question table differs from the checksum written with the build "
                       f"(edited or damaged: which candidate is right is no longer what was built): {hint}; "
                       "--noverify_data reads it anyway")
-  return metadata.spec.row_format.completed(rows), metadata  # token rows without codebook tables: codes of width 0
+  return row_format.completed(rows), metadata  # token rows without codebook tables: codes of width 0
 
 
 @dataclasses.dataclass
@@ -161,9 +141,9 @@ class TaskData:
     return self.metadata.variants.protocol
 
   @property
-  def label(self) -> str:
+  def label(self) -> Label:
     """What it is scored as, in file names and keys: `s2s`, or `s2s_utterance` for the other protocol."""
-    return modalities.label(self.modality, self.protocol)
+    return Label(self.modality, self.protocol)
 
   @property
   def benchmark(self) -> benchmarks.Benchmark:
@@ -200,7 +180,7 @@ def load_build(data_dir: str, selector: DataSelector, verify: bool = True) -> Ta
   or, with `verify`, when its rows or question table differ from their checksums."""
   task, asked = selector.task, selector.record()
   rows, metadata = load_rows(data_dir, task, selector.config, verify)
-  recorded = _recorded_build(metadata, selector)
+  recorded = metadata.build
   differ = [f"{key} {recorded.get(key)!r}, not {value!r}" for key, value in asked.items()
             if key != "config" and recorded.get(key) != value]
   if differ:

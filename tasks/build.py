@@ -16,10 +16,10 @@ import numpy as np
 from absl import logging
 
 from s2sjax.errors import UserError
-from s2sjax.packing import Item, PackingError, RowShape, auto_row_length
+from s2sjax.packing import Item, PackingError, PackReport, RowShape, auto_row_length
 from s2sjax.progress import Progress
 from s2sjax.questions import QuestionTable
-from tasks.audio.base import AudioError
+from tasks.audio.base import AudioError, resamplings
 from tasks.encoders import QuestionEncoder
 from tasks.release import Problems, Question
 
@@ -35,6 +35,7 @@ class BuildStats:
   audio_seconds: float = 0.0
   seconds: float = 0.0
   audio_files: dict[str, int] = dataclasses.field(default_factory=dict)  # resampled / mixed_down counts
+  duplicates: list[str] = dataclasses.field(default_factory=list)  # questions with candidates of the same tokens
 
   def as_dict(self) -> dict:
     return {
@@ -42,17 +43,34 @@ class BuildStats:
       "skipped_questions": [{"where": w, "why": y} for w, y in self.skipped],
       "audio_seconds": round(self.audio_seconds, 2), "build_seconds": round(self.seconds, 2),
       "audio_files_resampled": self.audio_files.get("resampled", 0),
+      "audio_resampled_from_to": resamplings(self.audio_files),  # {"22050->16000": files}
       "audio_files_mixed_down": self.audio_files.get("mixed_down", 0),
+      "questions_with_duplicate_candidates": self.duplicates,
       "questions_per_second": round(self.questions / self.seconds, 2) if self.seconds else None,
       "audio_seconds_per_second": round(self.audio_seconds / self.seconds, 2) if self.seconds else None,
     }
 
 
-def _key(ids: np.ndarray, codes: np.ndarray | None) -> str:
-  digest = hashlib.sha256(ids.tobytes())
-  if codes is not None:
-    digest.update(codes.tobytes())
+def _key(*parts) -> str:
+  """What tells two prefixes apart: their arrays (a format's prefix may be a mapping of fields), bytes and shape."""
+  digest = hashlib.sha256()
+  for part in parts:
+    for name, array in sorted(part.items()) if isinstance(part, dict) else [("", part)]:
+      if array is not None:
+        array = np.asarray(array)
+        digest.update(f"{name}{array.dtype}{list(array.shape)}".encode() + array.tobytes())
   return digest.hexdigest()
+
+
+def _distinct(members: list[int], candidates: list) -> list[int]:
+  """The members whose candidate tokens no earlier member has, in order."""
+  distinct, seen = [], set()
+  for c in members:
+    key = _key(candidates[c])
+    if key not in seen:
+      seen.add(key)
+      distinct.append(c)
+  return distinct
 
 
 def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool,
@@ -82,8 +100,11 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
         ids, audio_seconds = encoder.candidate(question, c)
         candidates.append(ids)
         seconds += audio_seconds
-      new_items = [encoder.item(ids, tuple(candidates[c] for c in members), codes, f"question {question.id}")
-                   for ids, codes, members in groups.values()]
+      # Candidates with the same tokens after the same prefix are one computation: laid once, every one of them
+      # reads that laying's score, so they tie exactly (laid twice, their sums would round apart by where each lies).
+      laid = [_distinct(members, candidates) for _, _, members in groups.values()]
+      new_items = [encoder.item(ids, tuple(candidates[c] for c in unique), codes, f"question {question.id}")
+                   for (ids, codes, _), unique in zip(groups.values(), laid)]
       for item in new_items:  # here, where skip_bad can leave the question out, rather than in the final pack
         encoder.check(item, shape, share_prefix, overlong)
     except (AudioError, PackingError) as e:
@@ -94,14 +115,17 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
         meter.update(1)
       continue
     slots = []
-    for offset, (_, _, members) in enumerate(groups.values()):
-      slots += [(c, len(items) + offset, j) for j, c in enumerate(members)]
+    for offset, ((_, _, members), unique) in enumerate(zip(groups.values(), laid)):
+      within = {_key(candidates[c]): j for j, c in enumerate(unique)}
+      slots += [(c, len(items) + offset, within[_key(candidates[c])]) for c in members]
+    if sum(map(len, laid)) < len(question.candidates):
+      stats.duplicates.append(question.id)
     items.extend(new_items)
     table.append({
       "id": question.id, "uttids": list(question.uttids), "correct": question.correct,
       "candidates": list(question.candidates), "prefix": question.prefixes[0],
       "slots": [[item, j] for _, item, j in sorted(slots)],  # per candidate: (item index, candidate in item)
-      "n_tokens": [int(len(c)) for c in candidates],
+      "n_tokens": [encoder.scored(c) for c in candidates],
     })
     stats.audio_seconds += seconds
     if meter:
@@ -111,17 +135,40 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
   stats.seconds = time.time() - start
   if problems:
     logging.warning("left out %d question(s):\n  %s", len(problems.entries), problems.text())
+  if stats.duplicates:
+    logging.warning("%d question(s) hold candidates of the same tokens, scored as one (they tie): %s",
+                    len(stats.duplicates), ", ".join(stats.duplicates[:10]) + (" ..." if len(stats.duplicates) > 10 else ""))
   return items, QuestionTable.from_records(table), stats
+
+
+@dataclasses.dataclass
+class BuiltRows:
+  """What `build_rows` made: the packed rows, the question table, the shape they were packed in (its length chosen
+  from the items when the build was not given one), and the counts of the questions and of the packing."""
+
+  rows: dict[str, np.ndarray]
+  table: QuestionTable
+  shape: RowShape
+  stats: BuildStats
+  packing: PackReport
+
+  def summary(self) -> dict:
+    """The build's report: counts, packing, truncations, skips, throughput and the row length."""
+    return {**self.stats.as_dict(), **self.packing.as_dict(), "row_length": self.shape.length}
+
+  def __iter__(self):
+    """Unpacks as (rows, question table, report)."""
+    return iter((self.rows, self.table, self.summary()))
 
 
 def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool = True,
                skip_bad: bool = False, overlong: str = "error", auto_length: bool = False,
-               progress: str | None = None) -> tuple[dict[str, np.ndarray], QuestionTable, dict]:
-  """Packed rows, the question table and a report (counts, packing, truncations, skips, throughput, row_length).
-  With `auto_length`, `shape` is the longest row allowed and the rows get `packing.auto_row_length`'s length,
-  in `shape`'s proportions."""
-  if auto_length and encoder.layout is not None:
-    raise BuildError(f"spec {encoder.spec.name} reads parallel streams: give the row length (--row_length)")
+               progress: str | None = None) -> BuiltRows:
+  """Packed rows and the question table. With `auto_length`, `shape` is the longest row allowed and the rows get
+  `packing.auto_row_length`'s length, in `shape`'s proportions."""
+  if auto_length and not encoder.auto_length:
+    raise BuildError(f"spec {encoder.spec.name} ({encoder.spec.audio_mode}) cannot choose its row length from its "
+                     "items: give the row length (--row_length)")
   encoder.tokenize_audio(questions, progress and f"{progress} audio")
   items, table, stats = build_items(questions, encoder, shape, share_prefix, skip_bad, overlong, progress)
   stats.audio_files = dict(encoder.audio_counts)
@@ -130,8 +177,8 @@ def build_rows(questions: list[Question], encoder: QuestionEncoder, shape: RowSh
   if auto_length:
     shape = shape.with_length(auto_row_length(items, share_prefix, shape.max_targets / shape.length))
   rows, report = encoder.pack(items, shape, share_prefix, overlong)
-  summary = {**stats.as_dict(), **report.as_dict(), "row_length": shape.length}
+  built = BuiltRows(rows, table, shape, stats, report)
   logging.info("built %d questions into %d rows: %.1f questions/s, %.1f audio s/s, packing %.1f%%",
-               stats.questions, report.rows, summary["questions_per_second"] or 0,
-               summary["audio_seconds_per_second"] or 0, 100 * report.efficiency)
-  return rows, table, summary
+               stats.questions, report.rows, built.summary()["questions_per_second"] or 0,
+               built.summary()["audio_seconds_per_second"] or 0, 100 * report.efficiency)
+  return built

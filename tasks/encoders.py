@@ -7,11 +7,13 @@ the candidate string carries its own leading separator (`" " + last` in English 
 special tokens. So the scored tokens are exactly the candidate's tokens, and no token straddles the boundary.
 The prefix is tokenized with the tokenizer's special tokens (a BOS where the model uses one).
 
-`QuestionEncoder(spec, modality, ...)` builds the encoder `encoder_class` picks:
+`QuestionEncoder(spec, modality, ...)` builds the encoder the spec's input format names for the modality
+(s2sjax/formats, `encoder_class`); the built-in formats name these:
   TextEncoder      text on both sides (t2t) in token rows, whatever the spec's audio mode
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
-  StreamEncoder    stream rows: each side on streams of its own, by the spec's architecture's protocol
+  StreamEncoder    parallel_streams: each side on streams of its own, by the spec's architecture's protocol
+A plugin's format names its own subclass (tests/plugins/toy_features.py).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import os
 import numpy as np
 
 from s2sjax import architectures, modalities
-from s2sjax.modalities import TEXT
-from s2sjax.packing import (Item, PackingError, RowShape, StreamItem, StreamLayout, check_item, check_stream_item,
-                            pack, pack_streams, scored_streams, weigh_streams)
-from s2sjax.progress import Progress
-from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
 from s2sjax.builds import PROTOCOLS, VariantError
+from s2sjax.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
+                                    weigh_streams)
+from s2sjax.modalities import TEXT
+from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
+from s2sjax.progress import Progress
+from s2sjax.registry import load_object
+from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
 from tasks.audio.base import AudioError, AudioTokenizer, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Question
@@ -55,6 +59,9 @@ class QuestionEncoder(abc.ABC):
 
   layout: StreamLayout | None = None  # stream rows: how the rows' streams are delayed
   ids: AudioIds | None = None  # audio in token rows: the spec's special tokens and units, looked up
+  # Whether a build without a row length may choose one from its items (`packing.auto_row_length`, over token items
+  # or laid ones); an encoder whose items depend on the row length (delayed streams) sets False: --row_length.
+  auto_length = True
 
   def __new__(cls, spec: Spec, modality: str, *args, **kwargs):
     return super().__new__(encoder_class(spec, modality) if cls is QuestionEncoder else cls)
@@ -65,11 +72,11 @@ class QuestionEncoder(abc.ABC):
     spec.check_modality(self.modality)
     if self.modality.speaks and audio_tokenizer is None:
       raise ValueError(f"modality {self.modality.name} needs an audio tokenizer")
-    if protocol not in PROTOCOLS:
-      raise VariantError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
-    if protocol == "utterance" and self.modality.name != "s2s":
-      raise VariantError(f"the utterance protocol scores a spoken story as one recording: it is S→S only, not "
-                         f"{self.modality.name} ({self.modality.title})")
+    scoring = PROTOCOLS.get(protocol)
+    if scoring.modalities is not None and self.modality.name not in scoring.modalities:
+      asked = ", ".join(modalities.get(name).title for name in scoring.modalities)
+      raise VariantError(f"the {protocol} protocol ({scoring.summary}) is {asked} only, not {self.modality.name} "
+                         f"({self.modality.title})")
     if tokenization == "joint" and self.modality.name != "t2t":
       raise VariantError(f"the joint tokenization rule differs from the separate one only where text meets text: "
                          f"it applies to t2t, not {self.modality.name} ({self.modality.title})")
@@ -194,12 +201,16 @@ class QuestionEncoder(abc.ABC):
     """What the packer lays: an Item of ids (a StreamItem for parallel streams)."""
     return Item(prefix, candidates, codes, name=name)
 
+  def scored(self, candidate) -> int:
+    """How many tokens (or steps) of a candidate, as `candidate` gives it, are scored."""
+    return len(candidate)
+
   def check(self, item: Item | StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
     """The PackingError the packer would raise for this item (see `check_item`)."""
     check_item(item, shape, share_prefix, overlong)
 
   def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
-    """(rows, PackReport) of the items, by `pack` (for parallel streams, `pack_streams`)."""
+    """(rows, PackReport) of the items, by the format's packer (`packing.pack` for token rows)."""
     return pack(items, shape, share_prefix=share_prefix, overlong=overlong)
 
 
@@ -324,6 +335,8 @@ class StreamEncoder(QuestionEncoder):
   one step each. The rows are packed by `pack_streams`, which applies the spec's delays, and each scored token
   carries its stream's weight."""
 
+  auto_length = False  # its stream items are delayed only when packed, so their lengths are not known before: give it
+
   def __init__(self, spec: Spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
     self.layout = StreamLayout(spec.stream_delays, spec.stream_initial_ids, predicted=spec.num_streams)
@@ -365,20 +378,10 @@ class StreamEncoder(QuestionEncoder):
     return weigh_streams(rows, self.weights), report
 
 
-# Audio in token rows, by the spec's audio mode (s2sjax/families/family.py's AUDIO_INPUTS).
-TOKEN_AUDIO_ENCODERS: dict[str, type[AudioTokenEncoder]] = {"extended_vocab": UnitEncoder,
-                                                            "codebook_tables": CodebookEncoder}
-
-
 def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
-  """Which encoder lays `modality` for `spec`: parallel streams lay every side on streams, text ones too; token rows
-  lay text alike whatever the audio mode, and audio by the mode. A text-only spec asked for audio gets the text
-  encoder, which refuses it by name (`Spec.check_modality`)."""
-  if spec.row_format.streams:
-    return StreamEncoder
-  if not modalities.get(modality).speaks:
-    return TextEncoder
-  return TOKEN_AUDIO_ENCODERS.get(spec.audio_mode, TextEncoder)
+  """Which encoder lays `modality` for `spec`: the one its input format names (s2sjax/formats). A text-only spec
+  asked for audio gets the text encoder, which refuses it by name (`Spec.check_modality`)."""
+  return load_object(spec.input_format.encoder_for(modalities.get(modality)))
 
 
 def _joined(*parts) -> np.ndarray:

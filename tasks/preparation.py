@@ -10,21 +10,17 @@ the first's build (a lock beside it names the holder) and reuses it.
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
-import socket
-import uuid
 
 import tensorflow_datasets as tfds
-from absl import logging
 
-from s2sjax import benchmarks, cache, text_tokenizer
+from s2sjax import cache, text_tokenizer
 from s2sjax.builds import BuildMetadata, DataSelector, Variants
 from s2sjax.errors import UserError
-from s2sjax.output_dir import LOCK_NAME, fsync_path, waiting_lock
-from s2sjax.spec import load_spec
-from tasks.tfds_builder import make_config, resolve_manual_dir, resolve_tokenizer_dir
+from s2sjax.output_dir import LOCK_NAME, waiting_lock
+from s2sjax.staging import owner_tag, remove_dead, swap_into_place
+from tasks.tfds_builder import builder_class, make_config, resolve_manual_dir, resolve_tokenizer_dir
 
 INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
                "audio_tokenizer": "the audio tokenizer"}
@@ -37,12 +33,6 @@ class StaleDataError(UserError, ValueError):
 def default_data_dir() -> str:
   """`data/` of the cache the embedded default lives in ($S2SJAX_CACHE)."""
   return os.path.join(cache.cache_dir(), "data")
-
-
-def builder_class(task: str):
-  """The task's TFDS builder, from its record's `builder` ("module:Class")."""
-  module, _, name = benchmarks.get(task).builder_path.partition(":")
-  return getattr(importlib.import_module(module), name)
 
 
 def prepare(task: str, spec: str, modality: str, row_length: int | None, data_dir: str, manual_dir: str | None = None,
@@ -58,13 +48,15 @@ def prepare_build(selector: DataSelector, data_dir: str, manual_dir: str | None 
   builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
   task = selector.task
   manual_dir = resolve_manual_dir(manual_dir)
-  if load_spec(selector.spec).text_vocabulary:  # refused before the builder writes anything
+  plan = selector.resolve()
+  if plan.spec.text_vocabulary:  # refused before the builder writes anything
     text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
                                  builder_kwargs.get("trust_remote_code", False))
-  config = make_config(selector)
+  config = make_config(plan)
   name = config.name
   if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
     config = name  # TFDS refuses a custom config named like a predefined one; names say everything
+  builder_kwargs = dict(builder_kwargs, plan=plan)  # the spec as read now, whatever config object TFDS holds
   with _build_lock(builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs), task, name):
     # made again under the lock: a build another run finished while this one waited is found, and reused
     builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
@@ -84,12 +76,9 @@ def _prepare_locked(builder, task: str, name: str, config, data_dir: str, manual
                     builder_kwargs: dict) -> BuildMetadata:
   if builder.is_prepared() and not overwrite:
     previous = built_metadata(builder)
-    built = previous.inputs
+    built = previous.inputs or {}  # none recorded: not a build of this version, every input differs
     now = builder.build_inputs(manual_dir).fingerprint
-    differ = [] if built is None else [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
-    if built is None:  # built by a version that did not record its inputs: nothing to compare
-      logging.warning("%s/%s in %s was built before builds recorded their inputs: reused unverified "
-                      "(--overwrite rebuilds it)", task, name, data_dir)
+    differ = [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
     if differ:
       raise StaleDataError(
         f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
@@ -108,25 +97,20 @@ def built_metadata(builder) -> BuildMetadata:
   return BuildMetadata.from_json(dict(builder.info.metadata), where=f"{builder.data_dir}/metadata.json")
 
 
-REBUILD_PREFIX = ".rebuild-"
+REBUILD_PREFIX = ".rebuild-"  # a hidden data dir of the data dir, `.rebuild-<owner tag>` (s2sjax/staging.py)
 
 
 def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, builder_kwargs: dict) -> BuildMetadata:
-  """--overwrite of a finished build: the new one is built in a hidden data dir beside it, then the old version
-  folder is renamed aside, the new one into its place, and the old one removed. TFDS's own overwrite deletes the
-  old build first, so a rebuild that failed (a bad wav) lost the good one."""
-  staging = os.path.join(data_dir, f"{REBUILD_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  """--overwrite of a finished build: the new one is built in a hidden data dir beside it, then swapped into the
+  old one's place (`staging.swap_into_place`). TFDS's own overwrite deletes the old build first, so a rebuild that
+  failed (a bad wav) lost the good one."""
+  tag = owner_tag()
+  staging = os.path.join(data_dir, f"{REBUILD_PREFIX}{tag}")
   try:
     builder = builder_class(task)(config=config, data_dir=staging, **builder_kwargs)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
     metadata = built_metadata(builder)
-    target = str(old.data_dir)
-    aside = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.replaced-{os.path.basename(staging)}")
-    fsync_path(builder.data_dir)
-    os.rename(target, aside)
-    os.rename(str(builder.data_dir), target)
-    fsync_path(os.path.dirname(target))
-    shutil.rmtree(aside, ignore_errors=True)
+    swap_into_place(builder.data_dir, old.data_dir, tag)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return metadata
@@ -134,18 +118,4 @@ def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, buil
 
 def _remove_dead_rebuilds(data_dir: str) -> None:
   """Rebuild folders left by prepare runs of this host that were killed (their pid is gone)."""
-  if not os.path.isdir(data_dir):
-    return
-  for name in os.listdir(data_dir):
-    if not name.startswith(REBUILD_PREFIX):
-      continue
-    parts = name[len(REBUILD_PREFIX):].rsplit("-", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-      continue
-    try:
-      os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-      logging.info("removing %s, the rebuild of a prepare run that died", name)
-      shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
-    except PermissionError:
-      pass
+  remove_dead(data_dir, REBUILD_PREFIX)

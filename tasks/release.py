@@ -1,6 +1,8 @@
-"""Reads the S2SBench release layout (as users download it) into benchmark questions, checking everything.
+"""Reads a release (as users download it) into benchmark questions, checking everything.
 
-Where each task's files are and which format they hold is its record in `s2sjax.benchmarks`; S2SBench's own:
+Where each task's files are and which layout they hold is its record in `s2sjax.benchmarks` (its
+`release_format`, a registered `ReleaseFormat` whose reader is one of the functions here, or a plugin's);
+S2SBench's own:
 
     StoryCloze/sStory_s2t.jsonl   + StoryCloze/s-story-firstspeech/<uttid>.wav     sstorycloze     (en)
     StoryCloze/zh_story.jsonl     + StoryCloze/zh_story/<uttid>.wav                zh_sstorycloze  (zh)
@@ -15,6 +17,10 @@ Spoken candidates (T->S, S->S) extend the layout, one folder per task beside the
 
     StoryCloze/s-story-lastspeech/<uttid>.wav    StoryCloze/zh_story_last/<uttid>.wav
     cmmlu/cmmlu_rewrite_options/<uttid>_A.wav ... <uttid>_D.wav
+
+Every path a release names (its files and folders, each line's recordings, a folder's recordings, through any
+symlink) resolves inside the release directory, or is refused naming the line: one rule, `ReleasePaths.inside`.
+A text field that holds nothing but whitespace or zero-width characters is empty.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import dataclasses
 import hashlib
 import json
 import os
+import unicodedata
 
 from s2sjax import benchmarks, modalities
 from s2sjax.errors import UserError
+from s2sjax.registry import load_object
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -34,6 +42,10 @@ OPTIONS = ("A", "B", "C", "D")
 
 class ReleaseError(UserError, ValueError):
   """The release files are malformed; every problem found is listed."""
+
+
+class OutsideReleaseError(ReleaseError):
+  """A path a release names that resolves outside the release directory."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,25 +98,86 @@ class Problems:
     return "\n  ".join(lines + ([f"... and {more} more"] if more > 0 else []))
 
 
-def task_paths(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None) -> tuple[str, str]:
+@dataclasses.dataclass(frozen=True)
+class ReleasePaths:
+  """One task's files in one release directory (`root`): every path is made here, and each resolves inside the
+  root (`inside`) or is refused."""
+
+  root: str
+  record: benchmarks.Benchmark
+
+  def inside(self, relative: str, where: str | None = None) -> str:
+    """`root/relative`, refused (OutsideReleaseError, naming `where`, e.g. a line) when it resolves outside the
+    root: by `..`, an absolute path, or a symlink on the way."""
+    path = os.path.join(self.root, relative)
+    real, root = os.path.realpath(path), os.path.realpath(self.root)
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+      raise OutsideReleaseError(f"{(where + ': ') if where else ''}{relative} resolves to {real}, outside the release "
+                                f"{self.root}: a release names files inside it only")
+    return path
+
+  @property
+  def index(self) -> str:
+    """The task's jsonl (or folder of recordings)."""
+    return self.inside(self.record.release_jsonl, f"task {self.record.name}'s release_jsonl")
+
+  @property
+  def audio_dir(self) -> str:
+    return self.inside(self.record.release_audio_dir, f"task {self.record.name}'s release_audio_dir")
+
+  @property
+  def candidate_dir(self) -> str:
+    return self.inside(self.record.release_candidate_audio_dir,
+                       f"task {self.record.name}'s release_candidate_audio_dir")
+
+  def prefix_wav(self, uttid: str) -> str:
+    """The spoken prefix of a line."""
+    return self.inside(os.path.join(self.record.release_audio_dir, f"{uttid}.wav"))
+
+  def candidate_wav(self, name: str) -> str:
+    """A spoken candidate (`spoken_names`' name)."""
+    return self.inside(os.path.join(self.record.release_candidate_audio_dir, f"{name}.wav"))
+
+
+def release_paths(task: str, release_dir: str) -> ReleasePaths:
   try:
     record = benchmarks.get(task)
   except KeyError as e:
     raise ReleaseError(e.args[0]) from None
-  return (jsonl or os.path.join(release_dir, record.release_jsonl),
-          audio_dir or os.path.join(release_dir, record.release_audio_dir))
+  return ReleasePaths(release_dir, record)
+
+
+def task_paths(task: str, release_dir: str) -> tuple[str, str]:
+  """(the task's jsonl or folder, its prefix recordings' folder) in a release."""
+  paths = release_paths(task, release_dir)
+  return paths.index, paths.audio_dir
 
 
 def candidate_audio_dir(task: str, release_dir: str) -> str:
-  return os.path.join(release_dir, benchmarks.get(task).release_candidate_audio_dir)
+  return release_paths(task, release_dir).candidate_dir
 
 
 def spoken_candidates(task: str, line: dict) -> dict[str, str]:
-  """{wav name without .wav: text} of a release line's spoken candidates, named as the readers below look for
-  them: a story line's `last` as `<uttid>`, an option as `<uttid>_<A|B|C|D>`."""
-  if benchmarks.get(task).release_format == "story_pairs":
-    return {str(line["uttid"]): line["last"]}
+  """{wav name without .wav: text} of a release line's spoken candidates, named as its format's reader looks for
+  them (none for a format without written lines)."""
+  names = benchmarks.get(task).release.spoken_names
+  return load_object(names)(line) if names else {}
+
+
+def story_spoken_names(line: dict) -> dict[str, str]:
+  """A story line's `last`, as `<uttid>`."""
+  return {str(line["uttid"]): line["last"]}
+
+
+def option_spoken_names(line: dict) -> dict[str, str]:
+  """Each option, as `<uttid>_<A|B|C|D>`."""
   return {f"{line['uttid']}_{o}": line[o] for o in OPTIONS}
+
+
+def is_blank(text: str) -> bool:
+  """Whether a text holds nothing to read: whitespace and invisible format characters (zero-width spaces and
+  joiners, byte order marks: Unicode's Cf) only."""
+  return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def _require(path: str) -> None:
@@ -162,7 +235,7 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question
       if not_text:
         problems.add(_at(record), f"not text: {json.dumps(not_text, ensure_ascii=False)}", question_of(record))
         continue
-      empty = [k for k in text_fields if not record[k].strip()]
+      empty = [k for k in text_fields if is_blank(record[k])]
       if empty:
         problems.add(_at(record), f"empty text in {empty}", question_of(record))
         continue
@@ -178,15 +251,17 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question
 
 
 def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] = ()) -> str:
-  """A hash of what a build reads from the release: the jsonl's bytes and, of the wav folders it decodes
-  (`audio_dirs`), each wav's name and bytes (contents, not times: a copied release is the same release)."""
-  jsonl, _ = task_paths(task, release_dir)
-  _require(jsonl)
+  """A hash of what a build reads from the release: its index (a jsonl's bytes, or a folder's recordings, as the
+  task's release format says) and, of the wav folders it decodes (`audio_dirs`), each wav's name and bytes
+  (contents, not times: a copied release is the same release)."""
+  paths = release_paths(task, release_dir)
+  index = paths.index
+  _require(index)
   digest = hashlib.sha256()
-  if os.path.isdir(jsonl):  # a task whose release is a folder of recordings (spoken_pairs)
-    digest.update(folder_digest(jsonl, ".wav").encode())
+  if paths.record.release.index == "folder":
+    digest.update(folder_digest(index, ".wav").encode())
   else:
-    with open(jsonl, "rb") as f:
+    with open(index, "rb") as f:
       digest.update(f.read())
   for audio_dir in audio_dirs:
     if os.path.isdir(audio_dir):
@@ -194,9 +269,21 @@ def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] 
   return digest.hexdigest()[:16]
 
 
-def _story_pairs(jsonl: str, wav, candidate_wav, language: str, collect: Problems) -> list[Question]:
+def _question(collect: Problems, records: list[dict], key: str, make) -> Question | None:
+  """`make()`, the question of these lines; one that names a path outside the release is a problem of its lines,
+  the question left out."""
+  try:
+    return make()
+  except OutsideReleaseError as e:
+    for record in records:
+      collect.add(_at(record), str(e), key)
+    return None
+
+
+def read_story_pairs(record: benchmarks.Benchmark, paths: ReleasePaths, collect: Problems) -> list[Question]:
   """Lines 2k (right ending) and 2k+1 (wrong ending) of the same story make one question."""
-  story = lambda record: f"story {record['key'] // 2}"
+  jsonl = paths.index
+  story = lambda line: f"story {line['key'] // 2}"
   records = _read_lines(jsonl, ("uttid", "first", "last"), collect, story)
   lines_of = collections.defaultdict(list)
   for r in records:
@@ -222,32 +309,37 @@ def _story_pairs(jsonl: str, wav, candidate_wav, language: str, collect: Problem
     if key % 2:
       continue
     right, wrong = by_key[key], by_key[partner]
-    questions.append(Question(
-      id=right["uttid"], language=language, uttids=(right["uttid"], wrong["uttid"]),
-      prefixes=(right["first"], wrong["first"]), audio_paths=(wav(right["uttid"]), wav(wrong["uttid"])),
+    question = _question(collect, [right, wrong], story(right), lambda: Question(
+      id=right["uttid"], language=record.language, uttids=(right["uttid"], wrong["uttid"]),
+      prefixes=(right["first"], wrong["first"]),
+      audio_paths=(paths.prefix_wav(right["uttid"]), paths.prefix_wav(wrong["uttid"])),
       candidates=(right["last"], wrong["last"]), correct=0,
-      candidate_audio_paths=(candidate_wav(right["uttid"]), candidate_wav(wrong["uttid"])),
+      candidate_audio_paths=(paths.candidate_wav(right["uttid"]), paths.candidate_wav(wrong["uttid"])),
     ))
+    if question is not None:
+      questions.append(question)
   return questions
 
 
-def _multiple_choice(jsonl: str, wav, candidate_wav, language: str, collect: Problems) -> list[Question]:
+def read_multiple_choice(record: benchmarks.Benchmark, paths: ReleasePaths, collect: Problems) -> list[Question]:
   """One line per question: a prefix, options A-D and the answer's letter."""
   questions = []
-  for r in _read_lines(jsonl, ("uttid", "first") + OPTIONS + ("answer",), collect, lambda record: record["uttid"]):
+  for r in _read_lines(paths.index, ("uttid", "first") + OPTIONS + ("answer",), collect, lambda line: line["uttid"]):
     answer = str(r["answer"]).strip().upper()
     if answer not in OPTIONS:
       collect.add(_at(r), f"answer {r['answer']!r} is not one of A, B, C, D", r["uttid"])
       continue
-    questions.append(Question(
-      id=r["uttid"], language=language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
-      audio_paths=(wav(r["uttid"]),) * 4, candidates=tuple(r[o] for o in OPTIONS),
-      correct=OPTIONS.index(answer), candidate_audio_paths=tuple(candidate_wav(f"{r['uttid']}_{o}") for o in OPTIONS),
+    question = _question(collect, [r], r["uttid"], lambda: Question(
+      id=r["uttid"], language=record.language, uttids=(r["uttid"],) * 4, prefixes=(r["first"],) * 4,
+      audio_paths=(paths.prefix_wav(r["uttid"]),) * 4, candidates=tuple(r[o] for o in OPTIONS),
+      correct=OPTIONS.index(answer), candidate_audio_paths=tuple(paths.candidate_wav(name)
+                                                                 for name in option_spoken_names(r)),
     ))
+    if question is not None:
+      questions.append(question)
   return questions
 
 
-# One reader per `release_format` of s2sjax.benchmarks.
 SPOKEN_SEPARATOR = "_"  # SlamKit's storycloze() builds its dataset with sep="_"
 
 
@@ -260,20 +352,23 @@ def _spoken_number(name: str, where: str) -> int:
 
 
 def check_asked(task: str, modality: str, protocol: str) -> None:
-  """A release of whole spoken stories (spoken_pairs) has no text and no prefix recording: it is asked S->S under
-  the utterance protocol only, as SlamKit scores it."""
-  if benchmarks.get(task).release_format == "spoken_pairs" and (modalities.get(modality).name != "s2s"
-                                                               or protocol != "utterance"):
-    raise ReleaseError(f"{task} holds whole spoken stories, no text and no separate prefix: build it with "
-                       f"--modality=s2s --protocol=utterance (asked: {modality}, protocol {protocol})")
+  """A release is asked only what its format's questions hold: a folder of whole spoken stories (spoken_pairs) has
+  no text and no prefix recording, so it is asked S->S under the utterance protocol only, as SlamKit scores it."""
+  release = benchmarks.get(task).release
+  name = modalities.get(modality).name
+  if name not in release.modalities or (release.protocols is not None and protocol not in release.protocols):
+    how = f"--modality={','.join(release.modalities)}" + (
+      f" --protocol={','.join(release.protocols)}" if release.protocols is not None else "")
+    raise ReleaseError(f"{task} holds {release.summary}: build it with {how} (asked: {modality}, protocol {protocol})")
 
 
-def _spoken_pairs(where: str, wav, candidate_wav, language: str, collect: Problems) -> list[Question]:
+def read_spoken_pairs(record: benchmarks.Benchmark, paths: ReleasePaths, collect: Problems) -> list[Question]:
   """The official spoken StoryCloze (slp-rl/SpokenStoryCloze) as SlamKit's ModellingMetricDataset reads it
   (slamkit/metric/modelling_metric.py): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, sorted by
   the number n; question i is recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each
   scored whole (S->S, the utterance protocol). An odd count, or two recordings of one number (their order, so
   which is right, would be the folder listing's), is refused naming the folder."""
+  where = paths.index
   if not os.path.isdir(where):
     raise ReleaseError(f"{where} does not exist: a SpokenStoryCloze task reads that folder of recordings (is "
                        "--manual_dir the SpokenStoryCloze release, holding sSC/ and tSC/?)")
@@ -292,25 +387,18 @@ def _spoken_pairs(where: str, wav, candidate_wav, language: str, collect: Proble
   for i in range(len(names) // 2):
     right, wrong = names[2 * i], names[2 * i + 1]
     stems = tuple(os.path.splitext(n)[0] for n in (right, wrong))
-    questions.append(Question(id=str(i), language=language, uttids=stems, prefixes=("", ""), audio_paths=("", ""),
-                              candidates=stems, correct=0,
-                              candidate_audio_paths=tuple(os.path.join(where, n) for n in (right, wrong))))
+    recordings = tuple(paths.inside(os.path.join(record.release_jsonl, n), f"{where}/{n}") for n in (right, wrong))
+    questions.append(Question(id=str(i), language=record.language, uttids=stems, prefixes=("", ""),
+                              audio_paths=("", ""), candidates=stems, correct=0, candidate_audio_paths=recordings))
   return questions
 
 
-READERS = {"story_pairs": _story_pairs, "multiple_choice": _multiple_choice, "spoken_pairs": _spoken_pairs}
-
-
-def read_questions(task: str, release_dir: str, jsonl: str | None = None, audio_dir: str | None = None,
-                   problems: Problems | None = None) -> list[Question]:
-  """Questions of one task. Problems go to `problems` when given (the caller decides), else raise at once."""
-  jsonl, audio_dir = task_paths(task, release_dir, jsonl, audio_dir)
-  record = benchmarks.get(task)
+def read_questions(task: str, release_dir: str, problems: Problems | None = None) -> list[Question]:
+  """Questions of one task, read by its release format's reader. Problems go to `problems` when given (the caller
+  decides), else raise at once."""
+  paths = release_paths(task, release_dir)
   collect = problems if problems is not None else Problems()
-  candidates_dir = candidate_audio_dir(task, release_dir)
-  questions = READERS[record.release_format](jsonl, lambda uttid: os.path.join(audio_dir, f"{uttid}.wav"),
-                                             lambda name: os.path.join(candidates_dir, f"{name}.wav"),
-                                             record.language, collect)
+  questions = load_object(paths.record.release.reader)(paths.record, paths, collect)
   if problems is None and collect:
-    raise ReleaseError(f"{jsonl} has {len(collect)} problem(s):\n  {collect.text()}")
+    raise ReleaseError(f"{paths.index} has {len(collect)} problem(s):\n  {collect.text()}")
   return questions

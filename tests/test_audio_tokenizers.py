@@ -107,4 +107,4 @@ def test_cut_empty_stereo_and_resampled_wavs(tmp_path):
   soundfile.write(tmp_path / "stereo.wav", np.stack([wave, -wave / 2], 1), 22050)
   counts = collections.Counter()
   mixed = load_audio(str(tmp_path / "stereo.wav"), 16000, counts)
-  assert counts == {"mixed_down": 1, "resampled": 1} and abs(len(mixed) - 16000 * 16000 / 22050) <= 1
+  assert counts == {"mixed_down": 1, "resampled": 1, "resampled 22050->16000": 1} and abs(len(mixed) - 16000 * 16000 / 22050) <= 1

@@ -148,3 +148,23 @@ def test_remote_code_tokenizer_needs_the_flag_and_travels_with_the_checkpoint(tm
   assert not verdicts["spec tokens"].ok and "'<|audio_0|>' is not in the tokenizer" in verdicts["spec tokens"].detail
   untrusted = {v.check: v for v in check.run(str(tmp_path / "ckpt"))}
   assert not untrusted["tokenizer"].ok and "--trust_remote_code" in untrusted["tokenizer"].detail
+
+
+@pytest.mark.slow
+def test_the_pre_flight_without_flags_checks_the_embedded_default_and_says_what_it_left_unchecked():
+  import subprocess
+  import sys
+
+  from s2sjax import cache, default_model
+
+  done = subprocess.run([sys.executable, "-m", "s2sjax.check"], capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+  converted = os.path.join(cache.cache_dir(), default_model.CHECKPOINT_NAME)
+  assert done.stdout.startswith(f"checked {converted} (the embedded default)")
+  assert "data: not checked (give --data_dir/--task/--modality)" in done.stdout
+  # the demo spec's units: past SmolLM2's 49,152 tokens, given untrained rows for the default alone
+  unit_ids = next(line for line in done.stdout.splitlines() if "unit ids" in line)
+  assert unit_ids.startswith("ok") and "49152..49407 (256 ids) against 49408 embedding rows (256 of them untrained" \
+                                       in unit_ids
+  assert len([line for line in done.stdout.splitlines() if line.startswith("ok  ")]) == 3
+  assert done.stdout.strip().splitlines()[-1] == "all checks passed"

@@ -58,10 +58,10 @@ def test_unknown_architecture_lists_supported_ones(tmp_path, hf_dir):
   _rewrite(hf_dir, edit_config=lambda c: dict(c, model_type="gpt2"))
   with pytest.raises(ConversionError, match=r"'gpt2'.*supported families.*qwen2.*llama.*glm4.*baichuan_audio"):
     convert(hf_dir, str(tmp_path / "out"))
-  with pytest.raises(ConfigError, match="rope_type 'llama3' is not supported"):
+  with pytest.raises(ConfigError, match="rope_type 'yarn' is not supported"):
     from s2sjax.families import from_hf_config
 
-    from_hf_config({**tiny_model("llama").config.to_dict(), "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
+    from_hf_config({**tiny_model("llama").config.to_dict(), "rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}})
 
 
 def test_family_flag_must_agree_with_the_checkpoint(tmp_path, hf_dir):

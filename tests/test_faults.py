@@ -536,27 +536,31 @@ def small_vocab(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_demo_text_scores_do_not_depend_on_the_modalities_beside_them(small_vocab, tmp_path):
+def test_a_users_checkpoint_is_never_grown_to_a_specs_units(small_vocab, tmp_path):
+  """Only the embedded default is given untrained rows for the demo spec's units (default_model.fit_to_spec): a
+  user's 128-row model is scored as it is on T->T, and its S->T data, whose units lie past its embedding, is
+  refused by name rather than read from rows it never had."""
   run = lambda out, modalities: _run(small_vocab, tmp_path / out, modalities, checkpoints=small_vocab["ckpt"],
                                      data_dir=small_vocab["data_dir"])
   run("alone", ("t2t",))
-  run("together", ("t2t", "s2t"))
-  scores = lambda out: open(tmp_path / out / "ckpt-1" / "sstorycloze-t2t.scores.jsonl").read()
-  assert scores("alone") == scores("together")  # the 256 unit rows are in the softmax either way
   identity = json.load(open(tmp_path / "alone" / "chunks" / "ckpt-1" / "sstorycloze-t2t" / "identity.json"))
-  assert identity["vocab_size"] == 49408  # and recorded: chunks of another vocabulary are scored again
+  assert identity["vocab_size"] == 128  # the checkpoint's own embedding, as recorded with its chunks
+  with pytest.raises(EvalError, match=r"sstorycloze/s2t: tokens\[row \d+, position \d+\] = 49\d+ is outside the "
+                                      r"embedding table \(128 rows\).*; spec demo's units 49152\.\.49407 \(256 ids\) "
+                                      r"lie past the checkpoint's embedding of 128 rows"):
+    run("together", ("t2t", "s2t"))
 
 
 @pytest.mark.slow
-def test_the_pre_flight_check_loads_the_model_the_evaluator_loads(small_vocab):
+def test_the_pre_flight_check_refuses_what_the_evaluator_refuses(small_vocab):
   from s2sjax import check
   from s2sjax.task_data import load_task_data
 
   data = load_task_data(small_vocab["data_dir"], "sstorycloze", "s2t", "demo", 1024)
   verdicts = {v.check: v for v in check.run(small_vocab["ckpt"], spec="demo", data=data)}
-  assert all(v.ok for v in verdicts.values()), check.table(list(verdicts.values()))
-  assert verdicts["unit ids"].detail == ("units 49152..49407 (256 ids) against 49408 embedding rows (128 of the "
-                                         "checkpoint and 49280 untrained rows the evaluator adds for spec demo)")
+  assert not verdicts["unit ids"].ok and not verdicts["check_fit"].ok, check.table(list(verdicts.values()))
+  assert verdicts["unit ids"].detail == "units 49152..49407 (256 ids) against 128 embedding rows"
+  assert "lie past the checkpoint's embedding of 128 rows" in verdicts["check_fit"].detail
   assert "unit_ids 49152..49407 (256 ids)" in verdicts["data special ids"].detail
   assert verdicts["data special ids"].detail.count("49152") == 1  # once, as a range
 

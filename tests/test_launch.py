@@ -50,14 +50,14 @@ def test_dry_run_prints_every_command_in_order():
   lines = _dry("--spot")
   assert lines[0] == "# dry run: commands are printed, not run"
   zone = "--zone=us-east5-b"
-  eval_command = ("cd ~/s2sjax && python3 -m s2sjax.eval '--checkpoint=gs://b/run/step_*' --data_dir=gs://b/data "
+  eval_command = ("cd s2sjax && python3 -m s2sjax.eval '--checkpoint=gs://b/run/step_*' --data_dir=gs://b/data "
                   "--output_dir=gs://b/out --distributed --task=all --modality=both --mesh=data:-1,model:4")
   assert [shlex.split(line) for line in lines[1:]] == [  # what the shell hands gcloud, quoting undone
     ["gcloud", "compute", "tpus", "tpu-vm", "create", "t1", "--accelerator-type=v5litepod-16",
      "--version=v2-alpha-tpuv5-lite", zone, "--spot"],
-    ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=all", ".", "t1:~/s2sjax", zone],
+    ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=all", ".", "t1:s2sjax", zone],
     ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "t1", "--worker=all",
-     "--command=cd ~/s2sjax && python3 -m pip install -q -e '.[tpu]'", zone],
+     "--command=cd s2sjax && python3 -m pip install -q -e '.[tpu]'", zone],
     ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "t1", "--worker=all", f"--command={eval_command}", zone],
     ["gcloud", "storage", "rsync", "--recursive", "gs://b/out", "./tpu-eval-results"],
     ["gcloud", "compute", "tpus", "tpu-vm", "delete", "t1", "--quiet", zone],
@@ -157,7 +157,7 @@ def test_queued_spot_slice_resumes_after_preemption_and_is_deleted_at_the_end():
 
 
 def test_relative_output_dir_is_fetched_from_the_remote_project_dir():
-  for output_dir, remote in [("outputs/eval", "t1:~/s2sjax/outputs/eval"), ("/tmp/eval", "t1:/tmp/eval"),
+  for output_dir, remote in [("outputs/eval", "t1:s2sjax/outputs/eval"), ("/tmp/eval", "t1:/tmp/eval"),
                              ("~/eval", "t1:~/eval")]:
     lines = _dry(f"--output_dir={output_dir}", "--action=fetch", "--fetch_to=./r")
     assert shlex.split(lines[1]) == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse", "--worker=0", remote,
@@ -171,3 +171,73 @@ def test_negative_counts_are_refused_at_flag_parsing(bad_flag):
   assert out.returncode != 0
   assert f"flag {bad_flag}: " in out.stderr and "non-negative" in out.stderr
   assert "gcloud" not in out.stdout  # nothing ran
+
+
+def _fake_program(folder, name):
+  """An executable `name` in `folder` that appends its arguments (one per line, then a `--` line) to `name`.log."""
+  log = folder / f"{name}.log"
+  script = folder / name
+  script.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a" >> {shlex.quote(str(log))}; done\n'
+                    f'echo -- >> {shlex.quote(str(log))}\n')
+  script.chmod(0o755)
+  return log
+
+
+@pytest.mark.parametrize("eval_args, words", [
+    ("--task=$(touch${IFS}pwned)", ["--task=$(touch${IFS}pwned)"]),
+    ("--task=`touch${IFS}pwned`", ["--task=`touch${IFS}pwned`"]),
+    ("--task=all --step_pattern='x; touch pwned'", ["--task=all", "--step_pattern=x; touch pwned"]),
+    ("--step_pattern=\"a'b\" --task=x|touch${IFS}pwned", ["--step_pattern=a'b", "--task=x|touch${IFS}pwned"]),
+])
+def test_hostile_arguments_reach_the_worker_as_data_through_both_shells(tmp_path, eval_args, words):
+  """The printed ssh line, run by a real local shell, hands gcloud one --command; that command, run by a real shell
+  on the 'worker', hands s2sjax.eval the arguments as the user's shell would have split them, and nothing else
+  runs."""
+  bin_dir, home = tmp_path / "bin", tmp_path / "home"
+  bin_dir.mkdir()
+  (home / "s2sjax").mkdir(parents=True)
+  gcloud_log, python_log = _fake_program(bin_dir, "gcloud"), _fake_program(bin_dir, "python3")
+  checkpoint = "gs://b/$(touch pwned)/`touch pwned`"
+  lines = _dry(f"--checkpoint={checkpoint}", f"--eval_args={eval_args}", "--action=run")
+  env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home)}
+  subprocess.run(["sh", "-c", lines[1]], cwd=tmp_path, env=env, check=True)  # the local shell
+  command = [a for a in gcloud_log.read_text().splitlines() if a.startswith("--command=")]
+  assert len(command) == 1
+  subprocess.run(["sh", "-c", command[0].removeprefix("--command=")], cwd=home, env=env, check=True)  # the worker's
+  assert python_log.read_text().splitlines() == [
+      "-m", "s2sjax.eval", f"--checkpoint={checkpoint}", "--data_dir=gs://b/data", "--output_dir=gs://b/out",
+      "--distributed", *words, "--"]
+  assert not list(tmp_path.rglob("pwned"))
+
+
+@pytest.mark.parametrize("eval_args, message", [
+    ("--task=all; rm -rf ~", "'rm' is not a flag of s2sjax.eval"),
+    ("--task=all && touch pwned", "'&&' is not a flag"),
+    ("--task='all", "cannot be split into words (No closing quotation)"),
+    ('--task="all', "cannot be split into words"),
+])
+def test_unparsable_eval_args_are_refused_before_any_slice_is_created(eval_args, message):
+  out = subprocess.run([sys.executable, "-m", "launch.tpu", "--dry_run", *ARGS, f"--eval_args={eval_args}"],
+                       capture_output=True, text=True)
+  assert out.returncode == 1
+  assert f"error: --eval_args" in out.stderr and message in out.stderr
+  assert "gcloud" not in out.stdout  # nothing printed, so nothing would have run
+  gcloud = FakeGcloud()
+  with pytest.raises(ValueError, match="--eval_args"):
+    gcloud.launcher(spot=True).run_all("gs://c", "gs://d", "gs://o", eval_args, retries=1, fetch_to="./r")
+  assert gcloud.calls == []
+
+
+@pytest.mark.parametrize("output_dir", ["out$(touch pwned)", "out`touch pwned`", "out;touch pwned", "a b", "o'ut"])
+def test_worker_local_output_dir_with_shell_syntax_is_refused_before_any_slice_is_created(output_dir):
+  """scp hands a remote path to the worker's shell in its legacy mode and not in its SFTP mode: no quoting is right
+  for both, so such a directory is refused (a gs:// one is never read by a shell)."""
+  gcloud = FakeGcloud()
+  with pytest.raises(ValueError, match="worker-local output directory is fetched by scp"):
+    gcloud.launcher().run_all("gs://c", "gs://d", output_dir, "", retries=0, fetch_to="./r")
+  assert gcloud.calls == []
+  out = subprocess.run([sys.executable, "-m", "launch.tpu", "--dry_run", *ARGS, f"--output_dir={output_dir}",
+                        "--action=fetch"], capture_output=True, text=True)
+  assert out.returncode == 1 and "error: --output_dir=" in out.stderr and "gcloud" not in out.stdout
+  lines = _dry(f"--output_dir=gs://b/{output_dir}", "--action=fetch")  # in a bucket: an argument list, no shell
+  assert shlex.split(lines[1])[4] == f"gs://b/{output_dir}"

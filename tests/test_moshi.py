@@ -21,7 +21,8 @@ from safetensors.torch import save_file
 
 from checkpoints_conversion import convert, moshi_release, safetensors_io, verify  # noqa: E402
 from s2sjax import checkpoint, packing, scoring, sharding  # noqa: E402
-from s2sjax.families import moshi as moshi_family  # noqa: E402
+from s2sjax.formats import streams  # noqa: E402
+from s2sjax.architectures import moshi as moshi_family  # noqa: E402
 from s2sjax.model import moshi  # noqa: E402
 from s2sjax.model.config import ConfigError  # noqa: E402
 
@@ -293,13 +294,13 @@ def stream_items(rng, config, weights, count=3):
   items = []
   for i in range(count):
     make = lambda n: random_codes(rng, config, 1, n, zero_rate=0.1)[0].T
-    items.append(packing.StreamItem(make(int(rng.integers(5, 12))), tuple(make(int(rng.integers(3, 8)))
+    items.append(streams.StreamItem(make(int(rng.integers(5, 12))), tuple(make(int(rng.integers(3, 8)))
                                                                         for _ in range(2 + i % 2)), scored, f"q{i}"))
   return items
 
 
 def layout_of(config):
-  return packing.StreamLayout(config.delays, config.initial_ids, 1 + config.dep_q)
+  return streams.StreamLayout(config.delays, config.initial_ids, 1 + config.dep_q)
 
 
 def naive_scores(model, config, item, weights, flush):
@@ -338,8 +339,8 @@ def step_tolerance(weights) -> float:
 
 
 def score(config, params, items, weights, share, flush=False, mesh=None, batch_size=2, length=64):
-  rows, _ = packing.pack_streams(items, packing.RowShape(length, 32, 6), layout_of(config), share, flush)
-  rows = packing.weigh_streams(rows, weights)
+  rows, _ = streams.pack_streams(items, packing.RowShape(length, 32, 6), layout_of(config), share, flush)
+  rows = streams.weigh_streams(rows, weights)
   scorer = moshi_family.scorer(config, packing.RowShape(length, 32, 6), mesh=mesh, batch_size=batch_size)
   nll_sum, n_tokens = scorer.score(params, rows)
   return scoring.collect(rows, nll_sum, n_tokens)
@@ -386,7 +387,7 @@ def test_codes_beyond_the_card_are_named(converted):
   items = stream_items(np.random.default_rng(3), config, PAPER_S2S, count=1)
   bad = items[0].candidates[0].copy()
   bad[1, 2] = config.card + 5
-  items = [packing.StreamItem(items[0].prefix, (bad,) + items[0].candidates[1:], items[0].scored, "q0")]
+  items = [streams.StreamItem(items[0].prefix, (bad,) + items[0].candidates[1:], items[0].scored, "q0")]
   with pytest.raises(ValueError, match=r"stream 2\] = 37 is outside the codebook \(32 ids and the initial token\)"):
     score(config, params, items, PAPER_S2S, share=True)
 
@@ -395,7 +396,7 @@ def test_scored_streams_must_have_a_head():
   config = moshi_family.parse_config(TINY)
   items = stream_items(np.random.default_rng(0), config, (0, 0, 0, 0, 1), count=1)  # the 4th codebook, read only
   with pytest.raises(packing.PackingError, match=r"scored streams \[4\] must be among the 4 streams"):
-    packing.pack_streams(items, packing.RowShape(64, 32, 6), layout_of(config))
+    streams.pack_streams(items, packing.RowShape(64, 32, 6), layout_of(config))
 
 
 def test_protocols_say_which_streams_count():
@@ -405,7 +406,7 @@ def test_protocols_say_which_streams_count():
   assert moshi_family.stream_weights("s2s", 3) == (0, 100, 1, 1)
   assert moshi_family.stream_weights("s2s", 8) == (0, 100, 1, 1, 1, 1, 1, 1, 1)  # moshiko's 8 own codebooks
   assert moshi_family.stream_weights("s2t", 3) == moshi_family.stream_weights("t2t", 3) == (1, 0, 0, 0)
-  assert packing.scored_streams((0, 100, 1, 1)) == (1, 2, 3)
+  assert streams.scored_streams((0, 100, 1, 1)) == (1, 2, 3)
   with pytest.raises(ConfigError, match="t2s is refused for Moshi"):
     moshi_family.stream_weights("t2s", 3)
   text, audio = np.arange(4), np.arange(12).reshape(4, 3)
@@ -427,13 +428,13 @@ def test_rows_of_the_predicted_streams_score_as_rows_of_every_stream(converted):
   weights = (1, 100, 1, 0, 0)  # the text, the semantic and one acoustic codebook
   for item in stream_items(rng, config, weights):
     silence = lambda x: np.concatenate([x[:, :1 + config.dep_q], np.full((len(x), config.n_q - config.dep_q), -1)], 1)
-    items.append(packing.StreamItem(silence(item.prefix), tuple(silence(c) for c in item.candidates), item.scored))
+    items.append(streams.StreamItem(silence(item.prefix), tuple(silence(c) for c in item.candidates), item.scored))
   full = score(config, params, items, weights, share=True)
-  own = packing.StreamLayout(config.delays[:1 + config.dep_q], config.initial_ids[:1 + config.dep_q], 1 + config.dep_q)
-  laid = [packing.StreamItem(i.prefix[:, :1 + config.dep_q], tuple(c[:, :1 + config.dep_q] for c in i.candidates),
+  own = streams.StreamLayout(config.delays[:1 + config.dep_q], config.initial_ids[:1 + config.dep_q], 1 + config.dep_q)
+  laid = [streams.StreamItem(i.prefix[:, :1 + config.dep_q], tuple(c[:, :1 + config.dep_q] for c in i.candidates),
                              i.scored) for i in items]
-  rows, _ = packing.pack_streams(laid, packing.RowShape(64, 32, 6), own)
-  rows = packing.weigh_streams(rows, weights[: 1 + config.dep_q])
+  rows, _ = streams.pack_streams(laid, packing.RowShape(64, 32, 6), own)
+  rows = streams.weigh_streams(rows, weights[: 1 + config.dep_q])
   nll_sum, n_tokens = moshi_family.scorer(config, packing.RowShape(64, 32, 6), batch_size=2).score(params, rows)
   short = scoring.collect(rows, nll_sum, n_tokens)
   np.testing.assert_array_equal(short.n_tokens, full.n_tokens)

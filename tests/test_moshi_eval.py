@@ -227,3 +227,24 @@ def test_a_tokenizer_with_more_pieces_than_the_text_stream_is_refused_at_convers
   with pytest.raises(convert.ConversionError, match=r"tokenizer_spm_32k_3.model has \d+ pieces, but the text stream "
                                                     r"takes ids below text_card=48"):
     convert.convert(release, str(tmp_path / "ckpt"), family="moshi")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("modality", ["s2s", "s2t"])
+def test_the_pre_flight_passes_on_a_converted_moshi_checkpoint_with_its_data(setup, modality):
+  """`python -m s2sjax.check` through Moshi's architecture: its release config parsed again, its text stream's
+  embedding, the spec's streams, every id of the rows within its tables, a row scored, and the audio blanked on
+  the codebook streams moving that score."""
+  import subprocess
+  import sys
+
+  data_dir = _build(setup, modality)
+  done = subprocess.run(
+    [sys.executable, "-m", "s2sjax.check", f"--checkpoint={setup['ckpt']}", f"--spec={setup['spec']}",
+     f"--data_dir={data_dir}", f"--task={TASK}", f"--modality={modality}", f"--row_length={ROW}"],
+    capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+  verdicts = {line.split()[1]: line.split()[0] for line in done.stdout.splitlines() if line[:4] in ("ok  ", "FAIL")}
+  assert verdicts["config"] == verdicts["spec"] == verdicts["check_fit"] == verdicts["smoke"] == "ok"
+  assert "audio reaches the model" in done.stdout and "moshi, model_type moshi" in done.stdout
+  assert done.stdout.strip().endswith("checks passed")

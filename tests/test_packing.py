@@ -205,7 +205,7 @@ def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
 def test_stream_candidates_lay_all_their_steps_but_the_last():
   """Parallel streams (delays 0, initial ids 90 and 91): the item opens with the initial step, then its prefix
   steps; a candidate lays its steps but the last, which is a target only, as a text candidate's last token."""
-  from s2sjax.packing import StreamItem, StreamLayout, pack_streams
+  from s2sjax.formats.streams import StreamItem, StreamLayout, pack_streams
 
   layout = StreamLayout(delays=(0, 0), initial_ids=(90, 91), predicted=2)
   prefix = np.array([[1, 11], [2, 12]])

@@ -61,6 +61,24 @@ def test_each_recording_is_scored_whole_under_the_utterance_protocol(tmp_path):
   np.testing.assert_array_equal(candidate, np.concatenate([2 + tokenizer.encode(wave, "x")[:, 0], [1]]))
 
 
+def unit_lm(root):
+  """(a unit LM spec's YAML, a tiny qwen2 of its 258 ids as transformers runs it, that model converted): SlamKit's
+  layout of the mel k-means units, bos = eos = 1, unit k at 2 + k."""
+  import yaml
+
+  from checkpoints_conversion.convert import convert
+  from tests.hf_models import save_hf, tiny_model
+
+  spec = root / "units.yaml"
+  spec.write_text(yaml.safe_dump({"name": "units", "audio_mode": "extended_vocab", "codebook_sizes": [256],
+                                  "audio_tokenizer": {"type": "mel_kmeans"}, "unit_offset": 2,
+                                  "text_vocabulary": False, "bos_id": 1}))
+  model = tiny_model("qwen2", vocab_size=258)
+  ckpt = str(root / "unit_lm")
+  convert(save_hf(model, str(root / "hf")), ckpt)
+  return spec, model, ckpt
+
+
 @pytest.mark.slow
 def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp_path):
   """Built and scored as TWIST's and Moshi's numbers are: each recording whole, by a unit LM, SlamKit's mean NLL
@@ -71,28 +89,20 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
   import shutil
 
   import torch
-  import yaml
 
-  from checkpoints_conversion.convert import convert
   from s2sjax import benchmarks, checkpoint, metrics
   from s2sjax.builds import Variants
-  from s2sjax.evaluator import Evaluator, ScoringOptions, summarize
+  from s2sjax.evaluator import Evaluator, ScoringOptions
+  from s2sjax.metrics import summarize
   from s2sjax.task_data import load_task_data
   from tasks.preparation import prepare
-  from tests.hf_models import save_hf, tiny_model
 
   speech = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")
   folder = tmp_path / "release" / "tSC"
   folder.mkdir(parents=True)
   for n, source in enumerate(["0.wav", "2.wav", "4.wav", "4.wav", "6.wav", "8.wav"]):  # the second pair: a tie
     shutil.copy(os.path.join(speech, source), folder / f"{n}_story{n // 2}.wav")
-  spec = tmp_path / "units.yaml"
-  spec.write_text(yaml.safe_dump({"name": "units", "audio_mode": "extended_vocab", "codebook_sizes": [256],
-                                  "audio_tokenizer": {"type": "mel_kmeans"}, "unit_offset": 2,
-                                  "text_vocabulary": False, "bos_id": 1}))
-  model = tiny_model("qwen2", vocab_size=258)
-  ckpt = str(tmp_path / "unit_lm")
-  convert(save_hf(model, str(tmp_path / "hf")), ckpt)
+  spec, model, ckpt = unit_lm(tmp_path)
   utterance = Variants(protocol="utterance")
   with pytest.raises(ReleaseError, match="holds whole spoken stories.*--modality=s2s --protocol=utterance"):
     prepare("spoken_tstorycloze", str(spec), "s2t", 1024, str(tmp_path / "data"), manual_dir=str(tmp_path / "release"))

@@ -16,8 +16,8 @@ FORBIDDEN = {"s2sjax": ("tasks", "checkpoints_conversion", *ENTRY_POINTS),
              "checkpoints_conversion": ("tasks", *ENTRY_POINTS)}
 
 
-def module_name(path: pathlib.Path) -> str:
-  parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
+  parts = path.relative_to(root).with_suffix("").parts
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -78,7 +78,7 @@ def test_packages_import_one_way(package):
 def test_the_commands_keep_their_names_through_aliases_only():
   aliases = sorted(path.relative_to(ROOT).as_posix() for package in FORBIDDEN for path in _project_files(package)
                    if is_command_alias(path))
-  assert aliases == ["s2sjax/bench.py", "s2sjax/eval.py", "s2sjax/lm_eval.py", "tasks/prepare.py"]
+  assert aliases == ["s2sjax/bench.py", "s2sjax/eval.py", "s2sjax/lm_eval.py", "s2sjax/watch.py", "tasks/prepare.py"]
 
 
 def test_an_alias_that_defines_something_is_not_one(tmp_path):
@@ -95,18 +95,30 @@ def test_the_check_reads_real_imports(tmp_path):
   assert imported_modules(sample) == {"os", "tasks.build", "checkpoints_conversion.convert"}
 
 
-def _module_graph() -> dict[str, set[str]]:
-  """Every project module (package `__init__`s as their package) -> the project modules it imports, at any depth
-  (function-level imports included: one that dodges a cycle at import time is still a cycle)."""
+def _module_graph(root: pathlib.Path = ROOT,
+                  packages: tuple[str, ...] = ("s2sjax", "tasks", "checkpoints_conversion", "launch")
+                  ) -> dict[str, set[str]]:
+  """Every project module under `root` (package `__init__`s as their package) -> the project modules it imports,
+  at any depth (function-level imports included: one that dodges a cycle at import time is still a cycle).
+  Importing `a.b.m` runs `a/__init__.py` and `a/b/__init__.py` first, so it is an edge to each of those packages
+  too, but for the importer's own packages, which Python has entered before the importer runs: a package whose
+  `__init__` imports a module that imports back into that package is a cycle (the module reads a half-initialised
+  package)."""
   paths = {}
-  for package in ("s2sjax", "tasks", "checkpoints_conversion", "launch"):
-    for path in (ROOT / package).rglob("*.py"):
-      paths[module_name(path)] = path
+  for package in packages:
+    for path in (root / package).rglob("*.py"):
+      paths[module_name(path, root)] = path
 
   def project_module(name: str) -> str | None:
     while name and name not in paths:
       name = name.rpartition(".")[0]
     return name or None
+
+  def with_packages(name: str, importer: str) -> set[str]:
+    """The module and the packages Python runs first, less the importer's own."""
+    parts = name.split(".")
+    own = {".".join(importer.split(".")[:n]) for n in range(1, len(importer.split(".")) + 1)}
+    return {name} | {package for n in range(1, len(parts)) if (package := ".".join(parts[:n])) not in own}
 
   graph = {}
   for module, path in paths.items():
@@ -121,7 +133,9 @@ def _module_graph() -> dict[str, set[str]]:
           base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
         # `from pkg import module` imports the module; `from module import name` the module
         names.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base for alias in node.names)
-    graph[module] = {found for name in names if (found := project_module(name)) and found != module}
+    graph[module] = {project for name in names if (found := project_module(name))
+                     for project in with_packages(found, package if path.name == "__init__.py" else module)
+                     if project in paths and project != module}
   return graph
 
 
@@ -161,3 +175,66 @@ def test_the_cycle_check_finds_a_cycle_through_three_modules():
   graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
   assert import_cycles(graph) == [["a", "b", "c"]]
   assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_cycle_check_sees_a_package_init(tmp_path):
+  """A package whose `__init__` imports a module of another package that imports back into the first package's
+  submodule: Python runs the first package's `__init__` again half-way (the module gets a half-initialised
+  package), though no module imports another that imports it back."""
+  for path, text in {"arch/__init__.py": "from fam import moshi\n", "arch/base.py": "X = 1\n",
+                     "fam/__init__.py": "", "fam/moshi.py": "from arch.base import X\n",
+                     "fam/own.py": "from fam.moshi import X\n"}.items():
+    (tmp_path / path).parent.mkdir(exist_ok=True)
+    (tmp_path / path).write_text(text)
+  graph = _module_graph(tmp_path, ("arch", "fam"))
+  assert graph["fam.moshi"] == {"arch", "arch.base"} and graph["fam.own"] == {"fam.moshi"}  # its own package: no edge
+  assert import_cycles(graph) == [["arch", "fam.moshi"]]
+
+
+# The core's stages, in the order data flows through them (docs/architecture.md, "Stages"): a module imports its own
+# stage and the stages before it, never one after (the run-time plumbing every stage uses comes first; a task's
+# arithmetic, `metrics`, is part of the benchmark's contract that the data stage defines). The entry points, their
+# aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above every stage.
+STAGES = (
+  ("runtime plumbing", ("s2sjax.errors", "s2sjax.registry", "s2sjax.plugins", "s2sjax.cache", "s2sjax.cli",
+                        "s2sjax.progress", "s2sjax.output_dir", "s2sjax.staging", "s2sjax.peers", "s2sjax.sharding")),
+  ("data contract and formats", ("s2sjax.modalities", "s2sjax.rows", "s2sjax.packing", "s2sjax.formats",
+                                 "s2sjax.spec", "s2sjax.benchmarks", "s2sjax.builds", "s2sjax.questions",
+                                 "s2sjax.task_data", "s2sjax.text_tokenizer", "s2sjax.metrics")),
+  ("scoring", ("s2sjax.model", "s2sjax.families", "s2sjax.architectures", "s2sjax.scoring", "s2sjax.sequence_inputs",
+               "s2sjax.checksums", "s2sjax.stacks", "s2sjax.checkpoint", "s2sjax.checkpoint_paths", "s2sjax.own_forward",
+               "s2sjax.evaluator", "s2sjax.default_model", "s2sjax.logprobs", "s2sjax.check", "s2sjax.plan",
+               "s2sjax.bench_items", "s2sjax.bench_accelerator")),
+  ("results and reports", ("s2sjax.chunk_store", "s2sjax.reports", "s2sjax.flips",
+                           "s2sjax.stacks.levanter_hook")),
+)
+
+
+def stage_of(module: str) -> int | None:
+  """The stage whose most specific member holds the module (a package's module may sit in a later stage)."""
+  found = [(len(member), n) for n, (_, members) in enumerate(STAGES) for member in members if within(module, (member,))]
+  return max(found)[1] if found else None
+
+
+def reverse_imports(graph: dict[str, set[str]]) -> list[str]:
+  """Every import of a module of a later stage than the importer's."""
+  return [f"{module} ({STAGES[stage_of(module)][0]}) imports {other} ({STAGES[stage_of(other)][0]})"
+          for module, imported in sorted(graph.items()) if stage_of(module) is not None
+          for other in sorted(imported) if stage_of(other) is not None and stage_of(other) > stage_of(module)]
+
+
+def test_every_core_module_is_in_one_stage():
+  aliases = {module_name(path) for path in _project_files("s2sjax") if is_command_alias(path)}
+  unplaced = [module for module in sorted(_module_graph()) if within(module, ("s2sjax",)) and module != "s2sjax"
+              and not within(module, ENTRY_POINTS) and module not in aliases and stage_of(module) is None]
+  assert unplaced == [], "place each in the stage of STAGES it belongs to"
+
+
+def test_no_stage_imports_a_later_one():
+  assert reverse_imports(_module_graph()) == []
+
+
+def test_the_stage_check_finds_an_import_of_a_later_stage():
+  graph = {"s2sjax.spec": {"s2sjax.errors"}, "s2sjax.cli": {"s2sjax.benchmarks"}, "s2sjax.reports": {"s2sjax.evaluator"}}
+  assert reverse_imports(graph) == ["s2sjax.cli (runtime plumbing) imports s2sjax.benchmarks (data contract and "
+                                    "formats)"]

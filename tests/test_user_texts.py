@@ -10,7 +10,7 @@ import wave
 import numpy as np
 import pytest
 
-from s2sjax import benchmarks, cli, default_model, flips, plan
+from s2sjax import benchmarks, builds, default_model, flips, plan
 from s2sjax.commands import eval as s2s_eval
 from s2sjax.questions import QuestionScores
 from s2sjax.commands import prepare as prepare_command
@@ -21,7 +21,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not docs/b
 
 @pytest.mark.parametrize("command", [s2s_eval, prepare_command])
 def test_the_usage_lists_every_task_of_the_registry(command):
-  usage = cli.usage(command.__doc__)
+  usage = builds.usage(command.__doc__)
   choices = re.search(r"--task=(\S+)", usage).group(1).split("|")
   assert choices == benchmarks.names() + ["all"] and "tstorycloze" in choices
 
@@ -44,16 +44,17 @@ def test_the_result_line_names_the_right_and_wrong_candidates_losses():
   assert line.endswith("over 2 comparisons, loss right 1.500 / wrong 1.750 (43.4s)")
 
 
-def test_scores_lines_mark_the_answer_and_old_files_are_read_too():
+def test_scores_lines_mark_the_answer_and_lines_without_the_mark_are_refused():
   scores = _scores([1.0, 2.0], [3.0, 0.5])
   lines = scores.to_lines()
   assert [line["is_answer"] for line in lines] == [True, False, True, False]
   assert not any("correct" in line for line in lines)
-  old = [{("correct" if k == "is_answer" else k): v for k, v in line.items()} for line in lines]  # earlier runs
-  for back in (QuestionScores.from_lines(lines), QuestionScores.from_lines(old)):
-    assert back.ids == scores.ids and (back.correct == 0).all() and (back.nll_sum == scores.nll_sum).all()
-  with pytest.raises(ValueError, match=r"lines without \['is_answer'\]"):
-    QuestionScores.from_lines([{k: v for k, v in line.items() if k != "is_answer"} for line in lines])
+  back = QuestionScores.from_lines(lines)
+  assert back.ids == scores.ids and (back.correct == 0).all() and (back.nll_sum == scores.nll_sum).all()
+  renamed = [{("correct" if k == "is_answer" else k): v for k, v in line.items()} for line in lines]
+  for unmarked in (renamed, [{k: v for k, v in line.items() if k != "is_answer"} for line in lines]):
+    with pytest.raises(ValueError, match=r"lines without \['is_answer'\]"):
+      QuestionScores.from_lines(unmarked)
 
 
 def _wav(path, seconds):

@@ -13,7 +13,7 @@ from s2sjax.architectures.architecture import (
 
 # The built-ins register on import: the shared decoder first, then the models of their own.
 from s2sjax.architectures import decoder  # noqa: E402,F401,I001
-from s2sjax.families import moshi  # noqa: E402,F401
+from s2sjax.architectures import moshi  # noqa: E402,F401
 
 __all__ = ["ARCHITECTURES", "DECODER", "Architecture", "FitError", "StreamProtocol", "for_config", "for_family",
            "for_spec", "get", "register"]

@@ -17,7 +17,7 @@ import numpy as np
 from s2sjax import plugins
 from s2sjax.errors import UnknownNameError, UserError
 from s2sjax.registry import Registry
-from s2sjax.rows import RowFormat
+from s2sjax.rows import STREAM_ROWS, RowFormat
 
 DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.families is
 
@@ -41,6 +41,10 @@ class Architecture:
   """One model kind. `scorer(config, shape, mesh=None, batch_size=8, dtype=float32, attention="xla")` compiles its
   step over rows of `row_format` (an object with `score(params, rows) -> (nll_sum, n_tokens)` and
   `compiled_count()`); `check_fit(config, task_data)` raises FitError for data the model cannot read;
+  `check_ids(rows, config)` raises a ScoringError for ids beyond the model's tables (the scorer's own check, which
+  the pre-flight runs too); `parse_config(config_json)` reads a release's config.json into its config, refusing by
+  name what it does not implement; `spec_checks(config, spec, audio_ids)` are the pre-flight's verdicts on how a
+  spec's ids and streams meet the model, as (check, ok, detail);
   `converter` and `verifier` ('module:function', imported when asked for: s2sjax.registry.load_object) convert
   and check a release folder of this architecture: `converter(source, output, dtype, overwrite) -> manifest`,
   `verifier(source, ckpt_dir, length, seed) -> comparison`. None: its checkpoints come through the families'
@@ -49,13 +53,16 @@ class Architecture:
   (`s2sjax.sequence_inputs`); None: the architecture has no such command."""
 
   name: str  # model_config.json's `family` for an architecture of its own; DECODER for the shared decoder
-  config_class: type  # its config: hashable, with to_json / from_json
+  config_class: type  # its config: hashable, with to_json / from_json and `family` (model_config.json's)
   row_format: RowFormat
   abstract_params: Callable[..., Any]  # (config, param_dtype=float32) -> the tree of ShapeDtypeStructs
   param_logical_axes: Callable[[Any], Any]  # config -> the tree of logical axis names
   scorer: Callable[..., Any]
   text_rows: Callable[[Any], int]  # config -> rows of its text embedding (the largest text tokenizer it reads)
   check_fit: Callable[[Any, Any], None]
+  check_ids: Callable[[Mapping[str, np.ndarray], Any], None] | None = None  # None: its scorer checks ids alone
+  parse_config: Callable[[Mapping[str, Any]], Any] | None = None  # None: it reads no release config.json
+  spec_checks: Callable[[Any, Any, Any], list[tuple[str, bool, str]]] = lambda config, spec, ids: []
   stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
   converter: str | None = None
   verifier: str | None = None
@@ -65,9 +72,9 @@ class Architecture:
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
   problems = [f"its config class {new.config_class.__name__} is {a.name}'s already" for a in registered.values()
               if a.config_class is new.config_class]
-  if (new.stream_protocol is not None) != new.row_format.streams:
+  if (new.stream_protocol is not None) != (new.row_format is STREAM_ROWS):
     problems.append(f"an architecture reading {new.row_format.name} rows "
-                    f"{'needs' if new.row_format.streams else 'takes no'} stream_protocol")
+                    f"{'needs' if new.row_format is STREAM_ROWS else 'takes no'} stream_protocol")
   return problems
 
 

@@ -11,8 +11,9 @@ from s2sjax.architectures.architecture import DECODER, Architecture, FitError, r
 from s2sjax.model import decoder
 from s2sjax.model.config import ModelConfig
 from s2sjax.rows import TOKEN_ROWS
-from s2sjax.scoring import Scorer
+from s2sjax.scoring import Scorer, ScoringError, check_ids
 from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
+from s2sjax.spec import AudioIds, Spec, id_ranges
 
 
 def scorer(config: ModelConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp.float32,
@@ -21,8 +22,8 @@ def scorer(config: ModelConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp
 
 
 def check_fit(config: ModelConfig, data) -> None:
-  """Spoken data laid as the checkpoint's family takes audio: its audio input, its codebook tables and the
-  placeholder id it reads codes at."""
+  """Spoken data laid as the checkpoint's family takes audio: its audio input, its units within the embedding, its
+  codebook tables and the placeholder id it reads codes at."""
   spec = data.metadata.spec
   if not modalities.get(data.modality).speaks:
     return
@@ -30,6 +31,16 @@ def check_fit(config: ModelConfig, data) -> None:
   if spec.audio_mode not in accepted:
     raise FitError(f"spec {spec.name} feeds audio as {spec.audio_mode}; the {config.family} family takes "
                    f"{', '.join(accepted) or 'no audio'}")
+  units = data.metadata.audio_ids.unit_ids if data.metadata.audio_ids else None
+  if units and max(units) >= config.vocab_size:  # the rows' own ids say whether any unit past the table is laid
+    try:
+      check_ids(data.rows, config)
+    except ScoringError as e:
+      raise FitError(
+        f"{data.task}/{data.modality}: {e}; spec {spec.name}'s units {id_ranges(units)} lie past the checkpoint's "
+        f"embedding of {config.vocab_size} rows, so its audio would be read from rows it never learned: convert a "
+        "checkpoint whose embedding holds them, or build the data with a spec whose units it has (only the "
+        "embedded default model is given untrained rows for them)") from None
   if spec.audio_mode == "codebook_tables":
     sizes = spec.codebook_sizes
     if len(config.audio_codebook_sizes) != len(sizes) or any(m < d for m, d in zip(config.audio_codebook_sizes, sizes)):
@@ -93,6 +104,21 @@ def log_probs(config: ModelConfig, params, input_ids: np.ndarray,
   return np.asarray(out, np.float32)[0], None
 
 
+def spec_checks(config: ModelConfig, spec: Spec, ids: AudioIds) -> list[tuple[str, bool, str]]:
+  """The pre-flight's verdicts on a spec's ids: its placeholder is the one the checkpoint reads codes at, its units
+  lie within the embedding."""
+  verdicts = []
+  if ids.placeholder is not None:
+    verdicts.append(("placeholder id", ids.placeholder == config.audio_placeholder_id,
+                     f"spec {spec.name}'s {spec.placeholder_token!r} -> {ids.placeholder} in the tokenizer; checkpoint "
+                     f"audio_placeholder_id = {config.audio_placeholder_id}"))
+  if ids.unit_ids:
+    verdicts.append(("unit ids", max(ids.unit_ids) < config.vocab_size,
+                     f"units {id_ranges(ids.unit_ids)} against {config.vocab_size} embedding rows"))
+  return verdicts
+
+
 DECODER_ARCHITECTURE = register(Architecture(
   DECODER, ModelConfig, TOKEN_ROWS, decoder.abstract_params, decoder.param_logical_axes, scorer,
-  text_rows=lambda config: config.vocab_size, check_fit=check_fit, log_probs=log_probs))
+  text_rows=lambda config: config.vocab_size, check_fit=check_fit, check_ids=check_ids,
+  parse_config=families.from_hf_config, spec_checks=spec_checks, log_probs=log_probs))

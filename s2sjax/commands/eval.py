@@ -38,16 +38,17 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from s2sjax import (benchmarks, builds, cache, checkpoint, checkpoint_paths, cli, default_model, flips, metrics,
-                    modalities, peers, reports, sharding, text_tokenizer)
+from s2sjax import (architectures, benchmarks, builds, cache, checkpoint, checkpoint_paths, cli, default_model, flips,
+                    metrics, modalities, peers, plan, reports, sharding, text_tokenizer)
 from s2sjax.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit, summarize
+from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
+from s2sjax.metrics import summarize
 from s2sjax.model import layers
 from s2sjax.output_dir import OutputError, RunLock
 from s2sjax.questions import QuestionScores
 from s2sjax.progress import Progress
-from s2sjax.spec import load_spec
+from s2sjax.stacks import maxtext_config
 from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
@@ -120,15 +121,15 @@ def ensure_data(cfg: EvalConfig, data_dir: str, selector: builds.DataSelector, t
 
 def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True, accept_config_change: bool = False):
   """Config and params of one checkpoint (config hash and parameter checksums verified), fitted to the data's spec
-  (`default_model.fit_to_spec`: the demo spec's units become untrained vocabulary rows, whichever modalities run;
-  `s2sjax.check` loads the same model). A checkpoint of another architecture (s2sjax/architectures) gives its own
-  config and tree, which the Evaluator scores with that architecture's scorer."""
+  (`default_model.fit_to_spec`: for the embedded default, a unit spec's units become untrained vocabulary rows,
+  whichever modalities run; `s2sjax.check` loads the same model). A checkpoint of another architecture
+  (s2sjax/architectures) gives its own config and tree, which the Evaluator scores with that architecture's scorer."""
   if not data:
     raise EvalError("no task data to score: nothing was built or asked for")
   config = checkpoint.load_config(path, accept_config_change)
   params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify,
                                   accept_changed_config=accept_config_change)
-  return default_model.fit_to_spec(config, params, data[0].metadata.spec)
+  return default_model.fit_to_spec(config, params, data[0].metadata.spec, checkpoint.load_manifest(path))
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
@@ -163,7 +164,7 @@ def run(cfg: EvalConfig) -> list[dict]:
   data_dir = cfg.data_dir or cfg.default_data_dir()
   data = [ensure_data(cfg, data_dir, selector, cfg.tokenizer_dir or os.path.join(paths[0], "tokenizer"))
           for selector in cfg.selectors]
-  text_free = not load_spec(cfg.spec).text_vocabulary  # a unit LM: no text tokenizer to hold the data against
+  text_free = not data[0].metadata.spec.text_vocabulary  # a unit LM: no text tokenizer to hold the data against
   mesh = sharding.make_mesh(cfg.mesh)
   attention = pick_attention(cfg.scoring.attention, data, cfg.scoring.dtype)
   options = dataclasses.replace(cfg.scoring, attention=attention)
@@ -175,6 +176,7 @@ def run(cfg: EvalConfig) -> list[dict]:
       config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint, cfg.accept_config_change)
       for td in data:
         check_fit(config, td, identity)
+      plan.check_step_memory(config, [td.shape for td in data], options.batch_size, options.dtype, attention, mesh)
       if evaluator is None or evaluator.config != config:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
@@ -203,11 +205,11 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
   for td in data:
     store = ChunkStore(reports.chunk_dir(cfg.output_dir, folder, td.task, td.label),
                        {"checkpoint": record["path"], "checkpoint_content": content,
-                        "vocab_size": getattr(evaluator.config, "vocab_size", None),
-                        "step": _step_identity(evaluator, td),
+                        "vocab_size": architectures.for_config(evaluator.config).text_rows(evaluator.config),
+                        "step": evaluator.scorer(td).step_identity,
                         "dtype": evaluator.options.dtype, "chunk_rows": cfg.chunk_rows, "data": td.fingerprint})
     start = time.time()
-    title = modalities.title(td.label)
+    title = td.label.title
     progress = Progress(td.num_rows, f"{record['name']} {td.task} {title}")
     scores[(td.task, td.label)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     if jax.process_index() == 0:
@@ -224,15 +226,6 @@ def result_line(scored: str, m: dict, seconds: float) -> str:
   return (f"{scored}: accuracy {100 * m['accuracy']:.1f}% [{100 * m['accuracy_ci95'][0]:.1f}, "
           f"{100 * m['accuracy_ci95'][1]:.1f}] over {m['comparisons']} comparisons, loss right "
           f"{m['positive_loss']:.3f} / wrong {m['negative_loss']:.3f} ({seconds:.1f}s)")
-
-
-def _step_identity(evaluator: Evaluator, td: TaskData) -> str:
-  """What of the compiled step changes a chunk's bits beyond the model and the rows: the attention kernel and its
-  item-local window, which spans the longest item of every task sharing the step (so T->T run beside S->T is
-  scored by another program than T->T alone, ~1e-6 nats apart): chunks of another step are scored again, never
-  mixed."""
-  scorer = evaluator.scorer(td)
-  return f"{getattr(scorer, 'attention', 'streams')} window {getattr(scorer, 'window', None)}"
 
 
 def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
@@ -311,6 +304,7 @@ def define_flags() -> None:
                     "built apart in $S2SJAX_CACHE/smoke, results in outputs/smoke: minutes; the numbers mean nothing.")
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint dir, glob, or comma-separated list (default: the "
                       "embedded SmolLM2-135M-Instruct, Q4_1 GGUF, with the demo spec).")
+  maxtext_config.define_flag()
   flags.DEFINE_string("data_dir", None, "Built datasets (default: $S2SJAX_CACHE/data, ~/.cache/s2sjax/data when "
                       "unset: the bundled sample).")
   flags.DEFINE_string("output_dir", "outputs/eval", "Where results go; rerunning into it resumes.")
@@ -393,7 +387,8 @@ def main(argv):
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
   config = config_from_flags()
-  runs = run(config)
+  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/stacks)
+    runs = run(config)
   if jax.process_index() != 0:
     return
   for run_ in runs:
@@ -410,7 +405,7 @@ def main(argv):
 def command_line() -> None:
   """`python -m s2sjax.eval`."""
   define_flags()
-  cli.run(main, __doc__, flag_modules=(__name__, builds.__name__))
+  cli.run(main, builds.usage(__doc__), flag_modules=(__name__, builds.__name__))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Adding a family is one module of your own: build a `Family` from `keymap` and `h
 in $S2SJAX_PLUGINS (comma-separated) so every command line imports it before its first lookup.
 """
 
-from s2sjax.families.family import AUDIO_INPUTS, HF, Family, GgufLayout, HfExport, Layout
+from s2sjax.families.family import HF, Family, GgufLayout, HfExport, Layout
 from s2sjax.families.registry import (
   FAMILIES, all_layouts, describe, from_hf_config, get, gguf_layout, layout_choices, layout_for_model_type,
   model_types, names, planner_shapes, register)
@@ -19,7 +19,7 @@ from s2sjax.families.registry import (
 from s2sjax.families import qwen2, llama, glm4, opt  # noqa: E402,F401,I001
 
 __all__ = [
-  "AUDIO_INPUTS", "FAMILIES", "HF", "Family", "GgufLayout", "HfExport", "Layout", "all_layouts",
+  "FAMILIES", "HF", "Family", "GgufLayout", "HfExport", "Layout", "all_layouts",
   "describe", "from_hf_config", "get", "gguf_layout", "layout_choices", "layout_for_model_type", "model_types", "names",
   "planner_shapes", "register",
 ]

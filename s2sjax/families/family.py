@@ -17,9 +17,6 @@ from s2sjax.families.keymap import Rule
 from s2sjax.model.config import ModelConfig
 
 HF = "hf"  # the name of a family's transformers layout; every other layout name is the converter's to pick
-# Ways audio tokens enter a decoder: `codebook_tables` (K embedding tables summed at a placeholder token, as
-# Baichuan-Audio), `extended_vocab` (audio unit k is an ordinary token id, as GLM-4-Voice or TWIST).
-AUDIO_INPUTS = ("codebook_tables", "extended_vocab")
 
 SourceConfig = Mapping[str, Any]  # a checkpoint's config.json, parsed
 
@@ -69,7 +66,9 @@ class GgufLayout:
 class Family:
   name: str  # ModelConfig.family
   layouts: tuple[Layout, ...]
-  audio_inputs: tuple[str, ...] = ()  # of AUDIO_INPUTS
+  # The input formats of token rows it reads audio in (s2sjax/formats: `codebook_tables`, K embedding tables summed
+  # at a placeholder token, as Baichuan-Audio; `extended_vocab`, audio unit k an ordinary token id, as GLM-4-Voice)
+  audio_inputs: tuple[str, ...] = ()
   export: HfExport | None = None  # None: not exportable to transformers
   gguf: GgufLayout | None = None  # None: no GGUF files of this family are read
   # Published architectures for the planner, by name: the sizes of their config.json (parsed by its layout).

@@ -17,20 +17,27 @@ NAME = "glm4"
 def parse_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
   # GlmConfig falls back to glm-4-9b's head_dim, kv heads, attention_bias and partial_rotary_factor: one model's
   # values, not the checkpoint's, so all four are required.
-  head_dim = hf_config.require(cfg, "head_dim")
+  head_dim = hf_config.number(cfg, "head_dim")
   _, factor = hf_config.rope(cfg)
   if factor is None:
     raise ConfigError("config.json has no partial_rotary_factor (top level or in rope_parameters)")
   fields = hf_config.decoder_fields(
-    cfg, head_dim=head_dim, num_kv_heads=hf_config.require(cfg, "num_key_value_heads"),
+    cfg, head_dim=head_dim, num_kv_heads=hf_config.number(cfg, "num_key_value_heads"),
     rotary_dim=int(head_dim * factor),
   )
   bias = bool(hf_config.require(cfg, "attention_bias"))
-  return ModelConfig(family=NAME, rope_interleaved=True, qkv_bias=bias, o_bias=False, mlp_bias=False, **fields)
+  with hf_config.named_by():
+    return ModelConfig(family=NAME, rope_interleaved=True, qkv_bias=bias, o_bias=False, mlp_bias=False, **fields)
+
+
+# ModelConfig field -> ChatGLM's config.json key
+CHATGLM_KEYS = {"vocab_size": "padded_vocab_size", "hidden_size": "hidden_size", "intermediate_size": "ffn_hidden_size",
+                "num_layers": "num_layers", "num_heads": "num_attention_heads", "num_kv_heads": "multi_query_group_num",
+                "head_dim": "kv_channels", "rope_theta": "rope_ratio (x 10,000)", "rms_norm_eps": "layernorm_epsilon"}
 
 
 def parse_chatglm_config(cfg: Mapping[str, Any]) -> ModelConfig:
-  require = hf_config.require
+  number = hf_config.number
   if not cfg.get("rmsnorm", True) or cfg.get("apply_residual_connection_post_layernorm"):
     raise ConfigError("only ChatGLM configs with rmsnorm=true and pre-norm residuals (GLM-4) are supported")
   if cfg.get("add_bias_linear"):
@@ -39,28 +46,29 @@ def parse_chatglm_config(cfg: Mapping[str, Any]) -> ModelConfig:
     raise ConfigError("ChatGLM original_rope=false (non-interleaved GLM rope) is not supported")
   if cfg.get("post_layer_norm") is False:
     raise ConfigError("ChatGLM post_layer_norm=false (no final layernorm) is not supported")
-  heads = require(cfg, "num_attention_heads")
+  heads = number(cfg, "num_attention_heads")
   # ChatGLMConfig falls back to ChatGLM2-6B's kv_channels=128 and multi_query_group_num=1: required instead.
-  head_dim = require(cfg, "kv_channels")
+  head_dim = number(cfg, "kv_channels")
   # modeling_chatglm.py: RotaryEmbedding(head_dim // 2) with base 10000 * rope_ratio, interleaved pairs.
-  return ModelConfig(
-    family=NAME,
-    vocab_size=require(cfg, "padded_vocab_size", "vocab_size"),
-    hidden_size=require(cfg, "hidden_size"),
-    intermediate_size=require(cfg, "ffn_hidden_size"),
-    num_layers=require(cfg, "num_layers"),
-    num_heads=heads,
-    num_kv_heads=require(cfg, "multi_query_group_num") if cfg.get("multi_query_attention") else heads,
-    head_dim=head_dim,
-    rope_theta=10000.0 * float(cfg.get("rope_ratio", 1.0)),
-    rotary_dim=head_dim // 2,
-    rope_interleaved=True,
-    rms_norm_eps=float(require(cfg, "layernorm_epsilon")),
-    qkv_bias=bool(cfg.get("add_qkv_bias", False)),
-    o_bias=False,
-    mlp_bias=False,
-    tie_embeddings=False,
-  )
+  with hf_config.named_by(CHATGLM_KEYS):
+    return ModelConfig(
+      family=NAME,
+      vocab_size=number(cfg, "padded_vocab_size", "vocab_size"),
+      hidden_size=number(cfg, "hidden_size"),
+      intermediate_size=number(cfg, "ffn_hidden_size"),
+      num_layers=number(cfg, "num_layers"),
+      num_heads=heads,
+      num_kv_heads=number(cfg, "multi_query_group_num") if cfg.get("multi_query_attention") else heads,
+      head_dim=head_dim,
+      rope_theta=10000.0 * float(number({"rope_ratio": 1.0, **cfg}, "rope_ratio")),
+      rotary_dim=head_dim // 2,
+      rope_interleaved=True,
+      rms_norm_eps=float(number(cfg, "layernorm_epsilon")),
+      qkv_bias=bool(cfg.get("add_qkv_bias", False)),
+      o_bias=False,
+      mlp_bias=False,
+      tie_embeddings=False,
+    )
 
 
 HF_NAMES = dataclasses.replace(keymap.HF_NAMES, gate=None, up=None, gate_up="model.layers.{i}.mlp.gate_up_proj")

@@ -17,15 +17,16 @@ NAME = "llama"
 
 def parse_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
   # LlamaConfig derives head_dim and the kv heads when absent; so do we.
-  heads = hf_config.require(cfg, "num_attention_heads")
-  head_dim = cfg.get("head_dim") or hf_config.require(cfg, "hidden_size") // heads
+  head_dim = hf_config.derived_head_dim(cfg)
+  kv_heads = "num_key_value_heads" if cfg.get("num_key_value_heads") is not None else "num_attention_heads"
   fields = hf_config.decoder_fields(
-    cfg, head_dim=head_dim, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+    cfg, head_dim=head_dim, num_kv_heads=hf_config.number(cfg, kv_heads),
     rotary_dim=hf_config.whole_head_rotary_dim(cfg, head_dim),
   )
   bias = bool(cfg.get("attention_bias", False))
-  return ModelConfig(family=NAME, rope_interleaved=False, qkv_bias=bias, o_bias=bias,
-                     mlp_bias=bool(cfg.get("mlp_bias", False)), **fields)
+  with hf_config.named_by():
+    return ModelConfig(family=NAME, rope_interleaved=False, qkv_bias=bias, o_bias=bias,
+                       mlp_bias=bool(cfg.get("mlp_bias", False)), **fields)
 
 
 def export_config(config: ModelConfig) -> dict[str, Any]:

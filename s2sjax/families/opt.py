@@ -17,52 +17,55 @@ NAME = "opt"
 POSITION_OFFSET = 2
 # modeling_opt.py builds every LayerNorm with torch's default eps; config.json has no key for it.
 LAYER_NORM_EPS = 1e-5
+# ModelConfig field -> OPT's config.json key
+HF_KEYS = dict(hf_config.HF_KEYS, intermediate_size="ffn_dim", word_embed_dim="word_embed_proj_dim")
 
 
 def parse_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
   """Sizes are required. Of the switches, do_layer_norm_before is required (OPT-350m's differs from the rest);
   the others take OPTConfig's defaults, which configs written before transformers added them mean."""
-  require = hf_config.require
+  require, number = hf_config.require, hf_config.number
   activation = cfg.get("activation_function", "relu")
   if activation != "relu":
     raise ConfigError(f"OPT activation_function={activation!r} is not supported (the MLP is fc1, relu, fc2)")
   if not cfg.get("layer_norm_elementwise_affine", True):
     raise ConfigError("OPT layer_norm_elementwise_affine=false (LayerNorms without scale and bias) is not supported")
-  hidden, heads = require(cfg, "hidden_size"), require(cfg, "num_attention_heads")
-  if hidden % heads:
+  hidden, heads = number(cfg, "hidden_size"), number(cfg, "num_attention_heads")
+  if heads > 0 and hidden % heads:
     raise ConfigError(f"OPT hidden_size={hidden} is not a multiple of num_attention_heads={heads}")
   pre_norm = bool(require(cfg, "do_layer_norm_before"))
   # OPTDecoder has a final LayerNorm only with pre-norm, and not when _remove_final_layer_norm (checkpoints
   # fine-tuned before transformers 4.20.1).
   final_norm = pre_norm and not cfg.get("_remove_final_layer_norm", False)
-  embed_dim = cfg.get("word_embed_proj_dim") or hidden  # OPTConfig derives it so
+  embed_dim = number(cfg, "word_embed_proj_dim") if cfg.get("word_embed_proj_dim") else hidden  # OPTConfig's rule
   bias = bool(cfg.get("enable_bias", True))
-  return ModelConfig(
-    family=NAME,
-    vocab_size=require(cfg, "vocab_size"),
-    hidden_size=hidden,
-    intermediate_size=require(cfg, "ffn_dim"),
-    num_layers=require(cfg, "num_hidden_layers"),
-    num_heads=heads,
-    num_kv_heads=heads,
-    head_dim=hidden // heads,
-    rope_theta=0.0,
-    rotary_dim=0,
-    rope_interleaved=False,
-    rms_norm_eps=LAYER_NORM_EPS,
-    qkv_bias=bias,
-    o_bias=bias,
-    mlp_bias=bias,
-    tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),  # OPTConfig's default, unlike other families'
-    norm="layer",
-    pre_norm=pre_norm,
-    final_norm=final_norm,
-    mlp="relu",
-    position_embedding="learned",
-    max_positions=require(cfg, "max_position_embeddings"),
-    position_offset=POSITION_OFFSET,
-    word_embed_dim=None if embed_dim == hidden else embed_dim,
-  )
+  with hf_config.named_by(HF_KEYS):
+    return ModelConfig(
+      family=NAME,
+      vocab_size=number(cfg, "vocab_size"),
+      hidden_size=hidden,
+      intermediate_size=number(cfg, "ffn_dim"),
+      num_layers=number(cfg, "num_hidden_layers"),
+      num_heads=heads,
+      num_kv_heads=heads,
+      head_dim=hidden // heads if heads > 0 else 0,
+      rope_theta=0.0,
+      rotary_dim=0,
+      rope_interleaved=False,
+      rms_norm_eps=LAYER_NORM_EPS,
+      qkv_bias=bias,
+      o_bias=bias,
+      mlp_bias=bias,
+      tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),  # OPTConfig's default, unlike other families'
+      norm="layer",
+      pre_norm=pre_norm,
+      final_norm=final_norm,
+      mlp="relu",
+      position_embedding="learned",
+      max_positions=number(cfg, "max_position_embeddings"),
+      position_offset=POSITION_OFFSET,
+      word_embed_dim=None if embed_dim == hidden else embed_dim,
+    )
 
 
 def export_config(config: ModelConfig) -> dict[str, Any]:

@@ -18,14 +18,18 @@ NAME = "qwen2"
 def parse_hf_config(cfg: Mapping[str, Any]) -> ModelConfig:
   if cfg.get("use_sliding_window"):
     raise ConfigError("Qwen2 sliding-window attention (config.json use_sliding_window=true) is not supported")
-  require = hf_config.require
-  head_dim = cfg.get("head_dim") or require(cfg, "hidden_size") // require(cfg, "num_attention_heads")
+  head_dim = hf_config.derived_head_dim(cfg)
   # Qwen2Config's fallback of 32 kv heads is one model's value, not the checkpoint's: required.
   fields = hf_config.decoder_fields(
-    cfg, head_dim=head_dim, num_kv_heads=require(cfg, "num_key_value_heads"),
+    cfg, head_dim=head_dim, num_kv_heads=hf_config.number(cfg, "num_key_value_heads"),
     rotary_dim=hf_config.whole_head_rotary_dim(cfg, head_dim),
   )
-  return ModelConfig(family=NAME, rope_interleaved=False, qkv_bias=True, o_bias=False, mlp_bias=False, **fields)
+  with hf_config.named_by():
+    return ModelConfig(family=NAME, rope_interleaved=False, qkv_bias=True, o_bias=False, mlp_bias=False, **fields)
+
+
+BAICHUAN_AUDIO_KEYS = dict(hf_config.HF_KEYS, audio_codebook_sizes="audio_config.vq_config.codebook_sizes (+ 1 each)",
+                           audio_placeholder_id="audio_config.audio_pad_token_id")
 
 
 def parse_baichuan_audio_config(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -49,12 +53,13 @@ def parse_baichuan_audio_config(cfg: Mapping[str, Any]) -> ModelConfig:
   kv_heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
   text = parse_hf_config(dict(cfg, rope_theta=cfg.get("rotary_emb_base", cfg.get("rope_theta")),
                               num_key_value_heads=kv_heads))
-  return dataclasses.replace(
-    text,
-    qkv_bias=bool(cfg.get("attention_qkv_bias", False)),
-    audio_codebook_sizes=tuple(int(n) + 1 for n in sizes),
-    audio_placeholder_id=int(audio["audio_pad_token_id"]),
-  )
+  with hf_config.named_by(BAICHUAN_AUDIO_KEYS):
+    return dataclasses.replace(
+      text,
+      qkv_bias=bool(cfg.get("attention_qkv_bias", False)),
+      audio_codebook_sizes=tuple(n + 1 if isinstance(n, int) else n for n in sizes),  # ModelConfig checks each
+      audio_placeholder_id=audio["audio_pad_token_id"],
+    )
 
 
 BAICHUAN_AUDIO_NAMES = dataclasses.replace(

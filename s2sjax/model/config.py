@@ -5,35 +5,41 @@ checkpoint; nothing is defaulted silently. The switches added for decoders unlik
 residuals, ReLU MLP, learned positions, embedding projections) default to the Llama-style decoder, so configs
 written before they existed read as they did. How each config.json spelling is read is its family's business
 (`s2sjax.families.from_hf_config` finds the family by the config's `model_type`); which families exist is the
-family registry's to say, which hands this module its lookup (`check_families_with`): model/ imports nothing above
-it.
+family registry's to say, which every ModelConfig asks, named lazily (`FAMILY_LOOKUP`): model/ imports nothing
+above it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+import math
+import numbers
+from typing import Any
+
 from s2sjax.errors import UserError
+from s2sjax.registry import load_object
 
 
 class ConfigError(UserError, ValueError):
   """A config.json this project cannot turn into a decoder."""
 
 
+class ConfigValueError(ConfigError):
+  """A ModelConfig field holding a value no decoder has: `field`, `value` and the `requirement` it fails (a family's
+  parser names the field by its config.json key: `s2sjax.families.hf_config.model_config`)."""
+
+  def __init__(self, field: str, value: Any, requirement: str):
+    super().__init__(f"{field}={value!r}: {requirement}")
+    self.field, self.value, self.requirement = field, value, requirement
+
+
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "relu")
 POSITION_EMBEDDINGS = ("rope", "learned")
 
-# The family registry's lookup, a ConfigError naming the registered families for an unknown name (set by
-# s2sjax.families when it is imported; every path that builds a ModelConfig imports it, to parse or to score).
-_family_lookup: list[Callable[[str], Any]] = []
-
-
-def check_families_with(lookup: Callable[[str], Any]) -> None:
-  """Makes `lookup(family)` the check every ModelConfig's family passes."""
-  _family_lookup[:] = [lookup]
-
+# The family registry's lookup: a ConfigError naming the registered families for an unknown name.
+FAMILY_LOOKUP = "s2sjax.families:get"
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -71,10 +77,13 @@ class ModelConfig:
   # Width of the token embeddings and the head when it is not hidden_size (OPT's word_embed_proj_dim): the decoder
   # then projects the embeddings in (`project_in`) and its output back out (`project_out`), neither with a bias.
   word_embed_dim: int | None = None
+  # Llama 3.1's frequency scaling of the rotary angles (transformers' rope_type "llama3"): (factor, low_freq_factor,
+  # high_freq_factor, original_max_position_embeddings); empty: the angles are unscaled.
+  rope_scaling: tuple[float, ...] = ()
 
   def __post_init__(self):
-    for lookup in _family_lookup:
-      lookup(self.family)  # a ConfigError naming the registered families when unknown
+    load_object(FAMILY_LOOKUP)(self.family)
+    self._check_values()
     if self.num_heads % self.num_kv_heads:
       raise ConfigError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     for name, known in (("norm", NORMS), ("mlp", MLPS), ("position_embedding", POSITION_EMBEDDINGS)):
@@ -86,8 +95,35 @@ class ModelConfig:
     elif self.rotary_dim or self.max_positions <= 0:
       raise ConfigError(f"learned positions need rotary_dim=0 (got {self.rotary_dim}) and max_positions > 0 "
                         f"(got {self.max_positions})")
+    if self.rope_scaling and (len(self.rope_scaling) != 4 or self.position_embedding != "rope"):
+      raise ConfigError(f"rope_scaling={self.rope_scaling} must be (factor, low_freq_factor, high_freq_factor, "
+                        "original_max_position_embeddings), for a rope model")
     if self.audio_codebook_sizes and self.audio_placeholder_id is None:
       raise ConfigError("audio_codebook_sizes given without audio_placeholder_id")
+
+  def _check_values(self) -> None:
+    """Each number within what a decoder can have, in field order (sizes first: the rules after divide by them)."""
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim"):
+      _require(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) > 0,
+               "must be a positive integer")
+    for name in ("rotary_dim", "max_positions", "position_offset"):
+      _require(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) >= 0,
+               "must be a non-negative integer")
+    rope = self.position_embedding == "rope"
+    _require("rope_theta", self.rope_theta, _is_real(self.rope_theta) and (self.rope_theta > 0 if rope else True),
+             "must be a positive number (the rotary base)" if rope else "must be a finite number")
+    _require("rms_norm_eps", self.rms_norm_eps, _is_real(self.rms_norm_eps) and self.rms_norm_eps > 0,
+             "must be a positive number (the norm's epsilon)")
+    if self.word_embed_dim is not None:
+      _require("word_embed_dim", self.word_embed_dim, _is_int(self.word_embed_dim) and self.word_embed_dim > 0,
+               "must be a positive integer")
+    _require("audio_codebook_sizes", self.audio_codebook_sizes,
+             all(_is_int(n) and n > 0 for n in self.audio_codebook_sizes), "must be positive integers")
+    if self.audio_placeholder_id is not None:
+      _require("audio_placeholder_id", self.audio_placeholder_id,
+               _is_int(self.audio_placeholder_id) and 0 <= self.audio_placeholder_id < self.vocab_size,
+               f"must be a token id below vocab_size={self.vocab_size}")
 
   @property
   def embed_dim(self) -> int:
@@ -105,6 +141,7 @@ class ModelConfig:
   def from_json(cls, text: str) -> "ModelConfig":
     fields = json.loads(text)
     fields["audio_codebook_sizes"] = tuple(fields.get("audio_codebook_sizes", ()))
+    fields["rope_scaling"] = tuple(fields.get("rope_scaling", ()))
     unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
       raise ConfigError(f"unknown ModelConfig keys: {sorted(unknown)}")
@@ -124,3 +161,16 @@ class ModelConfig:
     final = norm if self.final_norm else 0
     return self.vocab_size * e + positions + projections + self.num_layers * layer + final + head
 
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require(field: str, value: Any, holds: bool, requirement: str) -> None:
+  if not holds:
+    raise ConfigValueError(field, value, requirement)

@@ -246,7 +246,7 @@ class Decoder(nn.Module):
       x = self.project_in(x)
     cos = sin = None
     if c.position_embedding == "rope":
-      cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta)
+      cos, sin = layers.rotary_angles(positions, c.rotary_dim, c.rope_theta, c.rope_scaling)
     else:  # the packed rows' positions restart per item and continue a candidate from its prefix, as for rope
       x = x + self.position_embed(positions + c.position_offset)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))

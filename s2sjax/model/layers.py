@@ -32,11 +32,29 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> j
   return scale.astype(x.dtype) * normed.astype(x.dtype) + bias.astype(x.dtype)
 
 
-def rotary_angles(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-  """cos and sin, [batch, length, rotary_dim // 2] in fp32, for integer positions [batch, length]."""
+def rotary_angles(positions: jax.Array, rotary_dim: int, theta: float,
+                  scaling: tuple[float, ...] = ()) -> tuple[jax.Array, jax.Array]:
+  """cos and sin, [batch, length, rotary_dim // 2] in fp32, for integer positions [batch, length]; `scaling`:
+  Llama 3.1's (`llama3_frequencies`), or () for none."""
   inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+  if scaling:
+    inv_freq = llama3_frequencies(inv_freq, *scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
   return jnp.cos(angles), jnp.sin(angles)
+
+
+def llama3_frequencies(inv_freq: jax.Array, factor: float, low_freq_factor: float, high_freq_factor: float,
+                       original_context: float) -> jax.Array:
+  """Llama 3.1's rope frequencies (transformers' rope_type "llama3"; MaxText's LLaMARotaryEmbedding, maxtext 0.2.5
+  layers/embeddings.py:501): wavelengths shorter than original_context / high_freq_factor are kept, those longer
+  than original_context / low_freq_factor slowed by `factor`, and the band between blended linearly in
+  original_context / wavelength."""
+  wavelength = 2 * jnp.pi / inv_freq
+  slowed = inv_freq / factor
+  blend = (original_context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  between = (1 - blend) * slowed + blend * inv_freq
+  return jnp.where(wavelength < original_context / high_freq_factor, inv_freq,
+                   jnp.where(wavelength > original_context / low_freq_factor, slowed, between))
 
 
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool) -> jax.Array:

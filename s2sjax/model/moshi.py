@@ -8,7 +8,7 @@ holds stream k's token of time s - 1 - delays[k] (the initial token where that i
 tokens. The temporal output at step s predicts step s + 1: its text token through the text head, and codebook k
 through the depformer, whose position k reads the step-(s + 1) token of stream k (text, then codebooks 0..dep_q-2)
 and whose weights may differ per position (`weights_per_step`). A token of -1 (upstream's `zero_token_id`) embeds
-as zeros. Delays are laid when rows are built (`s2sjax.packing.delay_streams`) and undone nowhere in the model.
+as zeros. Delays are laid when rows are built (`s2sjax.formats.streams.delay_streams`) and undone nowhere in the model.
 
 Parameters are a plain nested dict with logical axis names, temporal layers stacked on a `layers` axis and run
 with `nn.scan`; the depformer's per-step weights carry a leading `steps` axis indexed by the step schedule.
@@ -28,7 +28,7 @@ import numpy as np
 
 from s2sjax.model import layers
 from s2sjax.model.config import ConfigError
-from s2sjax.packing import delay_streams
+from s2sjax.formats.streams import delay_streams
 
 Params = dict[str, Any]
 FAMILY = "moshi"
@@ -87,7 +87,7 @@ class TransformerConfig:
 @dataclasses.dataclass(frozen=True)
 class MoshiConfig:
   """An `LMModel`'s architecture; hashable (a static argument of `jax.jit`). Built from a release's config.json by
-  `s2sjax.families.moshi.parse_config`, which refuses by name every switch this model does not implement."""
+  `s2sjax.architectures.moshi.parse_config`, which refuses by name every switch this model does not implement."""
 
   n_q: int  # audio streams read (Moshi: 8 of its own speech, then 8 of the user's)
   dep_q: int  # audio streams predicted by the depformer (the first dep_q)

@@ -37,15 +37,7 @@ class PrecomputedTokenizer(AudioTokenizer):
     path = os.path.join(self.codes_dir, f"{uttid}.npy")
     if not os.path.exists(path):
       raise AudioError(f"uttid {uttid}: precomputed codes {path} do not exist")
-    codes = np.load(path)
-    if codes.ndim == 1:
-      codes = codes[:, None]
-    if codes.ndim != 2 or codes.shape[1] != self.num_codebooks or len(codes) == 0:
-      raise AudioError(f"uttid {uttid}: {path} must be [frames, {self.num_codebooks}], got {codes.shape}")
-    too_big = codes >= np.asarray(self.codebook_sizes)
-    if too_big.any() or (codes < 0).any():
-      raise AudioError(f"uttid {uttid}: {path} holds codes outside the codebook sizes {self.codebook_sizes}")
-    return codes.astype(np.int32)
+    return read_codes(path, self.codebook_sizes, f"uttid {uttid}: ")
 
   def identity(self) -> dict:
     """Hashes every code file's name and bytes: codes rewritten in place under the same names change it too."""
@@ -57,3 +49,33 @@ class PrecomputedTokenizer(AudioTokenizer):
       if os.path.isdir(candidates):
         self._identity["candidate_codes_sha"] = folder_digest(candidates, ".npy")
     return self._identity
+
+
+def read_codes(path: str, codebook_sizes: tuple[int, ...], where: str = "") -> np.ndarray:
+  """int32 codes [frames, codebooks] from a `.npy` ([frames] for one codebook), or an AudioError naming the file
+  (after `where`): the array must be non-empty, of integers (integral floats are read as the integers they hold;
+  fractions, NaN and booleans are not codes), each within its codebook's size."""
+  try:
+    codes = np.load(path)  # pickles are refused (allow_pickle=False): a codes file runs no code
+  except (OSError, ValueError, EOFError) as e:
+    raise AudioError(f"{where}{path} is not a .npy array ({e})") from e
+  if not isinstance(codes, np.ndarray):  # an .npz archive
+    raise AudioError(f"{where}{path} is not one .npy array")
+  if codes.ndim == 1:
+    codes = codes[:, None]
+  if codes.ndim != 2 or codes.shape[1] != len(codebook_sizes) or len(codes) == 0:
+    raise AudioError(f"{where}{path} must be [frames, {len(codebook_sizes)}], got {codes.shape}")
+  if codes.dtype.kind == "f":
+    integral = np.isfinite(codes) & (codes == np.round(codes))
+    if not integral.all():
+      frame, book = np.argwhere(~integral)[0]
+      raise AudioError(f"{where}{path} holds {codes.dtype} values that are no codes (frame {frame}, codebook "
+                       f"{book}: {codes[frame, book]}): codes are integers")
+  elif codes.dtype.kind not in "iu":
+    raise AudioError(f"{where}{path} holds {codes.dtype} values: codes are integers")
+  outside = (codes < 0) | (codes >= np.asarray(codebook_sizes))
+  if outside.any():
+    frame, book = np.argwhere(outside)[0]
+    raise AudioError(f"{where}{path} holds codes outside the codebook sizes {tuple(codebook_sizes)} (frame {frame}, "
+                     f"codebook {book}: {codes[frame, book]})")
+  return codes.astype(np.int32)

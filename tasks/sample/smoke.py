@@ -17,7 +17,6 @@ from tasks.release import candidate_audio_dir, spoken_candidates, task_paths
 from tasks.sample import RELEASE_DIR
 
 QUESTIONS = 2  # per task: enough for every code path (two stories, two four-option questions), not for a number
-LINES_PER_QUESTION = {"story_pairs": 2, "multiple_choice": 1}  # a story's right and wrong endings are two lines
 
 
 def smoke_tasks() -> list[str]:
@@ -49,7 +48,7 @@ def _write_task(task: str, out_dir: str, questions: int) -> None:
   record = benchmarks.get(task)
   jsonl, audio_dir = task_paths(task, RELEASE_DIR)
   with open(jsonl, encoding="utf-8") as f:
-    lines = [json.loads(line) for line in f if line.strip()][: questions * LINES_PER_QUESTION[record.release_format]]
+    lines = [json.loads(line) for line in f if line.strip()][: questions * record.release.lines_per_question]
   out_jsonl, out_audio_dir = task_paths(task, out_dir)
   recordings = [(audio_dir, out_audio_dir, str(line["uttid"])) for line in lines]
   recordings += [(candidate_audio_dir(task, RELEASE_DIR), candidate_audio_dir(task, out_dir), name)

@@ -15,7 +15,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from s2sjax import architectures, rows, spec
-from s2sjax.scoring import StreamScorer
+from s2sjax.formats import streams
+from s2sjax.scoring import ScoringError, StreamScorer
 
 NAME = "toy_streams"
 CODEBOOKS, CARD = 2, 16
@@ -67,7 +68,7 @@ def score_batch(config: ToyStreamsConfig, dtype, target_chunk: int, num_slots: i
 def check_ids(packed: dict, config: ToyStreamsConfig) -> None:
   codes = packed[rows.STREAM_ROWS.marker][..., 1:]
   if codes.shape[-1] != config.codebooks or ((codes < -1) | (codes > config.card)).any():
-    raise ValueError(f"rows do not hold {config.codebooks} codebook streams of {config.card} codes")
+    raise ScoringError(f"rows do not hold {config.codebooks} codebook streams of {config.card} codes")
 
 
 def scorer(config, shape, mesh=None, batch_size=8, dtype=jnp.float32, attention="xla"):
@@ -97,9 +98,9 @@ def lay(codebooks: int, text=None, audio=None) -> np.ndarray:
 
 ARCHITECTURE = architectures.register(architectures.Architecture(
   NAME, ToyStreamsConfig, rows.STREAM_ROWS, abstract_params, param_logical_axes, scorer,
-  text_rows=lambda config: config.text_vocab, check_fit=check_fit,
-  stream_protocol=architectures.StreamProtocol(weights, lay)))
+  text_rows=lambda config: config.text_vocab, check_fit=check_fit, check_ids=check_ids,
+  parse_config=lambda fields: ToyStreamsConfig(**fields), stream_protocol=architectures.StreamProtocol(weights, lay)))
 
 SPEC = spec.register(spec.Spec(
-  name=NAME, audio_mode=rows.STREAM_ROWS.audio_mode, audio_tokenizer={"type": "precomputed"},
+  name=NAME, audio_mode=streams.NAME, audio_tokenizer={"type": "precomputed"},
   codebook_sizes=(CARD,) * CODEBOOKS, stream_delays=(0,) * (1 + CODEBOOKS), text_initial_id=0, architecture=NAME))

@@ -34,7 +34,7 @@ from s2sjax.model.config import ConfigError
 from s2sjax.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params, attention_mask,
                                 param_logical_axes, stream_log_probs)
 from s2sjax.rows import STREAM_ROWS
-from s2sjax.scoring import StreamScorer, by_target_chunks
+from s2sjax.scoring import ScoringError, StreamScorer, by_target_chunks
 from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
 
 NAME = FAMILY
@@ -454,7 +454,7 @@ def stream_weights(modality: str, codebooks: int) -> tuple[int, ...]:
     return (TEXT_WEIGHT,) + (0,) * codebooks
   if modality == "t2s":
     raise ConfigError("t2s is refused for Moshi: its text stream transcribes the speech it carries frame by frame, "
-                      "so a text prefix has no speech to continue (see s2sjax/families/moshi.py)")
+                      "so a text prefix has no speech to continue (see s2sjax/architectures/moshi.py)")
   raise ConfigError(f"unknown modality {modality!r} (s2s, s2t, t2t)")
 
 
@@ -531,17 +531,18 @@ def score_stream_batch(config: MoshiConfig, dtype, target_chunk: int, num_slots:
 
 def check_stream_ids(rows: dict[str, np.ndarray], config: MoshiConfig) -> None:
   """Stream ids beyond their tables (or a scored code beyond the card) would be clamped silently by the gather:
-  refuse them, naming row, position and stream. -1 (no token) and each stream's initial token are ids too."""
+  refuse them (a ScoringError, as the decoder's twin check), naming row, position and stream. -1 (no token) and
+  each stream's initial token are ids too."""
   tokens = rows[STREAM_ROWS.marker]
   if not 1 + config.dep_q <= tokens.shape[-1] <= config.num_streams:
-    raise ValueError(f"rows carry {tokens.shape[-1]} streams; the model predicts {1 + config.dep_q} (text + "
+    raise ScoringError(f"rows carry {tokens.shape[-1]} streams; the model predicts {1 + config.dep_q} (text + "
                      f"{config.dep_q} codebooks) and reads {config.num_streams}: rows must carry at least the first")
   limits = np.asarray(config.initial_ids[: tokens.shape[-1]])  # text_card for text, card for codebooks: initial
   for field, values, top in ((STREAM_ROWS.marker, tokens, limits), ("target_frame", rows["target_frame"], limits)):
     bad = np.argwhere((values < -1) | (values > top))
     if len(bad):
       r, pos, k = bad[0]
-      raise ValueError(f"{field}[row {r}, position {pos}, stream {k}] = {values[r, pos, k]} is outside the "
+      raise ScoringError(f"{field}[row {r}, position {pos}, stream {k}] = {values[r, pos, k]} is outside the "
                        f"{'text vocabulary' if k == 0 else 'codebook'} ({top[k]} ids and the initial token); "
                        f"{len(bad)} such ids in all — were the codes made for another model?")
   scored = rows["target_weight"] > 0
@@ -549,10 +550,10 @@ def check_stream_ids(rows: dict[str, np.ndarray], config: MoshiConfig) -> None:
   bad = np.argwhere(scored & ((rows["target_frame"] < 0) | (rows["target_frame"] >= heads)))
   if len(bad):
     r, m, k = bad[0]
-    raise ValueError(f"target_frame[row {r}, target {m}, stream {k}] = {rows['target_frame'][r, m, k]} is scored but "
+    raise ScoringError(f"target_frame[row {r}, target {m}, stream {k}] = {rows['target_frame'][r, m, k]} is scored but "
                      f"not an id the model predicts (0..{heads[k] - 1})")
   if (scored[..., 1 + config.dep_q :]).any():
-    raise ValueError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
+    raise ScoringError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
 
 
 def scorer(config: MoshiConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp.float32, attention: str = "xla",
@@ -593,9 +594,22 @@ def log_probs(config: MoshiConfig, params, input_ids: np.ndarray,
   return np.asarray(text_lp, np.float32)[0], codebooks
 
 
+def spec_checks(config: MoshiConfig, spec, ids) -> list[tuple[str, bool, str]]:
+  """The pre-flight's verdict on a spec's streams (`check_spec`)."""
+  if spec.row_format is not STREAM_ROWS:
+    return [("spec streams", False, f"spec {spec.name} lays {spec.row_format.name} rows; {NAME} reads stream rows")]
+  try:
+    check_spec(config, spec.codebook_sizes, spec.stream_delays, spec.stream_initial_ids)
+  except ConfigError as e:
+    return [("spec streams", False, str(e))]
+  return [("spec streams", True, f"spec {spec.name}: the text stream and {len(spec.codebook_sizes)} codebooks of "
+                                 f"{config.card} codes, delays {list(spec.stream_delays)}, as the model reads them")]
+
+
 ARCHITECTURE = register(Architecture(
   NAME, MoshiConfig, STREAM_ROWS, abstract_params, param_logical_axes, scorer,
-  text_rows=lambda config: config.text_card, check_fit=check_fit, log_probs=log_probs,
+  text_rows=lambda config: config.text_card, check_fit=check_fit, check_ids=check_stream_ids,
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs,
   stream_protocol=StreamProtocol(stream_weights, lay_streams),
   converter="checkpoints_conversion.moshi_release:convert",
   verifier="checkpoints_conversion.moshi_release:compare_with_torch"))

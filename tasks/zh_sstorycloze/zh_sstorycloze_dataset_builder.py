@@ -1,9 +1,0 @@
-"""zh-sStoryCloze (S2SBench): 1,871 Chinese stories, spoken first half, right vs wrong text ending."""
-
-from tasks.tfds_builder import S2SBenchBuilder
-
-
-class Builder(S2SBenchBuilder):
-  """zh-sStoryCloze packed rows; configs are spec-modality-row_length."""
-
-  TASK = "zh_sstorycloze"

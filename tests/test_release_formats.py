@@ -1,0 +1,188 @@
+"""How a release is laid out is one registered release format (s2sjax.benchmarks.RELEASE_FORMATS): every path a
+release names resolves inside it or is refused naming the line (tasks.release.ReleasePaths.inside), a text of
+nothing but invisible characters is empty, and a plugin's own layout (tests/plugins/toy_zerospeech.py: a ZeroSpeech
+gold file pairing randomly named recordings) builds and scores through tasks.prepare and s2sjax.eval with no
+project file naming it."""
+
+import csv
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from s2sjax import benchmarks, plugins
+from tasks.release import Problems, ReleaseError, read_questions
+from tasks.sample import RELEASE_DIR
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STORIES = os.path.join(RELEASE_DIR, "StoryCloze")
+
+
+def _run(module: str, *args: str, plugin: str = "") -> subprocess.CompletedProcess:
+  env = {**os.environ, plugins.ENV: plugin}
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=900)
+
+
+def _story_release(root: pathlib.Path, lines: list[dict]) -> pathlib.Path:
+  """A release of sStoryCloze's layout holding these lines, each line's recordings the sample's first story's."""
+  record = benchmarks.get("sstorycloze")
+  for folder in (record.release_audio_dir, record.release_candidate_audio_dir):
+    (root / folder).mkdir(parents=True, exist_ok=True)
+  with open(root / record.release_jsonl, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+  for line in lines:
+    for folder, source in ((record.release_audio_dir, "s-story-firstspeech"),
+                           (record.release_candidate_audio_dir, "s-story-lastspeech")):
+      target = root / folder / f"{line['uttid']}.wav"
+      if target.parent.is_dir() and target.resolve().is_relative_to(root.resolve()):
+        shutil.copy(os.path.join(STORIES, source, "0.wav"), target)
+  return root
+
+
+def _stories(*uttids) -> list[dict]:
+  return [{"uttid": u, "first": "Tom went out.", "last": "He came back." if n % 2 == 0 else "Fish sang."}
+          for n, u in enumerate(uttids)]
+
+
+def test_a_line_whose_uttid_climbs_out_of_the_release_is_refused_naming_it(tmp_path, qwen_tokenizer_dir):
+  """uttid `0_/../../../../outside/a` with an empty folder `0_` in the audio folder: its recording would be read
+  from outside the release. tasks.prepare refuses it, naming the line, and builds nothing."""
+  root = _story_release(tmp_path / "release", _stories("0_/../../../../outside/a", "1_x", "2_x", "3_x"))
+  audio = root / benchmarks.get("sstorycloze").release_audio_dir
+  (audio / "0_").mkdir()
+  (tmp_path / "outside").mkdir()
+  shutil.copy(os.path.join(STORIES, "s-story-firstspeech", "0.wav"), tmp_path / "outside" / "a.wav")
+  done = _run("tasks.prepare", "--task=sstorycloze", "--modality=s2t", f"--manual_dir={root}",
+              f"--tokenizer_dir={qwen_tokenizer_dir}", f"--data_dir={tmp_path / 'data'}")
+  assert done.returncode == 1, done.stdout + done.stderr
+  assert "sStory_s2t.jsonl:1 uttid 0_/../../../../outside/a:" in done.stderr
+  assert "outside the release" in done.stderr and not list((tmp_path / "data").glob("*/*/*/dataset_info.json"))
+  problems = Problems()  # with --skip_bad the story is left out, and the rest read
+  assert [q.id for q in read_questions("sstorycloze", str(root), problems=problems)] == ["2_x"]
+  assert problems.questions == {"story 0"}
+
+
+def test_a_symlink_out_of_the_release_is_refused_wherever_it_is(tmp_path):
+  outside = tmp_path / "elsewhere"
+  outside.mkdir()
+  shutil.copy(os.path.join(STORIES, "s-story-lastspeech", "0.wav"), outside / "secret.wav")
+  root = _story_release(tmp_path / "release", _stories("0_x", "1_x"))
+  ending = root / benchmarks.get("sstorycloze").release_candidate_audio_dir / "1_x.wav"
+  ending.unlink()
+  ending.symlink_to(outside / "secret.wav")
+  with pytest.raises(ReleaseError, match=r"sStory_s2t.jsonl:1 uttid 0_x: .*1_x.wav resolves to .*secret.wav, "
+                                         r"outside the release"):
+    read_questions("sstorycloze", str(root))
+  inside = root / "StoryCloze" / "kept.wav"  # a link that stays inside is a path like any other
+  shutil.copy(os.path.join(STORIES, "s-story-lastspeech", "0.wav"), inside)
+  ending.unlink()
+  ending.symlink_to(inside)
+  assert [q.id for q in read_questions("sstorycloze", str(root))] == ["0_x"]
+  # a whole folder that is a link out of the release: the spoken StoryCloze's folder of recordings
+  (tmp_path / "spoken").mkdir()
+  shutil.copytree(outside, tmp_path / "stories")
+  os.symlink(tmp_path / "stories", tmp_path / "spoken" / "tSC")
+  with pytest.raises(ReleaseError, match=r"task spoken_tstorycloze's release_jsonl: tSC resolves to .*stories, "
+                                         r"outside the release"):
+    read_questions("spoken_tstorycloze", str(tmp_path / "spoken"))
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\u200b", " \u200b\u200d\ufeff ", "\u3000"])
+def test_a_text_of_nothing_but_invisible_characters_is_empty(tmp_path, blank):
+  lines = _stories("0_x", "1_x", "2_x", "3_x")
+  lines[2]["last"] = blank
+  root = _story_release(tmp_path / "release", lines)
+  with pytest.raises(ReleaseError, match=r"sStory_s2t.jsonl:3 uttid 2_x: empty text in \['last'\]"):
+    read_questions("sstorycloze", str(root))
+  assert [q.id for q in read_questions("sstorycloze", str(root), problems=Problems())] == ["0_x"]
+
+
+def test_a_zero_width_joiner_inside_words_is_text():
+  from tasks.release import is_blank
+
+  assert not is_blank("a\u200db") and not is_blank("谢谢") and is_blank("\u2060\u200b \t")
+
+
+# ---- a plugin's release layout: ZeroSpeech's gold file ------------------------------------------------------------
+
+GOLD = [  # id, voice, word, correct: two pairs of one voice, one of another, in no order
+  ("1", "Alice", "brick", "1"), ("2", "Alice", "klorb", "0"), ("1", "Alice", "bruck", "0"),
+  ("2", "Alice", "table", "1"), ("1", "Bob", "brick", "1"), ("1", "Bob", "bruck", "0")]
+
+
+def _zerospeech_release(root: pathlib.Path) -> dict[str, str]:
+  """lexical/dev/gold.csv and a randomly named recording per line (the sample's spoken stories); returns each
+  recording's name -> its gold line's `correct`."""
+  folder = root / "lexical" / "dev"
+  folder.mkdir(parents=True)
+  rng = np.random.default_rng(5)
+  names = {}
+  with open(folder / "gold.csv", "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["id", "filename", "voice", "frequency", "word", "phones", "length", "correct"])
+    for n, (pair, voice, word, correct) in enumerate(GOLD):
+      name = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"), 11))
+      shutil.copy(os.path.join(STORIES, "s-story-firstspeech", f"{2 * n}.wav"), folder / f"{name}.wav")
+      writer.writerow([pair, name, voice, 12, word, "b r ih k", 4, correct])
+      names[name] = correct
+  return names
+
+
+@pytest.mark.slow
+def test_a_plugin_release_layout_of_a_gold_file_builds_and_scores(tmp_path):
+  """Three (id, voice) pairs, each recording scored whole by a unit LM: every candidate is its gold line's
+  recording, the word the right one, and its loss the naive forward's over bos, its units and eos."""
+  import soundfile
+  import torch
+
+  from tasks.audio.mel_kmeans import MelKmeansTokenizer
+  from tasks.sample import MEL_KMEANS_CODEBOOK
+  from tests.test_spoken_storycloze import unit_lm
+
+  names = _zerospeech_release(tmp_path / "release")
+  spec, model, ckpt = unit_lm(tmp_path)
+  common = ["--task=toy_swuggy", f"--spec={spec}", "--modality=s2s", "--protocol=utterance", "--row_length=1024",
+            f"--data_dir={tmp_path / 'data'}"]
+  plugin = "tests.plugins.toy_zerospeech"
+  for module, args in (("tasks.prepare", [f"--manual_dir={tmp_path / 'release'}"]),
+                       ("s2sjax.eval", [f"--checkpoint={ckpt}", f"--output_dir={tmp_path / 'out'}"])):
+    done = _run(module, *common, *args, plugin=plugin)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+  lines = [json.loads(line) for line in open(tmp_path / "out" / "unit_lm" / "toy_swuggy-s2s_utterance.scores.jsonl")]
+  assert sorted(line["uttid"] for line in lines) == sorted(names)
+  assert all(line["is_answer"] == (names[line["uttid"]] == "1") for line in lines)
+  assert sorted({line["question"] for line in lines}) == ["1_Alice", "1_Bob", "2_Alice"]
+  tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
+  for line in lines:
+    wave, _ = soundfile.read(tmp_path / "release" / "lexical" / "dev" / f"{line['uttid']}.wav", dtype="float32")
+    ids = [1] + (2 + tokenizer.encode(wave, "x")[:, 0]).tolist() + [1]
+    with torch.no_grad():
+      log_probs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    naive = -float(sum(log_probs[j, ids[j + 1]] for j in range(len(ids) - 1)))
+    assert line["n_tokens"] == len(ids) - 1 and abs(line["nll_sum"] - naive) <= 1e-4 * max(1.0, abs(naive))
+  metrics = json.load(open(tmp_path / "out" / "metrics.json"))["runs"][0]["tasks"]["toy_swuggy"]["s2s_utterance"]
+  loss = {line["uttid"]: line["nll_sum"] / line["n_tokens"] for line in lines}
+  by_question = {}
+  for line in lines:
+    by_question.setdefault(line["question"], {})[line["is_answer"]] = loss[line["uttid"]]
+  right = [(pair[True] < pair[False]) + 0.5 * (pair[True] == pair[False]) for pair in by_question.values()]
+  assert metrics["questions"] == 3 and metrics["accuracy"] == pytest.approx(sum(right) / 3)
+
+
+def test_a_tasks_tfds_builder_is_made_from_its_record(tmp_path):
+  """No builder file per task: TFDS finds each task's builder by the task's name, its data folder named after it."""
+  import tensorflow_datasets as tfds
+
+  from tasks.tfds_builder import builder_class
+
+  for task in ("sstorycloze", "scmmlu", "spoken_tstorycloze"):
+    builder = tfds.builder(task, config="demo-t2t-1024", data_dir=str(tmp_path))
+    assert type(builder) is builder_class(task) and builder.TASK == task
+    assert str(builder.data_dir) == str(tmp_path / task / "demo-t2t-1024" / "1.1.0")
