@@ -390,6 +390,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
+  with cli.setting_up():
+    define_flags()
   flags.mark_flags_as_required(["source", "output"])
   cli.run(main)

@@ -22,9 +22,10 @@ def write(shape: str, output: str, seed: int = 0) -> str:
   import torch
   import transformers
 
-  if shape not in plan.MODELS:
-    raise ValueError(f"unknown shape {shape!r}; known: {sorted(plan.MODELS)}")
-  fields = hf_config(plan.MODELS[shape], None, "float32")
+  shapes = plan.named_models()
+  if shape not in shapes:
+    raise ValueError(f"unknown shape {shape!r}; known: {sorted(shapes)}")
+  fields = hf_config(shapes[shape], None, "float32")
   fields.pop("architectures")
   config = transformers.AutoConfig.for_model(**fields)
   torch.manual_seed(seed)
@@ -36,7 +37,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum("shape", "qwen2.5-0.5b", sorted(plan.MODELS), "Published architecture (s2sjax.plan's shapes).")
+  flags.DEFINE_enum("shape", "qwen2.5-0.5b", sorted(plan.named_models()), "Published architecture (s2sjax.plan's shapes).")
   flags.DEFINE_string("output", None, "Hugging Face directory to write.")
   flags.DEFINE_integer("seed", 0, "torch seed of the initialisation.")
   flags.mark_flag_as_required("output")

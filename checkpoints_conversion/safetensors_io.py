@@ -48,12 +48,9 @@ def read_header(path: str) -> tuple[dict, int]:
     if size > file_size - 8:
       raise SafetensorsError(f"{path}: corrupt safetensors header (length prefix {size}, file size {file_size} bytes)")
     try:
-      header = json.loads(f.read(size), object_pairs_hook=_refuse_repeated_keys)
+      header = json.loads(f.read(size), object_pairs_hook=lambda pairs: _refuse_repeated_keys(pairs, path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise SafetensorsError(f"{path}: corrupt safetensors header ({e})") from e
-    except _RepeatedKey as e:
-      raise SafetensorsError(f"{path}: the safetensors header names {e.key!r} twice: which entry is meant cannot "
-                             "be told") from None
   if not isinstance(header, dict):
     raise SafetensorsError(f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)")
   header.pop("__metadata__", None)
@@ -63,18 +60,13 @@ def read_header(path: str) -> tuple[dict, int]:
   return header, 8 + size
 
 
-class _RepeatedKey(Exception):
-  def __init__(self, key: str):
-    super().__init__(key)
-    self.key = key
-
-
-def _refuse_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+def _refuse_repeated_keys(pairs: list[tuple[str, object]], path) -> dict:
   """A JSON object as a dict, unless it names a key twice (json.loads would keep the last silently)."""
   found = {}
   for key, value in pairs:
     if key in found:
-      raise _RepeatedKey(key)
+      raise SafetensorsError(f"{path}: the safetensors header names {key!r} twice: which entry is meant cannot be "
+                             "told")
     found[key] = value
   return found
 

@@ -1,7 +1,7 @@
 """The project's cache on this machine (`$S2SJAX_CACHE`, default `~/.cache/s2sjax`): the converted default model,
 the default data, the smoke run's data, and XLA's persistent compilation cache, which every command line turns on
-(`use_compilation_cache`): a step compiled by an earlier run loads in seconds instead of compiling again (60-100 s
-for SmolLM2-135M on a 2-core CPU)."""
+(`use_compilation_cache`): a step compiled by an earlier run is loaded instead of compiled again (the main job's
+5.8 s of compiling become 1.4 s on a 2-core CPU, `python -m s2sjax.examples.compilation_cache`)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import signal
-import sys
 import zipfile
 
 import jax
@@ -32,7 +31,7 @@ from s2sjax.evaluator import EvalError, Evaluator, check_finite
 from s2sjax.model.decoder import Params
 from s2sjax.output_dir import DamagedFileError, OutputError, strict_json, write_atomic
 from s2sjax.questions import QuestionScores, QuestionTable
-from s2sjax.progress import Progress
+from s2sjax.progress import Progress, say
 from s2sjax.scoring import collect
 from s2sjax.task_data import TaskData
 
@@ -55,7 +54,7 @@ def _preempt_if_asked(store: "ChunkStore") -> None:
 
 
 def _say(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
+  say(message)  # on stderr, above the progress bar when one is drawn
 
 
 def _from_process_0_exact(value: np.ndarray) -> np.ndarray:

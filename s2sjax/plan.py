@@ -52,9 +52,10 @@ TOPOLOGIES = {
 }
 
 
-# Architectures of the published checkpoints, for planning without the weights: every family's and every planned
-# architecture's.
-MODELS = {**families.planner_shapes(), **architectures.planner_shapes()}
+def named_models() -> dict:
+  """Architectures of the published checkpoints, for planning without the weights: every family's and every planned
+  architecture's (a plugin's too, so read when asked, not at import)."""
+  return {**families.planner_shapes(), **architectures.planner_shapes()}
 
 # Tokens of S2SBench's spoken-prefix instruction; the tasks' own sizes are their records in s2sjax.benchmarks.
 INSTRUCTION_TOKENS = 14
@@ -234,14 +235,15 @@ def main(argv):
 
     config, name = checkpoint.load_config(FLAGS.checkpoint), FLAGS.checkpoint
   else:
-    config, name = MODELS[FLAGS.model], FLAGS.model
+    config, name = named_models()[FLAGS.model], FLAGS.model
   print(format_plan(name, plan(config, FLAGS.topology, FLAGS.row_length, FLAGS.batch, FLAGS.dtype, FLAGS.frame_rate,
                                FLAGS.mfu)))
 
 
 if __name__ == "__main__":
   flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint (its model_config.json is read).")
-  flags.DEFINE_enum("model", "qwen2.5-7b", list(MODELS), "Named architecture (when no --checkpoint).")
+  with cli.setting_up():
+    flags.DEFINE_enum("model", "qwen2.5-7b", list(named_models()), "Named architecture (when no --checkpoint).")
   flags.DEFINE_enum("topology", "v5e-8", list(TOPOLOGIES), "TPU slice or GPU host.")
   flags.DEFINE_integer("row_length", 2048, "Packed row length.", lower_bound=1)
   flags.DEFINE_integer("batch", 8, "Rows per step (global).", lower_bound=1)

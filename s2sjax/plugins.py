@@ -36,26 +36,5 @@ def load_plugins() -> None:
       _loaded.discard(name)
       missing = isinstance(e, ModuleNotFoundError) and e.name == name
       why = "no such module on the Python path" if missing else f"{type(e).__name__}: {e}"
-      _print_one_line_if_uncaught()
       raise PluginError(f"{ENV} names {name!r}, which cannot be imported ({why})") from e
 
-
-def _print_one_line_if_uncaught() -> None:
-  """Registries load the plugins when first listed, which a command line does while it defines its flags
-  (`--task`'s choices), before `cli.run` turns user errors into one line: so an uncaught PluginError is printed
-  as `error: ...` here too (its traceback with --verbosity), and anything else as Python prints it."""
-  import sys
-
-  previous = sys.excepthook
-  if getattr(previous, "prints_plugin_errors", False):
-    return
-
-  def hook(kind, error, traceback):
-    verbose = any(a.split("=")[0].lstrip("-") in ("verbosity", "v") for a in sys.argv[1:])
-    if isinstance(error, PluginError) and not verbose:
-      print(f"error: {error}\n(--verbosity=1 shows where it was raised)", file=sys.stderr, flush=True)
-    else:
-      previous(kind, error, traceback)
-
-  hook.prints_plugin_errors = True
-  sys.excepthook = hook

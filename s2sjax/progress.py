@@ -1,7 +1,9 @@
 """Progress of long work: items done, throughput and ETA, the same way for every command line.
 
 On a terminal a tqdm bar redraws in place; anywhere else (CI, a pod's log, a file) a plain line is printed every
-`every_s` seconds and once at the end, so logs stay readable. The lines come from a timer thread, not only between
+`every_s` seconds and once at the end, so logs stay readable. A message printed while a bar is drawn goes through
+`say`, which writes it on a line of its own above the bar; `end_bars` leaves every bar drawn as it stands, before a
+command's last words (an interruption, an error), so that none is drawn again below them. The lines come from a timer thread, not only between
 steps, so a log shows the work alive through a long step (a first compilation, a slow chunk). Only process 0 shows
 anything.
 
@@ -20,6 +22,7 @@ import weakref
 
 _PRINT_LOCK = threading.Lock()  # one line at a time, from the caller or a timer thread
 _EXITING = threading.Event()  # set at interpreter exit: a timer thread must not write to a stream being closed
+_BARS: "weakref.WeakSet[Progress]" = weakref.WeakSet()  # the bars drawn on a terminal and not closed yet
 
 
 @atexit.register
@@ -53,6 +56,7 @@ class Progress:
       self._bar = tqdm(total=total, desc=description, unit=f" {unit}", file=self.stream, dynamic_ncols=True,
                        leave=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{unit} "
                                               "[{elapsed}{postfix}]")
+      _BARS.add(self)
     if total > 0 and every_s > 0:  # every_s=0: a line at every update, none between
       weakref.finalize(self, self._stopped.set)  # dropped unfinished (an error on the way): its timer ends too
       self.timer = threading.Thread(target=_tick_until_stopped, name=f"progress: {description}", daemon=True,
@@ -105,6 +109,7 @@ class Progress:
   def _close(self) -> None:
     self.closed = True
     self._stopped.set()
+    _BARS.discard(self)
 
   def rate(self, now: float | None = None) -> float:
     return self.work / max((self.clock() if now is None else now) - self.start, 1e-9)
@@ -137,6 +142,28 @@ class Progress:
     parts = [f"{self.done}/{self.total} {self.unit}", *self._rate_text(now), f"{now - self.start:,.0f}s elapsed",
              *self._eta_text(now)]
     return f"{self.description}: {', '.join(parts)}"
+
+
+def say(message: str, stream=None) -> None:
+  """Prints `message` as a line of its own on `stream` (default stderr), above the bars drawn there, which are
+  drawn again below it; off a terminal, a plain print."""
+  stream = stream or sys.stderr
+  with _PRINT_LOCK:
+    if any(bar.stream is stream for bar in _BARS):
+      from tqdm import tqdm
+
+      tqdm.write(message, file=stream)
+    else:
+      print(message, file=stream, flush=True)
+
+
+def end_bars() -> None:
+  """Closes every bar still drawn, as it stands (done or not), so that what is printed next lies below it and no
+  bar is drawn again after it."""
+  with _PRINT_LOCK:
+    for meter in list(_BARS):
+      meter._close()
+      meter._bar.close()
 
 
 def _tick_until_stopped(progress: weakref.ref, stopped: threading.Event, interval: float) -> None:

@@ -61,8 +61,10 @@ class QuestionTable:
     """How many candidates each packed item holds: what the rows must hold."""
     if not len(self):
       return []
-    items = self.slots[..., 0].ravel()
-    return np.bincount(items, minlength=items.max() + 1).tolist()
+    items, within = self.slots[..., 0].ravel(), self.slots[..., 1].ravel()
+    counts = np.zeros(items.max() + 1, np.int64)
+    np.maximum.at(counts, items, within + 1)  # candidates of the same tokens share one laying (tasks/build.py)
+    return counts.tolist()
 
   def scores(self, nll_sum: np.ndarray, n_tokens: np.ndarray) -> "QuestionScores":
     """Per-question scores from per-(item, candidate) arrays [items, max candidates] (scoring.collect's)."""

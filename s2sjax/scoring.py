@@ -26,7 +26,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax import sharding
+from s2sjax import cli, sharding
 from s2sjax.errors import UserError
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig
@@ -258,19 +258,24 @@ class _RowScorer:
     targets = rows["target_slot"].shape[1]  # the rows' own table: a wider step's further targets score nothing
     per_target: dict[str, np.ndarray] = {}
     meter = Progress(num_rows) if progress else None
-    with self._mesh_context():
-      for step in range(steps):
-        local = self._local_batch(rows, mine[step * self.local_batch : (step + 1) * self.local_batch])
-        out = self._step(params, self._globalize(local))
-        row_id = np.asarray(out["row_id"].addressable_data(0))
-        real = row_id >= 0
-        for name, value in out.items():
-          if name != "row_id":
-            value = np.asarray(value.addressable_data(0))[real, :targets]
-            per_target.setdefault(name, np.zeros((num_rows, targets), value.dtype))[row_id[real]] = value
-        if meter:
-          meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
+    for step in range(steps):
+      local = self._local_batch(rows, mine[step * self.local_batch : (step + 1) * self.local_batch])
+      out = cli.in_worker(self._run_step, params, local)  # Ctrl-C stops the command mid-step (s2sjax/cli.py)
+      row_id = out["row_id"]
+      real = row_id >= 0
+      for name, value in out.items():
+        if name != "row_id":
+          value = value[real, :targets]
+          per_target.setdefault(name, np.zeros((num_rows, targets), value.dtype))[row_id[real]] = value
+      if meter:
+        meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
     return slot_sums(rows, per_target)
+
+  def _run_step(self, params: Params, local: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One step over this process's part of a batch; its outputs (replicated) as this process's host arrays."""
+    with self._mesh_context():
+      out = self._step(params, self._globalize(local))
+      return {name: np.asarray(value.addressable_data(0)) for name, value in out.items()}
 
   def _local_batch(self, rows: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
     """This process's part of a step: the rows at `indices`, then padding rows (row id -1) that score nothing."""

@@ -35,6 +35,7 @@ class BuildStats:
   audio_seconds: float = 0.0
   seconds: float = 0.0
   audio_files: dict[str, int] = dataclasses.field(default_factory=dict)  # resampled / mixed_down counts
+  duplicates: list[str] = dataclasses.field(default_factory=list)  # questions with candidates of the same tokens
 
   def as_dict(self) -> dict:
     return {
@@ -44,6 +45,7 @@ class BuildStats:
       "audio_files_resampled": self.audio_files.get("resampled", 0),
       "audio_resampled_from_to": resamplings(self.audio_files),  # {"22050->16000": files}
       "audio_files_mixed_down": self.audio_files.get("mixed_down", 0),
+      "questions_with_duplicate_candidates": self.duplicates,
       "questions_per_second": round(self.questions / self.seconds, 2) if self.seconds else None,
       "audio_seconds_per_second": round(self.audio_seconds / self.seconds, 2) if self.seconds else None,
     }
@@ -60,6 +62,17 @@ def _key(*parts) -> str:
   return digest.hexdigest()
 
 
+def _distinct(members: list[int], candidates: list) -> list[int]:
+  """The members whose candidate tokens no earlier member has, in order."""
+  distinct, seen = [], set()
+  for c in members:
+    key = _key(candidates[c])
+    if key not in seen:
+      seen.add(key)
+      distinct.append(c)
+  return distinct
+
+
 def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowShape, share_prefix: bool,
                 skip_bad: bool, overlong: str = "error", progress: str | None = None
                 ) -> tuple[list[Item], QuestionTable, BuildStats]:
@@ -67,9 +80,10 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
   missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
   overlong="error", a row's targets exceeded, a candidate too long even with the prefix truncated, an empty
   candidate), raises naming it, or with `skip_bad` is left out and listed. With overlong="truncate_prefix" the
-  packer drops prefix tokens instead, and counts them. `progress` names a progress bar (questions, audio s/s)."""
+  packer drops prefix tokens instead, and counts them. `progress` names a progress bar of the questions laid (no
+  rate: their audio was tokenized before, by `tokenize_audio`'s own bar)."""
   stats = BuildStats()
-  meter = Progress(len(questions), progress, unit="questions", rate_unit="audio s") if progress else None
+  meter = Progress(len(questions), progress, unit="questions") if progress else None
   start = time.time()
   items: list[Item] = []
   table: list[dict] = []  # QuestionTable records
@@ -87,8 +101,11 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
         ids, audio_seconds = encoder.candidate(question, c)
         candidates.append(ids)
         seconds += audio_seconds
-      new_items = [encoder.item(ids, tuple(candidates[c] for c in members), codes, f"question {question.id}")
-                   for ids, codes, members in groups.values()]
+      # Candidates with the same tokens after the same prefix are one computation: laid once, every one of them
+      # reads that laying's score, so they tie exactly (laid twice, their sums would round apart by where each lies).
+      laid = [_distinct(members, candidates) for _, _, members in groups.values()]
+      new_items = [encoder.item(ids, tuple(candidates[c] for c in unique), codes, f"question {question.id}")
+                   for (ids, codes, _), unique in zip(groups.values(), laid)]
       for item in new_items:  # here, where skip_bad can leave the question out, rather than in the final pack
         encoder.check(item, shape, share_prefix, overlong)
     except (AudioError, PackingError) as e:
@@ -99,8 +116,11 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
         meter.update(1)
       continue
     slots = []
-    for offset, (_, _, members) in enumerate(groups.values()):
-      slots += [(c, len(items) + offset, j) for j, c in enumerate(members)]
+    for offset, ((_, _, members), unique) in enumerate(zip(groups.values(), laid)):
+      within = {_key(candidates[c]): j for j, c in enumerate(unique)}
+      slots += [(c, len(items) + offset, within[_key(candidates[c])]) for c in members]
+    if sum(map(len, laid)) < len(question.candidates):
+      stats.duplicates.append(question.id)
     items.extend(new_items)
     table.append({
       "id": question.id, "uttids": list(question.uttids), "correct": question.correct,
@@ -110,12 +130,15 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
     })
     stats.audio_seconds += seconds
     if meter:
-      meter.update(1, seconds)
+      meter.update(1)
   stats.questions = len(table)
   stats.skipped = problems.entries
   stats.seconds = time.time() - start
   if problems:
     logging.warning("left out %d question(s):\n  %s", len(problems.entries), problems.text())
+  if stats.duplicates:
+    logging.warning("%d question(s) hold candidates of the same tokens, scored as one (they tie): %s",
+                    len(stats.duplicates), ", ".join(stats.duplicates[:10]) + (" ..." if len(stats.duplicates) > 10 else ""))
   return items, QuestionTable.from_records(table), stats
 
 

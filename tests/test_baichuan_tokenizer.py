@@ -188,3 +188,15 @@ def test_config_switches_not_implemented_are_refused_by_name(tmp_path, key, valu
   _save(tmp_path / "release", tensors, config)
   with pytest.raises(BaichuanConfigError, match=message):
     BaichuanAudioTokenizer(str(tmp_path / "release"))
+
+
+@pytest.mark.parametrize("samples", [399, 401, 1000, 47999, 479999, 480000])
+def test_the_mel_of_a_chunk_padded_to_30_s_skips_the_frames_of_zeros_and_keeps_every_bit(samples):
+  """`pad_to` takes the STFT over the frames the wave reaches only: the whole window's mel, the floor at its
+  maximum included, equals that of the wave zero-padded to 30 s."""
+  from tasks.audio.whisper import whisper_log_mel
+
+  speech = np.resize(np.concatenate([wave(i) for i in WAVES]), samples)
+  padded = whisper_log_mel(np.pad(speech, (0, 480000 - samples)))
+  np.testing.assert_array_equal(whisper_log_mel(speech, pad_to=480000), padded)
+  assert padded.shape == (128, 3000)

@@ -47,7 +47,7 @@ def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
   from s2sjax.model.decoder import init_params, param_count
   from s2sjax.packing import Item, RowShape, pack
 
-  config = bench_accelerator.SIZES["tiny"]
+  config = bench_accelerator.sizes()["tiny"]
   assert config.num_params() == param_count(init_params(config, jax.random.PRNGKey(0)))  # the FLOP count's base
   # one item by hand: a prefix of 5 laid once, candidates of 3 and 2 tokens branching from it, of which 2 and 1 are
   # laid (a candidate's last token is only predicted)
@@ -95,7 +95,7 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
                                   True, str(output), ["noshare"])
   flash, dot = results
   assert "TPU kernel" in flash["skipped"]  # Pallas interpret mode off TPU is a numbers check, not a speed
-  config = bench_accelerator.SIZES["tiny"]
+  config = bench_accelerator.sizes()["tiny"]
   # the 8 devices: 4 data-parallel rows per step; XLA's analysis holds the (tied, model-split) weights and more
   assert dot["rows"] == 4 and dot["compiled_gib"] * 2**30 > plan.param_bytes(config, "float32") / 2
   printed = capsys.readouterr().out.splitlines()

@@ -18,10 +18,11 @@ BUILTIN_ERRORS = {"Exception", "ValueError", "KeyError", "OSError", "FileNotFoun
 
 @pytest.fixture
 def command_line(monkeypatch):
-  """`cli.run`'s wrapper around a main, with absl's flags parsed and the signal handlers restored after."""
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS(["test"])
-  monkeypatch.setattr(flags.FLAGS, "verbosity", 0)
+  """`cli.run`'s wrapper around a main, at the default --verbosity, with the signal handlers restored after. The
+  flag is set on its Flag object, which needs no parsing: the process-wide FLAGS are left as they are, parsed or
+  not, whatever ran before."""
+  verbosity = flags.FLAGS["verbosity"]  # defined by absl.logging, which s2sjax.cli imports
+  monkeypatch.setattr(verbosity, "value", verbosity.default)
   handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
   yield lambda main: cli._one_line_errors(main)(["test"])
   for each, handler in handlers.items():

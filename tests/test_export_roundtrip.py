@@ -61,10 +61,10 @@ def test_a_random_source_of_a_published_shape_converts_back_to_that_shape(tmp_pa
   from checkpoints_conversion import random_source
   from s2sjax import plan
 
-  published = plan.MODELS["qwen2.5-0.5b"]  # its biases, tying, rope theta and head layout; fewer and narrower layers
+  published = plan.named_models()["qwen2.5-0.5b"]  # its biases, tying, rope theta and head layout; fewer and narrower layers
   small = dataclasses.replace(published, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
                               num_kv_heads=2, head_dim=16, rotary_dim=16, vocab_size=300)
-  monkeypatch.setitem(plan.MODELS, "small", small)
+  monkeypatch.setattr(plan, "named_models", lambda: {"small": small})
   convert(random_source.write("small", str(tmp_path / "hf")), str(tmp_path / "ckpt"))
   assert checkpoint.load_config(tmp_path / "ckpt") == small
   with pytest.raises(ValueError, match="unknown shape 'qwen2.5-3b'"):

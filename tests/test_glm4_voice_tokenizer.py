@@ -81,7 +81,7 @@ def test_codes_are_upstreams_of_each_wave_alone(batched, i):
 
 
 def test_encode_pads_to_a_bucket_and_the_device_count_and_keeps_the_codes(tokenizer):
-  # the runner lays wave0's 136 frames in a 160-frame bucket, beside 7 empty rows (one per host device)
+  # the runner lays wave0's 136 frames in a 144-frame bucket, beside 7 empty rows (one per host device)
   np.testing.assert_array_equal(tokenizer.encode(wave(0), "wave0"), upstream("codes_solo_wave0")[:, None])
 
 

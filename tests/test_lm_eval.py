@@ -1,12 +1,16 @@
 """The `s2sjax` lm-eval backend against lm-eval's own `hf` backend on the same SmolLM2-135M weights (the embedded
 default's GGUF, loaded by transformers): per-request log-likelihoods, greedy flags, rolling windows, few-shot and
-chat-templated requests, the same bits whatever shares a request's row, and a local StoryCloze 2016 task through
-lm-eval's own command line and `simple_evaluate`."""
+chat-templated requests, requests longer than a row, the same bits whatever shares a request's row, a local
+StoryCloze 2016 task through lm-eval's own command line and `simple_evaluate`, the README's command as printed, and
+the backend's refusals and Ctrl-C through lm-eval's command line, each one line."""
 
 import json
 import logging
 import os
 import pathlib
+import re
+import shlex
+import signal
 import subprocess
 import sys
 
@@ -24,6 +28,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from s2sjax.commands.default_checkpoint import default_checkpoint  # noqa: E402
 from s2sjax.commands.lm_eval import S2SJaxLM  # noqa: E402
+from tests.interrupting import interrupt_mid_step  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 REALDATA = ROOT.parent / "shared" / "realdata" / "storycloze"
 STORYCLOZE = REALDATA / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv"
 STORYCLOZE_VAL = REALDATA / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"  # the few-shot examples
+SAMPLE_STORIES = ROOT / "tasks" / "sample" / "source" / "en_stories.json"  # the README's lm-eval task reads it
 ROW_LENGTH = 256
 TOLERANCE = 1e-4  # per request (a continuation's summed log-likelihood), fp32
 TASK_YAML = """task: storycloze_2016_local
@@ -227,3 +233,116 @@ def test_a_requests_log_likelihood_is_the_same_bits_whatever_else_the_call_holds
                             progress=False)[0]
   assert ours.last_call["window"].reach > reach
   np.testing.assert_array_equal(second[-4:][::-1], first[:4])
+
+
+def _sample_text() -> str:
+  """The bundled sample's 24 English stories with their right endings, as one text (about 800 tokens)."""
+  return " ".join(f"{story['first']} {story['right']}" for story in json.loads(SAMPLE_STORIES.read_text()))
+
+
+def test_a_context_too_long_for_the_row_loses_its_first_tokens_as_in_the_hf_backend(ours, hf, caplog):
+  context, short = ours.tok_encode(_sample_text()), ours.tok_encode("The cat sat on the")
+  continuation = ours.tok_encode(" mat and slept.", add_special_tokens=False)
+  assert len(context) > 2 * ours.max_length
+  pairs = [(("", ""), context, continuation), (("", ""), short, continuation)]
+  before = ours.fitted["truncated_context"]
+  with caplog.at_level(logging.WARNING, logger="lm_eval.s2sjax"):
+    got = ours._loglikelihood_tokens(pairs)
+  want = hf._loglikelihood_tokens(pairs)  # hf cuts the context from the left itself (and warns per request)
+  np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=TOLERANCE, rtol=0)
+  assert [g[1] for g in got] == [w[1] for w in want]
+  assert ours.fitted["truncated_context"] - before == 1
+  assert ("1 of 2 requests: contexts cut from the left to fit max_length=255 with their continuation, as the hf "
+          "backend cuts them (the first: request 0)") in caplog.text
+
+
+def test_a_continuation_longer_than_the_row_is_scored_in_pieces_each_after_the_tokens_before_it(ours, hf, caplog):
+  # hf stops the run at such a request (it asserts the continuation fits its window); the reference is hf's own
+  # log-likelihood of each piece of max_length tokens after every token before it, which hf cuts from the left
+  context = ours.tok_encode("Here are some stories.")
+  continuation = ours.tok_encode(" " + _sample_text(), add_special_tokens=False)
+  assert len(continuation) > 2 * ours.max_length  # three pieces
+  with caplog.at_level(logging.WARNING, logger="lm_eval.s2sjax"):
+    (got,) = ours._loglikelihood_tokens([(("", ""), context, continuation)])
+  starts = range(0, len(continuation), ours.max_length)
+  pieces = hf._loglikelihood_tokens([(("", ""), context + continuation[:start],
+                                      continuation[start:start + ours.max_length]) for start in starts])
+  # a sum of ~800 fp32 log-probs carries the rounding of its own magnitude
+  np.testing.assert_allclose(got[0], sum(p[0] for p in pieces), atol=TOLERANCE, rtol=1e-6)
+  assert got[1] == all(p[1] for p in pieces)
+  assert "1 of 1 requests: continuations longer than max_length=255 scored in pieces" in caplog.text
+  assert "1 of 1 requests: contexts cut from the left" in caplog.text
+
+
+def test_a_whitespace_only_context_is_scored_as_lm_eval_lays_an_empty_one(ours, hf):
+  # lm-eval moves a context's trailing whitespace into the continuation (TemplateLM._encode_pair), leaving no
+  # context tokens, at which hf's own scoring stops (it asserts a context); an empty context is the prefix token
+  before = ours.fitted["empty_context"]
+  got = ours.loglikelihood(requests("loglikelihood", [("  ", "The cat sat."), ("\n", "Paris"), ("Hi", " there")]))
+  want = hf.loglikelihood(requests("loglikelihood", [("", "  The cat sat."), ("", "\nParis"), ("Hi", " there")]))
+  np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=TOLERANCE, rtol=0)
+  assert [g[1] for g in got] == [w[1] for w in want]
+  assert ours.fitted["empty_context"] - before == 2
+
+
+def readme_command() -> tuple[dict[str, str], list[str]]:
+  """The README's lm-eval command line as printed: its environment assignments and its words."""
+  readme = (ROOT / "README.md").read_text()
+  found = re.search(r"^((?:\w+=\S+ )*python -m s2sjax\.lm_eval (?:[^\n]*\\\n)*[^\n]*)$", readme, re.M)
+  assert found, "the README shows no lm-eval command"
+  words = shlex.split(found.group(1).replace("\\\n", " "))
+  assignments = {}
+  while "=" in words[0] and not words[0].startswith("-"):
+    name, _, value = words.pop(0).partition("=")
+    assignments[name] = value
+  return assignments, words
+
+
+def test_the_readmes_command_runs_on_a_cpu_as_printed(tmp_path, hf, monkeypatch):
+  assignments, words = readme_command()
+  out = tmp_path / "out"
+  words[words.index("--output_path") + 1] = str(out)  # the one word changed: where the files go
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a newcomer's machine has
+  env.update(assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
+  run = subprocess.run([sys.executable if w == "python" else w for w in words], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900, env=env)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "Traceback" not in run.stderr and "fatal:" not in run.stderr, run.stderr
+  task = words[words.index("--tasks") + 1]
+  (samples_file,) = out.glob(f"*/samples_{task}_*.jsonl")
+  samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+  assert len(samples) == 24  # the bundled sample's stories, each with its two endings
+  monkeypatch.chdir(ROOT)  # the task's data_files is read from the working directory, as the README says
+  theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], log_samples=True,
+                                   task_manager=TaskManager(include_path=str(ROOT / "docs" / "my_tasks")))
+  (ll, greedy), (ll_hf, greedy_hf) = per_request(samples), per_request(theirs["samples"][task])
+  np.testing.assert_allclose(ll, ll_hf, atol=TOLERANCE, rtol=0)
+  assert greedy == greedy_hf
+
+
+@pytest.mark.parametrize("model_args, refusal", [
+  ("dtype=foo", "error: dtype=foo: the s2sjax backend scores in float32 or bfloat16"),
+  ("mesh=data:-1+model:2", "error: mesh=data:-1+model:2: mesh 'data:-1,model:2': 1 devices are not divisible by 2"),
+])
+def test_a_backend_refusal_through_lm_evals_command_line_is_one_line(model_args, refusal):
+  # lm-eval's command line builds the backend itself: its refusal is printed by s2sjax.lm_eval, as one line
+  run = subprocess.run(
+    [sys.executable, "-m", "s2sjax.lm_eval", "run", "--model_args", model_args, "--tasks", "sample_storycloze",
+     "--include_path", "docs/my_tasks", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  assert run.returncode == 1, run.stderr[-3000:]
+  assert run.stderr.splitlines()[-1] == refusal and "Traceback" not in run.stderr, run.stderr
+
+
+def test_ctrl_c_mid_step_stops_lm_evals_command_line_with_one_line(tmp_path):
+  # the first step held until the command stops waiting for it (tests/interrupting.py)
+  assignments, words = readme_command()
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
+  words[words.index("--output_path") + 1] = str(tmp_path / "out")
+  returncode, stderr, _ = interrupt_mid_step([sys.executable if w == "python" else w for w in words], 1,
+                                             signal.SIGINT, cwd=ROOT, env=env)
+  assert returncode == 130, stderr[-3000:]
+  assert stderr.splitlines()[-1] == ("interrupted by SIGINT: lm-eval writes its results when a run ends, so nothing "
+                                     "was written; rerun the command")
+  assert "Traceback" not in stderr and not (tmp_path / "out").exists()

@@ -1,6 +1,9 @@
-"""What lm-eval hands the `s2sjax` backend besides requests: its device and batch size arguments, its registry and
-its command line (no model loaded: the backend's own numbers are tests/test_lm_eval.py's)."""
+"""What lm-eval hands the `s2sjax` backend besides requests: its device and batch size arguments, model_args
+refused by name before a model is loaded, its registry, its command line and its git lookup (no model loaded: the
+backend's own numbers are tests/test_lm_eval.py's)."""
 
+import shutil
+import signal
 import sys
 
 import jax
@@ -50,7 +53,16 @@ def test_the_registry_finds_the_backend_by_name():
   assert "hf" in model_registry and "vllm" in model_registry  # lm-eval's own models are still there
 
 
-def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypatch):
+@pytest.fixture
+def signal_handlers_kept():
+  """The command line installs s2sjax.cli's SIGINT / SIGTERM handlers: this process gets its own back after."""
+  handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+  yield
+  for each, handler in handlers.items():
+    signal.signal(each, handler)
+
+
+def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypatch, signal_handlers_kept):
   import lm_eval.__main__
 
   seen = []
@@ -74,3 +86,33 @@ def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
   assert all(reach % REDUCTION_PERIOD == 0 and reach >= n - 1 for n, reach in reaches.items())
   shape = backend.step_shape(fitted, 80)
   assert (shape.length, shape.max_targets, shape.max_slots) == (1024, 64, 32)  # tables to a power of two, >= 32
+
+
+@pytest.mark.parametrize("model_args, refusal", [
+  (dict(colour="red", dtpye="float32"), "model_args colour=red, dtpye=float32: not an argument of the s2sjax "
+                                        "backend; it takes pretrained, checkpoint, mesh, dtype"),
+  (dict(dtype="foo"), "dtype=foo: the s2sjax backend scores in float32 or bfloat16"),
+  (dict(row_length=0), "row_length=0: the packed row's length is a positive multiple of 32"),
+  (dict(row_length=-32), "row_length=-32: "),
+  (dict(row_length=100), "row_length=100: "),
+  (dict(row_length="long"), "row_length=long: "),
+  (dict(mesh="data:-1+model:3"), "mesh=data:-1+model:3: mesh 'data:-1,model:3': 8 devices are not divisible by 3"),
+])
+def test_model_args_are_refused_by_name_before_a_model_is_loaded(model_args, refusal):
+  # `pretrained` names nothing: every refusal comes before the checkpoint is read
+  with pytest.raises(backend.BackendError) as refused:
+    backend.S2SJaxLM(pretrained="/nonexistent", **model_args)
+  assert str(refused.value).startswith(refusal)
+
+
+def test_lm_evals_git_lookup_says_nothing_outside_a_repository(tmp_path, monkeypatch, capfd):
+  import lm_eval.evaluator
+
+  if shutil.which("git") is None:
+    pytest.skip("git is not installed: lm-eval's lookup says nothing either way")
+  monkeypatch.chdir(tmp_path)  # no repository here: git would say "fatal: not a git repository"
+  with backend._git_quiet():
+    assert lm_eval.evaluator.get_git_commit_hash() is None
+  assert capfd.readouterr().err == ""
+  lm_eval.evaluator.get_git_commit_hash()  # and lm-eval's own, restored after, does say it
+  assert "not a git repository" in capfd.readouterr().err

@@ -313,3 +313,35 @@ def test_a_missing_or_misshapen_tensor_or_a_foreign_config_is_named(kyutai_relea
     json.dump(dict(TINY, transformer=dict(TINY["transformer"], gating="silu")), f)
   with pytest.raises(MimiConfigError, match="silu.json: transformer.gating='silu' is not implemented"):
     MimiTokenizer(release["kyutai_file"], mimi_config=silu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pad_mode", ["constant", "replicate"])
+@pytest.mark.parametrize("padding", ["kyutai", "transformers"])
+def test_seanet_over_windows_equals_seanet_over_whole_rows(kyutai_release, pad_mode, padding):
+  """The first stages run over one-frame windows with their history (`seanet`): every kept step equals the one the
+  same stages compute over the whole padded row, rows of several lengths, either padding rule and pad mode."""
+  import dataclasses
+
+  import jax
+
+  from tasks.audio.mimi import causal_conv, seanet, seanet_stages, window_stages
+
+  tokenizer = MimiTokenizer(kyutai_release["kyutai_file"], CODEBOOKS, mimi_config=kyutai_release["kyutai_config"])
+  arch = dataclasses.replace(tokenizer.arch, pad_mode=pad_mode)
+  assert window_stages(arch) == (2, 40)  # 6 + (2 + 4) + (2 + 5) * 4 samples of history, in steps of 20
+  per_layer = padding == "transformers"
+
+  def whole_rows(params, audio, lengths):
+    x, _ = seanet_stages(params, audio, lengths, arch, range(len(arch.ratios)), per_layer)
+    return causal_conv(jax.nn.elu(x), params["final"], pad_mode=arch.pad_mode)
+
+  batch = np.zeros((len(LENGTHS), -(-max(LENGTHS) // FRAME) * FRAME, 1), np.float32)
+  for row, wave in enumerate(waves()):
+    batch[row, : len(wave), 0] = wave
+  lengths = np.array(LENGTHS, np.int32)
+  windowed = np.asarray(jax.jit(lambda p, a, n: seanet(p, a, n, arch, per_layer)[0])(tokenizer.params, batch, lengths))
+  expected = np.asarray(jax.jit(whole_rows)(tokenizer.params, batch, lengths))
+  for row, length in enumerate(LENGTHS):
+    steps = -(-length // (FRAME // 2))
+    np.testing.assert_allclose(windowed[row, :steps], expected[row, :steps], rtol=0, atol=1e-6 * np.abs(expected).max())

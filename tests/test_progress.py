@@ -6,7 +6,7 @@ import gc
 import io
 import threading
 
-from s2sjax.progress import Progress
+from s2sjax.progress import Progress, end_bars, say
 
 
 class FakeClock:
@@ -112,3 +112,47 @@ def test_a_dropped_unfinished_progress_stops_its_timer():
   gc.collect()
   timer.join(timeout=30)
   assert not timer.is_alive()
+
+
+class _Terminal(io.StringIO):
+  """What a terminal is sent: the bar draws itself here, redrawing in place with carriage returns."""
+
+  def isatty(self):
+    return True
+
+
+def _screen(text: str) -> list[str]:
+  """The lines a terminal shows for `text`: each carriage return writes over its line from the first column."""
+  lines = []
+  for raw in text.split("\n"):
+    cells: list[str] = []
+    for part in raw.split("\r"):
+      cells[:len(part)] = part
+    lines.append("".join(cells).rstrip())
+  return lines
+
+
+def test_a_message_said_while_a_bar_is_drawn_gets_a_line_of_its_own_above_it():
+  terminal = _Terminal()
+  progress = Progress(3, "scoring", stream=terminal)
+  say("scmmlu/s2t: resuming, 1 of 3 chunks done", terminal)
+  progress.update(3, 30)
+  shown = [line for line in _screen(terminal.getvalue()) if line]
+  assert shown[0] == "scmmlu/s2t: resuming, 1 of 3 chunks done"
+  assert shown[-1].startswith("scoring: 100%|") and "3/3 rows" in shown[-1]
+  plain = io.StringIO()  # off a terminal: a plain line
+  say("resuming", plain)
+  assert plain.getvalue() == "resuming\n"
+
+
+def test_ended_bars_are_not_drawn_again_below_what_follows():
+  terminal = _Terminal()
+  progress = Progress(5, "scoring", stream=terminal)
+  progress.update(2, 20)
+  end_bars()  # Ctrl-C: the bar stays as it stood, then the command's last line
+  terminal.write("interrupted by SIGINT: kept 2 finished chunks\n")
+  del progress
+  gc.collect()  # a dropped tqdm closes itself, and would draw its bar once more
+  shown = [line for line in _screen(terminal.getvalue()) if line]
+  assert shown[-1] == "interrupted by SIGINT: kept 2 finished chunks"
+  assert shown[-2].startswith("scoring:  40%|") and "2/5 rows" in shown[-2]

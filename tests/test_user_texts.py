@@ -100,7 +100,7 @@ def test_the_readme_is_short():
 
 
 def test_the_plan_figures_in_the_docs_are_what_the_planner_prints():
-  p = plan.plan(plan.MODELS["qwen2.5-7b"], "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  p = plan.plan(plan.named_models()["qwen2.5-7b"], "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
   memory = f"{p['params_gib']:.2f} + {p['activations_gib']:.2f} GiB per chip"
   minutes = f"{p['total_seconds'] / 60:.1f} min at 40% MFU"
   for name in ("README.md", "docs/tpu.md"):
@@ -108,5 +108,5 @@ def test_the_plan_figures_in_the_docs_are_what_the_planner_prints():
     assert f"`{p['mesh']}`, {memory}" in text and minutes in text, name
   tpu = " ".join((ROOT / "docs" / "tpu.md").read_text().split())
   assert f"{p['benchmark_tflops']:,.0f} TFLOP" in tpu
-  glm = plan.plan(plan.MODELS["glm-4-9b"], "v4-32", 2048, 8, "bfloat16", 12.5, 0.4)
+  glm = plan.plan(plan.named_models()["glm-4-9b"], "v4-32", 2048, 8, "bfloat16", 12.5, 0.4)
   assert f"GLM-4-9B on v4-32 → `{glm['mesh']}`, {glm['total_gib']:.2f} GiB per chip" in tpu

@@ -404,8 +404,10 @@ def main(argv):
 
 def command_line() -> None:
   """`python -m s2sjax.eval`."""
-  define_flags()
-  cli.run(main, builds.usage(__doc__), flag_modules=(__name__, builds.__name__))
+  with cli.setting_up():
+    define_flags()
+    usage = builds.usage(__doc__)
+  cli.run(main, usage, flag_modules=(__name__, builds.__name__))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ In Python, `import s2sjax.lm_eval` registers it: `lm_eval.simple_evaluate(model=
 model_args="pretrained=DIR,...", tasks=[...], device="cpu", batch_size="auto")`.
 
 model_args: pretrained (or checkpoint; default: the embedded SmolLM2-135M), mesh (axes joined by '+', as lm-eval
-splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the packed row; contexts
-are left-truncated to fit it, as the hf backend truncates to its max_length, which here is row_length - 1),
-add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped as code). What lm-eval passes itself:
+splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the packed row, a
+multiple of 32; a request longer than it is fitted as the hf backend fits one to its max_length, which here is
+row_length - 1: `S2SJaxLM._windows`), add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped
+as code); any other key, or a value that makes no run, is refused by name before a model is loaded, and lm-eval's
+command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself:
 batch_size (rows per step, each holding many requests; `auto` or `auto:N`: the most rows, up to max_batch_size,
 default 64, and no more than a call's rows, whose step fits the devices' memory, `rows_per_step`), max_batch_size,
 device (cpu, cuda, cuda:N, gpu or tpu: the JAX platform, with an index one device of it; default: JAX's).
@@ -37,22 +39,26 @@ over JAX processes.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import signal
 import sys
 
 import jax
 import jax.numpy as jnp
 import lm_eval.__main__
+import lm_eval.evaluator
 import lm_eval.models  # noqa: F401 - lm-eval's own models first: a registry with one entry skips their import
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from s2sjax import cache, plan, sharding
+from s2sjax import cache, cli, plan, progress, sharding
 from s2sjax import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.errors import UserError
@@ -65,12 +71,36 @@ log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
 Pair = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "tpu"}  # lm-eval's device -> JAX's
 AUTO_MAX_BATCH = 64  # the hf backend's default max_batch_size for batch_size=auto
+DTYPES = ("float32", "bfloat16")
+# How a request is fitted to a row (`S2SJaxLM._windows`), as each call's warning says it, with how many
+FITTED = {
+  "empty_context": "whitespace-only contexts scored after the prefix token, as an empty context is",
+  "truncated_context": "contexts cut from the left to fit max_length={max_length} with their continuation, as the "
+                       "hf backend cuts them",
+  "split_continuation": "continuations longer than max_length={max_length} scored in pieces of max_length tokens, "
+                        "each after the tokens before it, as loglikelihood_rolling scores a long text",
+}
+# what model_args may name (lm-eval adds batch_size, max_batch_size and device from its own flags)
+MODEL_ARGS = ("pretrained", "checkpoint", "mesh", "dtype", "row_length", "add_bos_token", "trust_remote_code")
 # lm-eval's own rule for an instruct or chat model run without a chat template (lm_eval/evaluator.py, simple_evaluate)
 CHAT_MODEL_WORDS = ("inst", "chat")
 
 
 class BackendError(UserError, ValueError):
   """What lm-eval passed (model_args, a device, a request) does not make a run."""
+
+
+class GenerationRefused(UserError, NotImplementedError):
+  """A generation task asked of a backend that scores log-likelihoods only."""
+
+
+def _row_length(value) -> int:
+  """model_args row_length: a positive multiple of NEIGHBOUR_FREE_ALIGN (items start at its multiples)."""
+  digits = str(value).lstrip("-")
+  if isinstance(value, bool) or not digits.isdigit() or int(value) <= 0 or int(value) % NEIGHBOUR_FREE_ALIGN:
+    raise BackendError(f"row_length={value}: the packed row's length is a positive multiple of "
+                       f"{NEIGHBOUR_FREE_ALIGN} (e.g. 1024)")
+  return int(value)
 
 
 def devices_for(device: str | None) -> list[jax.Device]:
@@ -135,23 +165,32 @@ class S2SJaxLM(TemplateLM):
   def __init__(self, pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
                dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
                device: str | None = None, row_length: int = 1024, add_bos_token: bool | None = None,
-               trust_remote_code: bool = False):
+               trust_remote_code: bool = False, **unknown):
+    """Every argument is checked before a model is loaded (or the default one converted): an unknown key, a dtype,
+    a row length, a batch size, a device or a mesh that makes no run is a BackendError naming it."""
     super().__init__()
-    cache.use_compilation_cache()
+    if unknown:
+      raise BackendError(f"model_args {', '.join(f'{k}={v}' for k, v in unknown.items())}: not an argument of the "
+                         f"s2sjax backend; it takes {', '.join(MODEL_ARGS)}")
     if pretrained and checkpoint and pretrained != checkpoint:
       raise BackendError(f"pretrained={pretrained!r} and checkpoint={checkpoint!r}: give one of them")
+    if dtype not in DTYPES:
+      raise BackendError(f"dtype={dtype}: the s2sjax backend scores in {' or '.join(DTYPES)}")
+    self.dtype = jnp.dtype(dtype)
+    self.row_length = _row_length(row_length)
     batch = str(batch_size)
     if not (batch.isdigit() and int(batch) > 0) and not (batch == "auto" or batch.startswith("auto:")):
       raise BackendError(f"batch_size must be a number of rows or auto, not {batch_size!r}")
     self.auto_batch = not batch.isdigit()  # auto:N re-sizes each call anyway: every call is sized for its rows
     self.batch_size = None if self.auto_batch else int(batch)
     self.max_batch_size = int(max_batch_size or AUTO_MAX_BATCH)
+    try:
+      self.mesh = sharding.make_mesh(str(mesh).replace("+", ","), devices_for(device))
+    except sharding.MeshError as e:
+      raise BackendError(f"mesh={mesh}: {e}") from None
+    self.add_bos_token = add_bos_token
+    cache.use_compilation_cache()
     self.checkpoint = pretrained or checkpoint or default_checkpoint()
-    self.mesh = sharding.make_mesh(str(mesh).replace("+", ","), devices_for(device))
-    self.dtype = jnp.dtype(dtype)
-    self.row_length, self.add_bos_token = int(row_length), add_bos_token
-    if self.row_length % NEIGHBOUR_FREE_ALIGN:
-      raise BackendError(f"row_length={row_length} must be a multiple of {NEIGHBOUR_FREE_ALIGN}")
     self.config = ckpt.load_config(self.checkpoint)
     self.params = ckpt.load_params(self.checkpoint, mesh=self.mesh, dtype=self.dtype)
     self.tokenizer = ckpt.load_tokenizer(self.checkpoint, trust_remote_code=trust_remote_code)
@@ -161,6 +200,7 @@ class S2SJaxLM(TemplateLM):
     self.batch_sizes: dict[int, int] = {}  # rows per step of each call (lm-eval reports them)
     self.contexts_scored = 0  # distinct contexts laid into rows, over this model's life
     self.rows_scored = 0
+    self.fitted = collections.Counter()  # requests fitted to a row, by FITTED's case, over this model's life
     self._chat_templated = self._warned_chat = False
     self.last_call: dict = {}  # the last call's packing report, row shape, rows per step and attention window
 
@@ -217,9 +257,23 @@ class S2SJaxLM(TemplateLM):
   def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                             disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
     del kwargs
-    pairs = [self._fit(context, continuation) for _, context, continuation in requests]
+    pairs, owner, fitted = [], [], {}  # fitted: how -> [first request, count]
+    for index, (_, context, continuation) in enumerate(requests):
+      windows, cases = self._windows(context, continuation, index)
+      pairs += windows
+      owner += [index] * len(windows)
+      for case in cases:
+        self.fitted[case] += 1
+        fitted.setdefault(case, [index, 0])[1] += 1
+    for case, (first, count) in fitted.items():
+      log.warning(f"{count} of {len(requests)} requests: {FITTED[case].format(max_length=self.max_length)} "
+                  f"(the first: request {first})")
     logprobs, greedy = self.score_pairs(pairs, greedy=True, progress=not disable_tqdm)
-    return [(float(lp), bool(g)) for lp, g in zip(logprobs, greedy)]
+    totals, all_greedy = np.zeros(len(requests)), [True] * len(requests)
+    for index, logprob, is_greedy in zip(owner, logprobs, greedy):
+      totals[index] += logprob
+      all_greedy[index] = all_greedy[index] and is_greedy
+    return [(float(t), bool(g)) for t, g in zip(totals, all_greedy)]
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
     """The hf backend's windows: the first predicts every token from the prefix token, later ones up to
@@ -240,17 +294,34 @@ class S2SJaxLM(TemplateLM):
     return [float(t) for t in totals]
 
   def generate_until(self, requests, disable_tqdm: bool = False):
-    raise NotImplementedError("the s2sjax backend scores log-likelihoods only (loglikelihood, "
-                              "loglikelihood_rolling, multiple_choice tasks); generation tasks need another backend")
+    raise GenerationRefused("the s2sjax backend scores log-likelihoods only (loglikelihood, loglikelihood_rolling, "
+                            "multiple_choice tasks); generation tasks need another backend")
 
-  def _fit(self, context: list[int], continuation: list[int]) -> Pair:
-    """Left-truncates the context as the hf backend does: context + continuation keep their last max_length + 1
-    tokens, so the pair fills at most one row."""
-    if not context or not continuation:
-      raise BackendError("lm-eval gave an empty context or continuation")
+  def _windows(self, context: list[int], continuation: list[int], index: int) -> tuple[list[Pair], list[str]]:
+    """One request as the (context, continuation) pairs that fill at most a row each, the hf backend's way
+    (lm_eval/models/huggingface.py, HFLM._loglikelihood_tokens): context + continuation keep their last
+    max_length + 1 tokens, the context losing its first ones. Two kinds hf stops the run at (its asserts) are
+    scored instead: a continuation longer than max_length in pieces of max_length tokens, each after the tokens
+    before it (lm-eval's rule for a text longer than the window, `loglikelihood_rolling`), its log-likelihood the
+    pieces' sum and is_greedy all of theirs; a context that encodes to no tokens (whitespace only: lm-eval's
+    `_encode_pair` moves it into the continuation) as the prefix token, as lm-eval lays an empty context.
+    Returns the pairs and which of FITTED's cases the request is."""
+    if not continuation:
+      raise BackendError(f"request {index}: lm-eval gave an empty continuation")
+    cases = []
+    if not context:
+      context = [self.prefix_token_id]
+      cases.append("empty_context")
+    if len(context) + len(continuation) > self.max_length + 1:
+      cases.append("truncated_context")
     if len(continuation) > self.max_length:
-      raise BackendError(f"a continuation of {len(continuation)} tokens does not fit row_length={self.row_length}")
-    return context[-(self.max_length + 1 - len(continuation)):], continuation
+      cases.append("split_continuation")
+    windows, before = [], list(context)
+    for start in range(0, len(continuation), self.max_length):
+      piece = continuation[start:start + self.max_length]
+      windows.append((before[-(self.max_length + 1 - len(piece)):], piece))
+      before += piece
+    return windows, cases
 
   def _warn_without_chat_template(self) -> None:
     """lm-eval's warning for an instruct or chat model scored without its chat template (it reads the hf
@@ -327,15 +398,53 @@ if "s2sjax" not in model_registry:
   model_registry.register("s2sjax", target="s2sjax.commands.lm_eval:S2SJaxLM")
 
 
+@contextlib.contextmanager
+def _git_quiet():
+  """lm-eval records the git commit of the working directory in its results (lm_eval/loggers/utils.py,
+  get_git_commit_hash: `git describe`, then reading .git itself); outside a repository git says `fatal: not a git
+  repository` on the console, which tells the user nothing. Its stderr is dropped while lm-eval asks."""
+  original = lm_eval.evaluator.get_git_commit_hash
+
+  def quiet() -> str | None:
+    with open(os.devnull, "w") as devnull:
+      saved = os.dup(2)
+      os.dup2(devnull.fileno(), 2)  # git writes to the process's stderr, not Python's
+      try:
+        return original()
+      finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+  lm_eval.evaluator.get_git_commit_hash = quiet
+  try:
+    yield
+  finally:
+    lm_eval.evaluator.get_git_commit_hash = original
+
+
 def cli_evaluate(argv: list[str] | None = None) -> None:
   """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
-  defaulting to s2sjax."""
+  defaulting to s2sjax. lm-eval builds and calls the backend itself, so what every s2sjax command line does
+  (s2sjax/cli.py) is done here: a refusal of the backend's (a UserError: model_args, a device, a mesh, a
+  checkpoint, a generation task) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
+  and says that lm-eval writes its files only when a run ends."""
   args = list(sys.argv[1:] if argv is None else argv)
   named = any(a in ("--model", "-M", "-h", "--help") or a.startswith("--model=") for a in args)
   if args and not named and args[0] not in ("ls", "validate"):
     args += ["--model", "s2sjax"]
   sys.argv = [sys.argv[0]] + args
-  lm_eval.__main__.cli_evaluate()
+  cli.catch_interrupts()
+  try:
+    with _git_quiet():
+      lm_eval.__main__.cli_evaluate()
+  except cli.Interrupted as e:
+    progress.end_bars()
+    print(f"interrupted by {signal.Signals(e.signum).name}: lm-eval writes its results when a run ends, so nothing "
+          "was written; rerun the command", file=sys.stderr, flush=True)
+    cli.exit_at_once(128 + e.signum)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -98,8 +98,10 @@ def _interrupted_line(signum: int, data_dir: str, complete: list[str], unfinishe
 
 def command_line() -> None:
   """`python -m tasks.prepare`."""
-  define_flags()
-  cli.run(main, builds.usage(__doc__), flag_modules=(__name__, builds.__name__))
+  with cli.setting_up():
+    define_flags()
+    usage = builds.usage(__doc__)
+  cli.run(main, usage, flag_modules=(__name__, builds.__name__))
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ def main(argv) -> None:
 
 def command_line() -> None:
   """`python -m s2sjax.watch`."""
-  eval_command.define_flags()
+  with cli.setting_up():
+    eval_command.define_flags()
   flags.DEFINE_string("run_dir", None, "MaxText's <base_output_directory>/<run_name>: its checkpoints/ is watched.")
   flags.DEFINE_float("poll_seconds", 60.0, "Seconds between looks at the checkpoint folder.", lower_bound=0.0)
   flags.DEFINE_integer("stop_after_step", None, "Stop once this step (or a later one) is scored.")

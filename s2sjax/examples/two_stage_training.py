@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags
+from absl import flags
 
-from s2sjax import benchmarks, reports
+from s2sjax import benchmarks, cli, reports
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.evaluator import Evaluator, ScoringOptions
 from s2sjax.model.config import ModelConfig
@@ -143,4 +143,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("output_dir", "outputs/two_stage", "Where the curves and history go.")
   flags.DEFINE_string("data_dir", None, "Built datasets (default: ~/.cache/s2sjax/data).")
   flags.DEFINE_string("tokenizer_dir", None, "Text tokenizer (default: the embedded default model's).")
-  app.run(main)
+  cli.run(main)  # the console every command line has: the libraries' INFO records and bars hidden

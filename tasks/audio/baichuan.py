@@ -17,7 +17,7 @@ from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import layer_norm
 from tasks.audio import whisper
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.ops import conv1d, dense, squared_distances
+from tasks.audio.ops import conv1d, dense, first_argmin, squared_distances
 from tasks.audio.weights import ReleaseWeights, read_json
 from tasks.audio.whisper import whisper_log_mel
 
@@ -109,7 +109,7 @@ def sinusoids(length: int, channels: int) -> np.ndarray:
 
 def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
   """The tokenizer's tensors, shape-checked, as a pytree of float32 arrays in the layouts `forward` uses:
-  linear kernels [in, out], conv kernels [width, in, out], encoder layers stacked on a leading axis."""
+  linear kernels [in, out], conv kernels [width, in, out], encoder layers a list."""
   d, ffn, mels = config.d_model, config.encoder_ffn_dim, config.num_mel_bins
   wide = d * config.avg_pooler
 
@@ -128,6 +128,8 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
       out["bias"] = weights.take(f"{key}.bias", (n_out,))
     return out
 
+  # one pytree per layer, not stacked: a scan over stacked layers copies each layer's weights out of the stack
+  # every step (18% of a 5 s utterance's step on XLA:CPU)
   layers = [whisper.read_layer(weights, f"audio_model.layers.{i}", d, ffn) for i in range(config.encoder_layers)]
   if weights.has(f"audio_model.layers.{config.encoder_layers}.fc1.weight"):
     raise BaichuanConfigError(f"{weights.path} holds more encoder layers than audio_config.encoder_layers="
@@ -146,8 +148,7 @@ def read_params(weights: ReleaseWeights, config: BaichuanAudioConfig) -> dict:
       "conv1": conv("audio_model.conv1", mels, d, 3),
       "conv2": conv("audio_model.conv2", d, d, 3),
       "positions": positions,
-      "layers": {name: {part: np.stack([l[name][part] for l in layers]) for part in layers[0][name]}
-                 for name in layers[0]},
+      "layers": layers,
       "final_norm": norm("audio_model.layer_norm", d),
       "gate": pooling_conv("audio_bridge_model.gate_proj"),
       "up": pooling_conv("audio_bridge_model.up_proj"),
@@ -174,7 +175,7 @@ def _residual_quantize(x, codebooks):
   codes = []
   for embed in codebooks:
     embed = embed.astype(jnp.float32)
-    index = jnp.argmin(jnp.sqrt(jnp.maximum(squared_distances(residual, embed), 0)), axis=-1)
+    index = first_argmin(jnp.sqrt(jnp.maximum(squared_distances(residual, embed), 0)))
     residual = residual - embed[index]
     codes.append(index)
   return jnp.stack(codes, -1).astype(jnp.int32)
@@ -209,9 +210,9 @@ def forward(params: dict, features, lengths, config: BaichuanAudioConfig) -> dic
   hidden = x + positions.astype(dtype)
   valid = jnp.arange(frames) < encoder_length[:, None]
   # Attention non-causal over each row's valid frames only (upstream packs the rows for varlen flash, l.93-99).
-  layer = lambda h, p: (whisper.encoder_layer(h, p, valid[:, None, :], config.encoder_attention_heads,
-                                              jax.lax.Precision.HIGHEST), None)
-  hidden, _ = jax.lax.scan(layer, hidden, params["layers"])
+  for layer in params["layers"]:
+    hidden = whisper.encoder_layer(hidden, layer, valid[:, None, :], config.encoder_attention_heads,
+                                   jax.lax.Precision.HIGHEST)
   encoder_out = jnp.where(valid[..., None], _layer_norm(hidden, params["final_norm"]), 0)
 
   # Bridge (l.437-452): zero frames up to a multiple of avg_pooler, gated pooling convs, residual = the group's
@@ -232,8 +233,8 @@ def log_mel(wave: np.ndarray, config: BaichuanAudioConfig) -> np.ndarray:
   frames kept (one more than Whisper's extractor keeps)."""
   window = config.window_samples
   wave = np.asarray(wave, np.float32)[:window]
-  mel = whisper_log_mel(np.pad(wave, (0, window - len(wave))), n_mels=config.num_mel_bins, n_fft=config.n_fft,
-                        hop=config.hop_length, sample_rate=config.sampling_rate)
+  mel = whisper_log_mel(wave, n_mels=config.num_mel_bins, n_fft=config.n_fft, hop=config.hop_length,
+                        sample_rate=config.sampling_rate, pad_to=window)
   return mel[:, : min(window // config.hop_length, len(wave) // config.hop_length + 1)]
 
 
@@ -261,6 +262,7 @@ class BaichuanAudioTokenizer(JaxAudioTokenizer):
     self.frame_rate = c.sampling_rate / c.hop_length / c.stride_size / c.avg_pooler
     self.segment_samples = c.window_samples  # split_overlap 0: consecutive chunks (processor_omni.py l.276-291)
     self.time_multiple = c.stride_size * c.avg_pooler  # whole bridge groups
+    self.attention_heads, self.attention_stride = c.encoder_attention_heads, c.stride_size
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> BaichuanAudioTokenizer:

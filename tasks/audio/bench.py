@@ -1,24 +1,29 @@
-r"""Audio seconds tokenized per wall second: each JAX tokenizer at its release's real shapes (random weights) side by
-side, in one run, with a PyTorch forward of the same shapes and weights on the same machine.
+r"""Audio seconds tokenized per wall second: each JAX tokenizer at its release's real shapes (random weights) beside
+a PyTorch forward of the same shapes and weights, each side in its own process, on the same machine.
 
   python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans] [--audio_seconds=60] \
       [--output=bench_audio.json]
 
 The references: transformers' `WhisperEncoderLayer`s under the causal convolutions, block mask, pooling and
 codebook search for GLM-4-Voice; the same layers under Baichuan's convolutions, bridge and RVQ, written here;
-transformers' `MimiModel.encode` and `HubertModel`. Each side tokenizes the same recordings (the bundled sample's
-speech) once to warm up (JAX: compile) and once timed; both start from the same host features. FLOPs per audio
-second are torch's count of the reference forward on one 10.24 s segment (XLA's cost analysis counts a scanned
-layer once), so each side's FLOP/s is that times its audio s/s.
+transformers' `MimiModel.encode` and `HubertModel`. Per tokenizer, one process writes the release folder from the
+torch modules (seeded), then the torch side and the JAX side each run in a process of their own: each loads its
+model (torch builds the same seeded modules, JAX reads the folder), measures its framework's fp32 2048^2 matmul,
+tokenizes the same recordings (the bundled sample's speech) once to warm up (JAX: compiles) and once timed, and
+reports its peak resident memory while tokenizing (`PeakRss`: weights and every buffer, XLA's included). Both sides
+start from the same host features. FLOPs per audio second are torch's count of the reference forward
+on one 10.24 s segment (XLA's cost analysis counts a scanned layer once), so each side's FLOP/s is that times its
+audio s/s, and its share of the matmul rate its own process measured is printed beside it.
 The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -33,17 +38,8 @@ from tasks.sample import RELEASE_DIR
 
 SAMPLE_SPEECH = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")
 FLOP_SEGMENT_SECONDS = 10.24  # a multiple of every tokenizer's frame (1280 samples at 16 kHz, 1920 at 24 kHz)
-
-
-@dataclasses.dataclass
-class Side:
-  seconds: float
-  warmup_seconds: float
-
-  def as_dict(self, audio_seconds: float, flops_per_audio_second: float) -> dict:
-    return {"seconds": round(self.seconds, 2), "warmup_seconds": round(self.warmup_seconds, 2),
-            "audio_seconds_per_second": round(audio_seconds / self.seconds, 2),
-            "gflop_per_second": round(flops_per_audio_second * audio_seconds / self.seconds / 1e9, 1)}
+MATMUL_SIZE = 2048
+SIDES = ("torch", "jax")
 
 
 def recordings(sample_rate: int, audio_seconds: float) -> list[np.ndarray]:
@@ -57,10 +53,57 @@ def recordings(sample_rate: int, audio_seconds: float) -> list[np.ndarray]:
   return waves
 
 
-def timed(run) -> tuple[float, object]:
-  start = time.perf_counter()
+def timed(run) -> tuple[float, float, object]:
+  """(wall seconds, this process's CPU seconds, the result): the CPU seconds read a run on a loaded machine."""
+  start, cpu = time.perf_counter(), time.process_time()
   out = run()
-  return time.perf_counter() - start, out
+  return time.perf_counter() - start, time.process_time() - cpu, out
+
+
+class PeakRss:
+  """The largest resident set this process reaches between `with` and its end, sampled every 5 ms on a thread
+  (psutil): the model's weights, the framework's buffers (XLA's included, which tracemalloc does not see) and
+  every temporary that lives longer than a sample."""
+
+  def __enter__(self) -> "PeakRss":
+    import threading
+
+    import psutil
+
+    process, self.bytes, self._stop = psutil.Process(), 0, threading.Event()
+
+    def sample():
+      while not self._stop.wait(0.005):
+        self.bytes = max(self.bytes, process.memory_info().rss)
+
+    self.bytes = process.memory_info().rss
+    self._thread = threading.Thread(target=sample, daemon=True)
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+
+
+def matmul_rate(kind: str, repeats: int = 5) -> float:
+  """FLOP/s of one fp32 MATMUL_SIZE^2 matmul in this process, the best of `repeats`, through XLA or torch."""
+  rng = np.random.default_rng(0)
+  a, b = (rng.standard_normal((MATMUL_SIZE, MATMUL_SIZE)).astype(np.float32) for _ in range(2))
+  if kind == "jax":
+    import jax
+
+    x, y = jax.device_put(a), jax.device_put(b)
+    step = jax.jit(lambda x, y: jax.numpy.matmul(x, y, precision=jax.lax.Precision.HIGHEST))
+    run = lambda: step(x, y).block_until_ready()
+  else:
+    import torch
+
+    x, y = torch.from_numpy(a), torch.from_numpy(b)
+    run = lambda: torch.matmul(x, y)
+  run()
+  best = min(timed(run)[0] for _ in range(repeats))
+  return 2 * MATMUL_SIZE**3 / best
 
 
 def flops_per_audio_second(reference, tokenizer) -> float:
@@ -110,12 +153,17 @@ def _nearest(x, codebook):
 
 
 class Reference:
-  """A torch forward at a release's shapes that writes its random weights as that release's folder."""
+  """A torch forward at a release's shapes, its random weights drawn from seed 0 (the same in every process), that
+  `save`s them as that release's folder."""
 
   kind: str
 
-  def jax_tokenizer(self, folder: str):
-    return load_object(audio.TOKENIZERS.get(self.kind).loader)(folder)
+  def save(self, folder: str) -> None:
+    raise NotImplementedError
+
+  @classmethod
+  def jax_tokenizer(cls, folder: str):
+    return load_object(audio.TOKENIZERS.get(cls.kind).loader)(folder)
 
 
 class Glm4VoiceReference(Reference):
@@ -125,7 +173,7 @@ class Glm4VoiceReference(Reference):
   kind = "glm4_voice"
   d, heads, ffn, layers, codes, block, pool = 1280, 20, 5120, 16, 16384, 200, 4
 
-  def __init__(self, folder: str):
+  def __init__(self):
     import torch
 
     torch.manual_seed(0)
@@ -133,6 +181,8 @@ class Glm4VoiceReference(Reference):
     self.stack = _whisper_layers(self.d, self.heads, self.ffn, self.layers)
     self.positions = _sinusoids(1500, self.d)
     self.codebook = torch.randn(self.codes, self.d)
+
+  def save(self, folder: str) -> None:
     tensors = {"conv1.weight": self.conv1.weight, "conv1.bias": self.conv1.bias, "conv2.weight": self.conv2.weight,
                "conv2.bias": self.conv2.bias, "embed_positions.weight": self.positions,
                "codebook.weight": self.codebook}
@@ -182,7 +232,7 @@ class BaichuanReference(Reference):
   d, heads, ffn, layers, pool = 1280, 20, 5120, 32, 4
   sizes = (8192, 4096, 2048, 1024, 1024, 1024, 1024, 1024)
 
-  def __init__(self, folder: str):
+  def __init__(self):
     import torch
 
     torch.manual_seed(0)
@@ -197,6 +247,8 @@ class BaichuanReference(Reference):
     self.down = torch.nn.Linear(wide, wide, bias=False)
     self.bridge_norm = torch.nn.LayerNorm(wide)
     self.codebooks = [torch.randn(n, wide) for n in self.sizes]
+
+  def save(self, folder: str) -> None:
     model, bridge = "audio_tokenizer.audio_model.", "audio_tokenizer.audio_bridge_model."
     tensors = {f"{model}conv1.weight": self.conv1.weight, f"{model}conv1.bias": self.conv1.bias,
                f"{model}conv2.weight": self.conv2.weight, f"{model}conv2.bias": self.conv2.bias,
@@ -245,18 +297,21 @@ class MimiReference(Reference):
 
   kind, codebooks = "mimi", 8
 
-  def __init__(self, folder: str):
+  def __init__(self):
     import torch
     from transformers import MimiConfig, MimiModel
 
     torch.manual_seed(0)
     self.model = MimiModel(MimiConfig()).eval()
+
+  def save(self, folder: str) -> None:
     self.model.save_pretrained(folder)
 
-  def jax_tokenizer(self, folder: str):
+  @classmethod
+  def jax_tokenizer(cls, folder: str):
     from tasks.audio.mimi import MimiTokenizer  # jax loads with it: only when this tokenizer is benchmarked
 
-    return MimiTokenizer(folder, self.codebooks)
+    return MimiTokenizer(folder, cls.codebooks)
 
   def __call__(self, features: np.ndarray) -> np.ndarray:
     import torch
@@ -271,20 +326,23 @@ class HubertReference(Reference):
 
   kind, layer, units = "hubert_kmeans", 11, 500
 
-  def __init__(self, folder: str):
+  def __init__(self):
     import torch
     from transformers import HubertConfig, HubertModel
 
     torch.manual_seed(0)
     self.model = HubertModel(HubertConfig()).eval()
-    self.model.save_pretrained(folder)
     self.centroids = torch.randn(self.units, self.model.config.hidden_size)
+
+  def save(self, folder: str) -> None:
+    self.model.save_pretrained(folder)
     np.save(os.path.join(folder, "km500.npy"), self.centroids.numpy())
 
-  def jax_tokenizer(self, folder: str):
+  @classmethod
+  def jax_tokenizer(cls, folder: str):
     from tasks.audio.hubert import HubertKmeansTokenizer  # jax loads with it: only when this tokenizer is benchmarked
 
-    return HubertKmeansTokenizer(folder, os.path.join(folder, "km500.npy"), self.layer, deduplicate=False)
+    return HubertKmeansTokenizer(folder, os.path.join(folder, "km500.npy"), cls.layer, deduplicate=False)
 
   def __call__(self, features: np.ndarray) -> np.ndarray:
     import torch
@@ -294,60 +352,117 @@ class HubertReference(Reference):
     return _nearest(hidden, self.centroids).numpy()
 
 
-# ---- the run ------------------------------------------------------------------------------------------------
+# ---- the run: one process per side ------------------------------------------------------------------------------
 
 REFERENCES = {r.kind: r for r in (Glm4VoiceReference, BaichuanReference, MimiReference, HubertReference)}
 
 
+def run_side(side: str, kind: str, folder: str, audio_seconds: float) -> dict:
+  """One side of one tokenizer in this process: its matmul rate, a warm-up and a timed run over the recordings, the
+  codes (saved in `folder` for the parent to compare) and the peak RSS while tokenizing (weights included). The
+  torch side also counts the reference's FLOPs per audio second; it computes its host features with the JAX
+  tokenizer's `prepare`, whose weights it drops first."""
+  tokenizer = REFERENCES[kind].jax_tokenizer(folder)
+  waves = recordings(tokenizer.sample_rate, audio_seconds)
+  out = {"utterances": len(waves), "audio_seconds": sum(len(w) for w in waves) / tokenizer.sample_rate,
+         "matmul_gflop_per_second": round(matmul_rate(side) / 1e9, 1)}
+  if side == "jax":
+    with PeakRss() as peak:
+      warm, _, _ = timed(lambda: tokenizer.encode_batch(waves))
+      wall, cpu, codes = timed(lambda: tokenizer.encode_batch(waves))
+    out["compile_seconds"] = round(tokenizer.runner.compile_seconds, 2)
+  else:
+    import torch
+
+    del tokenizer.params
+    reference = REFERENCES[kind]()
+
+    def forward(some):  # from the same host features the JAX side computes (the sample's waves are under 30 s)
+      with torch.inference_mode():
+        return [reference(tokenizer.prepare(w)[0]) for w in some]
+
+    with PeakRss() as peak:
+      warm, _, _ = timed(lambda: forward(waves[:1]))
+      wall, cpu, codes = timed(lambda: forward(waves))
+    out["flops_per_audio_second"] = flops_per_audio_second(reference, tokenizer)
+  np.savez(os.path.join(folder, f"codes_{side}.npz"), *codes)
+  out.update({"seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "warmup_seconds": round(warm, 2),
+              "peak_rss_gb": round(peak.bytes / 2**30, 2)})
+  return out
+
+
+def _in_subprocess(side: str, kind: str, folder: str, audio_seconds: float) -> dict:
+  command = [sys.executable, "-m", "tasks.audio.bench", f"--side={side}", f"--tokenizers={kind}",
+             f"--folder={folder}", f"--audio_seconds={audio_seconds}"]
+  subprocess.run(command, check=True)
+  if side == "write":
+    return {}
+  with open(os.path.join(folder, f"{side}.json")) as f:
+    return json.load(f)
+
+
 def bench_one(kind: str, audio_seconds: float) -> dict:
-  import torch
-
   with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-") as folder:
-    reference = REFERENCES[kind](folder)
-    tokenizer = reference.jax_tokenizer(folder)
-    waves = recordings(tokenizer.sample_rate, audio_seconds)
-  seconds = sum(len(w) for w in waves) / tokenizer.sample_rate
-  warm_jax, _ = timed(lambda: tokenizer.encode_batch(waves))
-  jax_seconds, ours = timed(lambda: tokenizer.encode_batch(waves))
-
-  def torch_run(some):  # from the same host features the JAX side computes (the sample's waves are under 30 s)
-    with torch.inference_mode():
-      return [reference(tokenizer.prepare(w)[0]) for w in some]
-
-  warm_torch, _ = timed(lambda: torch_run(waves[:1]))
-  torch_seconds, theirs = timed(lambda: torch_run(waves))
-  flops = flops_per_audio_second(reference, tokenizer)
+    _in_subprocess("write", kind, folder, audio_seconds)
+    sides = {side: _in_subprocess(side, kind, folder, audio_seconds) for side in SIDES}
+    ours, theirs = (list(np.load(os.path.join(folder, f"codes_{side}.npz")).values()) for side in ("jax", "torch"))
   equal = sum(int((a.reshape(len(a), -1)[: len(b)] == b.reshape(len(b), -1)[: len(a)]).all(-1).sum())
               for a, b in zip(ours, theirs))
   frames = sum(max(len(a), len(b)) for a, b in zip(ours, theirs))
-  return {"tokenizer": kind, "utterances": len(waves), "audio_seconds": round(seconds, 2),
-          "gflop_per_audio_second": round(flops / 1e9, 2),
-          "jax": Side(jax_seconds, warm_jax).as_dict(seconds, flops),
-          "torch": Side(torch_seconds, warm_torch).as_dict(seconds, flops),
-          "speedup": round(torch_seconds / jax_seconds, 2), "codes_equal": f"{equal}/{frames}"}
+  seconds, utterances = sides["jax"]["audio_seconds"], sides["jax"]["utterances"]
+  flops = sides["torch"].pop("flops_per_audio_second")
+  for side in sides.values():
+    del side["audio_seconds"], side["utterances"]
+    side["audio_seconds_per_second"] = round(seconds / side["seconds"], 2)
+    side["gflop_per_second"] = round(flops * seconds / side["seconds"] / 1e9, 1)
+    side["percent_of_matmul"] = round(100 * side["gflop_per_second"] / side["matmul_gflop_per_second"], 1)
+  return {"tokenizer": kind, "utterances": utterances, "audio_seconds": round(seconds, 2),
+          "gflop_per_audio_second": round(flops / 1e9, 2), **sides,
+          "speedup": round(sides["torch"]["seconds"] / sides["jax"]["seconds"], 2), "codes_equal": f"{equal}/{frames}"}
 
 
 def machine() -> dict:
-  import jax
   import torch
 
   return {"processor": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
-          "jax_backend": jax.default_backend(), "jax_devices": jax.device_count(), "torch_threads": torch.get_num_threads()}
+          "torch_threads": torch.get_num_threads()}
+
+
+COLUMNS = ("| tokenizer | audio s | GFLOP / audio s | torch audio s/s | JAX audio s/s | JAX / torch | torch GFLOP/s "
+           "(% of its matmul) | JAX GFLOP/s (% of its matmul) | torch peak GB | JAX peak GB | codes equal |")
+
+
+def row(r: dict) -> str:
+  torch_side, jax_side = r["torch"], r["jax"]
+  return (f"| {r['tokenizer']} | {r['audio_seconds']} | {r['gflop_per_audio_second']} | "
+          f"{torch_side['audio_seconds_per_second']} | {jax_side['audio_seconds_per_second']} | {r['speedup']}x | "
+          f"{torch_side['gflop_per_second']} ({torch_side['percent_of_matmul']}%) | "
+          f"{jax_side['gflop_per_second']} ({jax_side['percent_of_matmul']}%) | {torch_side['peak_rss_gb']} | "
+          f"{jax_side['peak_rss_gb']} | {r['codes_equal']} |")
 
 
 def main(argv):
   del argv
-  results = [bench_one(kind, FLAGS.audio_seconds) for kind in FLAGS.tokenizers]
-  print("| tokenizer | audio s | GFLOP / audio s | torch audio s/s | JAX audio s/s | JAX / torch | torch GFLOP/s | "
-        "JAX GFLOP/s | codes equal |")
-  print("|---|---|---|---|---|---|---|---|---|")
-  for r in results:
-    print(f"| {r['tokenizer']} | {r['audio_seconds']} | {r['gflop_per_audio_second']} | "
-          f"{r['torch']['audio_seconds_per_second']} | {r['jax']['audio_seconds_per_second']} | {r['speedup']}x | "
-          f"{r['torch']['gflop_per_second']} | {r['jax']['gflop_per_second']} | {r['codes_equal']} |")
+  if FLAGS.side:  # one side of one tokenizer, started by the run below
+    (kind,) = FLAGS.tokenizers
+    if FLAGS.side == "write":
+      REFERENCES[kind]().save(FLAGS.folder)
+      return
+    result = run_side(FLAGS.side, kind, FLAGS.folder, FLAGS.audio_seconds)
+    with open(os.path.join(FLAGS.folder, f"{FLAGS.side}.json"), "w") as f:
+      json.dump(result, f)
+    return
+  results = []
+  print(COLUMNS)
+  print("|" + "---|" * COLUMNS.count(" | ") + "---|")
+  for kind in FLAGS.tokenizers:
+    results.append(bench_one(kind, FLAGS.audio_seconds))
+    print(row(results[-1]), flush=True)
   found = machine()
-  print(f"machine: {found['processor']}, {found['cores']} cores, JAX {found['jax_backend']} x{found['jax_devices']}, "
-        f"torch {found['torch_threads']} threads")
+  matmul = "; ".join(f"{r['tokenizer']}: torch {r['torch']['matmul_gflop_per_second']}, XLA "
+                     f"{r['jax']['matmul_gflop_per_second']}" for r in results)
+  print(f"machine: {found['processor']}, {found['cores']} cores, torch {found['torch_threads']} threads; fp32 "
+        f"{MATMUL_SIZE}^2 matmul GFLOP/s in each side's process: {matmul}")
   if FLAGS.output:
     with open(FLAGS.output, "w") as f:
       json.dump({"machine": found, "results": results}, f, indent=2, allow_nan=False)
@@ -359,4 +474,6 @@ if __name__ == "__main__":
   flags.DEFINE_list("tokenizers", list(REFERENCES), "Tokenizers to measure: " + ", ".join(REFERENCES) + ".")
   flags.DEFINE_float("audio_seconds", 60.0, "Seconds of the sample's speech each side tokenizes.")
   flags.DEFINE_string("output", None, "Write the figures as JSON here.")
+  flags.DEFINE_enum("side", None, ("write",) + SIDES, "Internal: run one side of one tokenizer in this process.")
+  flags.DEFINE_string("folder", None, "Internal: the release folder a side reads and writes its results to.")
   cli.run(main)

@@ -254,6 +254,7 @@ class Glm4VoiceTokenizer(JaxAudioTokenizer):
     self.codebook_sizes = (self.shape.codebook_size,)
     self.frame_rate = SAMPLE_RATE / self.shape.pad_to_samples
     self.time_multiple = self.shape.frames_per_code  # pooling windows start at multiples of it in every row
+    self.attention_heads, self.attention_stride = self.shape.heads, math.prod(CONV_STRIDES)
     self.configure(dtype=dtype)
 
   @classmethod

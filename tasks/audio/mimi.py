@@ -27,13 +27,17 @@ import numpy as np
 from s2sjax.errors import MissingFileError, UserError
 from s2sjax.model.layers import layer_norm
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
-from tasks.audio.ops import conv1d, nearest
+from tasks.audio.ops import attention, conv1d, nearest
 from tasks.audio.weights import ReleaseWeights, WeightsError, read_json
 
 KYUTAI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"  # loaders.py l.34, MIMI_NAME
 LAYOUTS = ("kyutai", "transformers")
 PADDINGS = ("kyutai", "transformers")
 CODEBOOK_EPSILON = 1e-5  # EuclideanCodebook(epsilon=1e-5) (core_vq.py), MimiEuclideanCodebook(epsilon=1e-5)
+# SEANet's first stages run over windows of one frame, this many windows per step of the loop (`seanet`), a stage
+# only while the history a window carries stays small.
+WINDOW_STAGES = 2
+WINDOWS_PER_STEP = 8
 # create_norm_fn (transformer.py l.125-130): the two LayerNorm kinds a Mimi transformer may use.
 KYUTAI_NORM_EPS = {"layer_norm": 1e-5, "layer_norm_f32": 1e-8}
 
@@ -438,26 +442,95 @@ def pad_past(x, lengths, mode: str):
 
   valid = jnp.arange(x.shape[1])[None, :, None] < lengths[:, None, None]
   if mode == "replicate":
-    last = jnp.take_along_axis(x, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+    last = jnp.take_along_axis(x, jnp.clip(lengths - 1, 0, x.shape[1] - 1)[:, None, None], axis=1)
     return jnp.where(valid, x, last)
   return jnp.where(valid, x, 0)
 
 
+def fill_before_start(x, starts, mode: str):
+  """Rows that begin `starts` steps into their audio (negative: before it): the steps before the audio's first
+  hold what a causal convolution pads there (zeros, or the first step for replicate)."""
+  import jax.numpy as jnp
+
+  before = (starts[:, None] + jnp.arange(x.shape[1])[None, :] < 0)[..., None]
+  if mode == "replicate":
+    first = jnp.take_along_axis(x, jnp.clip(-starts, 0, x.shape[1] - 1)[:, None, None], axis=1)
+    return jnp.where(before, first, x)
+  return jnp.where(before, 0, x)
+
+
+def seanet_stages(params, x, lengths, arch: MimiArchitecture, stages: range, per_layer_padding: bool, starts=None):
+  """The stem (when `stages` starts at 0) and SEANet's `stages` on [B, T, C] at their input rate; `starts` (optional,
+  [B], in steps of that rate) places rows that are windows of longer audio (`seanet`). Returns x and the lengths
+  at the output rate."""
+  import jax
+
+  fill = (lambda h: h) if starts is None else (lambda h: fill_before_start(h, starts, arch.pad_mode))
+  conv = lambda h, weights, **kw: causal_conv(fill(h), weights, pad_mode=arch.pad_mode, **kw)
+  if stages.start == 0:
+    x = conv(x, params["stem"])
+  for index in stages:
+    stage, ratio = params["stages"][index], arch.ratios[index]
+    for j, block in enumerate(stage["blocks"]):
+      h = conv(jax.nn.elu(x), block["conv1"], dilation=arch.dilation_base ** j)
+      x = x + conv(jax.nn.elu(h), block["conv2"])
+    h = jax.nn.elu(x)
+    if per_layer_padding:
+      h = pad_past(h, lengths if starts is None else lengths - starts, arch.pad_mode)
+    x = conv(h, stage["down"], stride=ratio)
+    lengths = -(-lengths // ratio)
+    starts = None if starts is None else starts // ratio
+  return x, lengths
+
+
+def window_stages(arch: MimiArchitecture) -> tuple[int, int]:
+  """(how many of SEANet's first stages run over windows of one frame, the samples of history each window carries):
+  as many stages as keep that history (their receptive field, in whole steps of their output) within an eighth of
+  a frame, at most WINDOW_STAGES."""
+  count, history, rate = 0, arch.kernel_size - 1, 1
+  for ratio in arch.ratios[:WINDOW_STAGES]:
+    history += sum((arch.residual_kernel_size - 1) * arch.dilation_base**j for j in range(arch.n_residual_layers)) \
+        * rate + ratio * rate  # the residual convs, then the strided conv (kernel 2 * ratio) reads `ratio` back
+    rate *= ratio
+    if -(-history // rate) * rate > arch.frame_size // 8:
+      break
+    count, halo = count + 1, -(-history // rate) * rate
+  return (count, halo) if count else (0, 0)
+
+
 def seanet(params, x, lengths, arch: MimiArchitecture, per_layer_padding: bool):
-  """Audio [B, T, 1] -> [B, T / hop, dimension] and the rows' valid lengths there (ceil at each stride)."""
+  """Audio [B, T, 1] -> [B, T / hop, dimension] and the rows' valid lengths there (ceil at each stride).
+
+  The first stages (`window_stages`) run at the audio's rate over 64-256 channels: as whole rows their tensors
+  leave the caches between one elementwise pass and the next, and memory, not arithmetic, sets their time. They run
+  instead over windows of one frame plus the history their receptive field reads (40 samples for Mimi), a few
+  windows at a time in a loop, each window's outputs past its history kept: every kept step reads the same inputs
+  as over the whole row, and the steps before the audio's start are filled as the causal padding fills them."""
   import jax
   import jax.numpy as jnp
 
-  x = causal_conv(x, params["stem"], pad_mode=arch.pad_mode)
-  for stage, ratio in zip(params["stages"], arch.ratios):
-    for j, block in enumerate(stage["blocks"]):
-      h = causal_conv(jax.nn.elu(x), block["conv1"], dilation=arch.dilation_base ** j, pad_mode=arch.pad_mode)
-      x = x + causal_conv(jax.nn.elu(h), block["conv2"], pad_mode=arch.pad_mode)
-    h = jax.nn.elu(x)
-    if per_layer_padding:
-      h = pad_past(h, lengths, arch.pad_mode)
-    x = causal_conv(h, stage["down"], stride=ratio, pad_mode=arch.pad_mode)
-    lengths = -(-lengths // ratio)
+  count, halo = window_stages(arch)
+  batch, steps = x.shape[:2]
+  if count:
+    frame, per_step = arch.frame_size, WINDOWS_PER_STEP
+    frames = steps // frame
+    chunks = x.reshape(batch, frames, frame)
+    history = jnp.pad(chunks[:, :-1, frame - halo:], ((0, 0), (1, 0), (0, 0)))
+    windows = jnp.concatenate([history, chunks], axis=2).reshape(batch * frames, halo + frame, 1)
+    starts = jnp.tile(jnp.arange(frames) * frame - halo, batch)
+    window_lengths = jnp.repeat(lengths, frames)
+    extra = -len(windows) % per_step  # zero windows that start past every row's audio
+    windows = jnp.pad(windows, ((0, extra), (0, 0), (0, 0)))
+    starts, window_lengths = jnp.pad(starts, (0, extra), constant_values=steps), jnp.pad(window_lengths, (0, extra))
+    group = lambda a: a.reshape((-1, per_step) + a.shape[1:])
+    run = lambda w: seanet_stages(params, w[0], w[2], arch, range(count), per_layer_padding, w[1])[0]
+    out = jax.lax.map(run, (group(windows), group(starts), group(window_lengths)))
+    rate = math.prod(arch.ratios[:count])
+    out = out.reshape((-1,) + out.shape[2:])[: batch * frames, halo // rate:]
+    x = out.reshape(batch, steps // rate, out.shape[-1])
+    for ratio in arch.ratios[:count]:
+      lengths = -(-lengths // ratio)
+  x, lengths = seanet_stages(params, x, lengths, arch, range(count, len(arch.ratios)), per_layer_padding)
   return causal_conv(jax.nn.elu(x), params["final"], pad_mode=arch.pad_mode), lengths
 
 
@@ -502,10 +575,7 @@ def transformer(params, x, arch: MimiArchitecture):
     v = jnp.matmul(h, p["v"], precision=highest).reshape(batch, steps, arch.num_kv_heads, arch.head_dim)
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=highest) / np.sqrt(arch.head_dim).astype(np.float32)
-    scores = jnp.where(visible[None, None], scores.astype(jnp.float32), -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=highest).reshape(batch, steps, -1)
+    attended = attention(q, k, v, visible[None], highest).reshape(batch, steps, -1)
     x = x + p["attn_scale"] * jnp.matmul(attended, p["o"], precision=highest)
     h = layer_norm(x, p["norm2_scale"], p["norm2_bias"], arch.norm_eps)
     h = jax.nn.gelu(jnp.matmul(h, p["fc1"], precision=highest), approximate=False)
@@ -606,6 +676,7 @@ class MimiTokenizer(JaxAudioTokenizer):
     self.codebook_sizes = (arch.bins,) * codebooks
     self.frame_rate = arch.frame_rate
     self.time_multiple = arch.frame_size  # whole frames: every stride divides the padded length
+    self.attention_heads, self.attention_stride = arch.num_heads, arch.hop
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> MimiTokenizer:

@@ -184,7 +184,8 @@ def write_codes(folder: str, encoded: dict[str, np.ndarray], summary: dict, repl
 FLAGS = flags.FLAGS
 
 if __name__ == "__main__":
-  flags.DEFINE_string("audio_tokenizer", None, "Tokenizer type: " + ", ".join(audio.TOKENIZERS.names()) + ".")
+  with cli.setting_up():
+    flags.DEFINE_string("audio_tokenizer", None, "Tokenizer type: " + ", ".join(audio.TOKENIZERS.names()) + ".")
   flags.DEFINE_string("spec", None, "Take the tokenizer and its settings from this spec (e.g. glm4_voice, twist).")
   flags.DEFINE_multi_string("setting", [], "KEY=VALUE settings of the tokenizer (layer=11, codebooks=8, ...).")
   flags.DEFINE_string("audio_tokenizer_dir", None, "The tokenizer's files (the release folder).")

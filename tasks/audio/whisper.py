@@ -36,9 +36,19 @@ def power_spectrum(wave: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
 
 
 def whisper_log_mel(wave: np.ndarray, n_mels: int = 128, n_fft: int = 400, hop: int = 160,
-                    sample_rate: int = 16000) -> np.ndarray:
-  """float32 [n_mels, len(wave) // hop]: Whisper's normalised log-mel of the (already padded) wave."""
+                    sample_rate: int = 16000, pad_to: int | None = None) -> np.ndarray:
+  """float32 [n_mels, len(wave) // hop]: Whisper's normalised log-mel of the (already padded) wave.
+
+  With `pad_to` (samples), the same as of the wave zero-padded to that length, [n_mels, pad_to // hop], with the
+  STFT taken over the frames the wave reaches only: a frame of zeros has the mel floor (log10 of 1e-10) exactly,
+  and enters the result only through the maximum."""
+  frames = max(len(wave), pad_to or 0) // hop
+  if pad_to is not None:
+    # enough zeros that every frame touching the wave reads them, and the end's reflection reflects only zeros
+    wave = np.pad(wave, (0, min(max(pad_to, len(wave)), -(-(len(wave) + n_fft) // hop) * hop) - len(wave)))
   mel = power_spectrum(wave, n_fft, hop) @ mel_filters(n_mels, n_fft, sample_rate)
+  if len(mel) < frames:  # frames of zeros only
+    mel = np.concatenate([mel, np.zeros((frames - len(mel), n_mels))])
   log_mel = np.log10(np.maximum(mel, 1e-10))
   log_mel = np.maximum(log_mel, log_mel.max() - 8.0)
   return ((log_mel + 4.0) / 4.0).T.astype(np.float32)
@@ -50,11 +60,13 @@ LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: neither release sets another
 def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
   """One encoder layer's tensors under `key` (`layers.3`), in Whisper's names: pre-norm attention whose key
   projection has no bias, then a pre-norm gelu MLP. Kernels [in, out]."""
+  from tasks.audio.jax_tokenizer import aligned
+
   norm = lambda name: {"scale": weights.take(f"{key}.{name}.weight", (d_model,)),
                        "bias": weights.take(f"{key}.{name}.bias", (d_model,))}
 
   def linear(name, n_in, n_out, bias=True):
-    out = {"kernel": weights.take(f"{key}.{name}.weight", (n_out, n_in)).T.copy()}
+    out = {"kernel": aligned(weights.take(f"{key}.{name}.weight", (n_out, n_in)).T)}  # XLA:CPU reads it in place
     if bias:
       out["bias"] = weights.take(f"{key}.{name}.bias", (n_out,))
     return out
@@ -66,24 +78,20 @@ def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
 
 
 def encoder_layer(x, params: dict, visible, heads: int, precision):
-  """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees. A
-  hidden key gets finfo.min, as upstream's additive masks, so a row with no visible key (an empty batch row) stays
-  finite. Attention logits and softmax in fp32."""
+  """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees
+  (`ops.attention`: an empty batch row stays finite)."""
   # jax loads here, not at import: the log-mel features above are numpy alone
   import jax
-  import jax.numpy as jnp
 
   from s2sjax.model.layers import layer_norm
-  from tasks.audio.ops import dense
+  from tasks.audio.ops import attention, dense
 
   batch, frames, width = x.shape
   norm = lambda y, p: layer_norm(y, p["scale"], p["bias"], LAYER_NORM_EPS)
   split = lambda y: y.reshape(batch, frames, heads, width // heads)
   h = norm(x, params["attention_norm"])
   q, k, v = (split(dense(h, params[name], precision)) for name in ("q", "k", "v"))
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision, preferred_element_type=jnp.float32)
-  logits = jnp.where(visible[:, None], logits / np.sqrt(width // heads), jnp.finfo(jnp.float32).min)
-  attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1).astype(v.dtype), v, precision=precision)
+  attended = attention(q, k, v, visible, precision)
   x = x + dense(attended.reshape(batch, frames, width), params["out"], precision)
   hidden = jax.nn.gelu(dense(norm(x, params["mlp_norm"]), params["fc1"], precision), approximate=False)
   return x + dense(hidden, params["fc2"], precision)
