@@ -23,8 +23,8 @@ from s2sjax.formats.kimi_audio import ROWS
 from s2sjax.modalities import SPEECH
 from s2sjax.spec import SpecError, resolve_audio_ids
 from tasks.encoders import QuestionEncoder
-from tasks.kimi_prompt import TOKEN_NAMES, KimiSpecialIds, KimiStreams, Message, lay_features, lay_prompt, \
-  lay_text_continuation
+from tasks.kimi_prompt import (TOKEN_NAMES, KimiSpecialIds, KimiStreams, Message, lay_features, lay_prompt,
+                               lay_text_continuation)
 from tasks.release import Question
 
 

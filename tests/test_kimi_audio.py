@@ -118,7 +118,7 @@ def test_layout_reproduces_upstreams_streams_exactly(special, meta):
   """Audio in after a text instruction, audio alone, text alone: both id streams and the continuous mask of every
   sequence (prefix + candidate) are prompt_manager.py's, id for id."""
   config = kimi_audio.parse_config(meta["config_json"])
-  special.check_config(config.media_begin, config.media_end)
+  assert (special.media_begin, special.media_end) == (config.media_begin, config.media_end)
   for sequence in SEQUENCES:
     streams, prefix = request(sequence[:-3], int(sequence[-1]), special, config)
     assert prefix == meta["layouts"][sequence[:-3]]["prefix_len_P"]

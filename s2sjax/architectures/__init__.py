@@ -1,6 +1,7 @@
 """Model kinds, one registered `Architecture` each (see `architecture.py`), found by config type, by
-model_config.json's `family` or by spec: the shared decoder (`decoder.py`: every family of `s2sjax.families`, token
-rows) and the parallel-stream models. The checkpoint reader and writer, the evaluator, the builder's encoders and
+model_config.json's `family`, by a release's modeling class or by spec: the shared decoder (`decoder.py`: every
+family of `s2sjax.families`, token rows), Moshi (`moshi.py`, parallel streams) and Kimi-Audio (`kimi_audio.py`, two id
+streams and a Whisper feature track). The checkpoint reader and writer, the evaluator, the builder's encoders and
 the converter look architectures up here and never list them.
 
 Adding one is a module of your own that builds an `Architecture` (its config class, parameter tree and logical
