@@ -14,7 +14,9 @@ audio tokenizer, vision towers) are left out without flags, listed in the manife
 command prints, with what each is and where a user gets it instead (`report`).
 
 An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
-names it (its registration says which module converts them).
+names it (its registration says which module converts them). A release whose config.json `architectures` names a
+modeling class an architecture lists (its `release_classes`) goes to that architecture's converter with no flags,
+whatever family its model_type names (Kimi-Audio's says qwen2).
 
 A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/stacks/maxtext.py) is read
 as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -91,6 +94,18 @@ def family_choices() -> tuple[str, ...]:
   return ("auto",) + families.layout_choices() + converted_architectures()
 
 
+def release_converter(source_path: str) -> str | None:
+  """The converter ("module:function") of a release folder whose config.json names a modeling class an
+  architecture's `release_classes` list, or None."""
+  try:
+    with open(os.path.join(source_path, "config.json")) as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return None  # not such a release: the readers of every other layout say what is wrong with it
+  architecture = architectures.for_release(config) if isinstance(config, dict) else None
+  return architecture.converter if architecture else None
+
+
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
   """The source's model_type and the layout that reads it, checked against --family."""
   model_type = source.config.get("model_type")
@@ -114,8 +129,9 @@ def plan_conversion(source: TensorSource, family: str = "auto", skip_prefixes: S
   problems, rest = check_rules(set(abstract), rules, {key: source.shape(key) for key in source.keys()})
   ignored = [k for k in rest if k.endswith(layout.ignored_suffixes)]
   kept = [k for k in rest if k.startswith(layout.kept_prefixes)]
-  skipped = [k for k in rest if k.startswith(tuple(skip_prefixes) + layout.skipped_prefixes)]
-  modules = {p: sum(k.startswith(p) for k in skipped) for p in layout.skipped_prefixes}
+  left_out = tuple(layout.skipped_modules(source.config))
+  skipped = [k for k in rest if k.startswith(tuple(skip_prefixes) + left_out)]
+  modules = {p: sum(k.startswith(p) for k in skipped) for p in left_out}
   unexpected = sorted(set(rest) - set(ignored) - set(kept) - set(skipped))
   if unexpected:
     shown = "\n    ".join(unexpected[:50]) + ("\n    ..." if len(unexpected) > 50 else "")
@@ -248,6 +264,8 @@ def convert(
   source's run config (--maxtext_config)."""
   if family in converted_architectures():
     return load_object(architectures.get(family).converter)(source_path, output, dtype, overwrite)
+  if family == "auto" and (own := release_converter(source_path)):
+    return load_object(own)(source_path, output, dtype, overwrite)
   if maxtext.is_step_folder(source_path):
     with maxtext_config.given(maxtext_run_config):
       return convert_maxtext(source_path, output, dtype, overwrite, trust_remote_code)
@@ -306,10 +324,10 @@ def report(manifest: dict, output: str) -> str:
   and where a user gets it instead, and any LoRA factors merged."""
   lines = [f"converted {manifest['source_description']} -> {output} ({manifest['dtype']})"]
   skipped = manifest.get("skipped_modules") or {}
-  notes = families.layout_for_model_type(manifest["source_model_type"]).skipped_notes if skipped else {}
+  layout = families.layout_for_model_type(manifest["source_model_type"]) if skipped else None
+  notes = layout.skipped_modules(manifest["source_config"]) if layout else {}
   for prefix, count in skipped.items():
-    what = notes.get(prefix, "a module scoring does not run")
-    lines.append(f"left out {prefix}* ({count} tensor{'' if count == 1 else 's'}): {what}")
+    lines.append(f"left out {prefix}* ({count} tensor{'' if count == 1 else 's'}): {notes[prefix]}")
   if manifest.get("lora_merged"):
     merged = manifest["lora_merged"]
     lines.append(f"merged LoRA factors into {len(merged['weights'])} weights (W + {merged['scaling']} * B @ A)")

@@ -40,6 +40,7 @@ from s2sjax import plan, sharding
 from s2sjax.bench_items import PROTOCOLS, make_items
 from s2sjax.errors import UserError
 from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.packing import RowShape, fit, longest_item, pack
 from s2sjax.scoring import Scorer
@@ -53,8 +54,8 @@ class BenchError(UserError, ValueError):
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}
 
 def sizes() -> dict:
-  """The published shapes, plus a tiny one for tests."""
-  published = plan.named_models()
+  """The published shapes of the shared decoder (the step this benchmark times), plus a tiny one for tests."""
+  published = {name: config for name, config in plan.named_models().items() if isinstance(config, ModelConfig)}
   return {**published, "tiny": dataclasses.replace(published["qwen2.5-0.5b"], hidden_size=128, intermediate_size=256,
                                                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
                                                    rotary_dim=32, vocab_size=4096)}

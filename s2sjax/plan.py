@@ -7,6 +7,10 @@ Memory per chip = parameters (split over the `model` axis) + the scoring step's 
 holds, at the larger of its two phases (`activation_bytes`); it agrees with XLA's own memory analysis of the
 compiled step within 20% (tests). Time = the benchmark's FLOPs / (chips x peak x MFU).
 
+Any architecture that says what its step costs is planned (s2sjax/architectures, `planned`: the shared-decoder shape
+its step runs; its parameters are all held): the families' decoders, Kimi-Audio (its main stack and text head, with
+the audio branch held but not run). Named shapes are the families' and the architectures' `planner_shapes`.
+
 `s2sjax.eval` asks the same figures before it compiles anything (`check_step_memory`): a step that cannot fit a
 device (rows of 16,384 tokens for one long story, `--batch_size=4096`) is refused with them, not after minutes of
 compiling.
@@ -21,11 +25,11 @@ from typing import TYPE_CHECKING
 
 from absl import flags
 
-from s2sjax import benchmarks, cli, families
+from s2sjax import architectures, benchmarks, cli, families
 from s2sjax.errors import UserError
 from s2sjax.model.config import ModelConfig
 
-if TYPE_CHECKING:  # the attention modules bring jax (seconds): a plan of a named model runs without it
+if TYPE_CHECKING:
   from s2sjax.packing import RowShape
 
 TARGET_CHUNK = 256
@@ -49,9 +53,9 @@ TOPOLOGIES = {
 
 
 def named_models() -> dict:
-  """Architectures of the published checkpoints, for planning without the weights: every family's (a plugin's
-  too, so read when asked, not at import)."""
-  return families.planner_shapes()
+  """Architectures of the published checkpoints, for planning without the weights: every family's and every planned
+  architecture's (a plugin's too, so read when asked, not at import)."""
+  return {**families.planner_shapes(), **architectures.planner_shapes()}
 
 # Tokens of S2SBench's spoken-prefix instruction; the tasks' own sizes are their records in s2sjax.benchmarks.
 INSTRUCTION_TOKENS = 14
@@ -61,8 +65,16 @@ def bytes_of(dtype: str) -> int:
   return 2 if dtype == "bfloat16" else 4
 
 
-def param_bytes(config: ModelConfig, dtype: str) -> int:
+def param_bytes(config, dtype: str) -> int:
+  """Every parameter a checkpoint of any planned architecture holds."""
   return config.num_params() * bytes_of(dtype)
+
+
+def planned_decoder(config) -> ModelConfig | None:
+  """The shared-decoder shape whose FLOPs and activations the config's scoring step costs; None: its architecture
+  is not planned (Moshi's)."""
+  planned = architectures.for_config(config).planned
+  return planned(config) if planned else None
 
 
 def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, model_parallel: int = 1,
@@ -117,9 +129,10 @@ ESTIMATE_OVER = 2.0
 
 def check_step_memory(config, shapes: list[RowShape], batch_size: int, dtype: str, attention: str, mesh) -> None:
   """Refuses, before anything is compiled, a scoring step whose parameters and activations (`activation_bytes`)
-  would need more than ESTIMATE_OVER x a device's memory, naming the figures and what to lower. Architectures other
-  than the shared decoder (Moshi's) are not planned here."""
-  if not isinstance(config, ModelConfig):
+  would need more than ESTIMATE_OVER x a device's memory, naming the figures and what to lower. Architectures that
+  do not say what their step costs (Moshi's) are not planned here."""
+  decoder = planned_decoder(config)
+  if decoder is None:
     return
   data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
   rows = math.ceil(batch_size / data_parallel)
@@ -128,7 +141,7 @@ def check_step_memory(config, shapes: list[RowShape], batch_size: int, dtype: st
   gib = lambda n: f"{n / 2**30:,.1f} GiB"
   for shape in shapes:
     keys = attention_keys(shape, attention)
-    per_row = activation_bytes(config, 1, shape.length, dtype, model_parallel, keys)  # every term grows with rows
+    per_row = activation_bytes(decoder, 1, shape.length, dtype, model_parallel, keys)  # every term grows with rows
     if params + rows * per_row <= ESTIMATE_OVER * memory:
       continue
     activations = rows * per_row
@@ -173,10 +186,14 @@ def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, pac
   return out
 
 
-def plan(config: ModelConfig, topology: str, row_length: int, batch: int, dtype: str, frame_rate: float,
-         mfu: float) -> dict:
+def plan(config, topology: str, row_length: int, batch: int, dtype: str, frame_rate: float, mfu: float) -> dict:
+  """`config`: any planned architecture's (`planned_decoder`)."""
   if topology not in TOPOLOGIES:
     raise ValueError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
+  decoder = planned_decoder(config)
+  if decoder is None:
+    raise MemoryPlanError(f"the {architectures.for_config(config).name} architecture does not say what its scoring "
+                          "step costs: it cannot be planned")
   chip = TOPOLOGIES[topology]
   budget = 0.9 * chip.hbm_gib * (1 << 30)
   choice = None
@@ -184,13 +201,13 @@ def plan(config: ModelConfig, topology: str, row_length: int, batch: int, dtype:
     data = chip.count // model_parallel
     rows = max(1, math.ceil(batch / data))
     params = param_bytes(config, dtype) / model_parallel
-    activations = activation_bytes(config, rows, row_length, dtype, model_parallel)
+    activations = activation_bytes(decoder, rows, row_length, dtype, model_parallel)
     choice = dict(mesh=f"data:{data},model:{model_parallel}", rows_per_chip=rows, params_gib=params / (1 << 30),
                   activations_gib=activations / (1 << 30), total_gib=(params + activations) / (1 << 30),
                   fits=params + activations <= budget)
     if choice["fits"]:
       break
-  flops = benchmark_flops(config, frame_rate, row_length)
+  flops = benchmark_flops(decoder, frame_rate, row_length)
   seconds = {k: v / (chip.count * chip.peak_tflops_bf16 * 1e12 * mfu) for k, v in flops.items()}
   return dict(topology=topology, chips=chip.count, hbm_gib=chip.hbm_gib, **choice,
               benchmark_tflops=sum(flops.values()) / 1e12, seconds=seconds, total_seconds=sum(seconds.values()),
@@ -214,7 +231,7 @@ def main(argv):
   del argv
   FLAGS = flags.FLAGS
   if FLAGS.checkpoint:
-    from s2sjax import checkpoint  # here: it brings jax (seconds); a plan of a named model runs without it
+    from s2sjax import checkpoint
 
     config, name = checkpoint.load_config(FLAGS.checkpoint), FLAGS.checkpoint
   else:

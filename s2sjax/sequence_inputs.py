@@ -28,3 +28,10 @@ def check_range(name: str, values: np.ndarray, size: int, what: str, silent: boo
   bad = np.flatnonzero((values < low) | (values >= size))
   if len(bad):
     raise LogProbsError(f"{name}[{bad[0]}] = {values.flat[bad[0]]} is outside {what} ({low}..{size - 1})")
+
+
+def no_features(features: np.ndarray | None, reader: str) -> None:
+  """Refuses a feature track given to a model that reads none (`reader` names it)."""
+  if features is not None:
+    raise LogProbsError(f"--features is for models that read a float feature track beside their ids (Kimi-Audio's "
+                        f"Whisper features); {reader} reads none")

@@ -78,8 +78,10 @@ class Spec:
   start_token: str | None = None
   end_token: str | None = None
   placeholder_token: str | None = None  # codebook_tables
-  unit_token: str | None = None  # extended_vocab: format string of unit k's token, e.g. "<|audio_{}|>"
-  unit_offset: int | None = None  # extended_vocab: or unit k is id offset + k
+  # extended_vocab: format string of unit k's token, e.g. "<|audio_{}|>"; with several codebooks of code k and
+  # codebook q, e.g. "<{}_{}>" (Llama-Mimi's `<{code}_{q}>`)
+  unit_token: str | None = None
+  unit_offset: int | None = None  # extended_vocab, one codebook: or unit k is id offset + k
   # False for unit LMs (TWIST, SLAM): no text tokenizer, no templates; only S->S can be asked of them.
   text_vocabulary: bool = True
   bos_id: int | None = None  # without a text vocabulary: the id that opens every sequence (SlamKit's 1)
@@ -257,7 +259,8 @@ class AudioIds:
   start: int | None
   end: int | None
   placeholder: int | None
-  unit_ids: list[int] | None  # extended_vocab: token id of each unit
+  # extended_vocab: token id of each unit, codebook after codebook (codebook 0's codes, then codebook 1's, ...)
+  unit_ids: list[int] | None
 
 
 def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
@@ -278,7 +281,8 @@ def resolve_audio_ids(spec: Spec, tokenizer) -> AudioIds:
   if spec.audio_mode == "extended_vocab":
     units = spec.codebook_sizes[0]
     if spec.unit_token is not None:
-      unit_ids = [lookup(spec.unit_token.format(k), "unit token") for k in range(units)]
+      unit_ids = [lookup(spec.unit_token.format(k, q), "unit token") for q, size in enumerate(spec.codebook_sizes)
+                  for k in range(size)]
     else:
       # Units are ids the tokenizer has, or ids past its end (rows the model added); never both, which would
       # make some units text tokens. Ids past the model's own table are refused when scoring.

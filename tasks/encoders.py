@@ -29,12 +29,13 @@ from s2sjax import architectures, modalities
 from s2sjax.builds import PROTOCOLS, VariantError
 from s2sjax.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
                                     weigh_streams)
-from s2sjax.modalities import TEXT
+from s2sjax.modalities import SPEECH, TEXT
 from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
 from s2sjax.progress import Progress
 from s2sjax.registry import load_object
+from s2sjax.rows import TOKEN_ROWS
 from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
-from tasks.audio.base import AudioError, AudioTokenizer, load_audio
+from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Question
 
@@ -84,6 +85,7 @@ class QuestionEncoder(abc.ABC):
     self.audio_tokenizer = audio_tokenizer
     self.language_override = language_override
     self._audio_cache: dict[str, tuple[np.ndarray, float]] = {}
+    self._audio_features: dict[str, np.ndarray] = {}  # a feature track's rows per recording, by the cache's key
     self._audio_failures: dict[str, AudioError] = {}  # recordings the batched pass could not load, by key
     self._requests: dict[str, tuple[tuple[str, ...], str]] | None = None  # set while `tokenize_audio` collects
     self.audio_counts: collections.Counter = collections.Counter()  # files resampled or mixed down
@@ -110,28 +112,54 @@ class QuestionEncoder(abc.ABC):
     distinct content: story lines 2k and 2k+1 usually carry the same prefix audio in two files. Precomputed codes
     are read by `name` (`<uttid>`, `candidates/<uttid>`, joined by `+`)."""
     tokenizer = self.audio_tokenizer
-    key = "+".join(_file_digest(p) for p in paths) if tokenizer.reads_audio else name
+    key = self._key(paths, name)
     if self._requests is not None:  # `tokenize_audio` is listing what the questions ask for
       self._requests.setdefault(key, (paths, name))
       return np.zeros((1, tokenizer.num_codebooks), np.int32), 0.0
     if key in self._audio_failures:
       raise self._audio_failures[key]
     if key not in self._audio_cache:
+      features = None
       if not tokenizer.reads_audio:
         codes, seconds = np.concatenate([tokenizer.encode(None, part) for part in name.split("+")]), 0.0
       else:
         wave = self._wave(paths)
         codes, seconds = tokenizer.encode(wave, name), len(wave) / tokenizer.sample_rate
-      self._remember(key, paths, name, codes, seconds)
+        if tokenizer.feature_width:
+          features = tokenizer.frame_features([wave])[0]
+      self._remember(key, paths, name, codes, seconds, features)
     return self._audio_cache[key]
+
+  def audio_features(self, paths: tuple[str, ...], name: str) -> np.ndarray:
+    """float32 [T, feature_width] of the recordings `audio_codes` reads at `paths`: the audio tokenizer's feature
+    track, a row per code frame (tokenizers with `feature_width` > 0)."""
+    width = self.audio_tokenizer.feature_width
+    if not width:
+      raise AudioTokenizerError(f"spec {self.spec.name} reads a feature track, and its audio tokenizer "
+                                f"{type(self.audio_tokenizer).__name__} has none")
+    if self._requests is not None:  # `tokenize_audio` is listing what the questions ask for
+      return np.zeros((1, width), np.float32)
+    self.audio_codes(paths, name)
+    return self._audio_features[self._key(paths, name)]
+
+  def _key(self, paths: tuple[str, ...], name: str) -> str:
+    """What identifies a recording in the caches: its files' contents, or for precomputed codes its name."""
+    return "+".join(_file_digest(p) for p in paths) if self.audio_tokenizer.reads_audio else name
 
   def _wave(self, paths: tuple[str, ...]) -> np.ndarray:
     return np.concatenate([load_audio(p, self.audio_tokenizer.sample_rate, self.audio_counts) for p in paths])
 
-  def _remember(self, key: str, paths: tuple[str, ...], name: str, codes: np.ndarray, seconds: float) -> None:
+  def _remember(self, key: str, paths: tuple[str, ...], name: str, codes: np.ndarray, seconds: float,
+                features: np.ndarray | None = None) -> None:
     if len(codes) == 0:
       self._audio_failures[key] = AudioError(f"{name}: {' + '.join(paths)} gave no audio frames")
       raise self._audio_failures[key]
+    if features is not None:
+      if features.shape != (len(codes), self.audio_tokenizer.feature_width):
+        self._audio_failures[key] = AudioError(
+          f"{name}: {' + '.join(paths)} gave {len(codes)} code frames but feature rows of shape {features.shape}")
+        raise self._audio_failures[key]
+      self._audio_features[key] = features
     self._audio_cache[key] = (codes, seconds)
 
   def tokenize_audio(self, questions: list[Question], progress: str | None = None) -> None:
@@ -155,6 +183,8 @@ class QuestionEncoder(abc.ABC):
     finally:
       self._requests = None
     meter = Progress(len(requests), progress, unit="utterances", rate_unit="audio s") if progress else None
+    tracks = (Progress(len(requests), f"{progress} features", unit="utterances", rate_unit="audio s")
+              if progress and tokenizer.feature_width else None)
     for start in range(0, len(requests), TOKENIZE_CHUNK):
       loaded = []
       for key, (paths, name) in requests[start:start + TOKENIZE_CHUNK]:
@@ -162,18 +192,24 @@ class QuestionEncoder(abc.ABC):
           loaded.append((key, paths, name, self._wave(paths)))
         except AudioError as e:
           self._audio_failures[key] = e
-          if meter:
-            meter.update(1)
+          for counter in (meter, tracks):
+            if counter:
+              counter.update(1)
       waves = [wave for *_, wave in loaded]
-      for (key, paths, name, wave), codes in zip(loaded, tokenizer.encode_batch(waves, [n for _, _, n, _ in loaded],
-                                                                                 meter)):
+      codes = tokenizer.encode_batch(waves, [n for _, _, n, _ in loaded], meter)
+      features = tokenizer.frame_features(waves, tracks) if tokenizer.feature_width else [None] * len(waves)
+      for (key, paths, name, wave), frames, track in zip(loaded, codes, features):
         try:
-          self._remember(key, paths, name, codes, len(wave) / tokenizer.sample_rate)
+          self._remember(key, paths, name, frames, len(wave) / tokenizer.sample_rate, track)
         except AudioError:
           pass  # kept in _audio_failures: raised for the question that asks
 
   def _prefix_codes(self, question: Question, c: int) -> tuple[np.ndarray, float]:
     return self.audio_codes((question.audio_paths[c],), question.uttids[c])
+
+  def _prefix_features(self, question: Question, c: int) -> np.ndarray:
+    """The feature track of candidate c's spoken prefix, a row per code frame of `_prefix_codes`."""
+    return self.audio_features((question.audio_paths[c],), question.uttids[c])
 
   def _candidate_codes(self, question: Question, c: int) -> tuple[np.ndarray, float]:
     """The spoken candidate's codes; under the utterance protocol, of the prefix's recording and its heard as one
@@ -283,11 +319,41 @@ class AudioTokenEncoder(QuestionEncoder):
 
 class UnitEncoder(AudioTokenEncoder):
   """extended_vocab: each audio frame's unit is a token id (`AudioIds.unit_ids`); a unit LM (no text vocabulary)
-  opens every sequence with its bos. Spoken candidates are scored on their units, under either protocol."""
+  opens every sequence with its bos. Spoken candidates are scored on their units, under either protocol.
+
+  With K codebooks a frame lays K tokens, codebook after codebook, and a spoken candidate is scored on every K-th of
+  its tokens from the first: its first codebook's, and under the utterance protocol the closing token. That is
+  Llama-Mimi's authors' rule (llm-jp/Llama-Mimi 95dd630 eval/sStoryCloze.py:36-38: the labels kept at
+  `2::num_quantizers`, from the first unit after bos and <audio>); the other tokens are laid, not scored. The
+  spec's option `max_audio_seconds` cuts each recording before it is tokenized (their `audio_array_to_text`,
+  torchtitan/datasets/hf_datasets.py:30-34 at 41bf994: 20 s)."""
+
+  def __init__(self, spec: Spec, *args, **kwargs):
+    super().__init__(spec, *args, **kwargs)
+    # each codebook's token ids, in the order `unit_ids` lists them
+    self._tables = np.split(np.asarray(self.ids.unit_ids, np.int32), np.cumsum(spec.codebook_sizes)[:-1])
 
   def units(self, codes: np.ndarray) -> np.ndarray:
-    """Each frame's unit as its token id."""
-    return np.asarray(self.ids.unit_ids, np.int32)[codes[:, 0]]
+    """Each frame's units as token ids, frame after frame (K tokens a frame with K codebooks)."""
+    return np.stack([table[codes[:, q]] for q, table in enumerate(self._tables)], axis=1).reshape(-1)
+
+  def _wave(self, paths: tuple[str, ...]) -> np.ndarray:
+    wave = super()._wave(paths)
+    seconds = (self.spec.options or {}).get("max_audio_seconds")
+    return wave if seconds is None else wave[: int(seconds * self.audio_tokenizer.sample_rate)]
+
+  def _scored_every(self) -> int:
+    """A candidate is scored on every how many of its tokens: K for spoken candidates of K codebooks, else 1."""
+    return len(self._tables) if self.modality.candidate == SPEECH else 1
+
+  def scored(self, candidate: np.ndarray) -> int:
+    return -(-len(candidate) // self._scored_every())
+
+  def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
+    """`pack`, then each candidate's targets kept at every `_scored_every`-th token."""
+    rows, report = super().pack(items, shape, share_prefix, overlong)
+    every = self._scored_every()
+    return (rows if every == 1 else _targets_every(rows, every)), report
 
   def _lay(self, before: np.ndarray, codes: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, None]:
     return _joined(before, self.units(codes), after), None
@@ -376,6 +442,24 @@ class StreamEncoder(QuestionEncoder):
     """`pack_streams`, then the scored tokens weighted by the protocol."""
     rows, report = pack_streams(items, shape, self.layout, share_prefix)
     return weigh_streams(rows, self.weights), report
+
+
+def _targets_every(rows: dict[str, np.ndarray], every: int) -> dict[str, np.ndarray]:
+  """Token rows whose target tables keep only each candidate's targets 0, every, 2 x every, ... (the packer lays a
+  candidate's targets together, in order): the rest of its tokens stay laid as context. Each row's kept targets
+  move to the front of its table, their positions unchanged."""
+  per_target = [f for f in TOKEN_ROWS.fields if f.axis == "M"]
+  slots = rows["target_slot"]
+  out = {f.name: np.full_like(rows[f.name], f.fill) for f in per_target}
+  for r, row in enumerate(slots):
+    rank = np.zeros(len(row), np.int64)
+    for slot in np.unique(row[row >= 0]):
+      at = np.flatnonzero(row == slot)
+      rank[at] = np.arange(len(at))
+    kept = np.flatnonzero((row >= 0) & (rank % every == 0))
+    for f in per_target:
+      out[f.name][r, : len(kept)] = rows[f.name][r, kept]
+  return {**rows, **out}
 
 
 def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:

@@ -54,6 +54,9 @@ def test_inputs_that_do_not_fit_are_named():
   text_only = _tables_config(audio_codebook_sizes=(), audio_placeholder_id=None)
   with pytest.raises(LogProbsError, match="no codebook tables"):
     decoder_architecture.decoder_inputs(text_only, ids, np.zeros((2, 2), int))
+  with pytest.raises(LogProbsError, match="--features is for models that read a float feature track beside their ids "
+                                          r"\(Kimi-Audio's Whisper features\); a qwen2 decoder reads none"):
+    decoder_architecture.log_probs(text_only, None, ids[:1], features=np.zeros((2, 4), np.float32))
 
 
 @pytest.mark.slow
@@ -76,4 +79,4 @@ def test_command_writes_transformers_log_softmax_at_every_position(tmp_path):
   assert np.abs(ours - torch_log_probs(model, ids)[0]).max() <= 1e-4
   refused = subprocess.run(command[:-1] + [f"--output={out}", f"--codebook_output={tmp_path / 'c.npy'}"],
                            capture_output=True, text=True, timeout=300, env=os.environ)
-  assert refused.returncode == 1 and "error: --codebook_output is for Moshi checkpoints" in refused.stderr
+  assert refused.returncode == 1 and "error: --codebook_output is for checkpoints with an audio head" in refused.stderr

@@ -48,9 +48,13 @@ class Architecture:
   `converter` and `verifier` ('module:function', imported when asked for: s2sjax.registry.load_object) convert
   and check a release folder of this architecture: `converter(source, output, dtype, overwrite) -> manifest`,
   `verifier(source, ckpt_dir, length, seed) -> comparison`. None: its checkpoints come through the families'
-  layouts (the shared decoder). `log_probs(config, params, input_ids, audio_codes) -> (text [T, vocab],
-  codebooks or None)` is the fp32 log-softmax of one sequence that `s2sjax.logprobs` writes, inputs checked
-  (`s2sjax.sequence_inputs`); None: the architecture has no such command."""
+  layouts (the shared decoder). `release_classes` are the modeling classes a release's config.json `architectures`
+  names that this converter reads with no --family (whatever family its `model_type` names).
+  `log_probs(config, params, input_ids, audio_codes, features) -> (text [T, vocab], audio head or None)` is the fp32
+  log-softmax of one sequence that `s2sjax.logprobs` writes, inputs checked (`s2sjax.sequence_inputs`); None: the
+  architecture has no such command. `planned(config)` is the shared-decoder shape whose FLOPs and activations its
+  scoring step costs (`s2sjax.plan`; the memory of its parameters is `config.num_params()`), None: not planned;
+  `planner_shapes` its published releases' config.json, by name, for planning without the weights."""
 
   name: str  # model_config.json's `family` for an architecture of its own; DECODER for the shared decoder
   config_class: type  # its config: hashable, with to_json / from_json and `family` (model_config.json's)
@@ -66,12 +70,21 @@ class Architecture:
   stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
   converter: str | None = None
   verifier: str | None = None
+  release_classes: tuple[str, ...] = ()
   log_probs: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = None
+  planned: Callable[[Any], Any] | None = None
+  planner_shapes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
   problems = [f"its config class {new.config_class.__name__} is {a.name}'s already" for a in registered.values()
               if a.config_class is new.config_class]
+  problems += [f"release class {name} is {a.name}'s already" for a in registered.values()
+               for name in new.release_classes if name in a.release_classes]
+  problems += [f"planner shape {name!r} is {a.name}'s already" for a in registered.values() for name in
+               new.planner_shapes if name in a.planner_shapes]
+  if (new.release_classes or new.planner_shapes) and new.parse_config is None:
+    problems.append("release classes and planner shapes are read by its parse_config, which it lacks")
   if (new.stream_protocol is not None) != (new.row_format is STREAM_ROWS):
     problems.append(f"an architecture reading {new.row_format.name} rows "
                     f"{'needs' if new.row_format is STREAM_ROWS else 'takes no'} stream_protocol")
@@ -101,6 +114,18 @@ def for_family(family: str | None) -> Architecture:
   """The architecture of a model_config.json's `family`: one registered under that name, else the shared decoder
   (whose families are s2sjax.families')."""
   return get(family) if family in ARCHITECTURES.names() and family != DECODER else get(DECODER)
+
+
+def for_release(source_config: Mapping[str, Any]) -> Architecture | None:
+  """The architecture whose converter reads a release whose config.json names one of its `release_classes`, or
+  None."""
+  names = source_config.get("architectures") or ()
+  return next((a for a in ARCHITECTURES for name in names if name in a.release_classes), None)
+
+
+def planner_shapes() -> dict[str, Any]:
+  """Every planned architecture's named shapes, each parsed into its config."""
+  return {name: a.parse_config(cfg) for a in ARCHITECTURES if a.planned for name, cfg in a.planner_shapes.items()}
 
 
 def for_spec(spec) -> Architecture:

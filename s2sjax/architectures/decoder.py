@@ -12,7 +12,7 @@ from s2sjax.model import decoder
 from s2sjax.model.config import ModelConfig
 from s2sjax.rows import TOKEN_ROWS
 from s2sjax.scoring import Scorer, ScoringError, check_ids
-from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
+from s2sjax.sequence_inputs import LogProbsError, check_range, no_features, sequence
 from s2sjax.spec import AudioIds, Spec, id_ranges
 
 
@@ -95,10 +95,11 @@ def decoder_inputs(config: ModelConfig, input_ids: np.ndarray,
   return ids, placeholder_codes(config, ids, audio_codes)
 
 
-def log_probs(config: ModelConfig, params, input_ids: np.ndarray,
-              audio_codes: np.ndarray | None = None) -> tuple[np.ndarray, None]:
+def log_probs(config: ModelConfig, params, input_ids: np.ndarray, audio_codes: np.ndarray | None = None,
+              features: np.ndarray | None = None) -> tuple[np.ndarray, None]:
   """`[T, vocab]` fp32 log-softmax of a decoder at every position of one sequence (`s2sjax.logprobs`'s docstring),
   and no codebook heads."""
+  no_features(features, f"a {config.family} decoder")
   ids, codes = decoder_inputs(config, input_ids, audio_codes)
   out = decoder.sequence_log_probs(config, params, ids[None].astype(np.int32), None if codes is None else codes[None])
   return np.asarray(out, np.float32)[0], None
@@ -121,4 +122,4 @@ def spec_checks(config: ModelConfig, spec: Spec, ids: AudioIds) -> list[tuple[st
 DECODER_ARCHITECTURE = register(Architecture(
   DECODER, ModelConfig, TOKEN_ROWS, decoder.abstract_params, decoder.param_logical_axes, scorer,
   text_rows=lambda config: config.vocab_size, check_fit=check_fit, check_ids=check_ids,
-  parse_config=families.from_hf_config, spec_checks=spec_checks, log_probs=log_probs))
+  parse_config=families.from_hf_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config))

@@ -35,7 +35,7 @@ from s2sjax.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig,
                                 param_logical_axes, stream_log_probs)
 from s2sjax.rows import STREAM_ROWS
 from s2sjax.scoring import ScoringError, StreamScorer, by_target_chunks
-from s2sjax.sequence_inputs import LogProbsError, check_range, sequence
+from s2sjax.sequence_inputs import LogProbsError, check_range, no_features, sequence
 
 NAME = FAMILY
 MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
@@ -574,10 +574,11 @@ def check_fit(config: MoshiConfig, data) -> None:
     raise FitError(f"{data.task}/{data.modality} (spec {spec.name}) does not fit the {NAME} checkpoint: {e}") from None
 
 
-def log_probs(config: MoshiConfig, params, input_ids: np.ndarray,
-              audio_codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def log_probs(config: MoshiConfig, params, input_ids: np.ndarray, audio_codes: np.ndarray | None = None,
+              features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
   """Moshi's text head `[T, text_vocab]` and depformer `[T, dep_q, card]` log-softmax (`s2sjax.logprobs`'s
   docstring)."""
+  no_features(features, "Moshi")
   text = sequence(input_ids)
   check_range("input_ids", text, config.text_card, "the text stream's ids", silent=True)
   streams = np.full((1 + config.n_q, len(text)), -1, np.int64)

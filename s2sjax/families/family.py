@@ -35,8 +35,16 @@ class Layout:
   skipped_prefixes: tuple[str, ...] = ()
   # What a skipped module is and where a user gets it instead (prefix -> a sentence), for the converter's report.
   skipped_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # Modules whose keys depend on config.json (VITA-Audio's MCTP layers sit after its scored layers): source config
+  # -> {prefix: what it is}, left out and reported as skipped_prefixes are.
+  skipped_by_config: Callable[[SourceConfig], Mapping[str, str]] | None = None
   ignored_suffixes: tuple[str, ...] = ()  # buffers the checkpoint saves that carry no weights
   verifiable: bool = False  # transformers ships this layout's PyTorch model, so `--verify` can run it
+
+  def skipped_modules(self, source_config: SourceConfig) -> dict[str, str]:
+    """Every module prefix this layout leaves out of a source with this config.json, with what it is."""
+    notes = {prefix: self.skipped_notes.get(prefix, "a module scoring does not run") for prefix in self.skipped_prefixes}
+    return {**notes, **(self.skipped_by_config(source_config) if self.skipped_by_config else {})}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,15 @@ def unpermute_gguf_qk(hf_key: str, array: np.ndarray, cfg: Mapping[str, Any]) ->
   return pairs.swapaxes(1, 2).reshape(array.shape)
 
 
+def _llama_mimi(hidden: int, intermediate: int, layers: int, tied: bool) -> dict:
+  """Llama-Mimi (llm-jp/Llama-Mimi): Llama-3.x with Mimi's 2,048 codes x 4 quantizers as `<{code}_{q}>` tokens and
+  `<audio>`, `</audio>` appended to its 128,256 (torchtitan/train.py expand_tokenizer_with_unit_tokens;
+  config/llama3_2_1b.toml num_quantizers = 4). Sizes only: the releases' llama3 rope scaling changes none."""
+  return dict(model_type="llama", hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256 + 2048 * 4 + 2,
+              tie_word_embeddings=tied, rope_theta=500000.0, rms_norm_eps=1e-5)
+
+
 FAMILY = register(Family(
   name=NAME,
   layouts=(Layout(HF, ("llama",), parse_hf_config, keymap.rules_in(keymap.HF_NAMES),
@@ -51,4 +60,8 @@ FAMILY = register(Family(
   audio_inputs=("codebook_tables", "extended_vocab"),
   export=HfExport("LlamaForCausalLM", HF, export_config),
   gguf=GgufLayout("llama", "llama", keymap.llama_cpp_to_hf_key, unpermute_gguf_qk),
+  planner_shapes={
+    "llama-mimi-1.3b": _llama_mimi(2048, 8192, 16, True),  # Llama-3.2-1B's sizes
+    "llama-mimi-8b": _llama_mimi(4096, 14336, 32, False),  # Llama-3.1-8B's sizes
+  },
 ))

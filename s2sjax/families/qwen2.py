@@ -1,6 +1,7 @@
-"""Qwen2 / Qwen2.5: q/k/v biases, whole-head rotate-half rope. Layouts: transformers' (`hf`, also read from GGUF)
-and Baichuan-Audio's (`baichuan_audio`, `OmniForCausalLM`): a Qwen2.5 decoder with fused `W_pack` attention, a
-NormHead, and K RVQ embedding tables summed at an audio placeholder token."""
+"""Qwen2 / Qwen2.5: q/k/v biases, whole-head rotate-half rope. Layouts: transformers' (`hf`, also read from GGUF),
+Baichuan-Audio's (`baichuan_audio`, `OmniForCausalLM`): a Qwen2.5 decoder with fused `W_pack` attention, a
+NormHead, and K RVQ embedding tables summed at an audio placeholder token; and VITA-Audio's (`vita_audio`,
+`Qwen2MTPForCausalLM`): Qwen2.5-7B-Instruct whose last layers are multi-token-prediction modules scoring never runs."""
 
 from __future__ import annotations
 
@@ -89,6 +90,40 @@ def baichuan_audio_rules(config: ModelConfig, cfg: Mapping[str, Any]) -> list[ke
   return rules
 
 
+# VITA-Audio (VITA-MLLM/VITA-Audio 0abaf17, vita_audio/models/qwen2_mtp_v4_48_3/): config.json lists
+# num_hidden_layers layers of which the last num_nextn_predict_layers are the MCTP modules (config_7B_mtp10.json:2,21:
+# 38 and 10). Qwen2MTPForCausalLM.forward scores with the first num_hidden_layers - num_nextn_predict_layers
+# (modeling_qwen2.py:1120), then model.norm and lm_head (:642, :1130); MCTP module j is layer that + j with its
+# mtp_projs.{j} / mtp_embed_norms.{j} / mtp_hidden_norms.{j}, run only to draft tokens when generating (:819-867).
+MTP_LAYERS_DEFAULT = 1  # Qwen2MTPConfig's num_nextn_predict_layers default (configuration_qwen2.py:163)
+MTP_MODULES = ("mtp_projs.", "mtp_embed_norms.", "mtp_hidden_norms.")
+
+
+def _scored_layers(cfg: Mapping[str, Any]) -> tuple[int, int]:
+  """(layers the main path runs, MCTP modules) of a VITA-Audio config.json."""
+  total = hf_config.require(cfg, "num_hidden_layers")
+  mtp = cfg.get("num_nextn_predict_layers", MTP_LAYERS_DEFAULT)
+  if not isinstance(mtp, int) or not 0 <= mtp < total:
+    raise ConfigError(f"VITA-Audio num_nextn_predict_layers={mtp!r} must be an integer in [0, num_hidden_layers="
+                      f"{total})")
+  return total - mtp, mtp
+
+
+def parse_vita_audio_config(cfg: Mapping[str, Any]) -> ModelConfig:
+  """The decoder the main path runs: Qwen2 over the layers before the MCTP modules."""
+  return parse_hf_config(dict(cfg, num_hidden_layers=_scored_layers(cfg)[0]))
+
+
+def vita_audio_mtp_modules(cfg: Mapping[str, Any]) -> dict[str, str]:
+  """The MCTP modules' keys, which the converter leaves out: their transformer layers (after the scored ones) and
+  their projections and norms."""
+  first, mtp = _scored_layers(cfg)
+  why = f"(multi-token prediction drafts tokens when generating; scoring runs the first {first} layers, " \
+        "modeling_qwen2.py:1120)"
+  modules = {f"model.layers.{first + j}.": f"MCTP module {j}'s transformer layer {why}" for j in range(mtp)}
+  return {**modules, **{prefix: f"the {mtp} MCTP modules' {prefix[:-1]} {why}" for prefix in MTP_MODULES}}
+
+
 def export_config(config: ModelConfig) -> dict[str, Any]:
   return dict(hf_config.export_fields(config), model_type="qwen2")
 
@@ -108,6 +143,8 @@ FAMILY = register(Family(
            kept_prefixes=("audio_head.",), skipped_prefixes=tuple(BAICHUAN_AUDIO_MODULES),
            skipped_notes=BAICHUAN_AUDIO_MODULES,
            ignored_suffixes=keymap.HF_IGNORED_SUFFIXES),
+    Layout("vita_audio", ("qwen2_mtp",), parse_vita_audio_config, keymap.rules_in(keymap.HF_NAMES),
+           skipped_by_config=vita_audio_mtp_modules, ignored_suffixes=keymap.HF_IGNORED_SUFFIXES),
   ),
   audio_inputs=("codebook_tables", "extended_vocab"),
   export=HfExport("Qwen2ForCausalLM", HF, export_config),
@@ -116,5 +153,8 @@ FAMILY = register(Family(
     "qwen2.5-0.5b": _qwen25(896, 4864, 24, 14, 2, 151936, True),
     "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, 151936, True),
     "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, 152064, False),
+    # VITA-Audio-Boost / -Balance: config_7B_mtp10.json's sizes (its 28 scored layers; the 10 MCTP ones left out)
+    "vita-audio-7b": dict(_qwen25(3584, 18944, 38, 28, 4, 168072, False), model_type="qwen2_mtp",
+                          num_nextn_predict_layers=10),
   },
 ))

@@ -4,7 +4,11 @@ among its `audio_inputs`).
 
   none             text only: nothing spoken can be asked of the spec
   extended_vocab   audio unit k is an ordinary token id (`unit_token` names it, or `unit_offset` + k): GLM-4-Voice,
-                   TWIST, SIMS, the demo spec's untrained rows; a spec without a text vocabulary is a unit LM
+                   TWIST, SIMS, the demo spec's untrained rows; a spec without a text vocabulary is a unit LM.
+                   K codebooks are flattened frame by frame, K tokens a frame (`unit_token` of code and codebook:
+                   Llama-Mimi), and a spoken candidate is scored on its first codebook's tokens (and the utterance's
+                   closing token), as Llama-Mimi's authors score it; option `max_audio_seconds` cuts each
+                   recording before it is tokenized
   codebook_tables  K codebooks summed at a placeholder token (Baichuan-Audio); its audio is predicted by an audio
                    head the decoder does not run, so spoken candidates cannot be scored
 """
@@ -29,10 +33,31 @@ def _unit_lm_problems(spec) -> list[str]:
           "unit_offset and bos_id (no token names to look up)"]
 
 
+UNIT_OPTIONS = ("max_audio_seconds",)
+
+
+def _names_code_and_codebook(unit_token: str | None) -> bool:
+  """Whether a unit token's format string tells codes and codebooks apart (its two positional fields)."""
+  try:
+    return unit_token is not None and len({unit_token.format(0, 0), unit_token.format(0, 1),
+                                            unit_token.format(1, 0)}) == 3
+  except (IndexError, KeyError, ValueError):
+    return False
+
+
 def _units_problems(spec) -> list[str]:
   problems = []
-  if len(spec.codebook_sizes) != 1 or (spec.unit_token is None) == (spec.unit_offset is None):
-    problems.append(f"spec {spec.name}: extended_vocab needs one codebook and exactly one of unit_token, unit_offset")
+  if not spec.codebook_sizes or (spec.unit_token is None) == (spec.unit_offset is None):
+    problems.append(f"spec {spec.name}: extended_vocab needs its codebooks and exactly one of unit_token, unit_offset")
+  elif len(spec.codebook_sizes) > 1 and not _names_code_and_codebook(spec.unit_token):
+    problems.append(f"spec {spec.name}: {len(spec.codebook_sizes)} codebooks in the vocabulary need a unit_token of "
+                    f"code and codebook, such as '<{{}}_{{}}>' (found {spec.unit_token!r})")
+  options = spec.options or {}
+  seconds = options.get("max_audio_seconds")
+  if set(options) - set(UNIT_OPTIONS) or (seconds is not None and not (isinstance(seconds, (int, float))
+                                                                        and seconds > 0)):
+    problems.append(f"spec {spec.name}: extended_vocab's options are {', '.join(UNIT_OPTIONS)} (seconds > 0); found "
+                    f"{options}")
   return problems + _unit_lm_problems(spec)
 
 

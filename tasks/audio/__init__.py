@@ -48,6 +48,10 @@ register(AudioTokenizerType(
   "hubert_kmeans", "tasks.audio.hubert:HubertKmeansTokenizer", "a transformers HubertModel folder "
   "(safetensors) and a k-means centroids .npy [units, hidden]", 50.0,
   "HuBERT layer features to the nearest k-means centroid (TWIST, SIMS units)"))
+register(AudioTokenizerType(
+  "kimi_audio", "tasks.audio.kimi_audio:KimiAudioTokenizer", "a Kimi-Audio release folder: whisper-large-v3/ and "
+  "the glm-4-voice-tokenizer folder beside it", 12.5,
+  "Kimi-Audio's input: GLM-4-Voice codes and, beside each, the release's Whisper-large-v3 feature"))
 
 
 def resolver(kind: str, tokenizer_dir: str | None):

@@ -143,12 +143,14 @@ def dedup(codes: np.ndarray) -> np.ndarray:
 
 
 class AudioTokenizer(abc.ABC):
-  """waveform [samples] at `sample_rate` -> int32 codes [frames, num_codebooks]."""
+  """waveform [samples] at `sample_rate` -> int32 codes [frames, num_codebooks]; a tokenizer with a feature track
+  (`feature_width` > 0) also gives each code frame a float vector (`frame_features`)."""
 
   sample_rate: int
   num_codebooks: int
   codebook_sizes: tuple[int, ...]
   reads_audio: bool = True  # False: codes come from elsewhere by uttid, the wav is not decoded
+  feature_width: int = 0  # > 0: a float32 feature vector of this width beside each code frame
 
   @abc.abstractmethod
   def encode(self, wave: np.ndarray, uttid: str) -> np.ndarray:
@@ -165,6 +167,11 @@ class AudioTokenizer(abc.ABC):
       if meter:
         meter.update(1, len(wave) / self.sample_rate)
     return out
+
+  def frame_features(self, waves: list[np.ndarray], progress=None) -> list[np.ndarray]:
+    """float32 [frames, feature_width] per wave, row t beside code frame t of `encode_batch`'s codes: the float
+    track a model reads with the codes (Kimi-Audio's Whisper features). Only where `feature_width` > 0."""
+    raise AudioTokenizerError(f"the {type(self).__name__} audio tokenizer has no feature track")
 
   @abc.abstractmethod
   def identity(self) -> dict:

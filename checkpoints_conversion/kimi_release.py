@@ -1,0 +1,83 @@
+"""Kimi-Audio releases (moonshotai/Kimi-Audio-7B, -7B-Instruct) -> s2sjax checkpoints: the converter hook of
+Kimi-Audio's architecture (s2sjax/architectures/kimi_audio.py registers it), which `checkpoints_conversion.convert`
+calls for a folder whose config.json names `MoonshotKimiaForCausalLM`, with no flags.
+
+A release folder as shipped: `config.json` as `KimiAudioConfig.save_pretrained` writes it (MoonshotAI/Kimi-Audio
+`finetune_codes/model.py:58`), the LM's safetensors in the release's keys, and `whisper-large-v3/`, the Whisper
+encoder saved beside it (`model.py:63-75`), which the converter leaves where it is: the builder reads it from the
+release folder to compute the feature track. The text tokenizer (tiktoken, shipped as code) is not copied either:
+evaluate with the release folder as the tokenizer directory. Every key and shape is checked before any tensor is read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import jax.numpy as jnp
+import numpy as np
+
+from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
+from checkpoints_conversion.sources import SafetensorsSource, TensorSource
+from s2sjax import checkpoint
+from s2sjax.architectures import kimi_audio
+from s2sjax.families import keymap
+from s2sjax.model.config import ConfigError
+from s2sjax.model.kimi_audio import KimiAudioConfig, abstract_params
+
+
+def plan(source: TensorSource) -> tuple[KimiAudioConfig, list[keymap.Rule]]:
+  """The release's config and the rules of every target leaf, checked against its keys and shapes: every problem
+  (a refused config switch, a missing, mis-shaped or unexpected tensor) is listed at once."""
+  try:
+    config = kimi_audio.parse_config(source.config)
+  except ConfigError as e:
+    raise ConversionError(f"{source.description}: {e}") from None
+  ruled = kimi_audio.rules(config)
+  targets = set(dict(checkpoint.flatten(abstract_params(config))))
+  problems, rest = keymap.check_rules(targets, ruled, {key: source.shape(key) for key in source.keys()})
+  unexpected = [key for key in rest if not key.endswith(keymap.HF_IGNORED_SUFFIXES)]
+  if unexpected:
+    problems.append(f"{len(unexpected)} unexpected key(s) that no rule reads: {', '.join(unexpected[:20])}")
+  if problems:
+    raise ConversionError(f"{source.description} does not fit a Kimi-Audio target:\n  " + "\n  ".join(problems))
+  return config, ruled
+
+
+def iter_leaves(config: KimiAudioConfig, ruled: list[keymap.Rule], source: TensorSource, dtype
+                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """(stored path, array) per leaf, reading only that leaf's tensors: the main stack's layers one at a time (as the
+  checkpoint stores `layers`), the branch's stacked."""
+  abstract = dict(checkpoint.flatten(abstract_params(config, param_dtype=dtype)))
+  for rule in ruled:
+    target = abstract[rule.target]
+    layer_shape = rule.per_layer_shape(target.shape)
+    arrays = (rule.to_target(source.read(piece.key), piece, layer_shape).astype(target.dtype) for piece in rule.pieces)
+    if rule.target[0] == "layers":
+      for i, array in enumerate(arrays):
+        yield ("layers", str(i)) + rule.target[1:], array
+    elif rule.stacked:
+      yield rule.target, np.stack(list(arrays))
+    else:
+      yield rule.target, next(arrays)
+
+
+def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
+  """A Kimi-Audio release folder -> a Kimi-Audio checkpoint; returns the manifest."""
+  source = SafetensorsSource(source_path)
+  config, ruled = plan(source)
+  whisper = os.path.join(source_path, kimi_audio.WHISPER_FOLDER)
+  manifest = {
+    "source": os.path.abspath(source_path), "source_description": f"{source.description} (Kimi-Audio release)",
+    "source_model_type": kimi_audio.NAME, "source_config": source.config, "dtype": dtype,
+    "whisper_encoder": (f"{kimi_audio.WHISPER_FOLDER}/ left in the release folder for the builder"
+                        if os.path.isdir(whisper) else f"none: the release has no {kimi_audio.WHISPER_FOLDER}/"),
+    "tokenizer": {"note": "not copied (the release's tiktoken tokenizer is code): evaluate with the release folder "
+                          "as --tokenizer_dir"},
+  }
+  leaves = with_progress(iter_leaves(config, ruled, source, jnp.dtype(dtype)),
+                         sum(len(rule.pieces) if rule.target[0] == "layers" else 1 for rule in ruled),
+                         f"converting {os.path.basename(os.path.normpath(source_path))}")
+  with interrupts_between_leaves() as between:
+    checkpoint.write_checkpoint(output, config, between(leaves), manifest=manifest, overwrite=overwrite)
+  return manifest
