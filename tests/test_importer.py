@@ -163,3 +163,16 @@ def test_a_missing_or_headerless_story_file_is_named(tmp_path):
   (tmp_path / "short.csv").write_text("InputStoryid,InputSentence1\n1,a\n")
   with pytest.raises(SourceFileError, match=r"short\.csv: its header has no InputSentence2, .*AnswerRightEnding"):
     read_stories(str(tmp_path / "short.csv"), ",")
+
+
+@pytest.mark.parametrize("text", ["-26.8", "--path=/tmp", "-v en"])
+def test_a_text_that_reads_like_an_option_is_spoken_not_parsed(tmp_path, text):
+  """CMMLU options such as "-26.8" once reached espeak-ng as its arguments: it wrote no audio and exited 0."""
+  import soundfile
+
+  from tasks.speech import speak
+
+  path = str(tmp_path / "clip.wav")
+  speak(text, "zh", path)
+  info = soundfile.info(path)
+  assert info.samplerate == 16000 and info.duration > 0.3
