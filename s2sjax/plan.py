@@ -131,13 +131,16 @@ def check_step_memory(config, shapes: list[RowShape], batch_size: int, dtype: st
   """Refuses, before anything is compiled, a scoring step whose parameters and activations (`activation_bytes`)
   would need more than ESTIMATE_OVER x a device's memory, naming the figures and what to lower. Architectures that
   do not say what their step costs (Moshi's) are not planned here."""
+  import jax
+
   decoder = planned_decoder(config)
   if decoder is None:
     return
   data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
   rows = math.ceil(batch_size / data_parallel)
   params = param_bytes(config, dtype) / (model_parallel * mesh.shape["fsdp"])
-  memory = device_memory(mesh.devices.flat[0])
+  # this process's own devices: another process's cannot report their memory (every device of a mesh is alike)
+  memory = device_memory(next(d for d in mesh.devices.flat if d.process_index == jax.process_index()))
   gib = lambda n: f"{n / 2**30:,.1f} GiB"
   for shape in shapes:
     keys = attention_keys(shape, attention)
