@@ -5,7 +5,6 @@ import fcntl
 import importlib.util
 import json
 import os
-import pathlib
 import shutil
 import tempfile
 
@@ -65,7 +64,7 @@ def shared_build(tmp_path_factory, name: str, build) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_sample(tmp_path_factory, qwen_tokenizer_dir):
-  """{root, hf, ckpt, data_dir, tokenizer}: the tiny qwen2 with the Qwen2.5 tokenizer (tests/eval_fixtures.py)
+  """{hf, ckpt, data_dir, tokenizer}: the tiny qwen2 with the Qwen2.5 tokenizer (tests/eval_fixtures.py)
   converted to ckpt-100 from its transformers copy hf/, and the bundled sample's three tasks built for it, T->T and
   S->T: made once a session for every test that evaluates. Read-only: a test that changes them works on a copy."""
   from tests.eval_fixtures import build_sample, tiny_checkpoint
@@ -73,10 +72,9 @@ def tiny_sample(tmp_path_factory, qwen_tokenizer_dir):
   def build(root):
     ckpt = tiny_checkpoint(root, qwen_tokenizer_dir)
     build_sample(os.path.join(root, "data"), qwen_tokenizer_dir)
-    return {"root": root, "hf": os.path.join(root, "hf"), "ckpt": ckpt, "data_dir": os.path.join(root, "data")}
+    return {"hf": os.path.join(root, "hf"), "ckpt": ckpt, "data_dir": os.path.join(root, "data")}
 
-  made = shared_build(tmp_path_factory, "tiny-sample", build)
-  return {**made, "root": pathlib.Path(made["root"]), "tokenizer": qwen_tokenizer_dir}
+  return {**shared_build(tmp_path_factory, "tiny-sample", build), "tokenizer": qwen_tokenizer_dir}
 
 
 @pytest.fixture(scope="session")
