@@ -597,14 +597,10 @@ def test_zero_byte_or_truncated_chunks_and_identities_are_scored_again_to_identi
 
 
 @pytest.mark.slow
-def test_damaged_checkpoint_files_are_named_and_a_failed_overwrite_keeps_the_old_one(tmp_path, qwen_tokenizer_dir):
+def test_damaged_checkpoint_files_are_named_and_a_failed_overwrite_keeps_the_old_one(tmp_path, tiny_sample):
   import numpy as np
 
-  hf = save_hf(tiny_model("qwen2", vocab_size=151_680, hidden_size=32, intermediate_size=64, num_hidden_layers=1),
-               str(tmp_path / "hf"))
-  for name in os.listdir(qwen_tokenizer_dir):
-    shutil.copy(os.path.join(qwen_tokenizer_dir, name), hf)
-  convert(hf, str(tmp_path / "ckpt"))
+  shutil.copytree(tiny_sample["ckpt"], tmp_path / "ckpt")
   params = tmp_path / "ckpt" / "params"
   data_files = sorted(p for p in params.rglob("*") if p.is_file() and p.parent.name == "d")
 
