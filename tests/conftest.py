@@ -1,7 +1,11 @@
-"""Shared test set-up: 8 host CPU devices for sharding tests, and fp32 everywhere unless a test asks."""
+"""Shared test set-up: 8 host CPU devices for sharding tests, fp32 everywhere unless a test asks, and the tiny
+models and built samples many tests read, made once a session."""
 
+import fcntl
 import importlib.util
+import json
 import os
+import shutil
 import tempfile
 
 # Must precede the first `import jax` of the session.
@@ -41,3 +45,42 @@ def smollm2_transformers():
   gguf = default_model.default_gguf()
   tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
   return load_torch_model(gguf), tokenizer
+
+
+def shared_build(tmp_path_factory, name: str, build) -> dict:
+  """`build(directory)` run once a session, by whichever xdist worker asks first; the others wait on its lock and
+  read what it wrote. Returns what `build` returned (JSON). A build that failed half way is started over."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # the workers' own folders (.../pytest-N/popen-gwK) lie in this session's
+  directory, done = base / name, base / f"{name}.json"
+  with open(base / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not done.exists():
+      shutil.rmtree(directory, ignore_errors=True)
+      done.write_text(json.dumps(build(str(directory))))
+  return json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_sample(tmp_path_factory, qwen_tokenizer_dir):
+  """{hf, ckpt, data_dir, tokenizer}: the tiny qwen2 with the Qwen2.5 tokenizer (tests/eval_fixtures.py)
+  converted to ckpt-100 from its transformers copy hf/, and the bundled sample's three tasks built for it, T->T and
+  S->T: made once a session for every test that evaluates. Read-only: a test that changes them works on a copy."""
+  from tests.eval_fixtures import build_sample, tiny_checkpoint
+
+  def build(root):
+    ckpt = tiny_checkpoint(root, qwen_tokenizer_dir)
+    build_sample(os.path.join(root, "data"), qwen_tokenizer_dir)
+    return {"hf": os.path.join(root, "hf"), "ckpt": ckpt, "data_dir": os.path.join(root, "data")}
+
+  return {**shared_build(tmp_path_factory, "tiny-sample", build), "tokenizer": qwen_tokenizer_dir}
+
+
+@pytest.fixture(scope="session")
+def bytes_sample(tmp_path_factory):
+  """{tokenizer, spec, data_dir}: the bundled sample's sstorycloze built for a 256-id model on all four modalities
+  (tests/stack_fixtures.py), once a session. Read-only."""
+  from tests.stack_fixtures import build_bytes_sample
+
+  return shared_build(tmp_path_factory, "bytes-sample", build_bytes_sample)

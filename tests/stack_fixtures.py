@@ -48,15 +48,15 @@ def byte_tokenizer(directory: str) -> str:
   return directory
 
 
-def bytes_sample(root: str, tasks=("sstorycloze",), modalities=("t2t", "s2t", "t2s", "s2s")) -> dict[str, str]:
-  """{tokenizer, spec, data_dir}: the bundled sample's tasks built for a 256-id model."""
+def build_bytes_sample(root: str) -> dict[str, str]:
+  """{tokenizer, spec, data_dir}: the bundled sample's sstorycloze built for a 256-id model, all four modalities
+  (the session's `bytes_sample` fixture, tests/conftest.py)."""
   from tasks.preparation import prepare
 
   tokenizer = byte_tokenizer(os.path.join(root, "bytes_tokenizer"))
   spec = os.path.join(root, "maxtext_bytes.yaml")
   Path(spec).write_text(BYTES_SPEC)
   data_dir = os.path.join(root, "data")
-  for task in tasks:
-    for modality in modalities:
-      prepare(task, spec, modality, None, data_dir, tokenizer_dir=tokenizer)
+  for modality in ("t2t", "s2t", "t2s", "s2s"):
+    prepare("sstorycloze", spec, modality, None, data_dir, tokenizer_dir=tokenizer)
   return {"tokenizer": tokenizer, "spec": spec, "data_dir": data_dir}

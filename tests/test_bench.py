@@ -131,18 +131,15 @@ def test_the_machine_line_names_the_processor_and_each_sides_matmul_speed():
 
 
 @pytest.mark.slow
-def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends(tmp_path, qwen_tokenizer_dir):
+def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends(tiny_sample):
   # a 2-layer qwen2 with the real Qwen2.5 tokenizer: lm-eval's CMMLU prompts, both backends, a float64 reference
   import pathlib
-
-  from tests.eval_fixtures import tiny_checkpoint
 
   cmmlu = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "realdata" / "cmmlu" / "data"
   if not cmmlu.exists():
     pytest.skip(f"the CMMLU data is not at {cmmlu}")
-  ckpt = tiny_checkpoint(str(tmp_path), qwen_tokenizer_dir)
-  run = bench.run_lm_eval(ckpt, "cmmlu", str(cmmlu), ["agronomy"], limit=3, num_fewshot=1, row_length=512,
-                          batch_size=2, ref_batch_size=4, float64_requests=8)
+  run = bench.run_lm_eval(tiny_sample["ckpt"], "cmmlu", str(cmmlu), ["agronomy"], limit=3, num_fewshot=1,
+                          row_length=512, batch_size=2, ref_batch_size=4, float64_requests=8)
   assert (run["documents"], run["requests"], run["float64_requests"]) == (3, 12, 8)
   assert run["decisions_identical"] and run["is_greedy_identical"] and run["max_abs_diff_s2sjax_hf"] < 1e-4
   for backend in ("hf", "s2sjax"):  # fp32 against float64, over one-token choices after ~200-token contexts

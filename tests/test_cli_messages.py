@@ -8,9 +8,6 @@ import sys
 
 import pytest
 
-from tasks.preparation import prepare
-from tests.eval_fixtures import tiny_checkpoint
-
 pytestmark = pytest.mark.slow  # each runs commands as subprocesses (seconds of imports each)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -65,12 +62,9 @@ def test_a_missing_checkpoint_is_said_before_missing_data(tmp_path):
   assert "no built data" not in failed.stderr
 
 
-def test_check_takes_the_modality_aliases_eval_takes(tmp_path, qwen_tokenizer_dir):
-  ckpt = tiny_checkpoint(str(tmp_path), qwen_tokenizer_dir)
-  data_dir = str(tmp_path / "data")
-  prepare("scmmlu", "demo", "s2t", 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
-  common = ["s2sjax.check", f"--checkpoint={ckpt}", f"--data_dir={data_dir}", "--task=scmmlu", "--spec=demo",
-            "--row_length=1024"]
+def test_check_takes_the_modality_aliases_eval_takes(tiny_sample):
+  common = ["s2sjax.check", f"--checkpoint={tiny_sample['ckpt']}", f"--data_dir={tiny_sample['data_dir']}",
+            "--task=scmmlu", "--spec=demo", "--row_length=1024"]
   by_name, by_alias = _run(*common, "--modality=s2t"), _run(*common, "--modality=speech")
   assert "scmmlu/s2t fits the model" in by_name.stdout, by_name.stdout + by_name.stderr
   assert (by_alias.returncode, by_alias.stdout) == (by_name.returncode, by_name.stdout), by_alias.stderr

@@ -21,22 +21,13 @@ from s2sjax.commands.eval import EvalConfig
 from s2sjax.evaluator import EvalError, ScoringOptions
 from s2sjax.output_dir import LOCK_NAME, OutputError
 from tasks.release import Problems, ReleaseError, read_questions
-from tests.eval_fixtures import build_sample, later_steps, same_tree, tiny_checkpoint
+from tests.eval_fixtures import build_sample, later_steps, same_tree
 from tests.hf_models import save_hf, tiny_model
 
 # Whole evaluations, builds and conversions are marked slow one by one (some run multi-process subprocesses); the
 # trials of one function on hand-made files run in the fast suite.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory, qwen_tokenizer_dir):
-  root = tmp_path_factory.mktemp("faults")
-  ckpt = tiny_checkpoint(str(root), qwen_tokenizer_dir)
-  data_dir = str(root / "data")
-  build_sample(data_dir, qwen_tokenizer_dir, tasks=("sstorycloze",))
-  return {"root": root, "ckpt": ckpt, "data_dir": data_dir, "tokenizer": qwen_tokenizer_dir}
 
 
 def _run(setup, out, modalities=("t2t",), **config):
@@ -50,15 +41,15 @@ def _accuracy(out, modality="t2t"):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_replaced_at_the_same_path_is_scored_again(setup, tmp_path):
+def test_a_checkpoint_replaced_at_the_same_path_is_scored_again(tiny_sample, tmp_path):
   path = str(tmp_path / "latest")
-  shutil.copytree(setup["ckpt"], path)
-  _run(setup, tmp_path / "out", checkpoints=path)
-  other = later_steps(setup["ckpt"], (7,), root=str(tmp_path / "other"))[0]
+  shutil.copytree(tiny_sample["ckpt"], path)
+  _run(tiny_sample, tmp_path / "out", checkpoints=path)
+  other = later_steps(tiny_sample["ckpt"], (7,), root=str(tmp_path / "other"))[0]
   shutil.rmtree(path)
   shutil.copytree(other, path)  # a training loop overwriting latest/
-  _run(setup, tmp_path / "out", checkpoints=path)
-  _run(setup, tmp_path / "fresh", checkpoints=other)
+  _run(tiny_sample, tmp_path / "out", checkpoints=path)
+  _run(tiny_sample, tmp_path / "fresh", checkpoints=other)
   assert _accuracy(tmp_path / "out") == _accuracy(tmp_path / "fresh")
   scores = lambda out, name: open(tmp_path / out / name / "sstorycloze-t2t.scores.jsonl").read()
   assert scores("out", "latest") == scores("fresh", "ckpt-7")
@@ -103,14 +94,14 @@ def test_device_checksums_equal_the_host_ones_however_the_leaf_is_placed():
 
 
 @pytest.mark.slow
-def test_a_checkpoint_without_its_tokenizer_needs_one_named(setup, tmp_path):
+def test_a_checkpoint_without_its_tokenizer_needs_one_named(tiny_sample, tmp_path):
   bare = str(tmp_path / "bare")
-  shutil.copytree(setup["ckpt"], bare)
+  shutil.copytree(tiny_sample["ckpt"], bare)
   shutil.rmtree(os.path.join(bare, "tokenizer"))
   with pytest.raises(EvalError, match=r"holds no tokenizer/.*pass --tokenizer_dir"):
-    _run(setup, tmp_path / "refused", checkpoints=bare)
+    _run(tiny_sample, tmp_path / "refused", checkpoints=bare)
   assert not os.path.exists(tmp_path / "refused" / "metrics.json")
-  _run(setup, tmp_path / "named", checkpoints=bare, tokenizer_dir=setup["tokenizer"])
+  _run(tiny_sample, tmp_path / "named", checkpoints=bare, tokenizer_dir=tiny_sample["tokenizer"])
   assert _accuracy(tmp_path / "named")["questions"] == 24
 
 
@@ -127,49 +118,49 @@ def _dead_pid():
 
 
 @pytest.mark.slow
-def test_one_output_directory_is_one_runs_at_a_time(setup, tmp_path):
+def test_one_output_directory_is_one_runs_at_a_time(tiny_sample, tmp_path):
   out = tmp_path / "out"
   _lock(out, socket.gethostname(), os.getpid())  # a live run on this host
   with pytest.raises(OutputError, match=rf"being written by another run \(pid {os.getpid()} on "):
-    _run(setup, out)
+    _run(tiny_sample, out)
   assert sorted(os.listdir(out)) == [LOCK_NAME]  # nothing scored, nothing written
   _lock(out, "another-host", 1)
   with pytest.raises(OutputError, match=r"rerun with --break_lock"):
-    _run(setup, out)
-  _run(setup, out, break_lock=True)
+    _run(tiny_sample, out)
+  _run(tiny_sample, out, break_lock=True)
   assert not os.path.exists(out / LOCK_NAME)  # released at the end
   _lock(out, socket.gethostname(), _dead_pid())  # a run that died here: taken over
-  _run(setup, out)
+  _run(tiny_sample, out)
   assert not os.path.exists(out / LOCK_NAME)
 
 
 @pytest.mark.slow
-def test_a_kill_between_writing_and_renaming_a_chunk_resumes_to_identical_files(setup, tmp_path):
+def test_a_kill_between_writing_and_renaming_a_chunk_resumes_to_identical_files(tiny_sample, tmp_path):
   reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-  _run(setup, reference)
-  _run(setup, resumed)
+  _run(tiny_sample, reference)
+  _run(tiny_sample, resumed)
   chunks = resumed / "chunks" / "ckpt-100" / "sstorycloze-t2t"
   first = chunks / "chunk-00000.npz"
   os.rename(first, chunks / f".{first.name}.tmp-{socket.gethostname()}-1")  # written, never renamed
   os.remove(resumed / "metrics.json")
-  _run(setup, resumed)
+  _run(tiny_sample, resumed)
   assert first.exists() and same_tree(str(reference), str(resumed)) == []
 
 
 @pytest.mark.slow
-def test_another_modality_into_the_same_directory_adds_to_the_summaries(setup, tmp_path):
+def test_another_modality_into_the_same_directory_adds_to_the_summaries(tiny_sample, tmp_path):
   out = tmp_path / "out"
-  _run(setup, out, modalities=("t2t",))
-  _run(setup, out, modalities=("s2t",))
+  _run(tiny_sample, out, modalities=("t2t",))
+  _run(tiny_sample, out, modalities=("s2t",))
   run = json.load(open(out / "metrics.json"))["runs"][0]
   assert set(run["tasks"]["sstorycloze"]) == {"t2t", "s2t"} and "s2t_vs_t2t" in run["degradation"]["sstorycloze"]
   assert [line.split(" | ")[1] for line in open(out / "table.md").read().splitlines()[2:4]] == ["T→T", "S→T"]
 
 
 @pytest.mark.slow
-def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(setup, tmp_path, monkeypatch):
+def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(tiny_sample, tmp_path, monkeypatch):
   out = tmp_path / "out"
-  _run(setup, out)
+  _run(tiny_sample, out)
   before = open(out / "metrics.json", "rb").read()
   from etils.epath import gpath
 
@@ -183,19 +174,19 @@ def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(setup, t
 
   monkeypatch.setattr(gpath.PosixGPath, "write_bytes", full_disk)
   with pytest.raises(OutputError, match=r"cannot write .*metrics\.json: No space left on device \(the previous "):
-    _run(setup, out, modalities=("t2t",), chunk_rows=4)
+    _run(tiny_sample, out, modalities=("t2t",), chunk_rows=4)
   assert open(out / "metrics.json", "rb").read() == before
   assert not [name for name in os.listdir(out) if ".tmp-" in name]
 
 
 @pytest.mark.slow
-def test_an_output_directory_that_cannot_be_written_is_refused_before_scoring(setup, tmp_path, monkeypatch):
+def test_an_output_directory_that_cannot_be_written_is_refused_before_scoring(tiny_sample, tmp_path, monkeypatch):
   from s2sjax.scoring import Scorer
 
   monkeypatch.setattr(Scorer, "score", lambda *a, **k: pytest.fail("scored before the output was checked"))
   (tmp_path / "a-file").write_text("")
   with pytest.raises(OutputError, match=r"cannot write to the output directory .*a-file/out"):
-    _run(setup, tmp_path / "a-file" / "out")
+    _run(tiny_sample, tmp_path / "a-file" / "out")
 
 
 @pytest.mark.slow
@@ -248,7 +239,7 @@ def test_user_errors_are_one_line_and_a_non_zero_exit(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(setup, tmp_path):
+def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(tiny_sample, tmp_path):
   """Process 1 of 2 is killed (SIGKILL) after its first chunk of two; process 0, waiting on it in a collective, must end
   with one line naming it within --peer_timeout_s and a little, not abort after the runtime's 100 s heartbeat."""
   from s2sjax.chunk_store import KILL_AFTER_CHUNKS
@@ -259,8 +250,8 @@ def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(setup,
   env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   command = lambda p: [
-    sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", "--modality=text", f"--checkpoint={setup['ckpt']}",
-    f"--data_dir={setup['data_dir']}", f"--output_dir={tmp_path / 'out'}", "--batch_size=1", "--chunk_rows=1",
+    sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", "--modality=text", f"--checkpoint={tiny_sample['ckpt']}",
+    f"--data_dir={tiny_sample['data_dir']}", f"--output_dir={tmp_path / 'out'}", "--batch_size=1", "--chunk_rows=1",
     "--row_length=1024", "--distributed", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={p}",
     "--cpu_collectives=gloo", "--peer_timeout_s=6"]
   logs = [open(tmp_path / f"process-{p}.log", "w+") for p in range(2)]
@@ -283,9 +274,9 @@ def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(setup,
 # --- Round two (issue 28): the built data, the results and the inputs are held to what made them ---------------
 
 
-def _copy_data(setup, tmp_path) -> str:
+def _copy_data(tiny_sample, tmp_path) -> str:
   data_dir = str(tmp_path / "data")
-  shutil.copytree(setup["data_dir"], data_dir)
+  shutil.copytree(os.path.join(tiny_sample["data_dir"], "sstorycloze"), os.path.join(data_dir, "sstorycloze"))
   return data_dir
 
 
@@ -296,11 +287,11 @@ def _build_dir(data_dir, modality="t2t"):
 
 
 @pytest.mark.slow
-def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(setup, tmp_path):
+def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(tiny_sample, tmp_path):
   from s2sjax.builds import DataError
   from s2sjax.task_data import load_task_data
 
-  data_dir = _copy_data(setup, tmp_path)
+  data_dir = _copy_data(tiny_sample, tmp_path)
   path = os.path.join(_build_dir(data_dir), "metadata.json")
   metadata = json.load(open(path))
   for question in metadata["questions"][:2]:  # two questions' right ending set to the other one
@@ -310,30 +301,30 @@ def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(se
                                       r"checksum written with the build .* --noverify_data reads it anyway"):
     load_task_data(data_dir, "sstorycloze", "t2t", "demo", 1024)
   with pytest.raises(DataError, match=r"the question table differs"):
-    _run(setup, tmp_path / "out", data_dir=data_dir)
+    _run(tiny_sample, tmp_path / "out", data_dir=data_dir)
   assert not os.path.exists(tmp_path / "out" / "metrics.json")
   assert load_task_data(data_dir, "sstorycloze", "t2t", "demo", 1024, verify=False).questions.correct[0] == 1
 
 
 @pytest.mark.slow
-def test_a_build_copied_under_another_configs_name_is_refused_naming_both(setup, tmp_path):
+def test_a_build_copied_under_another_configs_name_is_refused_naming_both(tiny_sample, tmp_path):
   from s2sjax.builds import DataError
 
-  data_dir = _copy_data(setup, tmp_path)
+  data_dir = _copy_data(tiny_sample, tmp_path)
   shutil.rmtree(_build_dir(data_dir, "t2t"))
   shutil.copytree(_build_dir(data_dir, "s2t"), _build_dir(data_dir, "t2t"))  # S->T copied into T->T's folder
   with pytest.raises(DataError, match=r"demo-t2t-1024/1\.1\.0 holds the build sstorycloze/demo-s2t-1024 \(S→T\), not "
                                       r"the sstorycloze/demo-t2t-1024 \(T→T\) asked for \(modality 's2t', not "
                                       r"'t2t'\)"):
-    _run(setup, tmp_path / "out", data_dir=data_dir)
+    _run(tiny_sample, tmp_path / "out", data_dir=data_dir)
 
 
 @pytest.mark.slow
-def test_a_damaged_or_missing_shard_is_one_error_naming_the_file(setup, tmp_path):
+def test_a_damaged_or_missing_shard_is_one_error_naming_the_file(tiny_sample, tmp_path):
   from s2sjax.builds import DataError
   from s2sjax.task_data import load_task_data
 
-  data_dir = _copy_data(setup, tmp_path)
+  data_dir = _copy_data(tiny_sample, tmp_path)
   shard = [f for f in os.listdir(_build_dir(data_dir)) if ".array_record-" in f][0]
   path = os.path.join(_build_dir(data_dir), shard)
   data = open(path, "rb").read()
@@ -361,12 +352,12 @@ def test_a_damaged_or_missing_shard_is_one_error_naming_the_file(setup, tmp_path
 
 
 @pytest.mark.slow
-def test_a_failed_overwrite_leaves_the_earlier_build_byte_identical_and_evaluable(setup, tmp_path):
+def test_a_failed_overwrite_leaves_the_earlier_build_byte_identical_and_evaluable(tiny_sample, tmp_path):
   from tasks.audio.base import AudioError
   from tasks.preparation import prepare
   from tasks.sample import RELEASE_DIR
 
-  data_dir = _copy_data(setup, tmp_path)
+  data_dir = _copy_data(tiny_sample, tmp_path)
   tree = lambda: {os.path.relpath(os.path.join(d, f), data_dir): open(os.path.join(d, f), "rb").read()
                   for d, _, names in os.walk(data_dir) for f in names}
   before = tree()
@@ -375,23 +366,23 @@ def test_a_failed_overwrite_leaves_the_earlier_build_byte_identical_and_evaluabl
   open(os.path.join(release, "StoryCloze", "s-story-firstspeech", "0.wav"), "wb").write(b"RIFF\x00\x00not audio")
   with pytest.raises(AudioError, match=r"0\.wav cannot be read"):
     prepare("sstorycloze", "demo", "s2t", 1024, data_dir, manual_dir=release, overwrite=True,
-            tokenizer_dir=setup["tokenizer"])
+            tokenizer_dir=tiny_sample["tokenizer"])
   assert tree() == before  # nothing deleted, nothing left behind
-  _run(setup, tmp_path / "out", modalities=("s2t",), data_dir=data_dir)
+  _run(tiny_sample, tmp_path / "out", modalities=("s2t",), data_dir=data_dir)
   assert _accuracy(tmp_path / "out", "s2t")["questions"] == 24
 
 
 @pytest.mark.slow
-def test_an_edited_config_or_tokenizer_is_refused_and_accepted_on_purpose(setup, tmp_path):
+def test_an_edited_config_or_tokenizer_is_refused_and_accepted_on_purpose(tiny_sample, tmp_path):
   ckpt = str(tmp_path / "ckpt-100")
-  shutil.copytree(setup["ckpt"], ckpt)
+  shutil.copytree(tiny_sample["ckpt"], ckpt)
   path = os.path.join(ckpt, "model_config.json")
   original = open(path).read()
   config = json.loads(original)
   json.dump(dict(config, rope_theta=config["rope_theta"] * 2), open(path, "w"), indent=2)
   with pytest.raises(CheckpointError, match=r"model_config\.json differs from the config written with the checkpoint "
                                             r".* pass --accept_config_change"):
-    _run(setup, tmp_path / "refused", checkpoints=ckpt)
+    _run(tiny_sample, tmp_path / "refused", checkpoints=ckpt)
   assert not os.path.exists(tmp_path / "refused" / "metrics.json")
   assert checkpoint.load_config(ckpt, accept_changed_config=True).rope_theta == config["rope_theta"] * 2
   open(path, "w").write(original)
@@ -403,19 +394,19 @@ def test_an_edited_config_or_tokenizer_is_refused_and_accepted_on_purpose(setup,
 
 
 @pytest.mark.slow
-def test_a_non_finite_weight_is_an_error_naming_the_candidates_and_no_nan_reaches_a_file(setup, tmp_path):
+def test_a_non_finite_weight_is_an_error_naming_the_candidates_and_no_nan_reaches_a_file(tiny_sample, tmp_path):
   import numpy as np
 
-  config, params = checkpoint.load_config(setup["ckpt"]), checkpoint.load_params(setup["ckpt"])
+  config, params = checkpoint.load_config(tiny_sample["ckpt"]), checkpoint.load_params(tiny_sample["ckpt"])
   kernel = np.array(params["layers"]["mlp"]["up"]["kernel"])
   kernel[0, 0, 0] = np.nan  # the model itself is broken; its checksums are those of the broken bits
   params["layers"]["mlp"]["up"]["kernel"] = kernel
   broken = str(tmp_path / "ckpt-100")
-  checkpoint.save_params(broken, config, params, tokenizer_dir=os.path.join(setup["ckpt"], "tokenizer"))
+  checkpoint.save_params(broken, config, params, tokenizer_dir=os.path.join(tiny_sample["ckpt"], "tokenizer"))
   with pytest.raises(EvalError, match=r"sstorycloze/T→T: 48 of 48 candidates scored a non-finite NLL \(nan\), first: "
                                       r"question 0 candidate 0, question 0 candidate 1, question 2 candidate 0\. "
                                       r"The model computes NaN/Inf.*nothing was saved"):
-    _run(setup, tmp_path / "out", checkpoints=broken)
+    _run(tiny_sample, tmp_path / "out", checkpoints=broken)
   assert not os.path.exists(tmp_path / "out" / "metrics.json") and not list((tmp_path / "out").rglob("chunk-*.npz"))
 
 
@@ -566,16 +557,16 @@ def test_the_pre_flight_check_refuses_what_the_evaluator_refuses(small_vocab):
 
 
 @pytest.mark.slow
-def test_scores_files_are_held_to_their_chunks_and_damaged_ones_rewritten(setup, tmp_path, capfd):
+def test_scores_files_are_held_to_their_chunks_and_damaged_ones_rewritten(tiny_sample, tmp_path, capfd):
   out = tmp_path / "out"
-  _run(setup, out, modalities=("t2t",))
-  _run(setup, out, modalities=("s2t",))
+  _run(tiny_sample, out, modalities=("t2t",))
+  _run(tiny_sample, out, modalities=("s2t",))
   before = {name: open(out / "ckpt-100" / name, "rb").read() for name in os.listdir(out / "ckpt-100")}
   metrics = open(out / "metrics.json").read()
   scores = out / "ckpt-100" / "sstorycloze-s2t.scores.jsonl"
   lines = open(scores, "rb").read().splitlines(keepends=True)
   open(scores, "wb").writelines(lines[:-3])  # lost its last lines (and so a question's candidate)
-  _run(setup, out, modalities=("t2t",))  # another modality into the directory: the summaries are recomputed
+  _run(tiny_sample, out, modalities=("t2t",))  # another modality into the directory: the summaries are recomputed
   assert f"sstorycloze-s2t.scores.jsonl: damaged (45 of the 48 lines written): rewritten from its chunks" in (
     capfd.readouterr().err)
   assert open(out / "metrics.json").read() == metrics
@@ -584,14 +575,14 @@ def test_scores_files_are_held_to_their_chunks_and_damaged_ones_rewritten(setup,
   os.remove(out / "chunks" / "ckpt-100" / "sstorycloze-s2t" / "chunk-00001.npz")
   with pytest.raises(ValueError, match=r"sstorycloze-s2t\.scores\.jsonl is damaged \(missing\) and its chunks cannot "
                                        r"rebuild it \(chunk-00001\.npz is missing\): rerun that task and modality"):
-    _run(setup, out, modalities=("t2t",))
+    _run(tiny_sample, out, modalities=("t2t",))
 
 
 @pytest.mark.slow
-def test_zero_byte_or_truncated_chunks_and_identities_are_scored_again_to_identical_files(setup, tmp_path, capfd):
+def test_zero_byte_or_truncated_chunks_and_identities_are_scored_again_to_identical_files(tiny_sample, tmp_path, capfd):
   reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-  _run(setup, reference, modalities=("s2t",))
-  _run(setup, resumed, modalities=("s2t",), chunk_rows=1)
+  _run(tiny_sample, reference, modalities=("s2t",))
+  _run(tiny_sample, resumed, modalities=("s2t",), chunk_rows=1)
   assert "--chunk_rows=1 is below --batch_size=4: raised to 4" in capfd.readouterr().out
   chunks = resumed / "chunks" / "ckpt-100" / "sstorycloze-s2t"
   assert json.load(open(chunks / "identity.json"))["chunk_rows"] == 4
@@ -599,21 +590,17 @@ def test_zero_byte_or_truncated_chunks_and_identities_are_scored_again_to_identi
   data = open(chunks / "chunk-00001.npz", "rb").read()
   (chunks / "chunk-00001.npz").write_bytes(data[: len(data) // 2])
   os.remove(resumed / "metrics.json")
-  _run(setup, resumed, modalities=("s2t",))
+  _run(tiny_sample, resumed, modalities=("s2t",))
   err = capfd.readouterr().err
   assert "chunk-00000.npz is unreadable" in err and "chunk-00001.npz is unreadable" in err
   assert same_tree(str(reference), str(resumed)) == []
 
 
 @pytest.mark.slow
-def test_damaged_checkpoint_files_are_named_and_a_failed_overwrite_keeps_the_old_one(tmp_path, qwen_tokenizer_dir):
+def test_damaged_checkpoint_files_are_named_and_a_failed_overwrite_keeps_the_old_one(tmp_path, tiny_sample):
   import numpy as np
 
-  hf = save_hf(tiny_model("qwen2", vocab_size=151_680, hidden_size=32, intermediate_size=64, num_hidden_layers=1),
-               str(tmp_path / "hf"))
-  for name in os.listdir(qwen_tokenizer_dir):
-    shutil.copy(os.path.join(qwen_tokenizer_dir, name), hf)
-  convert(hf, str(tmp_path / "ckpt"))
+  shutil.copytree(tiny_sample["ckpt"], tmp_path / "ckpt")
   params = tmp_path / "ckpt" / "params"
   data_files = sorted(p for p in params.rglob("*") if p.is_file() and p.parent.name == "d")
 

@@ -16,25 +16,18 @@ import pytest
 
 from s2sjax.output_dir import LOCK_NAME
 from s2sjax.task_data import load_task_data
-from tasks.preparation import prepare
-from tests.eval_fixtures import same_tree, tiny_checkpoint
+from tests.eval_fixtures import same_tree
 from tests.interrupting import HANG_GUARD_S, interrupt_mid_step
 
 pytestmark = pytest.mark.slow  # builds a task of the sample and runs evaluations as subprocesses
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, qwen_tokenizer_dir):
-  root = tmp_path_factory.mktemp("interrupt")
-  ckpt = tiny_checkpoint(str(root), qwen_tokenizer_dir)
-  data_dir = str(root / "data")
-  for modality in ("t2t", "s2t"):
-    prepare("scmmlu", "demo", modality, 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
-  reference = str(root / "reference")  # an uninterrupted run's files
-  subprocess.run(_command({"ckpt": ckpt, "data_dir": data_dir}, reference), check=True, capture_output=True,
-                 timeout=HANG_GUARD_S)
-  rows = {m: load_task_data(data_dir, "scmmlu", m, "demo", 1024).num_rows for m in ("t2t", "s2t")}
-  return {"ckpt": ckpt, "data_dir": data_dir, "reference": reference, "rows": rows}
+def setup(tmp_path_factory, tiny_sample):
+  reference = str(tmp_path_factory.mktemp("interrupt") / "reference")  # an uninterrupted run's files
+  subprocess.run(_command(tiny_sample, reference), check=True, capture_output=True, timeout=HANG_GUARD_S)
+  rows = {m: load_task_data(tiny_sample["data_dir"], "scmmlu", m, "demo", 1024).num_rows for m in ("t2t", "s2t")}
+  return {**tiny_sample, "reference": reference, "rows": rows}
 
 
 def _command(setup, out):

@@ -20,7 +20,7 @@ from s2sjax import checkpoint, checksums, logprobs, own_forward, sharding
 from s2sjax.model import decoder
 from s2sjax.stacks import maxtext, maxtext_config
 from s2sjax.stacks.maxtext_config import MaxTextConfigError, RunConfig
-from tests.stack_fixtures import (CONFIGS, KINDS, LENGTHS, MAXTEXT, bytes_sample, folder, needs_maxtext_oracle,
+from tests.stack_fixtures import (CONFIGS, KINDS, LENGTHS, MAXTEXT, folder, needs_maxtext_oracle,
                                   run_config)
 
 pytestmark = needs_maxtext_oracle
@@ -222,23 +222,18 @@ def test_a_tied_head_is_the_embedding_in_bfloat16():
   np.testing.assert_array_equal(np.asarray(params["embed"]["embedding"]), table)
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-  return bytes_sample(str(tmp_path_factory.mktemp("maxtext_sample")))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
-def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(sample, tmp_path, name):
+def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(bytes_sample, tmp_path, name):
   """Both checkpoints of a run (full state and params-only) on every modality of the sample, through the command
   line with the run config alone (its tokenizer_path naming the tokenizer, as MaxText's key does); every
   candidate's summed NLL is the decoder's log-probs on prefix + candidate, which match MaxText's forward above."""
-  config = f"{run_config(name)} tokenizer_type=huggingface tokenizer_path={sample['tokenizer']}"
+  config = f"{run_config(name)} tokenizer_type=huggingface tokenizer_path={bytes_sample['tokenizer']}"
   out = tmp_path / "out"
   checkpoints = f"{folder(name, 'training state')},{folder(name, 'params only')}"
   done = subprocess.run([sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", "--modality=all",
-                         f"--spec={sample['spec']}", f"--data_dir={sample['data_dir']}", f"--checkpoint={checkpoints}",
-                         f"--maxtext_config={config}", f"--output_dir={out}"], cwd=ROOT, capture_output=True, text=True)
+                         f"--spec={bytes_sample['spec']}", f"--data_dir={bytes_sample['data_dir']}",
+                         f"--checkpoint={checkpoints}", f"--maxtext_config={config}", f"--output_dir={out}"], cwd=ROOT, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-3000:]
   runs = {run["name"]: run for run in json.loads((out / "metrics.json").read_text())["runs"]}
   assert sorted(runs) == ["1", "params_only"]
@@ -251,7 +246,7 @@ def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(sample, tmp_pat
     model_config = checkpoint.load_config(folder(name, "params only"))
   from s2sjax.task_data import load_task_data
   for modality in ("t2t", "s2t"):
-    td = load_task_data(sample["data_dir"], "sstorycloze", modality, sample["spec"], None)
+    td = load_task_data(bytes_sample["data_dir"], "sstorycloze", modality, bytes_sample["spec"], None)
     lines = [json.loads(line) for line in (out / "1" / f"sstorycloze-{modality}.scores.jsonl").read_text().splitlines()]
     scored = {(line["question"], line["candidate"]): line["nll_sum"] for line in lines}
     where = {tuple(pair): (td.questions.ids[q], c) for q, pairs in enumerate(td.questions.slots)
@@ -269,11 +264,11 @@ def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(sample, tmp_pat
       assert found == pytest.approx(nll, abs=TOLERANCE * len(candidate))
 
 
-def test_the_pre_flight_reads_a_maxtext_folder(sample):
-  config = f"{run_config('llama3.1_noscan')} tokenizer_path={sample['tokenizer']}"
-  done = subprocess.run([sys.executable, "-m", "s2sjax.check", f"--spec={sample['spec']}", f"--maxtext_config={config}",
-                         f"--checkpoint={folder('llama3.1_noscan', 'params only')}"], cwd=ROOT, capture_output=True,
-                        text=True)
+def test_the_pre_flight_reads_a_maxtext_folder(bytes_sample):
+  config = f"{run_config('llama3.1_noscan')} tokenizer_path={bytes_sample['tokenizer']}"
+  done = subprocess.run([sys.executable, "-m", "s2sjax.check", f"--spec={bytes_sample['spec']}",
+                         f"--maxtext_config={config}", f"--checkpoint={folder('llama3.1_noscan', 'params only')}"],
+                        cwd=ROOT, capture_output=True, text=True)
   assert done.returncode == 0, done.stdout + done.stderr[-2000:]
   assert "256 tokens, embedding 256 rows" in done.stdout and "all checks passed" in done.stdout
 

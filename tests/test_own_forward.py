@@ -15,7 +15,6 @@ from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.own_forward import OwnForward, decoder_forward, unshared_rows
 from s2sjax.task_data import load_task_data
-from tests.stack_fixtures import bytes_sample
 
 MODALITIES = ("t2t", "s2t", "t2s", "s2s")
 CONFIG = ModelConfig(family="llama", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -24,9 +23,8 @@ CONFIG = ModelConfig(family="llama", vocab_size=256, hidden_size=32, intermediat
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-  sample = bytes_sample(str(tmp_path_factory.mktemp("own_forward_sample")), modalities=MODALITIES)
-  return [load_task_data(sample["data_dir"], "sstorycloze", m, sample["spec"], None) for m in MODALITIES]
+def data(bytes_sample):
+  return [load_task_data(bytes_sample["data_dir"], "sstorycloze", m, bytes_sample["spec"], None) for m in MODALITIES]
 
 
 def test_every_candidate_is_laid_in_a_segment_of_its_own_behind_its_own_prefix(data):

@@ -35,7 +35,6 @@ from tasks.audio.base import AudioError, dedup
 from tasks.preparation import prepare
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR
-from tests.eval_fixtures import tiny_checkpoint
 from tests.hf_models import save_hf, tiny_model
 
 UNITS = 11  # past the Qwen2.5 tokenizer's 151,669 tokens: ids 151669..151679 of the tiny 151,680-row model
@@ -85,15 +84,15 @@ def _spec(path: str, **fields) -> str:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, qwen_tokenizer_dir):
+def setup(tmp_path_factory, qwen_tokenizer_dir, tiny_sample):
   root = tmp_path_factory.mktemp("speech_candidates")
   release = _release(str(root / "release"))
-  interleaved = tiny_checkpoint(str(root / "interleaved"), qwen_tokenizer_dir)  # 151,680 rows: text + 15 units
   unit_lm = tiny_model("qwen2", vocab_size=502)
   convert(save_hf(unit_lm, str(root / "unit_lm_hf")), str(root / "unit_lm"))
   return {
     "root": root, "release": release, "qwen": qwen_tokenizer_dir,
-    "interleaved": (interleaved, str(root / "interleaved" / "hf")), "unit_lm": (str(root / "unit_lm"), unit_lm),
+    "interleaved": (tiny_sample["ckpt"], tiny_sample["hf"]),  # 151,680 rows: text + 15 units
+    "unit_lm": (str(root / "unit_lm"), unit_lm),
     "interleaved_spec": _spec(str(root / "interleaved.yaml"), name="units_past_text", codebook_sizes=[UNITS],
                               unit_offset=QWEN_TOKENS, start_token="<|vision_start|>", end_token="<|vision_end|>"),
     "unit_lm_spec": _spec(str(root / "unit_lm.yaml"), name="unit_lm", codebook_sizes=[500], unit_offset=2,

@@ -19,7 +19,7 @@ from s2sjax.model.config import ModelConfig
 from s2sjax.stacks import levanter, maxtext, maxtext_config
 from s2sjax.stacks.levanter_hook import s2sbench_hook
 from s2sjax.task_data import load_task_data
-from tests.stack_fixtures import bytes_sample, folder, needs_maxtext_oracle, run_config
+from tests.stack_fixtures import folder, needs_maxtext_oracle, run_config
 
 CONFIG = ModelConfig(family="llama", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8, rope_theta=10000.0, rotary_dim=8, rope_interleaved=False,
@@ -28,9 +28,8 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 48)), jnp.int
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-  sample = bytes_sample(str(tmp_path_factory.mktemp("loop_sample")), modalities=("t2t",))
-  return [load_task_data(sample["data_dir"], "sstorycloze", "t2t", sample["spec"], None)]
+def data(bytes_sample):
+  return [load_task_data(bytes_sample["data_dir"], "sstorycloze", "t2t", bytes_sample["spec"], None)]
 
 
 def language_model_loss(config: ModelConfig, params) -> jax.Array:

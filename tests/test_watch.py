@@ -18,7 +18,7 @@ from s2sjax import sharding
 from s2sjax.commands import eval as eval_command
 from s2sjax.commands.watch import STATE, committed_steps, watch
 from s2sjax.stacks import maxtext, maxtext_config
-from tests.stack_fixtures import MAXTEXT, bytes_sample, folder, needs_maxtext_oracle, run_config
+from tests.stack_fixtures import MAXTEXT, folder, needs_maxtext_oracle, run_config
 
 pytestmark = [needs_maxtext_oracle, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,8 +36,7 @@ def later_step(run_dir, step: int) -> str:
   return path
 
 
-def test_steps_are_scored_as_orbax_commits_them_and_a_restart_goes_on(tmp_path):
-  sample = bytes_sample(str(tmp_path / "sample"), modalities=("t2t",))
+def test_steps_are_scored_as_orbax_commits_them_and_a_restart_goes_on(tmp_path, bytes_sample):
   run_dir = tmp_path / "run"
   shutil.copytree(MAXTEXT / "llama3.1_scan" / "run" / "checkpoints" / "1", run_dir / "checkpoints" / "1")
   second = later_step(str(run_dir), 2)
@@ -48,18 +47,18 @@ def test_steps_are_scored_as_orbax_commits_them_and_a_restart_goes_on(tmp_path):
   assert [p.name for p in ready] == ["1"] and pending == ["2", "3.orbax-checkpoint-tmp"]
   out = tmp_path / "out"
   config = run_config("llama3.1_scan")
-  flags = [f"--run_dir={run_dir}", "--task=sstorycloze", "--modality=t2t", f"--spec={sample['spec']}",
-           f"--data_dir={sample['data_dir']}", f"--output_dir={out}", f"--tokenizer_dir={sample['tokenizer']}",
-           f"--maxtext_config={config}", "--once"]
+  flags = [f"--run_dir={run_dir}", "--task=sstorycloze", "--modality=t2t", f"--spec={bytes_sample['spec']}",
+           f"--data_dir={bytes_sample['data_dir']}", f"--output_dir={out}",
+           f"--tokenizer_dir={bytes_sample['tokenizer']}", f"--maxtext_config={config}", "--once"]
   done = subprocess.run([sys.executable, "-m", "s2sjax.watch", *flags], cwd=ROOT, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "waiting for orbax to commit 2, 3.orbax-checkpoint-tmp" in done.stdout
   assert [run["step"] for run in json.loads((out / "metrics.json").read_text())["runs"]] == [1]
 
   os.rename(marker + ".held", marker)  # orbax committed step 2
-  cfg = eval_command.EvalConfig(tasks=("sstorycloze",), modalities=("t2t",), spec=sample["spec"],
-                                data_dir=sample["data_dir"], output_dir=str(out), tokenizer_dir=sample["tokenizer"],
-                                tensorboard=True)
+  cfg = eval_command.EvalConfig(tasks=("sstorycloze",), modalities=("t2t",), spec=bytes_sample["spec"],
+                                data_dir=bytes_sample["data_dir"], output_dir=str(out),
+                                tokenizer_dir=bytes_sample["tokenizer"], tensorboard=True)
   with maxtext_config.given(config):
     assert watch(cfg, str(run_dir), once=True) == [2]  # step 1 is not scored again
     assert watch(cfg, str(run_dir), poll_seconds=0, stop_after_step=2) == []
