@@ -21,7 +21,7 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion import safetensors_io
-from s2sjax import cli
+from s2sjax.runtime import cli
 
 FLAGS = flags.FLAGS
 

@@ -3,7 +3,7 @@ r"""Converts a PyTorch / GGUF checkpoint into an s2sjax (orbax) checkpoint.
   python -m checkpoints_conversion.convert --source=DIR_OR_GGUF --output=DIR \
       [--family=auto|FAMILY|LAYOUT] [--dtype=float32|bfloat16] [--trust_remote_code] [--verify]
 
-The source's config.json `model_type` picks the family layout that reads it (`s2sjax.families`). `--family`
+The source's config.json `model_type` picks the family layout that reads it (`s2sjax.scoring.families`). `--family`
 only checks that choice: `auto` takes any; a family name (qwen2, llama, glm4) any of that family's layouts; a
 vendor layout name (baichuan_audio, chatglm) that layout only. The values are the registry's, so a family
 registered through $S2SJAX_PLUGINS is accepted too.
@@ -13,12 +13,12 @@ read, transformed and written one leaf at a time. Modules a layout knows scoring
 audio tokenizer, vision towers) are left out without flags, listed in the manifest and named in the report the
 command prints, with what each is and where a user gets it instead (`report`).
 
-An architecture of its own (s2sjax/architectures) with a converter hook reads its releases itself: `--family=NAME`
+An architecture of its own (s2sjax/scoring/architectures) with a converter hook reads its releases itself: `--family=NAME`
 names it (its registration says which module converts them). A release whose config.json `architectures` names a
 modeling class an architecture lists (its `release_classes`) goes to that architecture's converter with no flags,
 whatever family its model_type names (Kimi-Audio's says qwen2).
 
-A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/stacks/maxtext.py) is read
+A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/scoring/stacks/maxtext.py) is read
 as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
 config.yml beside the run); the manifest records the run config and the checksum of every MaxText leaf read, and
 the tokenizer is the run's `tokenizer_path` when that is a folder here.
@@ -49,14 +49,16 @@ from absl import flags, logging
 
 from checkpoints_conversion import verify
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax import architectures, checkpoint, cli, families, text_tokenizer
-from s2sjax.errors import UserError
-from s2sjax.families.keymap import Rule, check_rules
-from s2sjax.model.config import ModelConfig
-from s2sjax.model.decoder import abstract_params
-from s2sjax.progress import Progress
-from s2sjax.registry import load_object
-from s2sjax.stacks import maxtext, maxtext_config
+from s2sjax.scoring import architectures, checkpoint, families
+from s2sjax.runtime import cli
+from s2sjax.data import text_tokenizer
+from s2sjax.runtime.errors import UserError
+from s2sjax.scoring.families.keymap import Rule, check_rules
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.scoring.model.decoder import abstract_params
+from s2sjax.runtime.progress import Progress
+from s2sjax.runtime.registry import load_object
+from s2sjax.scoring.stacks import maxtext, maxtext_config
 
 TOKENIZER_FILES = (
   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -80,7 +82,7 @@ class Plan:
   skipped_modules: dict[str, int]  # the layout's skipped prefixes found in the source: how many keys each
 
 
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.runtime.cli turns into cli.Interrupted
 
 
 def converted_architectures() -> tuple[str, ...]:
@@ -157,7 +159,7 @@ def interrupts_between_leaves():
   for (write_checkpoint then removes its staging folder), or as InterruptedAfterWriting once the checkpoint is in
   place. A signal that stopped the main thread inside an orbax save would leave that save going on in orbax's
   threads, into the staging folder being removed (found half rewritten afterwards, with their tracebacks). Yields
-  the wrapper of the leaf iterators. A second signal ends the process at once, as s2sjax.cli's does."""
+  the wrapper of the leaf iterators. A second signal ends the process at once, as s2sjax.runtime.cli's does."""
   if threading.current_thread() is not threading.main_thread():  # only the main thread receives signals
     yield lambda leaves: leaves
     return

@@ -1,5 +1,5 @@
 """Kimi-Audio releases (moonshotai/Kimi-Audio-7B, -7B-Instruct) -> s2sjax checkpoints: the converter hook of
-Kimi-Audio's architecture (s2sjax/architectures/kimi_audio.py registers it), which `checkpoints_conversion.convert`
+Kimi-Audio's architecture (s2sjax/scoring/architectures/kimi_audio.py registers it), which `checkpoints_conversion.convert`
 calls for a folder whose config.json names `MoonshotKimiaForCausalLM`, with no flags.
 
 A release folder as shipped: `config.json` as `KimiAudioConfig.save_pretrained` writes it (MoonshotAI/Kimi-Audio
@@ -19,11 +19,11 @@ import numpy as np
 
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
-from s2sjax import checkpoint
-from s2sjax.architectures import kimi_audio
-from s2sjax.families import keymap
-from s2sjax.model.config import ConfigError
-from s2sjax.model.kimi_audio import KimiAudioConfig, abstract_params
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.architectures import kimi_audio
+from s2sjax.scoring.families import keymap
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring.model.kimi_audio import KimiAudioConfig, abstract_params
 
 
 def plan(source: TensorSource) -> tuple[KimiAudioConfig, list[keymap.Rule]]:

@@ -1,9 +1,9 @@
 """Moshi releases (Kyutai's PyTorch `LMModel` folders) -> s2sjax checkpoints, and `--verify` against upstream's own
-model: the converter and verifier hooks of Moshi's architecture (s2sjax/architectures/moshi.py registers them), called by
+model: the converter and verifier hooks of Moshi's architecture (s2sjax/scoring/architectures/moshi.py registers them), called by
 `checkpoints_conversion.convert --family=moshi` and its `--verify`.
 
 A release is read in its fused attention keys or today's `LMModel.state_dict()` names, LoRA factors merged into the
-weights they adapt (`s2sjax.architectures.moshi.LMStateDict`); every key and shape is checked before any tensor is read.
+weights they adapt (`s2sjax.scoring.architectures.moshi.LMStateDict`); every key and shape is checked before any tensor is read.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from absl import logging
 
 from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
-from s2sjax import checkpoint
-from s2sjax.architectures import moshi as moshi_family
-from s2sjax.model.moshi import stream_log_probs
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.architectures import moshi as moshi_family
+from s2sjax.scoring.model.moshi import stream_log_probs
 
 
 def _release_files(source_path: str, source_config: dict) -> list[str]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from absl import flags
 
 from checkpoints_conversion.export_hf import hf_config
-from s2sjax import cli, plan
+from s2sjax.runtime import cli
+from s2sjax.scoring import planner
 
 
 def write(shape: str, output: str, seed: int = 0) -> str:
@@ -22,7 +23,7 @@ def write(shape: str, output: str, seed: int = 0) -> str:
   import torch
   import transformers
 
-  shapes = plan.named_models()
+  shapes = planner.named_models()
   if shape not in shapes:
     raise ValueError(f"unknown shape {shape!r}; known: {sorted(shapes)}")
   fields = hf_config(shapes[shape], None, "float32")
@@ -37,7 +38,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum("shape", "qwen2.5-0.5b", sorted(plan.named_models()), "Published architecture (s2sjax.plan's shapes).")
+  flags.DEFINE_enum("shape", "qwen2.5-0.5b", sorted(planner.named_models()), "Published architecture (s2sjax.plan's shapes).")
   flags.DEFINE_string("output", None, "Hugging Face directory to write.")
   flags.DEFINE_integer("seed", 0, "torch seed of the initialisation.")
   flags.mark_flag_as_required("output")

@@ -15,7 +15,7 @@ from typing import Mapping
 import ml_dtypes
 import numpy as np
 
-from s2sjax.errors import UserError
+from s2sjax.runtime.errors import UserError
 
 DTYPES = {
   "F64": np.dtype(np.float64),

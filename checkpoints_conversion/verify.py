@@ -1,6 +1,6 @@
 """`--verify`: the converted model against the PyTorch (transformers) model on the same tokens, for source layouts
-whose family declares them `verifiable` (s2sjax.families); a checkpoint of an architecture of its own by that
-architecture's verifier hook (s2sjax/architectures)."""
+whose family declares them `verifiable` (s2sjax.scoring.families); a checkpoint of an architecture of its own by that
+architecture's verifier hook (s2sjax/scoring/architectures)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 
-from s2sjax import architectures, checkpoint, families
-from s2sjax.errors import UserError
-from s2sjax.model.decoder import sequence_log_probs
-from s2sjax.registry import load_object
+from s2sjax.scoring import architectures, checkpoint, families
+from s2sjax.runtime.errors import UserError
+from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.runtime.registry import load_object
 
 
 class VerifyError(UserError, ValueError):

@@ -30,8 +30,8 @@ from typing import Callable, Sequence
 
 from absl import flags
 
-from s2sjax import cli
-from s2sjax.errors import UserError
+from s2sjax.runtime import cli
+from s2sjax.runtime.errors import UserError
 
 ACTIONS = ("create", "install", "run", "fetch", "delete", "all")
 REMOTE_DIR = "s2sjax"  # relative to the worker's home, where ssh and scp start: a quoted "~" would not expand

@@ -14,7 +14,7 @@ import json
 
 from absl import flags
 
-from s2sjax import cli
+from s2sjax.runtime import cli
 
 from tasks import importer
 

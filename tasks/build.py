@@ -2,7 +2,7 @@
 its spec's audio mode (tasks/encoders.py, where the tokenization rule lives), its candidates grouped under
 identical prefixes, bad questions raised or left out, the items packed.
 
-A spec of stream rows (s2sjax/rows.py) is packed by `pack_streams`, which applies the spec's delays, and each
+A spec of stream rows (s2sjax/data/rows.py) is packed by `pack_streams`, which applies the spec's delays, and each
 scored token carries its stream's weight (`StreamEncoder.pack`).
 """
 
@@ -15,10 +15,10 @@ import time
 import numpy as np
 from absl import logging
 
-from s2sjax.errors import UserError
-from s2sjax.packing import Item, PackingError, PackReport, RowShape, auto_row_length
-from s2sjax.progress import Progress
-from s2sjax.questions import QuestionTable
+from s2sjax.runtime.errors import UserError
+from s2sjax.data.packing import Item, PackingError, PackReport, RowShape, auto_row_length
+from s2sjax.runtime.progress import Progress
+from s2sjax.data.questions import QuestionTable
 from tasks.audio.base import AudioError, resamplings
 from tasks.encoders import QuestionEncoder
 from tasks.release import Problems, Question
@@ -77,7 +77,7 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
                 skip_bad: bool, overlong: str = "error", progress: str | None = None
                 ) -> tuple[list[Item], QuestionTable, BuildStats]:
   """Items (candidates grouped under identical prefixes) and the question table. A question whose audio is
-  missing or unreadable, or that the packer cannot fit (by s2sjax/packing.py's rules: too long with
+  missing or unreadable, or that the packer cannot fit (by s2sjax/data/packing.py's rules: too long with
   overlong="error", a row's targets exceeded, a candidate too long even with the prefix truncated, an empty
   candidate), raises naming it, or with `skip_bad` is left out and listed. With overlong="truncate_prefix" the
   packer drops prefix tokens instead, and counts them. `progress` names a progress bar of the questions laid (no

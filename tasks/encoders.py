@@ -8,7 +8,7 @@ special tokens. So the scored tokens are exactly the candidate's tokens, and no 
 The prefix is tokenized with the tokenizer's special tokens (a BOS where the model uses one).
 
 `QuestionEncoder(spec, modality, ...)` builds the encoder the spec's input format names for the modality
-(s2sjax/formats, `encoder_class`); the built-in formats name these:
+(s2sjax/data/formats, `encoder_class`); the built-in formats name these:
   TextEncoder      text on both sides (t2t) in token rows, whatever the spec's audio mode
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
@@ -25,16 +25,17 @@ import os
 
 import numpy as np
 
-from s2sjax import architectures, modalities
-from s2sjax.builds import PROTOCOLS, VariantError
-from s2sjax.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
-                                    weigh_streams)
-from s2sjax.modalities import SPEECH, TEXT
-from s2sjax.packing import Item, PackingError, RowShape, check_item, pack
-from s2sjax.progress import Progress
-from s2sjax.registry import load_object
-from s2sjax.rows import TOKEN_ROWS
-from s2sjax.spec import AudioIds, Spec, SpecError, resolve_audio_ids
+from s2sjax.scoring import architectures
+from s2sjax.data import modalities
+from s2sjax.data.builds import PROTOCOLS, VariantError
+from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
+  weigh_streams)
+from s2sjax.data.modalities import SPEECH, TEXT
+from s2sjax.data.packing import Item, PackingError, RowShape, check_item, pack
+from s2sjax.runtime.progress import Progress
+from s2sjax.runtime.registry import load_object
+from s2sjax.data.rows import TOKEN_ROWS
+from s2sjax.data.spec import AudioIds, Spec, SpecError, resolve_audio_ids
 from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, load_audio
 from tasks.audio.precomputed import CANDIDATES
 from tasks.release import Question
@@ -46,7 +47,7 @@ TOKENIZE_CHUNK = 512
 
 class QuestionEncoder(abc.ABC):
   """Turns a question's prefix and candidates into ids (and, for codebook tables, codes) for one spec, modality
-  and protocol, by the templates of s2sjax/spec.py.
+  and protocol, by the templates of s2sjax/data/spec.py.
 
   `s2sbench`: prefix + candidate, the candidate's own tokens scored. `utterance` (S->S only): SlamKit's modelling
   metric (slamkit/metric/modelling_metric.py, slamkit/model/unit_lm.py): the whole spoken story, the prefix's audio
@@ -278,7 +279,7 @@ class TextEncoder(QuestionEncoder):
 
 
 class AudioTokenEncoder(QuestionEncoder):
-  """Audio in token rows, between the spec's start and end tokens (s2sjax/spec.py's templates); a subclass says
+  """Audio in token rows, between the spec's start and end tokens (s2sjax/data/spec.py's templates); a subclass says
   how a recording's codes take token positions (`_lay`). A text candidate follows the audio, so takes no
   separator."""
 
@@ -463,7 +464,7 @@ def _targets_every(rows: dict[str, np.ndarray], every: int) -> dict[str, np.ndar
 
 
 def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
-  """Which encoder lays `modality` for `spec`: the one its input format names (s2sjax/formats). A text-only spec
+  """Which encoder lays `modality` for `spec`: the one its input format names (s2sjax/data/formats). A text-only spec
   asked for audio gets the text encoder, which refuses it by name (`Spec.check_modality`)."""
   return load_object(spec.input_format.encoder_for(modalities.get(modality)))
 

@@ -39,9 +39,10 @@ import signal
 import numpy as np
 from absl import flags
 
-from s2sjax import benchmarks, cli
-from s2sjax.errors import MissingFileError, UserError
-from s2sjax.progress import Progress
+from s2sjax.data import task_registry
+from s2sjax.runtime import cli
+from s2sjax.runtime.errors import MissingFileError, UserError
+from s2sjax.runtime.progress import Progress
 from tasks.release import OPTIONS, spoken_candidates
 from tasks.speech import speak
 
@@ -50,7 +51,7 @@ BLANKS = ("（）", "（ ）", "()", "( )", "____", "___", "__")
 # Questions about "the following" options read as no statement once the options are split off.
 REFERS_TO_OPTIONS = ("下列", "以下", "哪")
 SPEECH_CACHE = "speech_cache"
-SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.cli turns into cli.Interrupted in the importer
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.runtime.cli turns into cli.Interrupted in the importer
 
 
 class SourceFileError(UserError, ValueError):
@@ -269,7 +270,7 @@ def write_task(output: str, task: str, lines: list[dict], speech: bool, workers:
   """Writes one task's jsonl and wavs: the spoken prefixes and the spoken candidates (tasks/release.py's layout);
   lines sharing a text share one clip. Without speech, wavs already in the output are relinked to the cached clips
   of the new texts, and removed where there is none."""
-  record = benchmarks.get(task)
+  record = task_registry.get(task)
   jsonl = os.path.join(output, record.release_jsonl)
   folders = {  # audio folder -> {wav name: text}
     os.path.join(output, record.release_audio_dir): {str(line["uttid"]): line["first"] for line in lines},

@@ -1,5 +1,5 @@
 """S2SBench's questions in Kimi-Audio's own message layout (the `kimi_audio` input format,
-s2sjax/formats/kimi_audio.py): the user's turn holds the prefix, the assistant's text reply is the scored candidate
+s2sjax/data/formats/kimi_audio.py): the user's turn holds the prefix, the assistant's text reply is the scored candidate
 (tasks/kimi_prompt.py lays the ids as upstream's prompt manager does).
 
   S->T  a text message of S2SBench's instruction (the spec's `speech_instruction`; none when it is empty), then the
@@ -17,11 +17,11 @@ import dataclasses
 
 import numpy as np
 
-from s2sjax import packing
-from s2sjax.builds import VariantError
-from s2sjax.formats.kimi_audio import ROWS
-from s2sjax.modalities import SPEECH
-from s2sjax.spec import SpecError, resolve_audio_ids
+from s2sjax.data import packing
+from s2sjax.data.builds import VariantError
+from s2sjax.data.formats.kimi_audio import ROWS
+from s2sjax.data.modalities import SPEECH
+from s2sjax.data.spec import SpecError, resolve_audio_ids
 from tasks.encoders import QuestionEncoder
 from tasks.kimi_prompt import (TOKEN_NAMES, KimiSpecialIds, KimiStreams, Message, lay_features, lay_prompt,
                                lay_text_continuation)

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from s2sjax.errors import UserError
+from s2sjax.runtime.errors import UserError
 
 
 class KimiPromptError(UserError, ValueError):

@@ -15,11 +15,12 @@ import shutil
 
 import tensorflow_datasets as tfds
 
-from s2sjax import cache, text_tokenizer
-from s2sjax.builds import BuildMetadata, DataSelector, Variants
-from s2sjax.errors import UserError
-from s2sjax.output_dir import LOCK_NAME, waiting_lock
-from s2sjax.staging import owner_tag, remove_dead, swap_into_place
+from s2sjax.runtime import cache
+from s2sjax.data import text_tokenizer
+from s2sjax.data.builds import BuildMetadata, DataSelector, Variants
+from s2sjax.runtime.errors import UserError
+from s2sjax.runtime.output_dir import LOCK_NAME, waiting_lock
+from s2sjax.runtime.staging import owner_tag, remove_dead, swap_into_place
 from tasks.tfds_builder import builder_class, make_config, resolve_manual_dir, resolve_tokenizer_dir
 
 INPUT_NAMES = {"release": "the release files", "spec": "the spec", "text_tokenizer": "the text tokenizer",
@@ -97,7 +98,7 @@ def built_metadata(builder) -> BuildMetadata:
   return BuildMetadata.from_json(dict(builder.info.metadata), where=f"{builder.data_dir}/metadata.json")
 
 
-REBUILD_PREFIX = ".rebuild-"  # a hidden data dir of the data dir, `.rebuild-<owner tag>` (s2sjax/staging.py)
+REBUILD_PREFIX = ".rebuild-"  # a hidden data dir of the data dir, `.rebuild-<owner tag>` (s2sjax/runtime/staging.py)
 
 
 def _rebuild_beside(old, task: str, config, data_dir: str, manual_dir: str, builder_kwargs: dict) -> BuildMetadata:

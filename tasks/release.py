@@ -1,6 +1,6 @@
 """Reads a release (as users download it) into benchmark questions, checking everything.
 
-Where each task's files are and which layout they hold is its record in `s2sjax.benchmarks` (its
+Where each task's files are and which layout they hold is its record in `s2sjax.data.task_registry` (its
 `release_format`, a registered `ReleaseFormat` whose reader is one of the functions here, or a plugin's);
 S2SBench's own:
 
@@ -32,9 +32,9 @@ import json
 import os
 import unicodedata
 
-from s2sjax import benchmarks, modalities
-from s2sjax.errors import UserError
-from s2sjax.registry import load_object
+from s2sjax.data import task_registry, modalities
+from s2sjax.runtime.errors import UserError
+from s2sjax.runtime.registry import load_object
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -104,7 +104,7 @@ class ReleasePaths:
   root (`inside`) or is refused."""
 
   root: str
-  record: benchmarks.Benchmark
+  record: task_registry.Task
 
   def inside(self, relative: str, where: str | None = None) -> str:
     """`root/relative`, refused (OutsideReleaseError, naming `where`, e.g. a line) when it resolves outside the
@@ -141,7 +141,7 @@ class ReleasePaths:
 
 def release_paths(task: str, release_dir: str) -> ReleasePaths:
   try:
-    record = benchmarks.get(task)
+    record = task_registry.get(task)
   except KeyError as e:
     raise ReleaseError(e.args[0]) from None
   return ReleasePaths(release_dir, record)
@@ -160,7 +160,7 @@ def candidate_audio_dir(task: str, release_dir: str) -> str:
 def spoken_candidates(task: str, line: dict) -> dict[str, str]:
   """{wav name without .wav: text} of a release line's spoken candidates, named as its format's reader looks for
   them (none for a format without written lines)."""
-  names = benchmarks.get(task).release.spoken_names
+  names = task_registry.get(task).release.spoken_names
   return load_object(names)(line) if names else {}
 
 
@@ -280,7 +280,7 @@ def _question(collect: Problems, records: list[dict], key: str, make) -> Questio
     return None
 
 
-def read_story_pairs(record: benchmarks.Benchmark, paths: ReleasePaths, collect: Problems) -> list[Question]:
+def read_story_pairs(record: task_registry.Task, paths: ReleasePaths, collect: Problems) -> list[Question]:
   """Lines 2k (right ending) and 2k+1 (wrong ending) of the same story make one question."""
   jsonl = paths.index
   story = lambda line: f"story {line['key'] // 2}"
@@ -321,7 +321,7 @@ def read_story_pairs(record: benchmarks.Benchmark, paths: ReleasePaths, collect:
   return questions
 
 
-def read_multiple_choice(record: benchmarks.Benchmark, paths: ReleasePaths, collect: Problems) -> list[Question]:
+def read_multiple_choice(record: task_registry.Task, paths: ReleasePaths, collect: Problems) -> list[Question]:
   """One line per question: a prefix, options A-D and the answer's letter."""
   questions = []
   for r in _read_lines(paths.index, ("uttid", "first") + OPTIONS + ("answer",), collect, lambda line: line["uttid"]):
@@ -354,7 +354,7 @@ def _spoken_number(name: str, where: str) -> int:
 def check_asked(task: str, modality: str, protocol: str) -> None:
   """A release is asked only what its format's questions hold: a folder of whole spoken stories (spoken_pairs) has
   no text and no prefix recording, so it is asked S->S under the utterance protocol only, as SlamKit scores it."""
-  release = benchmarks.get(task).release
+  release = task_registry.get(task).release
   name = modalities.get(modality).name
   if name not in release.modalities or (release.protocols is not None and protocol not in release.protocols):
     how = f"--modality={','.join(release.modalities)}" + (
@@ -362,7 +362,7 @@ def check_asked(task: str, modality: str, protocol: str) -> None:
     raise ReleaseError(f"{task} holds {release.summary}: build it with {how} (asked: {modality}, protocol {protocol})")
 
 
-def read_spoken_pairs(record: benchmarks.Benchmark, paths: ReleasePaths, collect: Problems) -> list[Question]:
+def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: Problems) -> list[Question]:
   """The official spoken StoryCloze (slp-rl/SpokenStoryCloze) as SlamKit's ModellingMetricDataset reads it
   (slamkit/metric/modelling_metric.py): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, sorted by
   the number n; question i is recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each

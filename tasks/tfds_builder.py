@@ -1,14 +1,14 @@
 """The TFDS builder every task shares: pre-tokenized, packed rows written as array_record.
 
-Each task's builder class is made from its record in `s2sjax.benchmarks` (`builder_class`: what the task is,
+Each task's builder class is made from its record in `s2sjax.data.task_registry` (`builder_class`: what the task is,
 release files and format, language, all come from the record), so a task is one registration; TFDS names its
 folder after the task. One BuilderConfig per spec x modality x row length x variant (`demo-s2t-1024`, ...; names
-from `s2sjax.builds.DataSelector`), each holding its resolved `BuildPlan`. The split `test` holds the packed rows
+from `s2sjax.data.builds.DataSelector`), each holding its resolved `BuildPlan`. The split `test` holds the packed rows
 (the fields of the spec's input format, each in its dtype, plus a `row` index); `metadata.json` holds the question table
 (which slots make each question, which candidate is right), counts, packing efficiency, truncations and skips,
 the text tokenizer's identity and the audio tokenizer's fingerprint, what the build is (`build`: task, modality,
 spec, row length, variants) and checksums of its rows and question table (`integrity`), which the evaluator holds
-the folder to (s2sjax/task_data.py). Neither building nor reading needs TensorFlow.
+the folder to (s2sjax/data/task_data.py). Neither building nor reading needs TensorFlow.
 
 Inputs: the S2SBench release under TFDS's manual_dir (default: the bundled sample; a manual_dir that does not
 exist is an error), the text tokenizer (`tokenizer_dir`, default `<manual_dir>/tokenizer`; `tasks.prepare` gives
@@ -29,14 +29,14 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from s2sjax import benchmarks, modalities, text_tokenizer
-from s2sjax.builds import BuildMetadata, BuildPlan, DataSelector
-from s2sjax.errors import MissingFileError
-from s2sjax.modalities import SPEECH
-from s2sjax.output_dir import strict_json
-from s2sjax.packing import fit
-from s2sjax.spec import Spec, available_specs
-from s2sjax.task_data import DATA_VERSION, questions_checksum, tokenizer_identity
+from s2sjax.data import task_registry, modalities, text_tokenizer
+from s2sjax.data.builds import BuildMetadata, BuildPlan, DataSelector
+from s2sjax.runtime.errors import MissingFileError
+from s2sjax.data.modalities import SPEECH
+from s2sjax.runtime.output_dir import strict_json
+from s2sjax.data.packing import fit
+from s2sjax.data.spec import Spec, available_specs
+from s2sjax.data.task_data import DATA_VERSION, questions_checksum, tokenizer_identity
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
 from tasks.release import Problems, ReleaseError, check_asked, read_questions, release_paths, source_fingerprint
@@ -104,7 +104,7 @@ class BuildInputs:
 
 
 class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Base of every task's builder; `builder_class` makes each task's, whose TASK is a name in s2sjax.benchmarks.
+  """Base of every task's builder; `builder_class` makes each task's, whose TASK is a name in s2sjax.data.task_registry.
 
   Build inputs that do not change what the rows mean (where the tokenizers live, whether bad questions are
   skipped) are constructor arguments, not config fields, so a config name always says what its rows are."""
@@ -234,11 +234,11 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 def builder_class(task: str) -> type[S2SBenchBuilder]:
   """The task's TFDS builder, made from its record and registered with TFDS under the task's name (its data
   folder's, and what `tfds.builder(task)` finds). One class per task and process (TFDS keeps state per class)."""
-  benchmarks.get(task)  # an unknown task is refused, naming the known ones
+  task_registry.get(task)  # an unknown task is refused, naming the known ones
   return type(f"{task.title().replace('_', '')}Builder", (S2SBenchBuilder,),
               {"name": task, "TASK": task, "__module__": __name__, "__doc__": f"{task}'s packed rows."})
 
 
 # The package's tasks have their builders once this module is imported; a plugin's, when it is first asked for.
-for _record in benchmarks.TASKS.registered():
+for _record in task_registry.TASKS.registered():
   builder_class(_record.name)

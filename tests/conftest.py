@@ -40,7 +40,7 @@ def smollm2_transformers():
   from transformers import AutoTokenizer
 
   from checkpoints_conversion.verify import load_torch_model
-  from s2sjax import default_model
+  from s2sjax.scoring import default_model
 
   gguf = default_model.default_gguf()
   tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))

@@ -1,4 +1,4 @@
-"""A command stopped mid-step: its N-th step held (`s2sjax.cli.STALL_WORKER`) until the command stops waiting for
+"""A command stopped mid-step: its N-th step held (`s2sjax.runtime.cli.STALL_WORKER`) until the command stops waiting for
 it, the signal sent once the command says that step is under way, the process waited on (not a clock)."""
 
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from s2sjax import cli
+from s2sjax.runtime import cli
 
 HANG_GUARD_S = 600  # a bound on a hung command, not a measurement
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from s2sjax.packing import Item
+from s2sjax.data.packing import Item
 
 
 def random_items(count: int, vocab: int, seed: int = 0, audio_placeholder: int | None = None,

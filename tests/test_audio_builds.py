@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
-from s2sjax.spec import SPECS_DIR, load_spec
-from s2sjax.task_data import load_task_data
+from s2sjax.data.spec import SPECS_DIR, load_spec
+from s2sjax.data.task_data import load_task_data
 from tasks.audio.base import load_audio
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR
@@ -97,7 +97,7 @@ def laid_codes(data, spec, tokenizer_dir) -> list[np.ndarray]:
 ])
 def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_path, qwen_tokenizer_dir, preset,
                                                                           folder, tokenizer_class):
-  from s2sjax.registry import load_object
+  from s2sjax.runtime.registry import load_object
 
   tokenizer = load_object(tokenizer_class)(str(ORACLES / folder))
   spec_path = oracle_spec(tmp_path, preset, tokenizer)

@@ -5,14 +5,14 @@ import os
 import numpy as np
 import pytest
 
-from s2sjax import benchmarks
+from s2sjax.data import task_registry
 from tasks import audio
 from tasks.audio.base import AudioError, dedup, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer, fit_codebook, log_mel
 from tasks.audio.precomputed import PrecomputedTokenizer
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
 
-SPEECH = os.path.join(RELEASE_DIR, benchmarks.get("sstorycloze").release_audio_dir, "0.wav")
+SPEECH = os.path.join(RELEASE_DIR, task_registry.get("sstorycloze").release_audio_dir, "0.wav")
 
 
 def test_kmeans_recovers_separated_clusters():

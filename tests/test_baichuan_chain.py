@@ -44,10 +44,10 @@ def test_wav_to_candidate_nll_equals_upstream_omni_forward(tmp_path):
   import jax.numpy as jnp
 
   from checkpoints_conversion import convert
-  from s2sjax import checkpoint
-  from s2sjax.packing import RowShape
-  from s2sjax.scoring import Scorer, collect
-  from s2sjax.spec import load_spec, spec_from_dict
+  from s2sjax.scoring import checkpoint
+  from s2sjax.data.packing import RowShape
+  from s2sjax.scoring.scorer import Scorer, collect
+  from s2sjax.data.spec import load_spec, spec_from_dict
   from tasks.audio.baichuan import BaichuanAudioTokenizer
   from tasks.build import QuestionEncoder, build_rows
   from tasks.release import Question

@@ -10,7 +10,7 @@ import torch  # noqa: F401 - the reference side
 import jax.numpy as jnp  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import bench_items  # noqa: E402
+from s2sjax.scoring import bench_items  # noqa: E402
 from s2sjax.commands import bench  # noqa: E402
 from tests.hf_models import save_hf, tiny_model  # noqa: E402
 
@@ -43,9 +43,9 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
 def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
   import jax
 
-  from s2sjax import bench_accelerator
-  from s2sjax.model.decoder import init_params, param_count
-  from s2sjax.packing import Item, RowShape, pack
+  from s2sjax.scoring import bench_accelerator
+  from s2sjax.scoring.model.decoder import init_params, param_count
+  from s2sjax.data.packing import Item, RowShape, pack
 
   config = bench_accelerator.sizes()["tiny"]
   assert config.num_params() == param_count(init_params(config, jax.random.PRNGKey(0)))  # the FLOP count's base
@@ -69,7 +69,7 @@ def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
 
 @pytest.mark.slow
 def test_accelerator_layouts_score_the_same_candidates_alike(capsys):
-  from s2sjax import bench_accelerator
+  from s2sjax.scoring import bench_accelerator
 
   results = bench_accelerator.run(["tiny"], ["xla", "flash"], 512, 1, jnp.float32, "data:-1", None, False, None,
                                   ["noshare", "shared", "local"])
@@ -84,7 +84,7 @@ def test_accelerator_layouts_score_the_same_candidates_alike(capsys):
 
 
 def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_abstractly(tmp_path, capsys):
-  from s2sjax import bench_accelerator, plan
+  from s2sjax.scoring import bench_accelerator, planner
 
   with pytest.raises(ValueError, match="unknown model size 'qwen2.5-3b'"):
     bench_accelerator.run(["tiny", "qwen2.5-3b"], ["xla"], 512, 2, jnp.float32, "data:-1", None, False, None)
@@ -97,7 +97,7 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
   assert "TPU kernel" in flash["skipped"]  # Pallas interpret mode off TPU is a numbers check, not a speed
   config = bench_accelerator.sizes()["tiny"]
   # the 8 devices: 4 data-parallel rows per step; XLA's analysis holds the (tied, model-split) weights and more
-  assert dot["rows"] == 4 and dot["compiled_gib"] * 2**30 > plan.param_bytes(config, "float32") / 2
+  assert dot["rows"] == 4 and dot["compiled_gib"] * 2**30 > planner.param_bytes(config, "float32") / 2
   printed = capsys.readouterr().out.splitlines()
   assert printed[0].startswith("| model |") and len(printed) == 4 and "compiled:" in printed[3]
   assert json.loads(output.read_text()) == results
@@ -105,7 +105,7 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
 
 @pytest.mark.slow
 def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypatch, capsys):
-  from s2sjax import bench_accelerator
+  from s2sjax.scoring import bench_accelerator
 
   real = bench_accelerator.benchmark_rows
   def rows_or_oom(config, length, count, share_prefix):

@@ -1,4 +1,4 @@
-"""`s2sjax.builds`: the selector that names a build (for tasks.prepare and s2sjax.eval alike) and the typed metadata
+"""`s2sjax.data.builds`: the selector that names a build (for tasks.prepare and s2sjax.eval alike) and the typed metadata
 a build writes and the evaluator reads."""
 
 import dataclasses
@@ -7,9 +7,9 @@ import json
 import pytest
 from absl import flags
 
-from s2sjax.builds import BuildMetadata, DataError, DataSelector, Variants, define_flags, from_flags, selectors
-from s2sjax.packing import RowShape
-from s2sjax.spec import AudioIds, load_spec
+from s2sjax.data.builds import BuildMetadata, DataError, DataSelector, Variants, define_flags, from_flags, selectors
+from s2sjax.data.packing import RowShape
+from s2sjax.data.spec import AudioIds, load_spec
 
 
 def test_a_selector_names_its_config_and_its_record():

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROBE = "import jax; from s2sjax import cache; cache.use_compilation_cache(); print(jax.config.jax_compilation_cache_dir)"
+PROBE = "import jax; from s2sjax.runtime import cache; cache.use_compilation_cache(); print(jax.config.jax_compilation_cache_dir)"
 
 
 def _probe(env: dict) -> str:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from s2sjax.spec import SpecError, load_spec, spec_from_dict
+from s2sjax.data.spec import SpecError, load_spec, spec_from_dict
 from tasks.audio.precomputed import PrecomputedTokenizer
 from tasks.build import QuestionEncoder
 from tasks.release import Question

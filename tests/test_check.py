@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax import check, checkpoint
-from s2sjax.builds import BuildMetadata
-from s2sjax.evaluator import EvalError, check_fit
-from s2sjax.packing import Item, RowShape, pack
-from s2sjax.spec import AudioIds, load_spec, spec_from_dict
-from s2sjax.task_data import TaskData
-from s2sjax.text_tokenizer import RemoteCodeError
+from s2sjax.scoring import preflight, checkpoint
+from s2sjax.data.builds import BuildMetadata
+from s2sjax.scoring.evaluator import EvalError, check_fit
+from s2sjax.data.packing import Item, RowShape, pack
+from s2sjax.data.spec import AudioIds, load_spec, spec_from_dict
+from s2sjax.data.task_data import TaskData
+from s2sjax.data.text_tokenizer import RemoteCodeError
 from tests.hf_models import SMALL_HEADS, baichuan_audio_checkpoint, chatglm_checkpoint, tiny_model
 
 SIZES, PLACEHOLDER = (16, 8, 8), 500
@@ -56,20 +56,20 @@ def test_the_evaluator_refuses_a_placeholder_the_checkpoint_does_not_read(baichu
 @pytest.mark.slow
 def test_smoke_score_catches_audio_that_does_not_reach_the_model(baichuan_ckpt):
   config, params = checkpoint.load_config(baichuan_ckpt), checkpoint.load_params(baichuan_ckpt)
-  good = {v.check: v for v in check.smoke_verdicts(config, params, _speech_data(PLACEHOLDER))}
+  good = {v.check: v for v in preflight.smoke_verdicts(config, params, _speech_data(PLACEHOLDER))}
   assert good["smoke score"].ok and good["audio reaches the model"].ok
-  wrong = {v.check: v for v in check.smoke_verdicts(config, params, _speech_data(PLACEHOLDER + 1))}
+  wrong = {v.check: v for v in preflight.smoke_verdicts(config, params, _speech_data(PLACEHOLDER + 1))}
   assert wrong["smoke score"].ok  # the text NLL alone looks fine ...
   assert not wrong["audio reaches the model"].ok  # ... but the codes never reached the decoder
-  data = {v.check: v for v in check.data_verdicts(_speech_data(PLACEHOLDER + 1), config, None)}
+  data = {v.check: v for v in preflight.data_verdicts(_speech_data(PLACEHOLDER + 1), config, None)}
   assert not data["check_fit"].ok and data["audio code range"].ok
 
 
 def test_check_refuses_a_source_config_converted_before_its_switch_was_refused(baichuan_ckpt):
   manifest = checkpoint.load_manifest(baichuan_ckpt)
-  assert check.config_verdict(manifest).ok
+  assert preflight.config_verdict(manifest).ok
   alibi = dict(manifest, source_config=dict(manifest["source_config"], position_embedding_type="alibi"))
-  verdict = check.config_verdict(alibi)
+  verdict = preflight.config_verdict(alibi)
   assert not verdict.ok and "position_embedding_type='alibi'" in verdict.detail
 
 
@@ -143,10 +143,10 @@ def test_remote_code_tokenizer_needs_the_flag_and_travels_with_the_checkpoint(tm
   original = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
   assert copied("hello")["input_ids"] == original("hello")["input_ids"] == [11, 8, 15, 15, 18]
   assert copied.get_vocab()["<|begin_of_audio|>"] == 2
-  verdicts = {v.check: v for v in check.run(str(tmp_path / "ckpt"), trust_remote_code=True, spec="glm4_voice")}
+  verdicts = {v.check: v for v in preflight.run(str(tmp_path / "ckpt"), trust_remote_code=True, spec="glm4_voice")}
   assert verdicts["config"].ok and verdicts["tokenizer"].ok
   assert not verdicts["spec tokens"].ok and "'<|audio_0|>' is not in the tokenizer" in verdicts["spec tokens"].detail
-  untrusted = {v.check: v for v in check.run(str(tmp_path / "ckpt"))}
+  untrusted = {v.check: v for v in preflight.run(str(tmp_path / "ckpt"))}
   assert not untrusted["tokenizer"].ok and "--trust_remote_code" in untrusted["tokenizer"].detail
 
 
@@ -155,7 +155,8 @@ def test_the_pre_flight_without_flags_checks_the_embedded_default_and_says_what_
   import subprocess
   import sys
 
-  from s2sjax import cache, default_model
+  from s2sjax.runtime import cache
+  from s2sjax.scoring import default_model
 
   done = subprocess.run([sys.executable, "-m", "s2sjax.check"], capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stdout + done.stderr[-3000:]

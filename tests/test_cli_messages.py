@@ -47,10 +47,10 @@ def test_help_exits_0_and_lists_verbosity(command):
 
 
 def test_eval_help_lists_every_task_of_the_registry():
-  from s2sjax import benchmarks
+  from s2sjax.data import task_registry
 
   shown = _run("s2sjax.eval", "--help")
-  assert f"--task={'|'.join(benchmarks.names())}|all " in shown.stdout, shown.stdout + shown.stderr
+  assert f"--task={'|'.join(task_registry.names())}|all " in shown.stdout, shown.stdout + shown.stderr
   assert "SmolLM2-135M-Instruct" in shown.stdout and "S2SJAX_CACHE" in shown.stdout
 
 

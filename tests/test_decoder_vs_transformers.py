@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 
 from checkpoints_conversion.convert import convert
-from s2sjax import checkpoint
-from s2sjax.model import layers
-from s2sjax.model.decoder import Decoder, sequence_log_probs
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.model import layers
+from s2sjax.scoring.model.decoder import Decoder, sequence_log_probs
 from tests.hf_models import save_hf, tiny_model, torch_log_probs
 
 LENGTH = 600  # rope errors hide on short inputs
@@ -65,7 +65,7 @@ def test_packed_segments_equal_separate_sequences(tmp_path):
 
 def test_params_restore_onto_a_model_parallel_mesh(tmp_path):
   """The same checkpoint on 8 devices split 2 (data) x 4 (model) gives the same numbers as one device."""
-  from s2sjax import sharding
+  from s2sjax.runtime import sharding
 
   model = tiny_model("llama")
   convert(save_hf(model, str(tmp_path / "hf")), str(tmp_path / "ckpt"))

@@ -5,12 +5,12 @@ import numpy as np
 import jax
 from transformers import AutoTokenizer
 
-from s2sjax import metrics
-from s2sjax.model.config import ModelConfig
-from s2sjax.model.decoder import init_params
-from s2sjax.packing import RowShape, fit
-from s2sjax.scoring import Scorer, collect
-from s2sjax.spec import load_spec
+from s2sjax.data import metrics
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.scoring.model.decoder import init_params
+from s2sjax.data.packing import RowShape, fit
+from s2sjax.scoring.scorer import Scorer, collect
+from s2sjax.data.spec import load_spec
 from tasks.build import QuestionEncoder, build_rows
 from tasks.release import Question
 

@@ -4,7 +4,7 @@ a spec and modality call for."""
 import pytest
 from transformers import AutoTokenizer
 
-from s2sjax.spec import SpecError, load_spec
+from s2sjax.data.spec import SpecError, load_spec
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.encoders import (CodebookEncoder, QuestionEncoder, StreamEncoder, TextEncoder, UnitEncoder,
                             encoder_class)

@@ -1,4 +1,4 @@
-"""One base class for a user's mistake (`s2sjax.errors.UserError`): a command line prints it as one line and exits 1;
+"""One base class for a user's mistake (`s2sjax.runtime.errors.UserError`): a command line prints it as one line and exits 1;
 any other exception is a bug and keeps its traceback. Every error class the project defines derives from it."""
 
 import ast
@@ -8,8 +8,8 @@ import signal
 import pytest
 from absl import flags
 
-from s2sjax import cli
-from s2sjax.errors import MissingFileError, UnknownNameError
+from s2sjax.runtime import cli
+from s2sjax.runtime.errors import MissingFileError, UnknownNameError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BUILTIN_ERRORS = {"Exception", "ValueError", "KeyError", "OSError", "FileNotFoundError", "RuntimeError", "TypeError",
@@ -21,7 +21,7 @@ def command_line(monkeypatch):
   """`cli.run`'s wrapper around a main, at the default --verbosity, with the signal handlers restored after. The
   flag is set on its Flag object, which needs no parsing: the process-wide FLAGS are left as they are, parsed or
   not, whatever ran before."""
-  verbosity = flags.FLAGS["verbosity"]  # defined by absl.logging, which s2sjax.cli imports
+  verbosity = flags.FLAGS["verbosity"]  # defined by absl.logging, which s2sjax.runtime.cli imports
   monkeypatch.setattr(verbosity, "value", verbosity.default)
   handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
   yield lambda main: cli._one_line_errors(main)(["test"])

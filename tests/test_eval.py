@@ -14,13 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from s2sjax import benchmarks, checkpoint, checkpoint_paths
+from s2sjax.data import task_registry
+from s2sjax.scoring import checkpoint, checkpoint_paths
 from s2sjax.commands import eval as s2s_eval
 from s2sjax.commands.eval import EvalConfig
-from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
-from s2sjax.packing import RowShape
-from s2sjax.builds import DataError, Variants
-from s2sjax.task_data import load_task_data
+from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions
+from s2sjax.data.packing import RowShape
+from s2sjax.data.builds import DataError, Variants
+from s2sjax.data.task_data import load_task_data
 from tasks.preparation import prepare
 from tasks.sample import RELEASE_DIR
 from tests.eval_fixtures import later_steps, same_tree
@@ -82,8 +83,8 @@ def test_every_task_and_modality_end_to_end(tiny_sample, tmp_path, qwen_tokenize
 def test_all_four_modalities_and_both_protocols_give_the_degradation_matrix(tiny_sample, tmp_path, qwen_tokenizer_dir):
   """--modality=all --protocol=s2sbench,utterance: every modality's scores file holds S2SBench's arithmetic, and
   metrics.json and table.md hold the matrix (each of s2t, t2s, s2s against t2t, and s2s against s2t)."""
-  from s2sjax import metrics, modalities
-  from s2sjax.questions import QuestionScores
+  from s2sjax.data import metrics, modalities
+  from s2sjax.data.questions import QuestionScores
 
   tasks = ["tstorycloze"]  # the task only s2sjax has, and the one TWIST scores S->S on
   data_dir = str(tmp_path / "data")
@@ -111,7 +112,7 @@ def test_all_four_modalities_and_both_protocols_give_the_degradation_matrix(tiny
       report = matrix[modalities.comparison_key(reference, other)]
       accuracy = lambda label: saved["tasks"][task][label]["accuracy"]
       assert report["degradation"] == pytest.approx(accuracy(reference) - accuracy(other))
-      b, c, p = metrics.mcnemar_p(*(metrics.question_decisions(benchmarks.get(task).decision, scores[m].loss,
+      b, c, p = metrics.mcnemar_p(*(metrics.question_decisions(task_registry.get(task).decision, scores[m].loss,
                                                                scores[m].correct) for m in (reference, other)))
       assert (report["mcnemar"]["reference_only_right"], report["mcnemar"]["other_only_right"]) == (b, c)
     # the utterance protocol scores the whole story: more tokens per candidate than the ending alone
@@ -172,7 +173,7 @@ def test_three_checkpoints_give_curves(tiny_sample, tmp_path):
 
 def test_killed_run_resumes_to_identical_files(tiny_sample, tmp_path):
   """Killed (SIGKILL, as a preempted VM) right after its third chunk is saved; the rerun scores only the rest."""
-  from s2sjax.chunk_store import KILL_AFTER_CHUNKS
+  from s2sjax.results.chunk_store import KILL_AFTER_CHUNKS
 
   reference, resumed = str(tmp_path / "reference"), str(tmp_path / "resumed")
   _run(tiny_sample, reference, tasks=["scmmlu"], modalities=["s2t"], chunk_rows=1,
@@ -223,8 +224,8 @@ def test_data_and_models_that_do_not_fit(tiny_sample, tmp_path, qwen_tokenizer_d
     Evaluator(config, [tables])
   other = load_task_data(tiny_sample["data_dir"], "scmmlu", "t2t", "demo", 1024)
   other.metadata = dataclasses.replace(other.metadata, tokenizer=dict(other.metadata.tokenizer, vocab_sha="0" * 16))
-  from s2sjax.evaluator import check_fit
-  from s2sjax.task_data import tokenizer_identity
+  from s2sjax.scoring.evaluator import check_fit
+  from s2sjax.data.task_data import tokenizer_identity
   from transformers import AutoTokenizer
 
   with pytest.raises(EvalError, match=r"was built with tokenizer .* rebuild it with python -m tasks.prepare"):
@@ -328,7 +329,7 @@ def test_bad_flags_fail_before_anything_loads():
 
 
 def test_a_chunk_that_lost_candidates_is_never_saved(tiny_sample, tmp_path, monkeypatch):
-  from s2sjax.scoring import Scorer
+  from s2sjax.scoring.scorer import Scorer
 
   real = Scorer.score
 
@@ -347,7 +348,7 @@ def test_a_chunk_that_lost_candidates_is_never_saved(tiny_sample, tmp_path, monk
 def test_chunk_stores_refuse_other_rows_and_rescore_replaced_checkpoints_and_chunks_of_unknown_origin(tmp_path):
   import numpy as np
 
-  from s2sjax.chunk_store import ChunkStore
+  from s2sjax.results.chunk_store import ChunkStore
 
   identity = {"checkpoint": "/ckpt/step_1", "checkpoint_content": "aaaa", "dtype": "float32", "chunk_rows": 4,
               "data": "0123"}

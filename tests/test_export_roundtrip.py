@@ -6,9 +6,9 @@ import torch
 
 from checkpoints_conversion.convert import convert
 from checkpoints_conversion.export_hf import export
-from s2sjax import checkpoint
-from s2sjax.model.decoder import init_params, sequence_log_probs
-from s2sjax.families import from_hf_config
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.model.decoder import init_params, sequence_log_probs
+from s2sjax.scoring.families import from_hf_config
 from tests.hf_models import tiny_model, torch_log_probs
 
 
@@ -59,12 +59,12 @@ def test_a_random_source_of_a_published_shape_converts_back_to_that_shape(tmp_pa
   import dataclasses
 
   from checkpoints_conversion import random_source
-  from s2sjax import plan
+  from s2sjax.scoring import planner
 
-  published = plan.named_models()["qwen2.5-0.5b"]  # its biases, tying, rope theta and head layout; fewer and narrower layers
+  published = planner.named_models()["qwen2.5-0.5b"]  # its biases, tying, rope theta and head layout; fewer and narrower layers
   small = dataclasses.replace(published, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
                               num_kv_heads=2, head_dim=16, rotary_dim=16, vocab_size=300)
-  monkeypatch.setattr(plan, "named_models", lambda: {"small": small})
+  monkeypatch.setattr(planner, "named_models", lambda: {"small": small})
   convert(random_source.write("small", str(tmp_path / "hf")), str(tmp_path / "ckpt"))
   assert checkpoint.load_config(tmp_path / "ckpt") == small
   with pytest.raises(ValueError, match="unknown shape 'qwen2.5-3b'"):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from s2sjax import plugins
+from s2sjax.runtime import plugins
 from tasks.sample import RELEASE_DIR
 from tests.hf_models import tiny_model, toy_family_checkpoint, torch_log_probs
 

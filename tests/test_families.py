@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax import checkpoint, families, plugins
-from s2sjax.families import from_hf_config
-from s2sjax.model.config import ConfigError
-from s2sjax.model.decoder import sequence_log_probs
+from s2sjax.scoring import checkpoint, families
+from s2sjax.runtime import plugins
+from s2sjax.scoring.families import from_hf_config
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring.model.decoder import sequence_log_probs
 from tests.hf_models import tiny_model, toy_family_checkpoint, torch_log_probs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -79,13 +80,13 @@ def test_vendor_layouts_are_layouts_of_a_family_not_families():
 
 
 def test_the_evaluator_refuses_audio_inputs_the_family_does_not_take():
-  from s2sjax.evaluator import EvalError, check_fit
-  from s2sjax.task_data import TaskData
+  from s2sjax.scoring.evaluator import EvalError, check_fit
+  from s2sjax.data.task_data import TaskData
 
   glm = families.planner_shapes()["glm-4-9b"]
-  from s2sjax.builds import BuildMetadata
-  from s2sjax.packing import RowShape
-  from s2sjax.spec import load_spec, spec_from_dict
+  from s2sjax.data.builds import BuildMetadata
+  from s2sjax.data.packing import RowShape
+  from s2sjax.data.spec import load_spec, spec_from_dict
 
   spec = dict(load_spec("baichuan_audio").as_dict(), codebook_sizes=[1025] * 8)
   data = TaskData("scmmlu", "s2t", rows={}, metadata=BuildMetadata(
@@ -124,8 +125,8 @@ def test_register_refuses_what_would_make_a_lookup_ambiguous(family, message):
 # conversion memory benchmark writes a Qwen2 checkpoint on purpose: an input, not a lookup.)
 LOOKING_UP = [
   "checkpoints_conversion/convert.py", "checkpoints_conversion/sources.py", "checkpoints_conversion/export_hf.py",
-  "checkpoints_conversion/verify.py", "s2sjax/plan.py", "s2sjax/model/config.py", "s2sjax/model/decoder.py",
-  "s2sjax/bench_accelerator.py",
+  "checkpoints_conversion/verify.py", "s2sjax/scoring/planner.py", "s2sjax/scoring/model/config.py", "s2sjax/scoring/model/decoder.py",
+  "s2sjax/scoring/bench_accelerator.py",
 ]
 # Fragments of vendor and llama.cpp key spellings, and of transformers' architecture names.
 KEY_SPELLINGS = ("W_pack", "query_key_value", "dense_h_to_4h", "gate_up_proj", "audio_embed_layers", "audio_head",

@@ -14,12 +14,12 @@ import time
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax import checkpoint
+from s2sjax.scoring import checkpoint
 from s2sjax.commands import eval as s2s_eval
-from s2sjax.checkpoint import CheckpointError
+from s2sjax.scoring.checkpoint import CheckpointError
 from s2sjax.commands.eval import EvalConfig
-from s2sjax.evaluator import EvalError, ScoringOptions
-from s2sjax.output_dir import LOCK_NAME, OutputError
+from s2sjax.scoring.evaluator import EvalError, ScoringOptions
+from s2sjax.runtime.output_dir import LOCK_NAME, OutputError
 from tasks.release import Problems, ReleaseError, read_questions
 from tests.eval_fixtures import build_sample, later_steps, same_tree
 from tests.hf_models import save_hf, tiny_model
@@ -77,7 +77,8 @@ def test_device_checksums_equal_the_host_ones_however_the_leaf_is_placed():
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from s2sjax import checksums, sharding
+  from s2sjax.scoring import checksums
+  from s2sjax.runtime import sharding
 
   mesh = sharding.make_mesh("data:4,model:2")
   host = np.random.default_rng(0).normal(size=(4, 1001, 8)).astype(np.float32)
@@ -181,7 +182,7 @@ def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(tiny_sam
 
 @pytest.mark.slow
 def test_an_output_directory_that_cannot_be_written_is_refused_before_scoring(tiny_sample, tmp_path, monkeypatch):
-  from s2sjax.scoring import Scorer
+  from s2sjax.scoring.scorer import Scorer
 
   monkeypatch.setattr(Scorer, "score", lambda *a, **k: pytest.fail("scored before the output was checked"))
   (tmp_path / "a-file").write_text("")
@@ -242,7 +243,7 @@ def test_user_errors_are_one_line_and_a_non_zero_exit(tmp_path):
 def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(tiny_sample, tmp_path):
   """Process 1 of 2 is killed (SIGKILL) after its first chunk of two; process 0, waiting on it in a collective, must end
   with one line naming it within --peer_timeout_s and a little, not abort after the runtime's 100 s heartbeat."""
-  from s2sjax.chunk_store import KILL_AFTER_CHUNKS
+  from s2sjax.results.chunk_store import KILL_AFTER_CHUNKS
 
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -281,15 +282,15 @@ def _copy_data(tiny_sample, tmp_path) -> str:
 
 
 def _build_dir(data_dir, modality="t2t"):
-  from s2sjax.task_data import DATA_VERSION
+  from s2sjax.data.task_data import DATA_VERSION
 
   return os.path.join(data_dir, "sstorycloze", f"demo-{modality}-1024", DATA_VERSION)
 
 
 @pytest.mark.slow
 def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(tiny_sample, tmp_path):
-  from s2sjax.builds import DataError
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data.builds import DataError
+  from s2sjax.data.task_data import load_task_data
 
   data_dir = _copy_data(tiny_sample, tmp_path)
   path = os.path.join(_build_dir(data_dir), "metadata.json")
@@ -308,7 +309,7 @@ def test_an_edited_question_table_is_refused_and_the_flag_reads_it_on_purpose(ti
 
 @pytest.mark.slow
 def test_a_build_copied_under_another_configs_name_is_refused_naming_both(tiny_sample, tmp_path):
-  from s2sjax.builds import DataError
+  from s2sjax.data.builds import DataError
 
   data_dir = _copy_data(tiny_sample, tmp_path)
   shutil.rmtree(_build_dir(data_dir, "t2t"))
@@ -321,8 +322,8 @@ def test_a_build_copied_under_another_configs_name_is_refused_naming_both(tiny_s
 
 @pytest.mark.slow
 def test_a_damaged_or_missing_shard_is_one_error_naming_the_file(tiny_sample, tmp_path):
-  from s2sjax.builds import DataError
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data.builds import DataError
+  from s2sjax.data.task_data import load_task_data
 
   data_dir = _copy_data(tiny_sample, tmp_path)
   shard = [f for f in os.listdir(_build_dir(data_dir)) if ".array_record-" in f][0]
@@ -411,7 +412,7 @@ def test_a_non_finite_weight_is_an_error_naming_the_candidates_and_no_nan_reache
 
 
 def test_steps_are_read_as_checkpoint_managers_write_them_and_ambiguous_names_are_refused(tmp_path):
-  from s2sjax.checkpoint_paths import CheckpointListError, expand, step_of, steps
+  from s2sjax.scoring.checkpoint_paths import CheckpointListError, expand, step_of, steps
 
   names = {"step_300": 300, "checkpoint-500": 500, "ckpt-100": 100, "ckpt_7": 7, "1200": 1200, "global_step_9": 9,
            "params_40": 40, "latest": None}
@@ -432,8 +433,8 @@ def test_steps_are_read_as_checkpoint_managers_write_them_and_ambiguous_names_ar
 
 
 def test_writes_are_fsynced_around_the_rename_and_json_is_strict(tmp_path, monkeypatch):
-  from s2sjax import reports
-  from s2sjax.output_dir import OutputError, write_atomic
+  from s2sjax.results import reports
+  from s2sjax.runtime.output_dir import OutputError, write_atomic
 
   synced, real = [], os.fsync
   monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
@@ -455,9 +456,9 @@ def test_writes_are_fsynced_around_the_rename_and_json_is_strict(tmp_path, monke
 def test_damaged_lock_identity_and_scores_files_are_named_or_recovered(tmp_path, capfd):
   import numpy as np
 
-  from s2sjax.chunk_store import ChunkStore
-  from s2sjax.output_dir import RunLock
-  from s2sjax.questions import QuestionScores
+  from s2sjax.results.chunk_store import ChunkStore
+  from s2sjax.runtime.output_dir import RunLock
+  from s2sjax.data.questions import QuestionScores
 
   out = tmp_path / "out"
   out.mkdir()
@@ -544,12 +545,12 @@ def test_a_users_checkpoint_is_never_grown_to_a_specs_units(small_vocab, tmp_pat
 
 @pytest.mark.slow
 def test_the_pre_flight_check_refuses_what_the_evaluator_refuses(small_vocab):
-  from s2sjax import check
-  from s2sjax.task_data import load_task_data
+  from s2sjax.scoring import preflight
+  from s2sjax.data.task_data import load_task_data
 
   data = load_task_data(small_vocab["data_dir"], "sstorycloze", "s2t", "demo", 1024)
-  verdicts = {v.check: v for v in check.run(small_vocab["ckpt"], spec="demo", data=data)}
-  assert not verdicts["unit ids"].ok and not verdicts["check_fit"].ok, check.table(list(verdicts.values()))
+  verdicts = {v.check: v for v in preflight.run(small_vocab["ckpt"], spec="demo", data=data)}
+  assert not verdicts["unit ids"].ok and not verdicts["check_fit"].ok, preflight.table(list(verdicts.values()))
   assert verdicts["unit ids"].detail == "units 49152..49407 (256 ids) against 128 embedding rows"
   assert "lie past the checkpoint's embedding of 128 rows" in verdicts["check_fit"].detail
   assert "unit_ids 49152..49407 (256 ids)" in verdicts["data special ids"].detail

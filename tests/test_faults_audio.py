@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from s2sjax import benchmarks
+from s2sjax.data import task_registry
 from tasks.audio import base
 from tasks.audio.base import AudioError, folder_digest, load_audio
 from tasks.audio.precomputed import PrecomputedTokenizer
 from tasks.audio.tokenize import TokenizeError, output_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEECH = ROOT / "tasks" / "sample" / "release" / benchmarks.get("sstorycloze").release_audio_dir / "0.wav"
+SPEECH = ROOT / "tasks" / "sample" / "release" / task_registry.get("sstorycloze").release_audio_dir / "0.wav"
 
 
 def _speech() -> np.ndarray:
@@ -83,7 +83,7 @@ def test_recordings_that_are_not_what_they_claim_are_refused_naming_the_file(tmp
 
 def _release(root: Path, recordings: dict[str, Path]) -> Path:
   """An sStoryCloze release of one story per recording (uttids 2k, 2k+1 share the story's recording)."""
-  record = benchmarks.get("sstorycloze")
+  record = task_registry.get("sstorycloze")
   audio_dir = root / record.release_audio_dir
   audio_dir.mkdir(parents=True)
   lines = []

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from s2sjax import flips
+from s2sjax.results import flips
 
 HOSTILE_TEXTS = ["<script>alert(1)</script> **bold** | x", "[click](javascript:alert(1)) ![i](http://x/i.png)",
                  "<img src=x onerror=alert(1)>", "`code` ~~gone~~ $x^2$ \\*", "two\nlines\n\n# a heading",
@@ -46,7 +46,8 @@ def _record(path, step, accuracy):
 def test_two_runs_under_one_glob_are_two_curves_not_one_that_jumps(tmp_path):
   """`--checkpoint=ckpts/*/step_*` over runA and runB, both with step_100 and step_200: each run keeps its own
   line, named by its folder; checkpoints of one folder sharing a step are still refused."""
-  from s2sjax import checkpoint_paths, reports
+  from s2sjax.scoring import checkpoint_paths
+  from s2sjax.results import reports
 
   for run in ("runA", "runB"):
     for step in (100, 200):
@@ -74,7 +75,7 @@ def test_two_runs_under_one_glob_are_two_curves_not_one_that_jumps(tmp_path):
 def test_a_mesh_naming_an_axis_twice_or_a_size_of_zero_is_refused_by_name():
   import jax
 
-  from s2sjax import sharding
+  from s2sjax.runtime import sharding
 
   devices = jax.devices()[:4]
   for spec, message in (("data:2,data:4", r"mesh 'data:2,data:4' names axis 'data' twice"),
@@ -88,9 +89,9 @@ def test_a_mesh_naming_an_axis_twice_or_a_size_of_zero_is_refused_by_name():
 def test_a_cache_that_cannot_be_written_is_named_as_the_cache(tmp_path, monkeypatch):
   """The default model is converted into $S2SJAX_CACHE on first use: a cache that cannot be written is that, not
   'the output directory' (which --output_dir would not mend)."""
-  from s2sjax import cache
+  from s2sjax.runtime import cache
   from s2sjax.commands.default_checkpoint import default_checkpoint
-  from s2sjax.output_dir import OutputError, waiting_lock
+  from s2sjax.runtime.output_dir import OutputError, waiting_lock
 
   (tmp_path / "a-file").write_text("")
   monkeypatch.setenv(cache.ENV, str(tmp_path / "a-file" / "cache"))
@@ -110,8 +111,8 @@ def test_a_plugin_that_fails_to_import_is_one_line_naming_it(tmp_path, monkeypat
   import subprocess
   import sys
 
-  from s2sjax import plugins
-  from s2sjax.errors import UserError
+  from s2sjax.runtime import plugins
+  from s2sjax.runtime.errors import UserError
 
   (tmp_path / "broken_plugin.py").write_text("import os\nvalue = 1 / 0\n")
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.getcwd()]))
@@ -131,7 +132,7 @@ def test_a_plugin_that_fails_to_import_is_one_line_naming_it(tmp_path, monkeypat
 
 
 def _config(layers=2, hidden=64, heads=4, vocab=512):
-  from s2sjax.model.config import ModelConfig
+  from s2sjax.scoring.model.config import ModelConfig
 
   return ModelConfig("qwen2", vocab, hidden, 4 * hidden, layers, heads, heads, hidden // heads, 1e4, hidden // heads,
                      False, 1e-6, True, False, False, False)
@@ -143,35 +144,36 @@ def test_a_step_that_cannot_fit_is_refused_with_its_figures_before_compiling(mon
 
   import jax
 
-  from s2sjax import plan, sharding
-  from s2sjax.packing import RowShape
+  from s2sjax.scoring import planner
+  from s2sjax.runtime import sharding
+  from s2sjax.data.packing import RowShape
 
-  monkeypatch.setattr(plan, "device_memory", lambda device: 2**30)
+  monkeypatch.setattr(planner, "device_memory", lambda device: 2**30)
   config = _config()  # 4 heads, fp32: a row's scores are 4 x length x keys x 4 bytes, three times over
   mesh = sharding.make_mesh("data:2,model:1", jax.devices()[:2])
-  params = plan.param_bytes(config, "float32")
+  params = planner.param_bytes(config, "float32")
   story = dataclasses.replace(RowShape.for_length(16384), max_item=13000)  # one long story's rows
-  keys = plan.attention_keys(story, "xla")
+  keys = planner.attention_keys(story, "xla")
   assert keys == 13024 + 32  # its item-local window: the longest item rounded up to blocks of 32, and a block
-  assert plan.attention_keys(story, "cudnn") == plan.attention_keys(story, "flash") == 0  # fused: no scores held
-  one_row = plan.activation_bytes(config, 1, 16384, "float32", 1, keys)
+  assert planner.attention_keys(story, "cudnn") == planner.attention_keys(story, "flash") == 0  # fused: no scores held
+  one_row = planner.activation_bytes(config, 1, 16384, "float32", 1, keys)
   assert one_row > 3 * 4 * 16384 * keys * 4 > 2 * 2**30
-  with pytest.raises(plan.MemoryPlanError) as refused:
-    plan.check_step_memory(config, [story], 2, "float32", "xla", mesh)
+  with pytest.raises(planner.MemoryPlanError) as refused:
+    planner.check_step_memory(config, [story], 2, "float32", "xla", mesh)
   assert str(refused.value) == (
       f"the scoring step would need about {(params + one_row) / 2**30:,.1f} GiB per device ({params / 2**30:,.1f} GiB "
       f"of parameters + {one_row / 2**30:,.1f} GiB of activations: 1 row(s) of 16,384 tokens, attention over 13,056 "
       "keys each with --attention=xla), more than twice a device's 1.0 GiB: not even one row fits: rebuild with a "
       "shorter --row_length (its rows hold the longest item, 13,000 tokens; --overlong=truncate_prefix cuts long "
       "prefixes) or split the model over more devices (--mesh=...,model:N)")
-  plan.check_step_memory(config, [story], 2, "float32", "cudnn", mesh)  # a fused kernel holds no scores
+  planner.check_step_memory(config, [story], 2, "float32", "cudnn", mesh)  # a fused kernel holds no scores
   sample = dataclasses.replace(RowShape.for_length(1024), max_item=64)
-  per_row = plan.activation_bytes(config, 1, 1024, "float32", 1, plan.attention_keys(sample, "xla"))
+  per_row = planner.activation_bytes(config, 1, 1024, "float32", 1, planner.attention_keys(sample, "xla"))
   fitting = int((2 * 2**30 - params) // per_row)  # rows per device within twice the device's memory
-  with pytest.raises(plan.MemoryPlanError, match=rf"{fitting + 1} row\(s\) of 1,024 tokens.*: --batch_size="
+  with pytest.raises(planner.MemoryPlanError, match=rf"{fitting + 1} row\(s\) of 1,024 tokens.*: --batch_size="
                                                  rf"{2 * fitting} or less may fit$"):
-    plan.check_step_memory(config, [sample], 2 * (fitting + 1), "float32", "xla", mesh)
-  plan.check_step_memory(config, [sample], 2 * fitting, "float32", "xla", mesh)  # the figure it names passes
+    planner.check_step_memory(config, [sample], 2 * (fitting + 1), "float32", "xla", mesh)
+  planner.check_step_memory(config, [sample], 2 * fitting, "float32", "xla", mesh)  # the figure it names passes
 
 
 @pytest.mark.slow
@@ -182,9 +184,10 @@ def test_the_estimate_is_within_its_stated_bounds_of_xla_for_item_local_windows(
 
   import jax
 
-  from s2sjax import plan, sharding
-  from s2sjax.packing import RowShape
-  from s2sjax.scoring import Scorer
+  from s2sjax.scoring import planner
+  from s2sjax.runtime import sharding
+  from s2sjax.data.packing import RowShape
+  from s2sjax.scoring.scorer import Scorer
 
   config = _config(layers=2, hidden=128, heads=4, vocab=4000)
   for length, rows, item, attention in ((1024, 2, 200, "xla"), (2048, 1, 700, "xla"), (1024, 2, 200, "dot_product")):
@@ -192,8 +195,8 @@ def test_the_estimate_is_within_its_stated_bounds_of_xla_for_item_local_windows(
     scorer = Scorer(config, shape, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=rows,
                     attention=attention)
     measured = scorer.lower_abstract().compile().memory_analysis().temp_size_in_bytes
-    planned = plan.activation_bytes(config, rows, length, "float32", 1, plan.attention_keys(shape, attention))
-    assert 0.9 * measured <= planned <= plan.ESTIMATE_OVER * measured, (length, attention, planned / measured)
+    planned = planner.activation_bytes(config, rows, length, "float32", 1, planner.attention_keys(shape, attention))
+    assert 0.9 * measured <= planned <= planner.ESTIMATE_OVER * measured, (length, attention, planned / measured)
 
 
 @pytest.mark.slow

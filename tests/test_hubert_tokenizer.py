@@ -277,7 +277,7 @@ def test_base_structure_on_real_speech_matches_transformers(tmp_path):
   import torch
   from transformers import HubertConfig, HubertModel
 
-  from s2sjax import benchmarks
+  from s2sjax.data import task_registry
   from tasks.audio.base import load_audio
   from tasks.sample import RELEASE_DIR
 
@@ -285,7 +285,7 @@ def test_base_structure_on_real_speech_matches_transformers(tmp_path):
   model = HubertModel(HubertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                                    conv_dim=(16,) * 7)).eval()
   model.save_pretrained(str(tmp_path / "hubert"), safe_serialization=True)
-  wave = load_audio(f"{RELEASE_DIR}/{benchmarks.get('sstorycloze').release_audio_dir}/0.wav", 16000)
+  wave = load_audio(f"{RELEASE_DIR}/{task_registry.get('sstorycloze').release_audio_dir}/0.wav", 16000)
   with torch.no_grad():
     expected = model(torch.from_numpy(wave)[None], output_hidden_states=True).hidden_states[2][0].numpy()
   centroids = expected[np.random.default_rng(0).choice(len(expected), UNITS, replace=False)]

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from s2sjax import benchmarks
+from s2sjax.data import task_registry
 from tasks.audio.base import load_audio
 from tasks.importer import import_all, read_stories, rewrite_question, write_task
 from tasks.release import read_questions
@@ -126,12 +126,12 @@ def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
     for question in read_questions(task, out):
       for path, text in zip(question.audio_paths + question.candidate_audio_paths,
                             question.prefixes + question.candidates):
-        assert _same_audio(path, text, benchmarks.get(task).language, tmp_path), (path, text)
+        assert _same_audio(path, text, task_registry.get(task).language, tmp_path), (path, text)
   topical = read_questions("tstorycloze", out)  # the wrong ending is the other story's right one
   assert [q.candidates for q in topical] == [("He smiled.", "She got wet."), ("She got wet.", "He smiled.")]
   story = read_questions("sstorycloze", out)[0]
   assert story.prefixes[0] == " ".join(changed)
-  assert sorted(os.listdir(os.path.join(out, benchmarks.get("scmmlu").release_audio_dir))) == ["0.wav", "1.wav"]
+  assert sorted(os.listdir(os.path.join(out, task_registry.get("scmmlu").release_audio_dir))) == ["0.wav", "1.wav"]
   stories, _ = _sources(tmp_path, first, "水在标准大气压下（）沸腾")  # without speech: relinked from the cache
   assert import_all(out, stories, [], None, speech=False)["sstorycloze"]["wavs"] == 4
   assert _same_audio(read_questions("sstorycloze", out)[0].audio_paths[0], " ".join(first), "en", tmp_path)
@@ -139,7 +139,7 @@ def test_reimporting_changed_texts_never_keeps_old_audio(tmp_path):
 
 def test_reimporting_a_replica_made_without_a_speech_cache_keeps_its_matching_audio(tmp_path):
   # an earlier importer wrote <uttid>.wav files and no cache: their texts are in the old jsonl
-  record = benchmarks.get("sstorycloze")
+  record = task_registry.get("sstorycloze")
   audio_dir = tmp_path / record.release_audio_dir
   audio_dir.mkdir(parents=True)
   old = [{"uttid": 0, "first": "A story.", "last": "Good end."}, {"uttid": 1, "first": "A story.", "last": "Bad."},
@@ -155,7 +155,7 @@ def test_reimporting_a_replica_made_without_a_speech_cache_keeps_its_matching_au
 
 
 def test_a_missing_or_headerless_story_file_is_named(tmp_path):
-  from s2sjax.errors import MissingFileError
+  from s2sjax.runtime.errors import MissingFileError
   from tasks.importer import SourceFileError
 
   with pytest.raises(MissingFileError, match=r"nothing\.csv does not exist"):

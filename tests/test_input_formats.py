@@ -1,4 +1,4 @@
-"""How a model takes audio is one registered input format (s2sjax/formats): the built-in formats' typed rows, and a
+"""How a model takes audio is one registered input format (s2sjax/data/formats): the built-in formats' typed rows, and a
 plugin's own (tests/plugins/toy_features.py: two id streams and a float feature track, Kimi-Audio's input in
 small) built by tasks.prepare and scored by s2sjax.eval with no project file naming it, every NLL held to a float64
 reference computed from its inputs."""
@@ -14,9 +14,11 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax import checkpoint, formats, plugins
-from s2sjax.rows import STREAM_ROWS, TOKEN_ROWS, Field
-from s2sjax.spec import SpecError, load_spec, spec_from_dict
+from s2sjax.scoring import checkpoint
+from s2sjax.data import formats
+from s2sjax.runtime import plugins
+from s2sjax.data.rows import STREAM_ROWS, TOKEN_ROWS, Field
+from s2sjax.data.spec import SpecError, load_spec, spec_from_dict
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR
 

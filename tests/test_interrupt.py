@@ -2,7 +2,7 @@
 what is complete, summarizes it, releases the lock, drops the result of the step it did not wait for, and a rerun
 scores only the rest, ending with the files of an uninterrupted run.
 
-The step the signal lands in is held (`s2sjax.cli.STALL_WORKER`) until the command has stopped waiting for it, as
+The step the signal lands in is held (`s2sjax.runtime.cli.STALL_WORKER`) until the command has stopped waiting for it, as
 a long XLA step running on past Ctrl-C: a command that waited for its step would never end. The test waits on the
 process, not on a clock, and prints how long after the signal it ended (tests/interrupting.py)."""
 
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from s2sjax.output_dir import LOCK_NAME
-from s2sjax.task_data import load_task_data
+from s2sjax.runtime.output_dir import LOCK_NAME
+from s2sjax.data.task_data import load_task_data
 from tests.eval_fixtures import same_tree
 from tests.interrupting import HANG_GUARD_S, interrupt_mid_step
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from s2sjax import benchmarks
-from s2sjax.output_dir import LOCK_NAME
-from s2sjax.task_data import load_task_data
+from s2sjax.data import task_registry
+from s2sjax.runtime.output_dir import LOCK_NAME
+from s2sjax.data.task_data import load_task_data
 from tasks.importer import SPEECH_CACHE, clip_path, import_all
 from tasks.release import read_questions
 from tasks.tfds_builder import VERSION
@@ -158,7 +158,7 @@ def test_importer_keeps_the_tasks_written_and_the_clips_spoken_and_a_rerun_speak
   def spoken() -> int:
     return len(list(cache.glob("*.wav"))) - len(list(cache.glob("*.partial.wav")))
 
-  tstorycloze = out / benchmarks.get("tstorycloze").release_jsonl
+  tstorycloze = out / task_registry.get("tstorycloze").release_jsonl
   with _started(command) as process:
     _wait_for(lambda: tstorycloze.exists() and spoken() > english_clips, process, "zh-sStoryCloze's speech")
     # Ctrl-C: the importer, its workers and their espeak-ng / sox get it
@@ -173,7 +173,7 @@ def test_importer_keeps_the_tasks_written_and_the_clips_spoken_and_a_rerun_speak
   with pytest.raises(ProcessLookupError):  # no worker, espeak-ng or sox of it goes on
     os.killpg(process.pid, 0)
   assert not list(out.rglob("*.partial*")) and not (out / "replica_report.json").exists()
-  assert not (out / benchmarks.get("zh_sstorycloze").release_jsonl).exists()  # not taken for a complete task
+  assert not (out / task_registry.get("zh_sstorycloze").release_jsonl).exists()  # not taken for a complete task
   for task in ("sstorycloze", "tstorycloze"):
     questions = read_questions(task, str(out))
     assert all(os.path.exists(p) for q in questions for p in q.audio_paths + q.candidate_audio_paths)
@@ -186,9 +186,9 @@ def test_importer_keeps_the_tasks_written_and_the_clips_spoken_and_a_rerun_speak
   reference = tmp_path / "reference"  # an uninterrupted import's lines (without speech: the texts are the same)
   import_all(str(reference), english, [chinese], None, speech=False)
   for task in ("sstorycloze", "tstorycloze", "zh_sstorycloze"):
-    jsonl = benchmarks.get(task).release_jsonl
+    jsonl = task_registry.get(task).release_jsonl
     assert (out / jsonl).read_bytes() == (reference / jsonl).read_bytes()
-    language = benchmarks.get(task).language
+    language = task_registry.get(task).language
     for question in read_questions(task, str(out)):  # every wav is its own text's clip
       for path, text in zip(question.audio_paths + question.candidate_audio_paths,
                             question.prefixes + question.candidates):

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from s2sjax import cli
+from s2sjax.runtime import cli
 
 HANG_GUARD_S = 600  # a bound on a hung thread, not a measurement
 

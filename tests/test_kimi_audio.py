@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax import checkpoint, logprobs
-from s2sjax.architectures import kimi_audio
-from s2sjax.model import kimi_audio as network
-from s2sjax.model.config import ConfigError
-from s2sjax.sequence_inputs import LogProbsError
+from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.scoring.architectures import kimi_audio
+from s2sjax.scoring.model import kimi_audio as network
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring.sequence_inputs import LogProbsError
 from tasks import kimi_prompt
 from tasks.audio import kimi_whisper
 
@@ -195,7 +195,7 @@ def test_converted_release_gives_upstreams_log_probs_and_nlls(converted, special
     example, c = sequence[:-3], int(sequence[-1])
     wave = EXAMPLES[example][1]
     saved = None if wave is None else oracle(f"outputs/whisper_wave{wave}_continuous_feature")
-    out = logprobs.compute(str(ckpt), streams_of(example, c, special, config), features=saved)
+    out = log_probs.compute(str(ckpt), streams_of(example, c, special, config), features=saved)
     assert np.abs(out.text - oracle(f"outputs/{sequence}_text_head_logprobs")).max() < FROM_FEATURES
     assert np.abs(out.codebooks - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_FEATURES
     prefix = meta["layouts"][example]["prefix_len_P"]
@@ -240,7 +240,7 @@ def test_log_probs_refuse_what_the_model_cannot_read(converted, special):
       (audio, {"features": features[:5]}, r"features must be \[N >= 23, 128\]"),
       (audio, {"features": features, "audio_codes": np.zeros((3, 1), np.int64)}, "--audio_codes does not apply")):
     with pytest.raises(LogProbsError, match=words):
-      logprobs.compute(str(ckpt), ids, **kwargs)
+      log_probs.compute(str(ckpt), ids, **kwargs)
 
 
 def test_embeddings_mix_the_whisper_features_as_upstream(model, special):
@@ -268,7 +268,7 @@ def test_log_probs_from_the_waves(converted, special):
   for sequence in SEQUENCES:
     example, c = sequence[:-3], int(sequence[-1])
     wave = EXAMPLES[example][1]
-    out = logprobs.compute(str(ckpt), streams_of(example, c, special, config),
+    out = log_probs.compute(str(ckpt), streams_of(example, c, special, config),
                            features=None if wave is None else features[wave])
     assert np.abs(out.text - oracle(f"outputs/{sequence}_text_head_logprobs")).max() < FROM_WAVES
     assert np.abs(out.codebooks - oracle(f"outputs/{sequence}_audio_head_logprobs")).max() < FROM_WAVES
@@ -381,8 +381,8 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
   id for id, the features JAX's Whisper gives the waves; s2sjax.eval scores each candidate's NLL within 2e-4 per
   token of upstream's (from its waves) and writes the model's rows of the Table 1 file."""
   from s2sjax.commands.eval import EvalConfig, run
-  from s2sjax.evaluator import ScoringOptions
-  from s2sjax.task_data import load_task_data
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from s2sjax.data.task_data import load_task_data
   from tasks.preparation import prepare
 
   release, tokenizer = tiny_release(tmp_path), tiny_tokenizer(tmp_path / "tokenizer", meta)
@@ -424,13 +424,13 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
   # blanked by the format's rule moves the scores
   import shutil
 
-  from s2sjax import check
+  from s2sjax.scoring import preflight
 
   shutil.copytree(ckpt, tmp_path / "ckpt")
   shutil.copytree(tokenizer, tmp_path / "ckpt" / "tokenizer")
   td = load_task_data(str(tmp_path / "data"), "sstorycloze", "s2t", specs["a2t_w0"], None)
-  verdicts = check.run(str(tmp_path / "ckpt"), spec=specs["a2t_w0"], data=td)
-  assert all(v.ok for v in verdicts) and "audio reaches the model" in {v.check for v in verdicts}, check.table(verdicts)
+  verdicts = preflight.run(str(tmp_path / "ckpt"), spec=specs["a2t_w0"], data=td)
+  assert all(v.ok for v in verdicts) and "audio reaches the model" in {v.check for v in verdicts}, preflight.table(verdicts)
 
 
 GLM4_ORACLE = ORACLE.parent / "glm4voice_tokenizer"
@@ -459,7 +459,7 @@ def test_a_build_of_the_bundled_sample_imports_no_torch(tmp_path, meta):
                            f"--tokenizer_dir={tokenizer}", f"--audio_tokenizer_dir={audio}",
                            f"--data_dir={tmp_path / 'data'}")
   assert done.returncode == 0, done.stderr[-3000:]
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data.task_data import load_task_data
 
   td = load_task_data(str(tmp_path / "data"), "sstorycloze", "s2t", spec, None)
   assert td.rows["features"].dtype == np.float32 and td.rows["features"].shape[-1] == 128
@@ -477,8 +477,8 @@ def test_a_build_of_the_bundled_sample_imports_no_torch(tmp_path, meta):
 
 def test_kimi_audio_cannot_be_asked_spoken_candidates_and_its_spec_is_checked():
   """T->S and S->S are refused by name (kimia.py's delayed audio stream), and a spec the format cannot lay is too."""
-  from s2sjax import modalities
-  from s2sjax.spec import SpecError, load_spec, spec_from_dict
+  from s2sjax.data import modalities
+  from s2sjax.data.spec import SpecError, load_spec, spec_from_dict
 
   spec = load_spec("kimi_audio")
   for modality in ("t2s", "s2s"):
@@ -495,8 +495,8 @@ def test_kimi_audio_cannot_be_asked_spoken_candidates_and_its_spec_is_checked():
 def test_a_checkpoint_whose_config_differs_from_the_spec_is_refused(meta, special):
   """The evaluator's fit check and the pre-flight's verdicts compare the spec's offset, codes and feature width with
   the checkpoint's config, and the fit check the media markers the rows hold, naming each."""
-  from s2sjax.architectures import FitError
-  from s2sjax.spec import load_spec
+  from s2sjax.scoring.architectures import FitError
+  from s2sjax.data.spec import load_spec
 
   config = kimi_audio.parse_config(meta["config_json"])
   spec = load_spec("kimi_audio")  # the 7B release's sizes, not the tiny oracle's
@@ -520,7 +520,7 @@ def test_a_checkpoint_whose_config_differs_from_the_spec_is_refused(meta, specia
 def test_special_ids_are_looked_up_as_upstream_looks_them_up(meta, special):
   """special_tokens.py:25-31: the tokenizer's `special_tokens` table where it has one (the release's tiktoken
   tokenizer), else its vocabulary; a token it lacks is named."""
-  from s2sjax.spec import SpecError, load_spec
+  from s2sjax.data.spec import SpecError, load_spec
   from tasks.kimi_encoder import special_ids
 
   named = meta["special_token_ids_tiny"]
@@ -535,13 +535,13 @@ def test_special_ids_are_looked_up_as_upstream_looks_them_up(meta, special):
 def test_the_planner_sizes_kimi_audio_7b_through_its_architecture():
   """The 7B release's config parsed by the architecture: 9.77B parameters held (7.73B in the main stack, the rest
   the audio branch, its head and the adaptor), the step costed as the main stack it runs."""
-  from s2sjax import plan
+  from s2sjax.scoring import planner
 
-  config = plan.named_models()["kimi-audio-7b"]
+  config = planner.named_models()["kimi-audio-7b"]
   assert (config.token_offset, config.audio_codes, config.adaptor_input_dim) == (152064, 16384, 5120)
   assert round(config.num_params() / 1e9, 2) == 9.77 and round(config.decoder.num_params() / 1e9, 2) == 7.73
-  p = plan.plan(config, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  p = planner.plan(config, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
   assert p["fits"] and p["mesh"] == "data:4,model:2"
   assert p["params_gib"] == pytest.approx(config.num_params() * 2 / 2 / 2**30)
-  decoder = plan.plan(config.decoder, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  decoder = planner.plan(config.decoder, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
   assert p["total_seconds"] == decoder["total_seconds"] and p["activations_gib"] == decoder["activations_gib"]

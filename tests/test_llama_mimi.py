@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from checkpoints_conversion import convert
-from s2sjax import checkpoint, logprobs
-from s2sjax.spec import SPECS_DIR, SpecError, load_spec, spec_from_dict
+from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.data.spec import SPECS_DIR, SpecError, load_spec, spec_from_dict
 from tests.hf_models import save_hf, tiny_model
 from tests.test_mimi_tokenizer import kyutai_release, release as mimi_release  # noqa: F401 (fixtures)
 from tests.test_mimi_tokenizer import TINY_TRANSFORMERS
@@ -73,7 +73,7 @@ def test_flattened_units_and_llama3_rope_give_transformers_log_probs(llama_mimi)
   assert ids[0, 0] == tokenizer.bos_token_id and len(ids[0]) == 2 + codes.size + 1
   with torch.no_grad():
     reference = torch.log_softmax(model(torch.from_numpy(ids)).logits, -1)[0].numpy()
-  assert np.abs(logprobs.compute(ckpt, ids).text - reference).max() < 1e-4
+  assert np.abs(log_probs.compute(ckpt, ids).text - reference).max() < 1e-4
 
 
 def test_the_spec_lays_every_quantizer_and_needs_a_token_of_code_and_codebook():
@@ -120,9 +120,9 @@ def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path,
   the Table 1 file gains the model's S->S (utterance) row."""
   import soundfile
 
-  from s2sjax.builds import Variants
+  from s2sjax.data.builds import Variants
   from s2sjax.commands.eval import EvalConfig, run
-  from s2sjax.evaluator import ScoringOptions
+  from s2sjax.scoring.evaluator import ScoringOptions
   from tasks.audio.base import load_audio
   from tasks.preparation import prepare
   from tasks.release import read_questions

@@ -10,9 +10,9 @@ import jax
 import pytest
 
 from s2sjax.commands import lm_eval as backend
-from s2sjax import sharding
-from s2sjax.model.config import ModelConfig
-from s2sjax.packing import RowShape
+from s2sjax.runtime import sharding
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.data.packing import RowShape
 
 
 def test_lm_evals_device_names_the_jax_devices():
@@ -55,7 +55,7 @@ def test_the_registry_finds_the_backend_by_name():
 
 @pytest.fixture
 def signal_handlers_kept():
-  """The command line installs s2sjax.cli's SIGINT / SIGTERM handlers: this process gets its own back after."""
+  """The command line installs s2sjax.runtime.cli's SIGINT / SIGTERM handlers: this process gets its own back after."""
   handlers = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
   yield
   for each, handler in handlers.items():
@@ -77,7 +77,7 @@ def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypa
 
 
 def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
-  from s2sjax.packing import REDUCTION_PERIOD
+  from s2sjax.data.packing import REDUCTION_PERIOD
 
   fitted = RowShape(1024, 40, 7, max_item=96)
   reaches = {n: backend.step_shape(fitted, n).max_item - 1 for n in (2, 64, 65, 129, 150, 193, 250, 300, 400, 600)}

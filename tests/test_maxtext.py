@@ -1,4 +1,4 @@
-"""MaxText checkpoints read as MaxText wrote them (s2sjax/stacks), held to ../shared/upstream-oracles/maxtext:
+"""MaxText checkpoints read as MaxText wrote them (s2sjax/scoring/stacks), held to ../shared/upstream-oracles/maxtext:
 checkpoints written by MaxText's own training code (qwen2.5-7b and llama3.1-8b shrunk, scanned and not, a full
 training state and a params-only folder each) and the log-softmax MaxText's own forward computed from them. The run
 config given is the oracle's train.py command line, nothing else."""
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert
-from s2sjax import checkpoint, checksums, logprobs, own_forward, sharding
-from s2sjax.model import decoder
-from s2sjax.stacks import maxtext, maxtext_config
-from s2sjax.stacks.maxtext_config import MaxTextConfigError, RunConfig
+from s2sjax.scoring import checkpoint, checksums, log_probs, own_forward
+from s2sjax.runtime import sharding
+from s2sjax.scoring.model import decoder
+from s2sjax.scoring.stacks import maxtext, maxtext_config
+from s2sjax.scoring.stacks.maxtext_config import MaxTextConfigError, RunConfig
 from tests.stack_fixtures import (CONFIGS, KINDS, LENGTHS, MAXTEXT, folder, needs_maxtext_oracle,
                                   run_config)
 
@@ -42,7 +43,7 @@ def padded_reference(config: str) -> list[np.ndarray]:
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_checkpoint_gives_maxtexts_own_log_probs_through_s2sjax_logprobs(config, kind):
   for ids, reference in padded_reference(config):
-    ours = logprobs.compute(folder(config, kind), ids, maxtext_run_config=run_config(config)).text
+    ours = log_probs.compute(folder(config, kind), ids, maxtext_run_config=run_config(config)).text
     error = float(np.abs(ours - reference).max())
     print(f"{config} {kind}: max |log-prob - MaxText| {error:.2e} over {len(ids)} positions")
     assert ours.dtype == np.float32 and error <= TOLERANCE
@@ -147,7 +148,7 @@ def test_a_folder_orbax_has_not_committed_is_refused(tmp_path):
 
 
 def test_a_glob_over_a_training_run_leaves_out_the_steps_orbax_is_still_writing(tmp_path):
-  from s2sjax import checkpoint_paths
+  from s2sjax.scoring import checkpoint_paths
 
   steps = tmp_path / "run" / "checkpoints"
   for name in ("1", "2"):
@@ -244,7 +245,7 @@ def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(bytes_sample, t
   with maxtext_config.given(config):
     params = checkpoint.load_params(folder(name, "params only"))
     model_config = checkpoint.load_config(folder(name, "params only"))
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data.task_data import load_task_data
   for modality in ("t2t", "s2t"):
     td = load_task_data(bytes_sample["data_dir"], "sstorycloze", modality, bytes_sample["spec"], None)
     lines = [json.loads(line) for line in (out / "1" / f"sstorycloze-{modality}.scores.jsonl").read_text().splitlines()]
@@ -283,7 +284,7 @@ def test_a_maxtext_folder_converts_with_the_checksums_of_what_was_read(tmp_path)
   assert manifest["source_checksums"] == read.checksums
   assert checkpoint.load_manifest(str(tmp_path / "out"))["source_model_type"] == "maxtext:llama3.1-8b"
   for ids, reference in padded_reference("llama3.1_scan"):
-    assert np.abs(logprobs.compute(str(tmp_path / "out"), ids).text - reference).max() <= TOLERANCE
+    assert np.abs(log_probs.compute(str(tmp_path / "out"), ids).text - reference).max() <= TOLERANCE
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from s2sjax import metrics
-from s2sjax.questions import QuestionScores, QuestionTable
+from s2sjax.data import metrics
+from s2sjax.data.questions import QuestionScores, QuestionTable
 
 
 def _scores(questions: list[dict], nll_sum: np.ndarray, n_tokens: np.ndarray) -> QuestionScores:

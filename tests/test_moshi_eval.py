@@ -33,12 +33,12 @@ import sentencepiece as spm
 import torch
 
 from checkpoints_conversion import convert  # noqa: E402
-from s2sjax import checkpoint  # noqa: E402
+from s2sjax.scoring import checkpoint  # noqa: E402
 from s2sjax.commands.eval import EvalConfig, run  # noqa: E402
-from s2sjax.evaluator import EvalError, ScoringOptions, check_fit  # noqa: E402
-from s2sjax.spec import SpecError, load_spec  # noqa: E402
-from s2sjax.builds import Variants  # noqa: E402
-from s2sjax.task_data import load_task_data  # noqa: E402
+from s2sjax.scoring.evaluator import EvalError, ScoringOptions, check_fit  # noqa: E402
+from s2sjax.data.spec import SpecError, load_spec  # noqa: E402
+from s2sjax.data.builds import Variants  # noqa: E402
+from s2sjax.data.task_data import load_task_data  # noqa: E402
 from tasks.preparation import prepare  # noqa: E402
 from tasks.release import read_questions  # noqa: E402
 from tasks.sample import RELEASE_DIR  # noqa: E402

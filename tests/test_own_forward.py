@@ -1,4 +1,4 @@
-"""Scoring through a model's own forward (s2sjax/own_forward.py): the built rows laid again one candidate a segment,
+"""Scoring through a model's own forward (s2sjax/scoring/own_forward.py): the built rows laid again one candidate a segment,
 held equal to the shared-prefix path on the project's decoder on all four modalities of the bundled sample, and a
 Flax model of the test's own, which reads segment ids only, scored through it."""
 
@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from s2sjax.evaluator import Evaluator, ScoringOptions
-from s2sjax.model.config import ModelConfig
-from s2sjax.model.decoder import init_params
-from s2sjax.own_forward import OwnForward, decoder_forward, unshared_rows
-from s2sjax.task_data import load_task_data
+from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.scoring.model.decoder import init_params
+from s2sjax.scoring.own_forward import OwnForward, decoder_forward, unshared_rows
+from s2sjax.data.task_data import load_task_data
 
 MODALITIES = ("t2t", "s2t", "t2s", "s2s")
 CONFIG = ModelConfig(family="llama", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from s2sjax.model.layers import packed_attention_mask
-from s2sjax.packing import Item, PackingError, RowShape, fit, pack, spanning
+from s2sjax.scoring.model.layers import packed_attention_mask
+from s2sjax.data.packing import Item, PackingError, RowShape, fit, pack, spanning
 
 
 def _item(prefix, *candidates, name=""):
@@ -89,8 +89,8 @@ def test_aligned_items_start_at_multiples_of_the_alignment_and_pack_the_rest_ali
 
 
 def test_the_neighbour_free_bound_reaches_back_a_multiple_of_the_reduction_period():
-  from s2sjax.model.layers import LOCAL_BLOCK, local_window
-  from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, neighbour_free_bound
+  from s2sjax.scoring.model.layers import LOCAL_BLOCK, local_window
+  from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, neighbour_free_bound
 
   assert NEIGHBOUR_FREE_ALIGN == LOCAL_BLOCK  # items aligned to the query blocks of item-local attention
   for longest in (1, 2, 64, 65, 66, 150, 1000):
@@ -141,7 +141,7 @@ def test_malformed_items_are_refused_by_name():
 
 
 def test_the_longest_item_is_recorded_and_bounds_every_segment():
-  from s2sjax.packing import longest_item
+  from s2sjax.data.packing import longest_item
 
   items = [_item(list(range(1, 1 + n)), [7, 7], [8, 8, 8]) for n in (10, 2, 30)]
   shared, shared_report = pack(items, RowShape(64, 32, 8))
@@ -187,7 +187,7 @@ def test_one_step_spans_the_widest_tables_of_its_row_length():
 
 def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
   """At least 1024; the longest item as laid; its candidates within the row's share of targets; four median items."""
-  from s2sjax.packing import auto_row_length
+  from s2sjax.data.packing import auto_row_length
 
   item = lambda prefix, *candidates: Item(np.ones(prefix, np.int32), tuple(np.ones(c, np.int32) for c in candidates))
   # a candidate lays all its tokens but the last
@@ -205,7 +205,7 @@ def test_auto_row_length_is_the_smallest_power_of_two_that_holds_the_items():
 def test_stream_candidates_lay_all_their_steps_but_the_last():
   """Parallel streams (delays 0, initial ids 90 and 91): the item opens with the initial step, then its prefix
   steps; a candidate lays its steps but the last, which is a target only, as a text candidate's last token."""
-  from s2sjax.formats.streams import StreamItem, StreamLayout, pack_streams
+  from s2sjax.data.formats.streams import StreamItem, StreamLayout, pack_streams
 
   layout = StreamLayout(delays=(0, 0), initial_ids=(90, 91), predicted=2)
   prefix = np.array([[1, 11], [2, 12]])

@@ -6,7 +6,7 @@ import gc
 import io
 import threading
 
-from s2sjax.progress import Progress, end_bars, say
+from s2sjax.runtime.progress import Progress, end_bars, say
 
 
 class FakeClock:

@@ -13,10 +13,12 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax import benchmarks, families, plugins, spec
-from s2sjax.model.config import ConfigError
-from s2sjax.registry import Registry, RegistryError
-from s2sjax.spec import Spec, SpecError, SpecFile
+from s2sjax.data import task_registry, spec
+from s2sjax.scoring import families
+from s2sjax.runtime import plugins
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.runtime.registry import Registry, RegistryError
+from s2sjax.data.spec import Spec, SpecError, SpecFile
 from tasks import audio
 from tasks.audio.base import load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
@@ -24,7 +26,7 @@ from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PLUGIN = "tests.plugins.toy_registries"
-REGISTRIES = {"task": benchmarks.TASKS, "family": families.FAMILIES, "spec": spec.SPECS,
+REGISTRIES = {"task": task_registry.TASKS, "family": families.FAMILIES, "spec": spec.SPECS,
               "audio tokenizer": audio.TOKENIZERS}
 
 
@@ -39,18 +41,19 @@ def _with_plugin(*command: str) -> subprocess.CompletedProcess:
 
 LOOKUPS = """
 import json
-from s2sjax import benchmarks, families, spec
-from s2sjax.registry import Registry
+from s2sjax.data import task_registry, spec
+from s2sjax.scoring import families
+from s2sjax.runtime.registry import Registry
 from tasks import audio
 
 units = spec.load_spec("toy_units")
 print(json.dumps({
-  "registers": [m.register.__func__ is Registry.register for m in (benchmarks, families, spec, audio)],
-  "task": benchmarks.get("toy_registry_cloze").title,
+  "registers": [m.register.__func__ is Registry.register for m in (task_registry, families, spec, audio)],
+  "task": task_registry.get("toy_registry_cloze").title,
   "units": [units.name, units.codebook_sizes[0], audio.TOKENIZERS.get(units.audio_tokenizer["type"]).loader],
   "text": spec.load_spec("toy_text").audio_mode,
   "family": [families.get("toy_registry_llama").name, families.layout_for_model_type("toy_registry_lm").model_types],
-  "listed": [benchmarks.names()[-1], families.names()[-1], spec.SPECS.names()[-2:], audio.TOKENIZERS.names()[-1]],
+  "listed": [task_registry.names()[-1], families.names()[-1], spec.SPECS.names()[-2:], audio.TOKENIZERS.names()[-1]],
   "builder_presets": spec.available_specs(),
 }))
 """
@@ -83,7 +86,7 @@ def test_a_plugin_preset_is_found_by_spec_name_on_the_command_line_with_its_toke
 
 
 @pytest.mark.parametrize("lookup, error, message", [
-  (lambda: benchmarks.get("nope"), KeyError, r"unknown task 'nope'; tasks: sstorycloze, zh_sstorycloze, scmmlu"),
+  (lambda: task_registry.get("nope"), KeyError, r"unknown task 'nope'; tasks: sstorycloze, zh_sstorycloze, scmmlu"),
   (lambda: families.get("nope"), ConfigError, r"unknown model family 'nope'; registered: qwen2, llama, glm4, opt"),
   (lambda: spec.load_spec("nope"), SpecError, r"no spec 'nope': presets are baichuan_audio, demo, demo_tables, "),
   (lambda: audio.TOKENIZERS.get("nope"), KeyError, r"unknown audio tokenizer 'nope'; audio tokenizers: "
@@ -102,9 +105,9 @@ def _spec_file(tmp_path, name="demo") -> SpecFile:
 
 
 @pytest.mark.parametrize("kind, record, message", [
-  ("task", lambda _: benchmarks.Benchmark(
+  ("task", lambda _: task_registry.Task(
     "scmmlu", "Mine", "zh", "multiple_choice", "a.jsonl", "a", "b", decision="pair", candidates=4,
-    sizes=benchmarks.PlannerSizes(1, 1, 1, 1.0)), r"cannot register task 'scmmlu': a task named 'scmmlu' is "
+    sizes=task_registry.PlannerSizes(1, 1, 1, 1.0)), r"cannot register task 'scmmlu': a task named 'scmmlu' is "
                                                   r"registered already"),
   ("spec", _spec_file, r"cannot register spec 'demo': a spec named 'demo' is registered already"),
   ("spec", lambda _: Spec(name="my-spec", audio_mode="none", audio_tokenizer={}, codebook_sizes=()),

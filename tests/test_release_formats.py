@@ -1,4 +1,4 @@
-"""How a release is laid out is one registered release format (s2sjax.benchmarks.RELEASE_FORMATS): every path a
+"""How a release is laid out is one registered release format (s2sjax.data.task_registry.RELEASE_FORMATS): every path a
 release names resolves inside it or is refused naming the line (tasks.release.ReleasePaths.inside), a text of
 nothing but invisible characters is empty, and a plugin's own layout (tests/plugins/toy_zerospeech.py: a ZeroSpeech
 gold file pairing randomly named recordings) builds and scores through tasks.prepare and s2sjax.eval with no
@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax import benchmarks, plugins
+from s2sjax.data import task_registry
+from s2sjax.runtime import plugins
 from tasks.release import Problems, ReleaseError, read_questions
 from tasks.sample import RELEASE_DIR
 
@@ -31,7 +32,7 @@ def _run(module: str, *args: str, plugin: str = "") -> subprocess.CompletedProce
 
 def _story_release(root: pathlib.Path, lines: list[dict]) -> pathlib.Path:
   """A release of sStoryCloze's layout holding these lines, each line's recordings the sample's first story's."""
-  record = benchmarks.get("sstorycloze")
+  record = task_registry.get("sstorycloze")
   for folder in (record.release_audio_dir, record.release_candidate_audio_dir):
     (root / folder).mkdir(parents=True, exist_ok=True)
   with open(root / record.release_jsonl, "w", encoding="utf-8") as f:
@@ -54,7 +55,7 @@ def test_a_line_whose_uttid_climbs_out_of_the_release_is_refused_naming_it(tmp_p
   """uttid `0_/../../../../outside/a` with an empty folder `0_` in the audio folder: its recording would be read
   from outside the release. tasks.prepare refuses it, naming the line, and builds nothing."""
   root = _story_release(tmp_path / "release", _stories("0_/../../../../outside/a", "1_x", "2_x", "3_x"))
-  audio = root / benchmarks.get("sstorycloze").release_audio_dir
+  audio = root / task_registry.get("sstorycloze").release_audio_dir
   (audio / "0_").mkdir()
   (tmp_path / "outside").mkdir()
   shutil.copy(os.path.join(STORIES, "s-story-firstspeech", "0.wav"), tmp_path / "outside" / "a.wav")
@@ -73,7 +74,7 @@ def test_a_symlink_out_of_the_release_is_refused_wherever_it_is(tmp_path):
   outside.mkdir()
   shutil.copy(os.path.join(STORIES, "s-story-lastspeech", "0.wav"), outside / "secret.wav")
   root = _story_release(tmp_path / "release", _stories("0_x", "1_x"))
-  ending = root / benchmarks.get("sstorycloze").release_candidate_audio_dir / "1_x.wav"
+  ending = root / task_registry.get("sstorycloze").release_candidate_audio_dir / "1_x.wav"
   ending.unlink()
   ending.symlink_to(outside / "secret.wav")
   with pytest.raises(ReleaseError, match=r"sStory_s2t.jsonl:1 uttid 0_x: .*1_x.wav resolves to .*secret.wav, "

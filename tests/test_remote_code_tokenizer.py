@@ -18,7 +18,7 @@ zhaoyukoon/damoxing_fenci_gongji@dd7b137 `glm-4-9b-chat/tokenization_chatglm.py`
     so `tokenizer(text)` (special tokens on) opens with them and `add_special_tokens=False` does not.
 The toy here is character-level over printable ASCII (no tiktoken) and keeps every one of those behaviours.
 
-The ids the reference scores are written out from those rules and s2sjax/spec.py's templates, not taken from the
+The ids the reference scores are written out from those rules and s2sjax/data/spec.py's templates, not taken from the
 builder or the tokenizer; the reference is a naive transformers forward of the same Glm weights.
 """
 
@@ -34,10 +34,10 @@ import torch
 import yaml
 
 from checkpoints_conversion.convert import convert
-from s2sjax import benchmarks
+from s2sjax.data import task_registry
 from s2sjax.commands.eval import EvalConfig, run
-from s2sjax.evaluator import EvalError, ScoringOptions
-from s2sjax.text_tokenizer import RemoteCodeError
+from s2sjax.scoring.evaluator import EvalError, ScoringOptions
+from s2sjax.data.text_tokenizer import RemoteCodeError
 from tasks.preparation import prepare
 from tasks.sample import RELEASE_DIR
 from tests.hf_models import chatglm_checkpoint, tiny_model
@@ -129,7 +129,7 @@ STORIES = [("Tom left his bike out in the rain.", "It rusted.", "It grew wings."
 def _release(root: str) -> str:
   """sStoryCloze in the release layout: lines 2k (right ending) and 2k+1 (wrong), a wav per prefix and ending
   (the precomputed audio tokenizer reads codes, not these)."""
-  record = benchmarks.get("sstorycloze")
+  record = task_registry.get("sstorycloze")
   wav = os.path.join(RELEASE_DIR, record.release_audio_dir, "0.wav")
   for folder in (record.release_audio_dir, record.release_candidate_audio_dir):
     os.makedirs(os.path.join(root, folder))
@@ -186,7 +186,7 @@ def _units(codes: np.ndarray) -> list[int]:
 
 
 def _expected(codes: dict, modality: str) -> dict[str, tuple[list[int], list[int]]]:
-  """Per candidate uttid: (the ids before the scored ones, the scored ids), by s2sjax/spec.py's templates with
+  """Per candidate uttid: (the ids before the scored ones, the scored ids), by s2sjax/data/spec.py's templates with
   GLM-4's `[gMASK] <sop>` wherever the tokenizer adds its special tokens (prefixes, never candidates)."""
   out = {}
   for k, (first, *endings) in enumerate(STORIES):

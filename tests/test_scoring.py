@@ -9,9 +9,10 @@ import torch
 import jax  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax import checkpoint, sharding  # noqa: E402
-from s2sjax.packing import RowShape, fit, pack  # noqa: E402
-from s2sjax.scoring import Scorer, collect  # noqa: E402
+from s2sjax.scoring import checkpoint
+from s2sjax.runtime import sharding  # noqa: E402
+from s2sjax.data.packing import RowShape, fit, pack  # noqa: E402
+from s2sjax.scoring.scorer import Scorer, collect  # noqa: E402
 from tests.hf_models import audio_inputs_embeds, baichuan_audio_checkpoint, fold_norm_head, save_hf, tiny_model  # noqa: E402
 from tests.scoring_cases import random_items, reference_mean_nll  # noqa: E402
 
@@ -61,7 +62,7 @@ def test_a_candidates_score_is_the_same_bits_whatever_shares_its_row(qwen2):
   in its row, under a window that reaches further back (a longer item in the run), scores exactly the same."""
   import dataclasses
 
-  from s2sjax.packing import NEIGHBOUR_FREE_ALIGN, Item, neighbour_free_bound
+  from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, Item, neighbour_free_bound
 
   _, config, params = qwen2
   items = random_items(16, config.vocab_size, seed=9)
@@ -172,7 +173,7 @@ def test_collect_names_the_candidates_the_rows_do_not_hold():
 @pytest.mark.slow
 def test_greedy_misses_count_the_tokens_that_are_not_the_models_argmax(qwen2):
   """lm-eval's is_greedy from the same step: per candidate, the tokens torch's argmax would not have chosen."""
-  from s2sjax.packing import Item
+  from s2sjax.data.packing import Item
 
   model, config, params = qwen2
   items = []

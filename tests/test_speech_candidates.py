@@ -1,6 +1,6 @@
 """Spoken candidates (T->S, S->S) and unit LMs, against a naive PyTorch forward of each prefix + candidate.
 
-The sequences the reference scores are written out here from the templates of s2sjax/spec.py, not taken from the
+The sequences the reference scores are written out here from the templates of s2sjax/data/spec.py, not taken from the
 builder, so a template that drifts fails. SlamKit's rules (slp-rl/slamkit, read, not copied):
   * slamkit/tokeniser/unit_tokeniser.py, UnitTokeniser.__init__ (lines 20-46): pad 0, bos = eos = 1, unit k is
     id k + 2 (`offset = max(eos, bos, pad) + 1`), a vocabulary of 502 for 500 units, every utterance
@@ -26,11 +26,12 @@ import torch
 import yaml
 
 from checkpoints_conversion.convert import convert
-from s2sjax import benchmarks, checkpoint
-from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions
-from s2sjax.spec import SpecError, load_spec, resolve_audio_ids
-from s2sjax.builds import Variants
-from s2sjax.task_data import load_task_data
+from s2sjax.data import task_registry
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions
+from s2sjax.data.spec import SpecError, load_spec, resolve_audio_ids
+from s2sjax.data.builds import Variants
+from s2sjax.data.task_data import load_task_data
 from tasks.audio.base import AudioError, dedup
 from tasks.preparation import prepare
 from tasks.release import read_questions
@@ -47,9 +48,9 @@ def _release(root: str) -> str:
              for k in range(6)]
   cmmlu = [{"uttid": k, "first": "水的沸点是", "A": "一百度。", "B": "十度。", "C": "零度。", "D": "五度。",
             "answer": "A"} for k in range(2)]
-  wav = os.path.join(RELEASE_DIR, benchmarks.get("sstorycloze").release_audio_dir, "0.wav")
+  wav = os.path.join(RELEASE_DIR, task_registry.get("sstorycloze").release_audio_dir, "0.wav")
   for task, lines in (("sstorycloze", stories), ("scmmlu", cmmlu)):
-    record = benchmarks.get(task)
+    record = task_registry.get(task)
     for folder in (record.release_audio_dir, record.release_candidate_audio_dir):
       os.makedirs(os.path.join(root, folder), exist_ok=True)
     with open(os.path.join(root, record.release_jsonl), "w", encoding="utf-8") as f:
@@ -114,7 +115,7 @@ def _score(setup, kind, task, modality, variants=Variants()):
 
 
 def _expected_sequences(setup, kind, task, modality, protocol="s2sbench"):
-  """Per question and candidate: (the ids before the scored ones, the scored ids), by s2sjax/spec.py's templates."""
+  """Per question and candidate: (the ids before the scored ones, the scored ids), by s2sjax/data/spec.py's templates."""
   from transformers import AutoTokenizer
 
   tokenizer = AutoTokenizer.from_pretrained(setup["qwen"])
@@ -227,7 +228,7 @@ def test_what_a_spec_cannot_be_asked_is_refused_by_name(setup):
 
 def test_missing_or_unreadable_spoken_candidates_name_the_file(setup, tmp_path):
   release = _release(str(tmp_path / "release"))
-  record = benchmarks.get("sstorycloze")
+  record = task_registry.get("sstorycloze")
   os.remove(os.path.join(release, record.release_candidate_audio_dir, "3.wav"))
   build = lambda task, **kw: prepare(task, "demo", "s2s", 1024, str(tmp_path / "data"), manual_dir=release,
                                      tokenizer_dir=setup["qwen"], **kw)
@@ -235,7 +236,7 @@ def test_missing_or_unreadable_spoken_candidates_name_the_file(setup, tmp_path):
     build("sstorycloze")
   skipped = build("sstorycloze", skip_bad=True).report
   assert skipped["questions"] == 2 and skipped["skipped_questions"][0]["where"] == "question 2"
-  options = os.path.join(release, benchmarks.get("scmmlu").release_candidate_audio_dir)
+  options = os.path.join(release, task_registry.get("scmmlu").release_candidate_audio_dir)
   with open(os.path.join(options, "1_C.wav"), "wb") as f:
     f.write(b"RIFF not really a wav")
   with pytest.raises(AudioError, match=r"cmmlu_rewrite_options/1_C.wav cannot be read"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from s2sjax.spec import spec_from_dict
+from s2sjax.data.spec import spec_from_dict
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.encoders import QuestionEncoder
 from tasks.release import ReleaseError, read_questions
@@ -89,11 +89,12 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
 
   import torch
 
-  from s2sjax import benchmarks, checkpoint, metrics
-  from s2sjax.builds import Variants
-  from s2sjax.evaluator import Evaluator, ScoringOptions
-  from s2sjax.metrics import summarize
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data import task_registry, metrics
+  from s2sjax.scoring import checkpoint
+  from s2sjax.data.builds import Variants
+  from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
+  from s2sjax.data.metrics import summarize
+  from s2sjax.data.task_data import load_task_data
   from tasks.preparation import prepare
 
   speech = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")
@@ -124,6 +125,6 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
   assert scores.loss[1, 0] == scores.loss[1, 1]  # the same recording twice
   half = summarize({("spoken_tstorycloze", "s2s"): scores})["spoken_tstorycloze"]["s2s"]
   strict = metrics.task_metrics("pair", scores)
-  assert benchmarks.get("spoken_tstorycloze").ties == "half" and half["tie_rule"] == "half"
+  assert task_registry.get("spoken_tstorycloze").ties == "half" and half["tie_rule"] == "half"
   assert half["ties"] == strict["ties"] == 1 and strict["tie_rule"] == "reference"
   assert half["accuracy"] - strict["accuracy"] == pytest.approx(0.5 / 3)

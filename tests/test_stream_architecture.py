@@ -13,7 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax import checkpoint, plugins
+from s2sjax.scoring import checkpoint
+from s2sjax.runtime import plugins
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR
 from tests.plugins.toy_streams import CARD, CODEBOOKS, NAME, ToyStreamsConfig

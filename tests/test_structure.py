@@ -196,17 +196,17 @@ def test_the_cycle_check_sees_a_package_init(tmp_path):
 # arithmetic, `metrics`, is part of the benchmark's contract that the data stage defines). The entry points, their
 # aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above every stage.
 STAGES = (
-  ("runtime plumbing", ("s2sjax.errors", "s2sjax.registry", "s2sjax.plugins", "s2sjax.cache", "s2sjax.cli",
-                        "s2sjax.progress", "s2sjax.output_dir", "s2sjax.staging", "s2sjax.peers", "s2sjax.sharding")),
-  ("data contract and formats", ("s2sjax.modalities", "s2sjax.rows", "s2sjax.packing", "s2sjax.formats",
-                                 "s2sjax.spec", "s2sjax.benchmarks", "s2sjax.builds", "s2sjax.questions",
-                                 "s2sjax.task_data", "s2sjax.text_tokenizer", "s2sjax.metrics")),
-  ("scoring", ("s2sjax.model", "s2sjax.families", "s2sjax.architectures", "s2sjax.scoring", "s2sjax.sequence_inputs",
-               "s2sjax.checksums", "s2sjax.stacks", "s2sjax.checkpoint", "s2sjax.checkpoint_paths", "s2sjax.own_forward",
-               "s2sjax.evaluator", "s2sjax.default_model", "s2sjax.logprobs", "s2sjax.check", "s2sjax.plan",
-               "s2sjax.bench_items", "s2sjax.bench_accelerator")),
-  ("results and reports", ("s2sjax.chunk_store", "s2sjax.reports", "s2sjax.flips",
-                           "s2sjax.stacks.levanter_hook")),
+  ("runtime plumbing", ("s2sjax.runtime.errors", "s2sjax.runtime.registry", "s2sjax.runtime.plugins", "s2sjax.runtime.cache", "s2sjax.runtime.cli",
+                        "s2sjax.runtime.progress", "s2sjax.runtime.output_dir", "s2sjax.runtime.staging", "s2sjax.runtime.peers", "s2sjax.runtime.sharding")),
+  ("data contract and formats", ("s2sjax.data.modalities", "s2sjax.data.rows", "s2sjax.data.packing", "s2sjax.data.formats",
+                                 "s2sjax.data.spec", "s2sjax.data.task_registry", "s2sjax.data.builds", "s2sjax.data.questions",
+                                 "s2sjax.data.task_data", "s2sjax.data.text_tokenizer", "s2sjax.data.metrics")),
+  ("scoring", ("s2sjax.scoring.model", "s2sjax.scoring.families", "s2sjax.scoring.architectures", "s2sjax.scoring.scorer", "s2sjax.scoring.sequence_inputs",
+               "s2sjax.scoring.checksums", "s2sjax.scoring.stacks", "s2sjax.scoring.checkpoint", "s2sjax.scoring.checkpoint_paths", "s2sjax.scoring.own_forward",
+               "s2sjax.scoring.evaluator", "s2sjax.scoring.default_model", "s2sjax.logprobs", "s2sjax.check", "s2sjax.plan",
+               "s2sjax.scoring.bench_items", "s2sjax.scoring.bench_accelerator")),
+  ("results and reports", ("s2sjax.results.chunk_store", "s2sjax.results.reports", "s2sjax.results.flips",
+                           "s2sjax.results.levanter_hook")),
 )
 
 
@@ -235,6 +235,6 @@ def test_no_stage_imports_a_later_one():
 
 
 def test_the_stage_check_finds_an_import_of_a_later_stage():
-  graph = {"s2sjax.spec": {"s2sjax.errors"}, "s2sjax.cli": {"s2sjax.benchmarks"}, "s2sjax.reports": {"s2sjax.evaluator"}}
-  assert reverse_imports(graph) == ["s2sjax.cli (runtime plumbing) imports s2sjax.benchmarks (data contract and "
+  graph = {"s2sjax.data.spec": {"s2sjax.runtime.errors"}, "s2sjax.runtime.cli": {"s2sjax.data.task_registry"}, "s2sjax.results.reports": {"s2sjax.scoring.evaluator"}}
+  assert reverse_imports(graph) == ["s2sjax.runtime.cli (runtime plumbing) imports s2sjax.data.task_registry (data contract and "
                                     "formats)"]

@@ -12,15 +12,15 @@ import pytest
 import tensorflow_datasets as tfds
 from transformers import AutoTokenizer
 
-from s2sjax import benchmarks
-from s2sjax.builds import DataSelector
-from s2sjax.task_data import load_rows, load_task_data
-from s2sjax import spec as spec_module
+from s2sjax.data import task_registry
+from s2sjax.data.builds import DataSelector
+from s2sjax.data.task_data import load_rows, load_task_data
+from s2sjax.data import spec as spec_module
 from tasks.audio.precomputed import PrecomputedTokenizer
 from tasks.preparation import StaleDataError, builder_class, prepare
 from tasks.release import ReleaseError
 from tasks.sample import RELEASE_DIR
-from s2sjax.spec import load_spec
+from s2sjax.data.spec import load_spec
 
 CMMLU_LINES = [{"uttid": k, "first": "水的沸点是", "A": "一百度。", "B": "十度。", "C": "零度。", "D": "五度。", "answer": "A"}
                for k in range(2)]
@@ -28,7 +28,7 @@ CMMLU_LINES = [{"uttid": k, "first": "水的沸点是", "A": "一百度。", "B"
 
 def _release(root, lines=CMMLU_LINES):
   """An sCMMLU release (text only: these builds are text or read precomputed codes)."""
-  jsonl = os.path.join(root, benchmarks.get("scmmlu").release_jsonl)
+  jsonl = os.path.join(root, task_registry.get("scmmlu").release_jsonl)
   os.makedirs(os.path.dirname(jsonl), exist_ok=True)
   with open(jsonl, "w", encoding="utf-8") as f:
     f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from s2sjax import benchmarks
-from s2sjax.packing import Item, PackingError, RowShape
+from s2sjax.data import task_registry
+from s2sjax.data.packing import Item, PackingError, RowShape
 from tasks.audio.base import AudioError, load_audio
 from tasks.audio.mel_kmeans import MelKmeansTokenizer
 from tasks.build import QuestionEncoder, build_rows
 from tasks.preparation import prepare
 from tasks.release import Problems, Question, ReleaseError, read_questions
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
-from s2sjax.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids
-from s2sjax.task_data import load_rows
+from s2sjax.data.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids
+from s2sjax.data.task_data import load_rows
 
 
 def _slot_targets(rows, item, candidate):
@@ -28,12 +28,12 @@ def _slot_targets(rows, item, candidate):
 
 
 def _source_lines(task):
-  with open(os.path.join(RELEASE_DIR, benchmarks.get(task).release_jsonl), encoding="utf-8") as f:
+  with open(os.path.join(RELEASE_DIR, task_registry.get(task).release_jsonl), encoding="utf-8") as f:
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("task, modality", [(task, modality) for task in benchmarks.names() for modality in ("t2t", "s2t")
-                                            if benchmarks.get(task).has_text]
+@pytest.mark.parametrize("task, modality", [(task, modality) for task in task_registry.names() for modality in ("t2t", "s2t")
+                                            if task_registry.get(task).has_text]
                          + [("sstorycloze", "t2s"), ("scmmlu", "s2s")])
 def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality, qwen_tokenizer_dir):
   data_dir = str(tmp_path_factory.getbasetemp() / "data")
@@ -43,11 +43,11 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
   assert metadata.report["rows"] >= 1 and metadata.tokenizer["size"] > 150_000
   tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
   lines = {str(line["uttid"]): line for line in _source_lines(task)}
-  separator = " " if (modality == "t2t" and benchmarks.get(task).language == "en") else ""
+  separator = " " if (modality == "t2t" and task_registry.get(task).language == "en") else ""
   # the demo spec's units: mel k-means units of each recording, de-duplicated, as ids 49152 + k
   units = lambda folder, name: 49152 + MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, True).encode(
     load_audio(os.path.join(RELEASE_DIR, folder, f"{name}.wav"), 16000), name)[:, 0]
-  record = benchmarks.get(task)
+  record = task_registry.get(task)
   for question in metadata.questions:
     for c, (item, j) in enumerate(question["slots"]):
       if modality.endswith("2t"):
@@ -56,7 +56,7 @@ def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality,
         name = question["uttids"][c] if task != "scmmlu" else f"{question['uttids'][c]}_{'ABCD'[c]}"
         np.testing.assert_array_equal(_slot_targets(rows, item, j), units(record.release_candidate_audio_dir, name))
     # stories: 2k is right, 2k+1 wrong, and each candidate is its own line's ending
-    if benchmarks.get(task).release_format == "story_pairs":
+    if task_registry.get(task).release_format == "story_pairs":
       right, wrong = (lines[u] for u in question["uttids"])
       assert question["correct"] == 0 and question["candidates"] == [right["last"], wrong["last"]]
       assert int(question["uttids"][1].split("_")[0]) == int(question["uttids"][0].split("_")[0]) + 1
@@ -100,11 +100,11 @@ def test_tokenization_boundary_rule(qwen_tokenizer_dir):
 
 def _write_release(root, stories=None, cmmlu=None, wav_from=None):
   """A release-layout fixture with real speech copied from the bundled sample."""
-  wav_from = wav_from or os.path.join(RELEASE_DIR, benchmarks.get("sstorycloze").release_audio_dir, "0.wav")
+  wav_from = wav_from or os.path.join(RELEASE_DIR, task_registry.get("sstorycloze").release_audio_dir, "0.wav")
   for task, lines in (("sstorycloze", stories), ("scmmlu", cmmlu)):
     if lines is None:
       continue
-    record = benchmarks.get(task)
+    record = task_registry.get(task)
     os.makedirs(os.path.join(root, record.release_audio_dir), exist_ok=True)
     with open(os.path.join(root, record.release_jsonl), "w", encoding="utf-8") as f:
       f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
@@ -154,7 +154,7 @@ def test_answer_outside_a_to_d(tmp_path):
 
 def test_missing_unreadable_and_overlong_audio(tmp_path, qwen_tokenizer_dir):
   root = _write_release(str(tmp_path), stories=_stories(4))
-  audio_dir = os.path.join(root, benchmarks.get("sstorycloze").release_audio_dir)
+  audio_dir = os.path.join(root, task_registry.get("sstorycloze").release_audio_dir)
   os.remove(os.path.join(audio_dir, "2_x.wav"))
   with open(os.path.join(audio_dir, "4_x.wav"), "wb") as f:
     f.write(b"RIFF not really a wav")
@@ -214,7 +214,7 @@ def test_a_shared_story_number_leaves_out_every_line_that_shares_it(tmp_path):
 
 def test_lines_that_are_not_objects_or_not_text_are_named_by_file_and_line(tmp_path):
   root = _write_release(str(tmp_path), stories=_stories(4))
-  jsonl = os.path.join(root, benchmarks.get("sstorycloze").release_jsonl)
+  jsonl = os.path.join(root, task_registry.get("sstorycloze").release_jsonl)
   lines = open(jsonl, encoding="utf-8").read().splitlines()
   lines[1] = "5"
   lines[2] = json.dumps(dict(_stories()[2], first=None))
@@ -340,8 +340,8 @@ def test_joint_tokenization_scores_what_s2sbench_s_reference_scores(qwen_tokeniz
 
 @pytest.mark.slow
 def test_a_build_without_a_row_length_chooses_it_and_the_evaluator_finds_it(tmp_path, qwen_tokenizer_dir):
-  from s2sjax.packing import auto_row_length
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data.packing import auto_row_length
+  from s2sjax.data.task_data import load_task_data
 
   data_dir = str(tmp_path / "data")
   metadata = prepare("sstorycloze", "demo", "t2t", None, data_dir, tokenizer_dir=qwen_tokenizer_dir)

@@ -12,13 +12,14 @@ import numpy as np
 import optax
 import pytest
 
-from s2sjax import checkpoint, sharding
-from s2sjax.evaluator import Evaluator, ScoringOptions
-from s2sjax.model import decoder
-from s2sjax.model.config import ModelConfig
-from s2sjax.stacks import levanter, maxtext, maxtext_config
-from s2sjax.stacks.levanter_hook import s2sbench_hook
-from s2sjax.task_data import load_task_data
+from s2sjax.scoring import checkpoint
+from s2sjax.runtime import sharding
+from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
+from s2sjax.scoring.model import decoder
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.scoring.stacks import levanter, maxtext, maxtext_config
+from s2sjax.results.levanter_hook import s2sbench_hook
+from s2sjax.data.task_data import load_task_data
 from tests.stack_fixtures import folder, needs_maxtext_oracle, run_config
 
 CONFIG = ModelConfig(family="llama", vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -78,7 +79,7 @@ class StandInTrainer:
 
 
 def levanter_tree(params) -> dict:
-  """The decoder's parameters as levanter's LlamaLMHeadModel holds them (s2sjax/stacks/levanter.py's layout, built
+  """The decoder's parameters as levanter's LlamaLMHeadModel holds them (s2sjax/scoring/stacks/levanter.py's layout, built
   here from the layout's description: Linear weights out axes first, the layers Stacked)."""
   c, layers = CONFIG, params["layers"]
   q = layers["attn"]["q"]["kernel"].reshape(c.num_layers, c.hidden_size, c.num_kv_heads, -1, c.head_dim)

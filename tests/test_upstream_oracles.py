@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax import checkpoint, logprobs
+from s2sjax.scoring import checkpoint, log_probs
 
 ORACLES = Path(__file__).resolve().parents[1].parent / "shared" / "upstream-oracles"
 pytestmark = pytest.mark.skipif(not ORACLES.is_dir(), reason="the upstream oracles (../shared/upstream-oracles) are "
@@ -72,7 +72,7 @@ def test_baichuan_log_probs_are_omni_for_causal_lm_forward(baichuan, head, codes
   if codes.endswith("random"):  # the variant reaches each table's extra row (codebook_size + 1 rows)
     sizes = json.loads((BAICHUAN / "config.json").read_text())["audio_config"]["vq_config"]["codebook_sizes"]
     assert audio_codes[0].tolist() == sizes
-  ours = logprobs.compute(baichuan[head], ids, audio_codes).text
+  ours = log_probs.compute(baichuan[head], ids, audio_codes).text
   error = worst(ours, np.load(BAICHUAN / "outputs" / f"{oracle}.npy"))
   print(f"baichuan {head} head, {codes}: max |log-prob - upstream| {error:.2e}")
   assert error <= TOLERANCE
@@ -84,7 +84,7 @@ def test_chatglm_log_probs_are_modeling_chatglm(tmp_path, variant):
   """multi-query (2 groups), per-head qkv, rope_ratio 500: converted with no flags (config.json says chatglm)."""
   out = str(tmp_path / variant)
   convert.convert(str(CHATGLM / variant), out)
-  ours = logprobs.compute(out, np.load(CHATGLM / "inputs" / "input_ids.npy")).text
+  ours = log_probs.compute(out, np.load(CHATGLM / "inputs" / "input_ids.npy")).text
   error = worst(ours, np.load(CHATGLM / variant / "outputs" / "logprobs.npy"))
   print(f"chatglm {variant}: max |log-prob - upstream| {error:.2e}")
   assert error <= TOLERANCE

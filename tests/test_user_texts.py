@@ -10,9 +10,11 @@ import wave
 import numpy as np
 import pytest
 
-from s2sjax import benchmarks, builds, default_model, flips, plan
+from s2sjax.data import task_registry, builds
+from s2sjax.scoring import default_model, planner
+from s2sjax.results import flips
 from s2sjax.commands import eval as s2s_eval
-from s2sjax.questions import QuestionScores
+from s2sjax.data.questions import QuestionScores
 from s2sjax.commands import prepare as prepare_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -23,7 +25,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not docs/b
 def test_the_usage_lists_every_task_of_the_registry(command):
   usage = builds.usage(command.__doc__)
   choices = re.search(r"--task=(\S+)", usage).group(1).split("|")
-  assert choices == benchmarks.names() + ["all"] and "tstorycloze" in choices
+  assert choices == task_registry.names() + ["all"] and "tstorycloze" in choices
 
 
 def _scores(right_loss, wrong_loss, n_tokens=2):
@@ -36,7 +38,7 @@ def _scores(right_loss, wrong_loss, n_tokens=2):
 
 
 def test_the_result_line_names_the_right_and_wrong_candidates_losses():
-  from s2sjax import metrics
+  from s2sjax.data import metrics
 
   m = metrics.task_metrics("pair", _scores([1.0, 2.0], [3.0, 0.5]))
   line = s2s_eval.result_line("model sstorycloze S→T", m, 43.44)
@@ -100,7 +102,7 @@ def test_the_readme_is_short():
 
 
 def test_the_plan_figures_in_the_docs_are_what_the_planner_prints():
-  p = plan.plan(plan.named_models()["qwen2.5-7b"], "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  p = planner.plan(planner.named_models()["qwen2.5-7b"], "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
   memory = f"{p['params_gib']:.2f} + {p['activations_gib']:.2f} GiB per chip"
   minutes = f"{p['total_seconds'] / 60:.1f} min at 40% MFU"
   for name in ("README.md", "docs/tpu.md"):
@@ -108,5 +110,5 @@ def test_the_plan_figures_in_the_docs_are_what_the_planner_prints():
     assert f"`{p['mesh']}`, {memory}" in text and minutes in text, name
   tpu = " ".join((ROOT / "docs" / "tpu.md").read_text().split())
   assert f"{p['benchmark_tflops']:,.0f} TFLOP" in tpu
-  glm = plan.plan(plan.named_models()["glm-4-9b"], "v4-32", 2048, 8, "bfloat16", 12.5, 0.4)
+  glm = planner.plan(planner.named_models()["glm-4-9b"], "v4-32", 2048, 8, "bfloat16", 12.5, 0.4)
   assert f"GLM-4-9B on v4-32 → `{glm['mesh']}`, {glm['total_gib']:.2f} GiB per chip" in tpu

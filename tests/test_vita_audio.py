@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from checkpoints_conversion import convert
-from s2sjax import checkpoint, families, logprobs
-from s2sjax.model.config import ConfigError
-from s2sjax.spec import load_spec
+from s2sjax.scoring import checkpoint, families, log_probs
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.data.spec import load_spec
 from tests.hf_models import state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint
 
 SCORED, MTP = 2, 3  # the tiny release: 5 layers, the last 3 MCTP modules'
@@ -65,7 +65,7 @@ def test_vita_audio_release_converts_its_scored_layers_and_scores_as_qwen2(tmp_p
 
   reference = scored_reference(tensors)
   ids = np.random.default_rng(1).integers(0, reference.config.vocab_size, size=(1, 160))
-  ours = logprobs.compute(out, ids).text
+  ours = log_probs.compute(out, ids).text
   assert np.abs(ours - torch_log_probs(reference, ids)[0]).max() < 1e-4
 
 
@@ -122,8 +122,8 @@ def test_the_spec_scores_the_bundled_sample_end_to_end(tmp_path, qwen_tokenizer_
   from transformers import AutoTokenizer
 
   from s2sjax.commands.eval import EvalConfig, run
-  from s2sjax.evaluator import ScoringOptions
-  from s2sjax.task_data import load_task_data
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from s2sjax.data.task_data import load_task_data
   from tasks.audio.glm4_voice import Glm4VoiceTokenizer
   from tasks.preparation import prepare
   from tests.test_audio_builds import ORACLES, oracle_spec, text_tokenizer

@@ -50,15 +50,16 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion.verify import load_torch_model
-from s2sjax import bench_accelerator, checkpoint, cli, plan
-from s2sjax.bench_accelerator import BenchError
-from s2sjax.bench_items import PROTOCOLS, WORKLOADS, make_items
+from s2sjax.scoring import bench_accelerator, checkpoint, planner
+from s2sjax.runtime import cli
+from s2sjax.scoring.bench_accelerator import BenchError
+from s2sjax.scoring.bench_items import PROTOCOLS, WORKLOADS, make_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.model import layers
-from s2sjax.model.config import ModelConfig
-from s2sjax.packing import Item, RowShape, auto_row_length, fit, pack
-from s2sjax.scoring import Scorer, collect
-from s2sjax.spec import load_spec
+from s2sjax.scoring.model import layers
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.data.packing import Item, RowShape, auto_row_length, fit, pack
+from s2sjax.scoring.scorer import Scorer, collect
+from s2sjax.data.spec import load_spec
 from tasks.build import QuestionEncoder
 from tasks.importer import read_stories
 from tasks.release import Question
@@ -128,7 +129,7 @@ def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batc
       out[i, c] = float(losses[b, prefix_len - 1 : len(tokens) - 1].mean())
     computed += len(batch) * width
     # executed FLOPs: every padded position, attention over the whole width, full logits everywhere
-    flops += plan.forward_flops(config, len(batch) * width, width, len(batch) * width)
+    flops += planner.forward_flops(config, len(batch) * width, width, len(batch) * width)
   return out, computed, flops
 
 
@@ -149,7 +150,7 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   computed = math.ceil(report.rows / scorer.batch_size) * scorer.batch_size * shape.length
   targets = int(n_tokens.sum())
   # executed: every row position, attending over the row or its item window
-  flops = plan.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
+  flops = planner.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
   return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
               efficiency=report.efficiency, rows=report.rows, row_length=shape.length, attention=attention)
 

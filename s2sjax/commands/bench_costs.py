@@ -27,7 +27,8 @@ import time
 import numpy as np
 from absl import flags
 
-from s2sjax import cli, plan
+from s2sjax.runtime import cli
+from s2sjax.scoring import planner
 from s2sjax.commands.bench import cpu_machine, machine_line
 from s2sjax.commands.default_checkpoint import default_checkpoint
 
@@ -114,7 +115,7 @@ class Runner:
     score = timed_process([sys.executable, "-m", "s2sjax.eval", *common, f"--output_dir={out}"],
                           os.path.join(self.folder, f"score-{name}.log"), env)
     with open(os.path.join(out, "metrics.json")) as f:
-      questions = json.load(f)["tasks"][task]["t2t"]["n"]
+      questions = json.load(f)["runs"][0]["tasks"][task]["t2t"]["questions"]
     point = dict(task=task, questions=questions, row_length=row_length, build=build, score=score)
     print(f"{task} {questions} questions, rows of {row_length}: build {build['seconds']:.1f} s "
           f"{build['peak_rss_gib']:.2f} GiB, score {score['seconds']:.1f} s {score['peak_rss_gib']:.2f} GiB", flush=True)
@@ -124,11 +125,11 @@ class Runner:
 def planned_line(names: list[str], topology: str) -> list[dict]:
   """The planner's memory per chip and whole-benchmark minutes for each named model (bf16, rows of 2,048, 8 rows a
   step, 40% MFU: `s2sjax.plan`'s defaults)."""
-  models = plan.named_models()
+  models = planner.named_models()
   out = []
   for name in names:
     config = models[name]
-    p = plan.plan(config, topology, 2048, 8, "bfloat16", 12.5, 0.4)
+    p = planner.plan(config, topology, 2048, 8, "bfloat16", 12.5, 0.4)
     out.append(dict(model=name, params_billion=config.num_params() / 1e9, gib_per_chip=p["total_gib"],
                     minutes=p["total_seconds"] / 60, mesh=p["mesh"]))
   return out
@@ -252,6 +253,6 @@ if __name__ == "__main__":
   flags.DEFINE_list("row_lengths", ["512", "1024", "2048", "4096", "8192"], "Row lengths for all of StoryCloze.")
   flags.DEFINE_integer("row_length", 1024, "Row length of the points against questions.")
   flags.DEFINE_list("planned", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "Named models of s2sjax.plan.")
-  flags.DEFINE_enum("topology", "v5e-8", list(plan.TOPOLOGIES), "The planner's TPU slice or GPU host.")
+  flags.DEFINE_enum("topology", "v5e-8", list(planner.TOPOLOGIES), "The planner's TPU slice or GPU host.")
   flags.DEFINE_string("work_dir", None, "Where the replicas and builds go while it runs (default: the temp folder).")
   cli.run(main, __doc__)

@@ -4,7 +4,7 @@ r"""What scoring through a model's own forward costs against the shared-prefix s
       [--storycloze_csv=CSV] [--checkpoint=DIR] [--batch_size=2] [--own_batch_size=2] [--output=FILE.json]
 
 `sample`: the bundled sample's StoryCloze T->T build (demo spec; built on first use, as `s2sjax.eval` builds it);
-`stories`: N synthetic StoryCloze-like items (s2sjax/bench_items.py); `storycloze`: the first N stories of the
+`stories`: N synthetic StoryCloze-like items (s2sjax/scoring/bench_items.py); `storycloze`: the first N stories of the
 StoryCloze 2016 test CSV. The model is the checkpoint's (default: the embedded SmolLM2-135M). Both paths score
 the same built rows: the shared-prefix step (`Scorer`, item-local attention as `s2sjax.eval --attention=auto`
 runs it on a CPU) and the decoder as its own forward (`own_forward.decoder_forward`: the rows laid again one
@@ -24,14 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from s2sjax import checkpoint, cli, default_model
-from s2sjax.bench_items import make_items
+from s2sjax.scoring import checkpoint, default_model
+from s2sjax.runtime import cli
+from s2sjax.scoring.bench_items import make_items
 from s2sjax.commands.bench import cpu_machine, machine_line, row_shape, storycloze_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.own_forward import OwnForwardScorer, decoder_forward
-from s2sjax.packing import fit, pack
-from s2sjax.scoring import Scorer, collect
-from s2sjax.spec import load_spec
+from s2sjax.scoring.own_forward import OwnForwardScorer, decoder_forward
+from s2sjax.data.packing import fit, pack
+from s2sjax.scoring.scorer import Scorer, collect
+from s2sjax.data.spec import load_spec
 from tasks.preparation import default_data_dir, prepare
 
 FLAGS = flags.FLAGS
@@ -39,7 +40,7 @@ FLAGS = flags.FLAGS
 
 def sample_rows(ckpt: str) -> tuple[dict, object]:
   """The bundled sample's StoryCloze T->T rows (built into the default data folder on first use) and their shape."""
-  from s2sjax.task_data import load_task_data
+  from s2sjax.data.task_data import load_task_data
 
   data_dir = default_data_dir()
   prepare("sstorycloze", "demo", "t2t", None, data_dir, tokenizer_dir=os.path.join(ckpt, "tokenizer"))

@@ -6,12 +6,12 @@ r"""Evaluates speech-LLM checkpoints on S2SBench: T->T, S->T, T->S, S->S and the
       [--attention=auto|xla|dot_product|cudnn|flash|flash_shared] [--noshare_prefix] [--overlong=truncate_prefix] \
       [--noverify_checkpoint] [--noverify_data] [--accept_config_change]
 
-TASK: a task of the registry (s2sjax/benchmarks.py), plugins' included. With only task and modality it runs the
+TASK: a task of the registry (s2sjax/data/task_registry.py), plugins' included. With only task and modality it runs the
 embedded default: the bundled sample (built on first use) and SmolLM2-135M-Instruct (its Q4_1 GGUF, converted on
 first use; both cached in $S2SJAX_CACHE, default ~/.cache/s2sjax) with an untrained audio table, so its S->T shows
 what a text LM that never learned audio does (its spoken candidates are units it never learned either). Several
 checkpoints of one run (a glob or a list) give curves over steps, each step read from its folder's name
-(s2sjax/checkpoint_paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
+(s2sjax/scoring/checkpoint_paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
 is missing, and refuses chunks another checkpoint, dtype, chunking or data made; SIGINT (Ctrl-C) or SIGTERM stops a
 run within seconds, keeping its finished chunks, writing the summaries of what is complete and releasing the lock,
 so a rerun goes on. What is read is held to what wrote it: the checkpoint's parameters and config
@@ -38,18 +38,20 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from s2sjax import (architectures, benchmarks, builds, cache, checkpoint, checkpoint_paths, cli, default_model, flips,
-                    metrics, modalities, peers, plan, reports, sharding, text_tokenizer)
-from s2sjax.chunk_store import ChunkStore, score_resumable
+from s2sjax.scoring import architectures, checkpoint, checkpoint_paths, default_model, planner
+from s2sjax.data import task_registry, builds, metrics, modalities, text_tokenizer
+from s2sjax.runtime import cache, cli, peers, sharding
+from s2sjax.results import flips, reports
+from s2sjax.results.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
-from s2sjax.metrics import summarize
-from s2sjax.model import layers
-from s2sjax.output_dir import OutputError, RunLock
-from s2sjax.questions import QuestionScores
-from s2sjax.progress import Progress
-from s2sjax.stacks import maxtext_config
-from s2sjax.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
+from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
+from s2sjax.data.metrics import summarize
+from s2sjax.scoring.model import layers
+from s2sjax.runtime.output_dir import OutputError, RunLock
+from s2sjax.data.questions import QuestionScores
+from s2sjax.runtime.progress import Progress
+from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.data.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
 
@@ -66,7 +68,7 @@ class EvalConfig:
   """Everything one `run` needs. `scoring` is what an in-training `Evaluator` takes too."""
 
   tasks: tuple[str, ...]
-  modalities: tuple[str, ...] = ("t2t", "s2t")  # names of s2sjax.modalities
+  modalities: tuple[str, ...] = ("t2t", "s2t")  # names of s2sjax.data.modalities
   protocols: tuple[str, ...] = ("s2sbench",)  # how S->S is scored (tasks/build.py); the others are s2sbench's
   checkpoints: str | None = None  # dirs, globs, comma-separated; None: the embedded default model
   spec: str = "demo"
@@ -123,7 +125,7 @@ def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True
   """Config and params of one checkpoint (config hash and parameter checksums verified), fitted to the data's spec
   (`default_model.fit_to_spec`: for the embedded default, a unit spec's units become untrained vocabulary rows,
   whichever modalities run; `s2sjax.check` loads the same model). A checkpoint of another architecture
-  (s2sjax/architectures) gives its own config and tree, which the Evaluator scores with that architecture's scorer."""
+  (s2sjax/scoring/architectures) gives its own config and tree, which the Evaluator scores with that architecture's scorer."""
   if not data:
     raise EvalError("no task data to score: nothing was built or asked for")
   config = checkpoint.load_config(path, accept_config_change)
@@ -176,7 +178,7 @@ def run(cfg: EvalConfig) -> list[dict]:
       config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint, cfg.accept_config_change)
       for td in data:
         check_fit(config, td, identity)
-      plan.check_step_memory(config, [td.shape for td in data], options.batch_size, options.dtype, attention, mesh)
+      planner.check_step_memory(config, [td.shape for td in data], options.batch_size, options.dtype, attention, mesh)
       if evaluator is None or evaluator.config != config:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
@@ -230,7 +232,7 @@ def result_line(scored: str, m: dict, seconds: float) -> str:
 
 def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
                  scores: dict[tuple[str, str], QuestionScores]) -> None:
-  """Per task and pair of modalities scored now (s2sjax.modalities.COMPARISONS): the questions they decide
+  """Per task and pair of modalities scored now (s2sjax.data.modalities.COMPARISONS): the questions they decide
   differently, with texts and the spoken prefix's recording."""
   by_key = {(td.task, td.label): td for td in data}
   for task in dict.fromkeys(task for task, _ in scores):
@@ -336,16 +338,16 @@ def define_flags() -> None:
   flags.DEFINE_integer("process_id", None, "With --coordinator_address: this process's index.")
   flags.DEFINE_enum("cpu_collectives", None, ["gloo", "mpi"], "CPU collectives for multi-process runs on CPUs.")
   flags.DEFINE_float("peer_timeout_s", 30.0, "With --distributed: a peer silent this long ends every process with "
-                     "an error (s2sjax/peers.py).", lower_bound=2.0)
+                     "an error (s2sjax/runtime/peers.py).", lower_bound=2.0)
 
 
 def all_tasks(data_dir: str | None) -> list[str]:
   """`--task=all`: every task of the bundled sample (the tasks with text), or with --data_dir the ones built there
   (S2SBench's release has no tStoryCloze, for one), saying which are left out."""
   if data_dir is None:
-    return [t for t in benchmarks.names() if benchmarks.get(t).has_text]
-  built = [t for t in benchmarks.names() if os.path.isdir(os.path.join(data_dir, t))]
-  missing = [t for t in benchmarks.names() if t not in built]
+    return [t for t in task_registry.names() if task_registry.get(t).has_text]
+  built = [t for t in task_registry.names() if os.path.isdir(os.path.join(data_dir, t))]
+  missing = [t for t in task_registry.names() if t not in built]
   if not built:
     raise EvalError(f"--task=all: no task is built in {data_dir}: build them with python -m tasks.prepare "
                     f"--data_dir={data_dir} (or name --task)")
@@ -387,7 +389,7 @@ def main(argv):
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
   config = config_from_flags()
-  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/stacks)
+  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/stacks)
     runs = run(config)
   if jax.process_index() != 0:
     return

@@ -32,7 +32,7 @@ tokenization; an empty context becomes the prefix token. Tokenization with speci
 `tok_encode`; chat templates (`--apply_chat_template`) are the tokenizer's, applied as the hf backend applies them.
 is_greedy comes from the same step: the count of a continuation's tokens that are not the argmax of the logits
 that predict them. A request's log-likelihood is the same bits whatever else the call holds: items start at
-multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.Scorer`) and a continuation's NLL is
+multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.scorer.Scorer`) and a continuation's NLL is
 summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the scorer spreads rows
 over JAX processes.
 """
@@ -58,13 +58,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from s2sjax import cache, cli, plan, progress, sharding
-from s2sjax import checkpoint as ckpt
+from s2sjax.runtime import cache, cli, progress, sharding
+from s2sjax.scoring import planner
+from s2sjax.scoring import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.errors import UserError
-from s2sjax.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, RowShape, fit, neighbour_free_bound,
-                            pack)
-from s2sjax.scoring import Scorer, collect
+from s2sjax.runtime.errors import UserError
+from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, RowShape, fit, neighbour_free_bound, pack
+from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
 
@@ -138,9 +138,9 @@ def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_siz
   the call's own rows, whose parameters and activations (`plan.activation_bytes`, an upper bound: it counts
   attention over whole rows) fit in 90% of each device's `memory`."""
   data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
-  params = plan.param_bytes(config, jnp.dtype(dtype).name) / model_parallel
+  params = planner.param_bytes(config, jnp.dtype(dtype).name) / model_parallel
   per_device = max(1, math.ceil(min(rows, max_batch_size) / data_parallel))
-  while per_device > 1 and params + plan.activation_bytes(config, per_device, shape.length, jnp.dtype(dtype).name,
+  while per_device > 1 and params + planner.activation_bytes(config, per_device, shape.length, jnp.dtype(dtype).name,
                                                            model_parallel) > 0.9 * memory:
     per_device -= 1
   return per_device * data_parallel
@@ -160,7 +160,7 @@ def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
 
 
 class S2SJaxLM(TemplateLM):
-  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
+  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.scorer.Scorer`."""
 
   def __init__(self, pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
                dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
@@ -425,7 +425,7 @@ def _git_quiet():
 def cli_evaluate(argv: list[str] | None = None) -> None:
   """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
   defaulting to s2sjax. lm-eval builds and calls the backend itself, so what every s2sjax command line does
-  (s2sjax/cli.py) is done here: a refusal of the backend's (a UserError: model_args, a device, a mesh, a
+  (s2sjax/runtime/cli.py) is done here: a refusal of the backend's (a UserError: model_args, a device, a mesh, a
   checkpoint, a generation task) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
   and says that lm-eval writes its files only when a run ends."""
   args = list(sys.argv[1:] if argv is None else argv)

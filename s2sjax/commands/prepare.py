@@ -22,7 +22,8 @@ import signal
 
 from absl import flags
 
-from s2sjax import benchmarks, builds, cli
+from s2sjax.data import task_registry, builds
+from s2sjax.runtime import cli
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from tasks.preparation import default_data_dir, prepare_build
 from tasks.release import task_paths
@@ -49,8 +50,8 @@ def main(argv):
   tasks = [FLAGS.task]
   if FLAGS.task == "all":  # every task the release holds (S2SBench's has no tStoryCloze, the replica does)
     release = resolve_manual_dir(FLAGS.manual_dir)
-    tasks = [t for t in benchmarks.names() if os.path.exists(task_paths(t, release)[0])]
-    for task in benchmarks.names():
+    tasks = [t for t in task_registry.names() if os.path.exists(task_paths(t, release)[0])]
+    for task in task_registry.names():
       if task not in tasks:
         print(f"{task}: {task_paths(task, release)[0]} does not exist, left out")
   selected = builds.from_flags(tasks)

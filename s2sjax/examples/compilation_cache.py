@@ -7,7 +7,7 @@ data (if `$S2SJAX_CACHE` does not hold them yet), then `--runs` times with an em
 times with a warm one, alternating, and prints the medians of each: the seconds XLA spent compiling (jax's own
 count, `JAX_LOG_COMPILES`), the scoring time (the result line's: loading the model, compiling and running the
 steps) and the wall time. The runs differ in the compilation cache only (`JAX_COMPILATION_CACHE_DIR`, which
-`s2sjax.cache` leaves alone when set). On a CPU shared with other work the wall and scoring times move with the
+`s2sjax.runtime.cache` leaves alone when set). On a CPU shared with other work the wall and scoring times move with the
 load far more than the cache moves them; the compile seconds say what the cache saves. A benchmark, not a test: it
 prints figures.
 """
@@ -25,7 +25,7 @@ import time
 
 from absl import flags
 
-from s2sjax import cli
+from s2sjax.runtime import cli
 
 MAIN_JOB = ["-m", "s2sjax.eval", "--task=sstorycloze", "--modality=speech"]
 RESULT_SECONDS = re.compile(r"S→T: accuracy .* \((\d+(?:\.\d+)?)s\)$", re.M)  # the result line's own timing

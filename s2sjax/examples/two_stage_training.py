@@ -19,15 +19,17 @@ import numpy as np
 import optax
 from absl import flags
 
-from s2sjax import benchmarks, cli, reports
+from s2sjax.data import task_registry
+from s2sjax.runtime import cli
+from s2sjax.results import reports
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.evaluator import Evaluator, ScoringOptions
-from s2sjax.model.config import ModelConfig
-from s2sjax.model.decoder import init_params
-from s2sjax.packing import Item, RowShape, pack
-from s2sjax.scoring import score_batch
-from s2sjax.spec import load_spec
-from s2sjax.task_data import TaskData, load_task_data
+from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
+from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.scoring.model.decoder import init_params
+from s2sjax.data.packing import Item, RowShape, pack
+from s2sjax.scoring.scorer import score_batch
+from s2sjax.data.spec import load_spec
+from s2sjax.data.task_data import TaskData, load_task_data
 from tasks.audio import from_spec
 from tasks.build import QuestionEncoder
 from tasks.preparation import default_data_dir, prepare
@@ -43,7 +45,7 @@ def alignment_rows(tokenizer, spec_name: str = SPEC) -> dict[str, np.ndarray]:
   spec = load_spec(spec_name)
   encoder = QuestionEncoder(spec, "s2t", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
   items = []
-  for task in (t for t in benchmarks.names() if benchmarks.get(t).has_text):  # the sample's tasks
+  for task in (t for t in task_registry.names() if task_registry.get(t).has_text):  # the sample's tasks
     for question in read_questions(task, RELEASE_DIR):
       ids, codes, _ = encoder.prefix(question, 0)
       transcript = encoder.text_ids(question.prefixes[0], special=False)

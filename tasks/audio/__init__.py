@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from s2sjax.registry import Registry, load_object
+from s2sjax.runtime.registry import Registry, load_object
 from tasks.audio.base import AudioTokenizer, AudioTokenizerError
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 

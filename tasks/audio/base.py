@@ -8,8 +8,8 @@ import hashlib
 
 import numpy as np
 
-from s2sjax.errors import UserError
-from s2sjax.progress import Progress
+from s2sjax.runtime.errors import UserError
+from s2sjax.runtime.progress import Progress
 
 
 class AudioError(UserError, ValueError):
@@ -158,7 +158,7 @@ class AudioTokenizer(abc.ABC):
 
   def encode_batch(self, waves: list[np.ndarray], names: list[str] | None = None, progress=None) -> list[np.ndarray]:
     """Codes of each wave; JAX tokenizers batch them (tasks/audio/jax_tokenizer.py), others go one by one.
-    `progress`: a progress line's name, or a `s2sjax.progress.Progress` a longer job counts on."""
+    `progress`: a progress line's name, or a `s2sjax.runtime.progress.Progress` a longer job counts on."""
     meter = (Progress(len(waves), progress, unit="utterances", rate_unit="audio s") if isinstance(progress, str)
              else progress)
     out = []

@@ -30,8 +30,8 @@ import time
 import numpy as np
 from absl import flags
 
-from s2sjax import cli
-from s2sjax.registry import load_object
+from s2sjax.runtime import cli
+from s2sjax.runtime.registry import load_object
 from tasks import audio
 from tasks.audio.base import load_audio
 from tasks.sample import RELEASE_DIR

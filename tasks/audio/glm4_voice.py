@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from s2sjax.errors import UserError
+from s2sjax.runtime.errors import UserError
 from tasks.audio import whisper
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, matmul_precision, nearest

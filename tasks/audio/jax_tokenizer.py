@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from s2sjax.progress import Progress
+from s2sjax.runtime.progress import Progress
 from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError
 
 # Frames (of the features' time axis) per batch: a bucket of length T holds about BATCH_FRAMES // T segments,
@@ -175,12 +175,12 @@ class _Runner:
   """The tokenizer's `apply` jitted over a data-parallel mesh, its weights placed once on every device."""
 
   def __init__(self, tokenizer: JaxAudioTokenizer):
-    # jax (and s2sjax.sharding, which imports it) loads once a tokenizer runs, not when a build merely names one
+    # jax (and s2sjax.runtime.sharding, which imports it) loads once a tokenizer runs, not when a build merely names one
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from s2sjax.sharding import MeshError, make_mesh
+    from s2sjax.runtime.sharding import MeshError, make_mesh
 
     mesh = make_mesh(tokenizer.mesh_spec, jax.local_devices())
     if any(mesh.shape[axis] > 1 for axis in mesh.axis_names if axis != "data"):

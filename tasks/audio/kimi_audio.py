@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from s2sjax.registry import load_object
+from s2sjax.runtime.registry import load_object
 from tasks.audio.base import AudioTokenizer, AudioTokenizerError
 from tasks.audio.kimi_whisper import SAMPLE_RATE, KimiWhisperFeatures
 

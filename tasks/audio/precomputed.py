@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from s2sjax.errors import MissingFileError
+from s2sjax.runtime.errors import MissingFileError
 from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, folder_digest
 
 

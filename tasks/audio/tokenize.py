@@ -28,10 +28,10 @@ import numpy as np
 import yaml
 from absl import flags
 
-from s2sjax import cli
-from s2sjax.errors import MissingFileError, UserError
-from s2sjax.staging import owner_tag, swap_into_place
-from s2sjax.spec import load_spec
+from s2sjax.runtime import cli
+from s2sjax.runtime.errors import MissingFileError, UserError
+from s2sjax.runtime.staging import owner_tag, swap_into_place
+from s2sjax.data.spec import load_spec
 from tasks import audio
 from tasks.audio.base import AudioError, load_audio, resamplings
 from tasks.audio.jax_tokenizer import FLOAT_DTYPES

@@ -8,7 +8,7 @@ import json
 import os
 
 import numpy as np
-from s2sjax.errors import UserError
+from s2sjax.runtime.errors import UserError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -13,7 +13,8 @@ import os
 import numpy as np
 from absl import flags
 
-from s2sjax import benchmarks, cli
+from s2sjax.data import task_registry
+from s2sjax.runtime import cli
 from tasks.audio import mel_kmeans
 from tasks.audio.base import load_audio
 from tasks.importer import topic_stories
@@ -22,9 +23,9 @@ from tasks.sample import SAMPLE_DIR
 from tasks.speech import speak
 
 def release_lines(task: str, source: list[dict]) -> list[dict]:
-  if benchmarks.get(task).release_format == "story_pairs":
+  if task_registry.get(task).release_format == "story_pairs":
     # uttids: plain ints for English, "<int>_zh" strings for Chinese (both forms occur in the release)
-    suffix = "_zh" if benchmarks.get(task).language == "zh" else ""
+    suffix = "_zh" if task_registry.get(task).language == "zh" else ""
     lines = []
     for k, story in enumerate(source):
       lines.append({"uttid": f"{2 * k}{suffix}" if suffix else 2 * k, "first": story["first"], "last": story["right"]})
@@ -43,7 +44,7 @@ def main(argv):
     with open(os.path.join(SAMPLE_DIR, "source", name), encoding="utf-8") as f:
       source = json.load(f)
     lines = release_lines(task, topic_stories(source) if task == "tstorycloze" else source)
-    record = benchmarks.get(task)
+    record = task_registry.get(task)
     jsonl = os.path.join(out, "release", record.release_jsonl)
     audio_dir = os.path.join(out, "release", record.release_audio_dir)
     os.makedirs(audio_dir, exist_ok=True)

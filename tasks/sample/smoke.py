@@ -12,7 +12,7 @@ import os
 import shutil
 import uuid
 
-from s2sjax import benchmarks
+from s2sjax.data import task_registry
 from tasks.release import candidate_audio_dir, spoken_candidates, task_paths
 from tasks.sample import RELEASE_DIR
 
@@ -21,8 +21,8 @@ QUESTIONS = 2  # per task: enough for every code path (two stories, two four-opt
 
 def smoke_tasks() -> list[str]:
   """The tasks of the bundled sample with text (a SpokenStoryCloze task has none: its T->T cannot be asked)."""
-  return [task for task in benchmarks.names()
-          if benchmarks.get(task).has_text and os.path.exists(task_paths(task, RELEASE_DIR)[0])]
+  return [task for task in task_registry.names()
+          if task_registry.get(task).has_text and os.path.exists(task_paths(task, RELEASE_DIR)[0])]
 
 
 def write_smoke_release(out_dir: str, questions: int = QUESTIONS) -> str:
@@ -45,7 +45,7 @@ def write_smoke_release(out_dir: str, questions: int = QUESTIONS) -> str:
 
 
 def _write_task(task: str, out_dir: str, questions: int) -> None:
-  record = benchmarks.get(task)
+  record = task_registry.get(task)
   jsonl, audio_dir = task_paths(task, RELEASE_DIR)
   with open(jsonl, encoding="utf-8") as f:
     lines = [json.loads(line) for line in f if line.strip()][: questions * record.release.lines_per_question]

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from s2sjax import architectures, formats, packing, spec
-from s2sjax.modalities import SPEECH
-from s2sjax.rows import Field, RowFormat
-from s2sjax.scoring import ScoringError, StreamScorer
+from s2sjax.scoring import architectures
+from s2sjax.data import formats, packing, spec
+from s2sjax.data.modalities import SPEECH
+from s2sjax.data.rows import Field, RowFormat
+from s2sjax.scoring.scorer import ScoringError, StreamScorer
 from tasks.encoders import QuestionEncoder
 
 NAME = "toy_features"

@@ -1,16 +1,17 @@
 """One record for each registry, from one plugin module (S2SJAX_PLUGINS), each added by that registry's own
-`register` (s2sjax.registry.Registry): a task, two spec presets (a YAML file beside this module, and a `Spec`
+`register` (s2sjax.runtime.registry.Registry): a task, two spec presets (a YAML file beside this module, and a `Spec`
 built here), an audio tokenizer type and a model family."""
 
 import os
 
-from s2sjax import benchmarks, families, spec
+from s2sjax.data import task_registry, spec
+from s2sjax.scoring import families
 from tasks import audio
 
-TASK = benchmarks.register(benchmarks.Benchmark(
+TASK = task_registry.register(task_registry.Task(
   "toy_registry_cloze", "ToyRegistryCloze", "en", "story_pairs", "Toy/toy_cloze.jsonl", "Toy/toy_cloze_wav",
   "Toy/toy_cloze_last_wav", decision="pair", candidates=2,
-  sizes=benchmarks.PlannerSizes(questions=4, prefix_tokens=40, candidate_tokens=10, seconds=6.0)))
+  sizes=task_registry.PlannerSizes(questions=4, prefix_tokens=40, candidate_tokens=10, seconds=6.0)))
 
 UNITS = spec.register(spec.SpecFile("toy_units", os.path.join(os.path.dirname(__file__), "toy_units.yaml")))
 TEXT = spec.register(spec.Spec(name="toy_text", audio_mode="none", audio_tokenizer={}, codebook_sizes=()))

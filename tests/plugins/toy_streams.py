@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from s2sjax import architectures, rows, spec
-from s2sjax.formats import streams
-from s2sjax.scoring import ScoringError, StreamScorer
+from s2sjax.scoring import architectures
+from s2sjax.data import rows, spec
+from s2sjax.data.formats import streams
+from s2sjax.scoring.scorer import ScoringError, StreamScorer
 
 NAME = "toy_streams"
 CODEBOOKS, CARD = 2, 16

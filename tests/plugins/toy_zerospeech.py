@@ -13,22 +13,22 @@ import collections
 import csv
 import os
 
-from s2sjax import benchmarks
+from s2sjax.data import task_registry
 from tasks.release import OutsideReleaseError, Problems, Question, ReleaseError
 
 COLUMNS = ("id", "filename", "voice", "word", "correct")
 
-RELEASE = benchmarks.RELEASE_FORMATS.register(benchmarks.ReleaseFormat(
+RELEASE = task_registry.RELEASE_FORMATS.register(task_registry.ReleaseFormat(
   "zerospeech_gold", f"{__name__}:read_gold", "words and non-words as recordings paired by a gold file, no text",
   modalities=("s2s",), protocols=("utterance",)))
 
-TASK = benchmarks.register(benchmarks.Benchmark(
+TASK = task_registry.register(task_registry.Task(
   "toy_swuggy", "ToySWUGGY", "en", "zerospeech_gold", "lexical/dev/gold.csv", "lexical/dev", "lexical/dev",
-  decision="pair", candidates=2, sizes=benchmarks.PlannerSizes(questions=3, prefix_tokens=0, candidate_tokens=0,
+  decision="pair", candidates=2, sizes=task_registry.PlannerSizes(questions=3, prefix_tokens=0, candidate_tokens=0,
                                                                seconds=1.0), ties="half"))
 
 
-def read_gold(record: benchmarks.Benchmark, paths, collect: Problems) -> list[Question]:
+def read_gold(record: task_registry.Task, paths, collect: Problems) -> list[Question]:
   """One question per (id, voice): the word (candidate 0, the right one) against the non-word, each recording
   `<filename>.wav` in the task's audio folder; a pair without exactly one of each is a problem naming its lines."""
   index = paths.index

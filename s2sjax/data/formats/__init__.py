@@ -1,0 +1,20 @@
+"""How a model takes audio, one registered `InputFormat` per spec `audio_mode` (see `format.py`): its typed row
+fields, its packer, its spec checks, its encoder and its pre-flight rule.
+
+  none, extended_vocab, codebook_tables   the shared decoder's token rows (`tokens.py`)
+  parallel_streams                        a text stream and codebook streams side by side (`streams.py`: Moshi)
+  kimi_audio                              two id streams and a float Whisper feature track (`kimi_audio.py`)
+
+Adding one is a module of your own that builds an `InputFormat` (a `rows.RowFormat` of its fields, an encoder
+class that lays a question and packs items with `packing.pack_laid`) and `register`s it, then a spec naming it as
+its `audio_mode` and an architecture that scores its rows (s2sjax/scoring/architectures); name the module in
+$S2SJAX_PLUGINS so every command line imports it before its first lookup (tests/plugins/toy_features.py: two id
+streams and a float feature track).
+"""
+
+from s2sjax.data.formats.format import INPUT_FORMATS, InputFormat, get, owner_of_key, register
+
+# The built-ins register on import.
+from s2sjax.data.formats import tokens, streams, kimi_audio  # noqa: E402,F401,I001
+
+__all__ = ["INPUT_FORMATS", "InputFormat", "get", "owner_of_key", "register"]

@@ -1,0 +1,141 @@
+"""The task registry: one record per benchmark, read by everything that needs to know a task, and the release
+layouts its records name.
+
+The release reader and the TFDS builders (`tasks`: one builder class per task, made from its record), the metrics
+(the decision rule), the result tables (titles), the planner (sizes), the command lines (`--task` choices) and the
+sample maker all look a task up here; none of them lists tasks. Adding a benchmark is one `register(Task(...))`
+(docs/architecture.md, "Adding a task"); a release laid out in a new way is one `RELEASE_FORMATS.register(
+ReleaseFormat(...))` with its reader. A module of your own that registers them is found through `S2SJAX_PLUGINS`
+(s2sjax/runtime/plugins.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from s2sjax.data import modalities
+from s2sjax.runtime.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseFormat:
+  """How a release lays a task's questions out (a record's `release_format`).
+
+  `reader` ("module:function", imported when a build asks: tasks/release.py's, or a plugin's) turns the release into
+  questions: `reader(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
+  `paths` (tasks.release.ReleasePaths), every bad line a problem naming it. `modalities` are what its questions can
+  be asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names,
+  and so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
+  recordings). `lines_per_question` of the index (a sample of the release keeps whole questions), and `spoken_names`
+  ("module:function": a line -> {its spoken candidates' wav names: their texts}) for the tools that write a
+  release's recordings (tasks.importer, the bundled sample)."""
+
+  name: str
+  reader: str
+  summary: str  # what its questions are, in messages
+  modalities: tuple[str, ...] = modalities.NAMES
+  protocols: tuple[str, ...] | None = None
+  index: str = "file"
+  lines_per_question: int | None = None
+  spoken_names: str | None = None
+
+  def __post_init__(self):
+    if self.index not in ("file", "folder") or not set(self.modalities) <= set(modalities.NAMES):
+      raise ValueError(f"release format {self.name}: index {self.index!r} (file, folder) or modalities "
+                       f"{self.modalities} ({', '.join(modalities.NAMES)})")
+
+  @property
+  def has_text(self) -> bool:
+    """Whether its questions are written (T->T, S->T can be asked): a folder of whole recordings is not."""
+    return any(modalities.get(name).reads_text for name in self.modalities)
+
+
+RELEASE_FORMATS: Registry[ReleaseFormat] = Registry("release format")
+# S2SBench's jsonl layouts, and slp-rl/SpokenStoryCloze's folders of whole spoken stories, read as SlamKit reads
+# them: each read by its function in tasks/release.py.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "story_pairs", "tasks.release:read_story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, "
+  "2k+1 the wrong one of the same story", lines_per_question=2, spoken_names="tasks.release:story_spoken_names"))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "multiple_choice", "tasks.release:read_multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, "
+  "answer`", lines_per_question=1, spoken_names="tasks.release:option_spoken_names"))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "spoken_pairs", "tasks.release:read_spoken_pairs", "whole spoken stories, no text and no separate prefix",
+  modalities=("s2s",), protocols=("utterance",), index="folder"))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerSizes:
+  """Typical sizes, for planning a run before any data is built (s2sjax.plan)."""
+
+  questions: int
+  prefix_tokens: int  # text tokens of a prefix
+  candidate_tokens: int  # text tokens of one candidate
+  seconds: float  # spoken prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str  # the --task value and the builder's folder
+  title: str  # in tables and curves
+  language: str  # picks the spec's templates (instruction, separator) and the TTS voice
+  release_format: str  # the name of a registered ReleaseFormat
+  release_jsonl: str  # relative to the release directory
+  release_audio_dir: str  # <uttid>.wav of each spoken prefix, relative to the release directory
+  # Spoken candidates (T->S, S->S), an s2sjax extension of the layout: story_pairs <uttid>.wav (each line's
+  # `last`), multiple_choice <uttid>_<A|B|C|D>.wav; relative to the release directory.
+  release_candidate_audio_dir: str
+  decision: str  # the name of a rule in s2sjax.data.metrics.DECISIONS: how losses become right/wrong
+  candidates: int  # per question
+  sizes: PlannerSizes
+  ties: str = "reference"  # s2sjax.data.metrics.TIE_RULES: how a tie counts (SlamKit's spoken StoryCloze: "half")
+
+  @property
+  def release(self) -> ReleaseFormat:
+    """How its release is laid out."""
+    return RELEASE_FORMATS.get(self.release_format)
+
+  @property
+  def has_text(self) -> bool:
+    """Whether the release writes its questions: a folder of whole recordings does not, and is asked S->S only."""
+    return self.release.has_text
+
+
+def _problems(new: Task, registered: Mapping[str, Task]) -> list[str]:
+  known = [f.name for f in RELEASE_FORMATS.registered()]
+  return [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
+                                                 f"{', '.join(known)} (register its ReleaseFormat first)"]
+
+
+TASKS: Registry[Task] = Registry("task", check=_problems)
+register, names, get = TASKS.register, TASKS.names, TASKS.get
+
+
+# S2SBench's three tasks: release files as the release ships them, sizes from its README (S2SBench's own
+# sCMMLU selection of 4,743), typical lengths measured on the bundled sample and the replica.
+register(Task(
+  "sstorycloze", "sStoryCloze", "en", "story_pairs", "StoryCloze/sStory_s2t.jsonl", "StoryCloze/s-story-firstspeech",
+  "StoryCloze/s-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
+register(Task(
+  "zh_sstorycloze", "zh-sStoryCloze", "zh", "story_pairs", "StoryCloze/zh_story.jsonl", "StoryCloze/zh_story",
+  "StoryCloze/zh_story_last", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 14, 12.0)))
+register(Task(
+  "scmmlu", "sCMMLU", "zh", "multiple_choice", "cmmlu/cmmlu_rewrite_4.jsonl", "cmmlu/cmmlu_rewrite",
+  "cmmlu/cmmlu_rewrite_options", decision="answer_vs_distractors", candidates=4, sizes=PlannerSizes(4743, 25, 6, 5.0)))
+# TWIST's topic StoryCloze (Hassid et al., 2023): sStoryCloze's stories, the wrong ending the right ending of
+# another story (tasks.importer.topic_stories, a fixed seed), so a model that only tracks the topic gets it right.
+# Not part of the S2SBench release: the replica importer and the bundled sample write it, with a pairing of this
+# project's own and espeak-ng speech, so it is titled "(replica)": its numbers are not TWIST's or Moshi's.
+register(Task(
+  "tstorycloze", "tStoryCloze (replica)", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
+  "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
+# The official spoken StoryCloze (slp-rl/SpokenStoryCloze, TWIST's sSC and tSC): whole spoken stories, read as
+# SlamKit reads them (tasks/release.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
+# half, as SlamKit's modelling metric counts them: the protocol of TWIST's and Moshi's published numbers.
+register(Task(
+  "spoken_sstorycloze", "SpokenStoryCloze sSC", "en", "spoken_pairs", "sSC", "sSC", "sSC", decision="pair",
+  candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+register(Task(
+  "spoken_tstorycloze", "SpokenStoryCloze tSC", "en", "spoken_pairs", "tSC", "tSC", "tSC", decision="pair",
+  candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))

@@ -1,0 +1,616 @@
+"""Moshi (Kyutai's `LMModel`): a text stream and Mimi codebook streams read in parallel, a depth transformer per
+step (`s2sjax.scoring.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
+`LMModel` keyword arguments (plus the loader's file names) and `model.safetensors` in upstream's state-dict keys.
+Attention comes in either of the spellings Kyutai's loader reads (`LMStateDict`): the releases' fused
+`in_proj_weight` / `out_proj.weight` (the depformer's per-step weight sets stacked in them), or today's
+`LMModel.state_dict()` names, one module per weight set (`in_projs.{i}.weight` / `out_projs.{i}.weight`, moshi
+0.2.13 and so moshi-finetune's outputs). LoRA factors (a LoRA-wrapped `LMModel`'s own state dict, or config.json's
+`lora: true` with its `lora_name` file) are merged into the weights they adapt.
+
+Why this is an `Architecture` (s2sjax/scoring/architectures) and not a `Family` of the family registry: a family's layouts
+parse into the shared decoder's `ModelConfig`. Moshi's parameters are another tree (stream tables, a depformer with
+per-step weights), its rows are stream rows (s2sjax/data/rows.py: several ids per position, whole steps as targets). So
+its registration, at the end of this module, carries what the pipeline asks of it: its config and parameter tree,
+its scoring step over stream rows (`score_stream_batch`, driven by `s2sjax.scoring.scorer.StreamScorer`), its fit check
+(`check_spec`), the protocol that lays a question's streams (`stream_weights`, `lay_streams`) and its converter
+(checkpoints_conversion/moshi_release.py, over `parse_config`, `rules` and `LMStateDict` here). Its checkpoints are
+the same directory format (`model_config.json` says `family: moshi`), written and read by `s2sjax.scoring.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from s2sjax.scoring.architectures.architecture import Architecture, FitError, StreamProtocol, register
+from s2sjax.scoring.families.keymap import check_rules
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params,
+  attention_mask, param_logical_axes, stream_log_probs)
+from s2sjax.data.rows import STREAM_ROWS
+from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks
+from s2sjax.scoring.sequence_inputs import LogProbsError, check_range, no_features, sequence
+
+NAME = FAMILY
+MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
+
+# config.json keys the loader (`CheckpointInfo.from_hf_repo`) reads for itself and never passes to LMModel.
+LOADER_KEYS = ("moshi_name", "mimi_name", "mimi_config_name", "tokenizer_name", "lora_name", "model_type",
+               "lm_gen_config", "tts_config", "stt_config", "model_id", "depformer_causal")
+# LMModel's and StreamingTransformer's defaults: what a config.json key left out means to upstream.
+DEFAULTS: dict[str, Any] = {
+  "delays": [0], "n_q": 8, "dep_q": 8, "card": 1024, "text_card": 32000, "text_card_out": None,
+  "demux_second_text_stream": False, "dim": 128, "num_heads": 8, "hidden_scale": 4, "norm": "layer_norm",
+  "norm_emb": False, "bias_proj": False, "depformer_dim": 256, "depformer_dim_feedforward": None,
+  "depformer_multi_linear": False, "depformer_weights_per_step": False, "depformer_weights_per_step_schedule": None,
+  "depformer_low_rank_embeddings": None, "depformer_pos_emb": "sin", "depformer_norm": None,
+  "existing_text_padding_id": 3, "existing_text_end_padding_id": 0, "extra_heads_num_heads": 0,
+  "extra_heads_dim": 6, "context": None, "causal": True, "quantize": False, "gradient_checkpointing": False,
+  # StreamingTransformer / StreamingTransformerLayer keyword arguments (the depformer inherits them unless a
+  # `depformer_` key overrides them)
+  "positional_embedding": "sin", "max_period": 10000, "positional_scale": 1.0, "layer_scale": None,
+  "gating": "none", "kv_repeat": 1, "cross_attention": False, "skip_self_attn": False, "betas": None,
+}
+# Switches this model does not implement: refused by name when set to anything but the value given.
+REFUSED = {
+  "demux_second_text_stream": False, "demux_second_stream": False, "norm_emb": False, "quantize": False,
+  "causal": True, "cross_attention": False, "skip_self_attn": False, "conditioners": None, "fuser": None,
+}
+# Keys whose value does not change the model's outputs.
+INERT = ("existing_text_end_padding_id", "extra_heads_num_heads", "extra_heads_dim", "gradient_checkpointing",
+         "betas", "depformer_context", "depformer_betas")
+# LoRA keys (`get_moshi_lm` pops them, moshi/models/loaders.py l.399-401): the converter merges the factors, so the
+# model never sees them. `lora_rank` is read off the factors' shapes.
+LORA_KEYS = ("lora", "lora_rank", "lora_scaling")
+LORA_SCALING = 2.0  # get_moshi_lm's default when config.json gives no lora_scaling (loaders.py l.401)
+# Moshiko / Moshika 7B (kyutai-labs/moshi configs/moshi_7b_202409.json = loaders._lm_kwargs): the published
+# architecture, for the planner and as what a release's config.json looks like.
+MOSHIKO_CONFIG: dict[str, Any] = {
+  "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8, "card": 2048,
+  "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125, "causal": True, "layer_scale": None, "context": 3000,
+  "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32", "positional_embedding": "rope",
+  "depformer_dim": 1024, "depformer_dim_feedforward": 4224, "depformer_num_heads": 16, "depformer_num_layers": 6,
+  "depformer_causal": True, "depformer_layer_scale": None, "depformer_multi_linear": True, "depformer_context": 8,
+  "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
+  "depformer_weights_per_step": True, "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+}
+# Release modules scoring never runs (extra heads; Mimi's keys when its file sits in the same folder).
+SKIPPED_PREFIXES = ("extra_heads.",)
+
+
+def _gating_hidden(dim: int, dim_feedforward: int) -> int:
+  """ActivationGating's hidden width."""
+  return (21 * dim) // 8 if dim_feedforward == 4 * dim else (2 * dim_feedforward) // 3
+
+
+def parse_config(cfg: Mapping[str, Any]) -> MoshiConfig:
+  """A release's config.json -> MoshiConfig; a ConfigError names every key it refuses."""
+  model_type = cfg.get("model_type", "moshi")
+  if model_type != "moshi":
+    raise ConfigError(f"config.json model_type {model_type!r}: only 'moshi' releases are read (the loader changes "
+                      f"{model_type} weights after loading them)")
+  cfg = {k: v for k, v in cfg.items() if k not in LOADER_KEYS}
+  known = set(DEFAULTS) | set(REFUSED) | set(INERT) | set(LORA_KEYS) | {
+    "num_layers", "depformer_num_heads", "depformer_num_layers", "depformer_layer_scale", "depformer_gating",
+    "depformer_max_period", "depformer_kv_repeat", "depformer_positional_scale"}
+  unknown = sorted(set(cfg) - known)
+  problems = [f"unknown config.json key {k!r}" for k in unknown]
+  for key, allowed in REFUSED.items():
+    if key in cfg and cfg[key] != allowed and not (allowed is None and not cfg[key]):
+      problems.append(f"{key}={cfg[key]!r} is not supported (only {allowed!r})")
+  get = lambda key: cfg.get(key, DEFAULTS.get(key))
+  if get("norm") not in ("rms_norm", "rms_norm_f32"):
+    problems.append(f"norm={get('norm')!r} is not supported (rms_norm, rms_norm_f32)")
+  if get("gating") != "silu":
+    problems.append(f"gating={get('gating')!r} is not supported (silu)")
+  if cfg.get("depformer_gating", get("gating")) != "silu":
+    problems.append(f"depformer_gating={cfg.get('depformer_gating')!r} is not supported (silu)")
+  if isinstance(get("depformer_dim_feedforward"), list):
+    problems.append("depformer_dim_feedforward as a list (one width per step) is not supported")
+  if "num_layers" not in cfg:
+    problems.append("num_layers is missing (StreamingTransformer has no default)")
+  if problems:
+    raise ConfigError("Moshi config.json: " + "; ".join(problems))
+
+  n_q, dep_q, dim = int(get("n_q")), int(get("dep_q")), int(get("dim"))
+  temporal = TransformerConfig(
+    dim=dim, num_heads=int(get("num_heads")), num_layers=int(cfg["num_layers"]), kv_repeat=int(get("kv_repeat")),
+    hidden=_gating_hidden(dim, int(get("hidden_scale") * dim)), activation=get("gating"), norm=get("norm"),
+    positional_embedding=get("positional_embedding"), max_period=float(get("max_period")),
+    positional_scale=float(get("positional_scale")), context=get("context"), layer_scale=get("layer_scale") is not None,
+  )
+  schedule = get("depformer_weights_per_step_schedule")
+  if schedule is not None and len(schedule) != dep_q:
+    raise ConfigError(f"depformer_weights_per_step_schedule has {len(schedule)} entries, dep_q={dep_q}")
+  schedule = tuple(schedule) if schedule is not None else tuple(range(dep_q))
+  depformer = None
+  if dep_q:
+    if "depformer_num_heads" not in cfg:
+      raise ConfigError("depformer_num_heads is missing (LMModel passes no num_heads to its depformer)")
+    ddim = int(get("depformer_dim"))
+    dff = get("depformer_dim_feedforward") or int(get("hidden_scale") * ddim)
+    per_step = bool(get("depformer_weights_per_step"))
+    depformer = TransformerConfig(
+      dim=ddim, num_heads=int(cfg["depformer_num_heads"]),
+      num_layers=int(cfg.get("depformer_num_layers", cfg["num_layers"])),
+      kv_repeat=int(cfg.get("depformer_kv_repeat", get("kv_repeat"))), hidden=_gating_hidden(ddim, int(dff)),
+      activation=cfg.get("depformer_gating", get("gating")), norm=get("norm"),
+      positional_embedding=get("depformer_pos_emb"),
+      max_period=float(cfg.get("depformer_max_period", get("max_period"))),
+      positional_scale=float(cfg.get("depformer_positional_scale", get("positional_scale"))),
+      context=None,  # LMModel sets the depformer's context to None whatever depformer_context says
+      layer_scale=cfg.get("depformer_layer_scale", get("layer_scale")) is not None,
+      weight_sets=(max(schedule) + 1) if per_step else 1,
+    )
+  return MoshiConfig(
+    n_q=n_q, dep_q=dep_q, card=int(get("card")), text_card=int(get("text_card")),
+    text_card_out=int(get("text_card_out") or get("text_card")), delays=tuple(int(d) for d in get("delays")),
+    temporal=temporal, depformer=depformer, depformer_multi_linear=bool(get("depformer_multi_linear")),
+    depformer_schedule=schedule, depformer_low_rank=get("depformer_low_rank_embeddings"),
+    depformer_norm=get("depformer_norm"), bias_proj=bool(get("bias_proj")),
+    existing_text_padding_id=int(get("existing_text_padding_id")),
+  )
+
+
+# ---- key map ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+  key: str
+  source_shape: tuple[int, ...]  # the shape the checkpoint must hold under `key`
+  rows: tuple[int, int] | None = None  # a [start, stop) row slice of a fused matrix
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A target leaf from its pieces, in order (layer-major, then weight set), each transformed ("copy" reshapes;
+  "linear" turns a PyTorch [out, in] weight into an [in, out] kernel) to the leaf's trailing shape, then stacked
+  over the leaf's `lead` leading dims."""
+
+  target: tuple[str, ...]
+  pieces: tuple[Piece, ...]
+  kind: str  # copy | linear
+  lead: int = 0
+
+  def assemble(self, arrays: list[np.ndarray], target_shape: tuple[int, ...]) -> np.ndarray:
+    item_shape = tuple(target_shape[self.lead :])
+    out = []
+    for piece, array in zip(self.pieces, arrays):
+      array = np.asarray(array)
+      if piece.rows is not None:
+        array = array[piece.rows[0] : piece.rows[1]]
+      out.append((array.T if self.kind == "linear" else array).reshape(item_shape))
+    return np.stack(out).reshape(target_shape) if self.lead else out[0]
+
+
+def _transformer_rules(t: TransformerConfig, target: tuple[str, ...], prefix: str, per_step: bool) -> list[Rule]:
+  """A StreamingTransformer's layers, in LMModel's module names (`LMStateDict`): attention has one in_projs /
+  out_projs module per weight set, an in_projs weight's rows being [q | k | v]."""
+  d, kvd, h = t.dim, t.kv_heads * t.head_dim, t.hidden
+  out_rows = d + 2 * kvd
+  sets = range(t.weight_sets)
+  layer = lambda i: f"{prefix}.layers.{i}"
+  lead = 2 if per_step else 1
+  rules = []
+
+  def projection(name: str, which: str, total: int, start: int, size: int) -> Rule:
+    pieces = tuple(Piece(f"{layer(i)}.self_attn.{which}_projs.{s}.weight", (total, d), (start, start + size))
+                   for i in range(t.num_layers) for s in sets)
+    return Rule((*target, "layers", name), pieces, "linear", lead)
+
+  rules += [projection("q", "in", out_rows, 0, d), projection("k", "in", out_rows, d, kvd),
+            projection("v", "in", out_rows, d + kvd, kvd), projection("o", "out", d, 0, d)]
+  if per_step:  # the gating is a ModuleList, one per weight set
+    gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{s}.{part}.weight", shape)
+                                       for i in range(t.num_layers) for s in sets)
+  else:
+    gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{part}.weight", shape) for i in range(t.num_layers))
+  rules += [Rule((*target, "layers", "gate"), tuple(dataclasses.replace(p, rows=(0, h)) for p in
+                                                   gating("linear_in", (2 * h, d))), "linear", lead),
+            Rule((*target, "layers", "up"), tuple(dataclasses.replace(p, rows=(h, 2 * h)) for p in
+                                                 gating("linear_in", (2 * h, d))), "linear", lead),
+            Rule((*target, "layers", "down"), gating("linear_out", (d, h)), "linear", lead)]
+  per_layer = lambda key, shape: tuple(Piece(f"{layer(i)}.{key}", shape) for i in range(t.num_layers))
+  rules += [Rule((*target, "layers", "attn_norm", "scale"), per_layer("norm1.alpha", (1, 1, d)), "copy", 1),
+            Rule((*target, "layers", "mlp_norm", "scale"), per_layer("norm2.alpha", (1, 1, d)), "copy", 1)]
+  if t.layer_scale:
+    rules += [Rule((*target, "layers", "attn_scale"), per_layer("layer_scale_1.scale", (d,)), "copy", 1),
+              Rule((*target, "layers", "mlp_scale"), per_layer("layer_scale_2.scale", (d,)), "copy", 1)]
+  return rules
+
+
+def _embedding_rules(target: tuple[str, ...], key: str, rows: int, dim: int, low_rank: int | None) -> list[Rule]:
+  rules = [Rule((*target, "embedding"), (Piece(f"{key}.weight", (rows, low_rank or dim)),), "copy")]
+  if low_rank:
+    rules.append(Rule((*target, "low_rank"), (Piece(f"{key}.low_rank.weight", (dim, low_rank)),), "linear"))
+  return rules
+
+
+def rules(config: MoshiConfig) -> list[Rule]:
+  """Every leaf of `abstract_params(config)` from the release's state-dict keys."""
+  c, dim = config, config.temporal.dim
+  out = _embedding_rules(("text_emb",), "text_emb", c.text_card + 1, dim, None)
+  for k in range(c.n_q):
+    out += _embedding_rules((f"audio_emb_{k}",), f"emb.{k}", c.card + 1, dim, None)
+  out += _transformer_rules(c.temporal, ("transformer",), "transformer", per_step=False)
+  out.append(Rule(("out_norm", "scale"), (Piece("out_norm.alpha", (1, 1, dim)),), "copy"))
+  out.append(Rule(("text_head", "kernel"), (Piece("text_linear.weight", (c.text_card_out, dim)),), "linear"))
+  if c.bias_proj:
+    out.append(Rule(("text_head", "bias"), (Piece("text_linear.bias", (c.text_card_out,)),), "copy"))
+  if not c.dep_q:
+    return out
+  t = c.depformer
+  out.append(Rule(("depformer", "in_kernel"), tuple(Piece(f"depformer_in.{j}.weight", (t.dim, dim))
+                                                   for j in range(c.num_in_linears)), "linear", 1))
+  out += _embedding_rules(("depformer", "text_emb"), "depformer_text_emb", c.text_card + 1, t.dim, c.depformer_low_rank)
+  for k in range(c.dep_q - 1):
+    out += _embedding_rules(("depformer", f"audio_emb_{k}"), f"depformer_emb.{k}", c.card + 1, t.dim,
+                            c.depformer_low_rank)
+  out += _transformer_rules(t, ("depformer", "transformer"), "depformer", per_step=t.weight_sets > 1)
+  if c.depformer_norm is not None:
+    out.append(Rule(("depformer", "norm_scale"), tuple(Piece(f"depformer_norms.{k}.alpha", (1, 1, t.dim))
+                                                      for k in range(c.dep_q)), "copy", 1))
+  out.append(Rule(("depformer", "heads"), tuple(Piece(f"linears.{k}.weight", (c.card, t.dim))
+                                               for k in range(c.dep_q)), "linear", 1))
+  if c.bias_proj:
+    out.append(Rule(("depformer", "heads_bias"), tuple(Piece(f"linears.{k}.bias", (c.card,))
+                                                      for k in range(c.dep_q)), "copy", 1))
+  return out
+
+
+# ---- the state dict's spellings --------------------------------------------------------------------------------------
+
+# The fused attention spellings Kyutai's loader splits into LMModel's per-weight-set modules
+# (`StreamingMultiheadAttention._load_hook`, moshi/modules/transformer.py l.423-446): a key's suffix after
+# `self_attn.` -> (in | out, the LoRA factor it is or ""); weight set i holds the i-th of its equal row blocks.
+FUSED_ATTENTION = {
+  "in_proj_weight": ("in", ""), "in_proj.weight": ("in", ""), "out_proj.weight": ("out", ""),
+  "in_proj.lora_A.weight": ("in", "lora_A."), "in_proj.lora_B.weight": ("in", "lora_B."),
+  "out_proj.lora_A.weight": ("out", "lora_A."), "out_proj.lora_B.weight": ("out", "lora_B."),
+}
+# A LoRA-wrapped linear (moshi/modules/lora.py `LoRALinear`): its base weight under `frozen_W`, its factors beside.
+_LORA_PART = re.compile(r"(?P<module>.+)\.(?P<part>frozen_W|lora_A|lora_B)\.(?P<leaf>weight|bias)")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+  key: str  # the file's key
+  rows: tuple[int, int] | None = None  # a row block of a fused tensor
+
+
+class LMStateDict:
+  """A Moshi state dict in `LMModel`'s own module names, whichever spelling the files use: fused attention split
+  into its weight sets, a LoRA-wrapped linear's `frozen_W` read as its weight and its factors merged into it
+  (W + scaling * B @ A, as `LoRALinear.forward` and `replace_lora_with_linear` compute it, moshi/modules/lora.py).
+  `shapes` and `read` speak those names; `problems` lists what does not fit (a tensor stored under two spellings, a
+  lone LoRA factor, factors that do not fit their weight) instead of raising, so all are reported together."""
+
+  def __init__(self, config: MoshiConfig, shapes: Mapping[str, tuple[int, ...]], read: Callable[[str], np.ndarray],
+               lora_scaling: float = LORA_SCALING):
+    self._read, self.lora_scaling = read, float(lora_scaling)
+    self.problems: list[str] = []
+    self._stored: dict[str, _Stored] = {}
+    self.shapes: dict[str, tuple[int, ...]] = {}
+    for key, shape in shapes.items():
+      for name, stored, stored_shape in self._spellings(config, key, tuple(shape)):
+        if name in self._stored:
+          self.problems.append(f"{name} is stored twice, as {self._stored[name].key} and as {key}")
+        else:
+          self._stored[name], self.shapes[name] = stored, stored_shape
+    self.lora: dict[str, tuple[str, str]] = {}  # adapted weight -> its (lora_A, lora_B) names
+    self._pair_lora_factors()
+
+  def _spellings(self, config: MoshiConfig, key: str, shape: tuple[int, ...]):
+    """(name, where it is stored, shape) of each LMModel tensor the file's `key` holds."""
+    head, sep, tail = key.rpartition(".self_attn.")
+    if sep and tail in FUSED_ATTENTION:
+      which, factor = FUSED_ATTENTION[tail]
+      sets = config.depformer.weight_sets if key.startswith("depformer.") and config.depformer else 1
+      if shape[0] % sets:
+        self.problems.append(f"{key}: {shape[0]} rows do not split into the attention's {sets} weight sets")
+        return []
+      n = shape[0] // sets
+      return [(f"{head}.self_attn.{which}_projs.{i}.{factor}weight", _Stored(key, (i * n, (i + 1) * n)),
+               (n, *shape[1:])) for i in range(sets)]
+    part = _LORA_PART.fullmatch(key)
+    if part and part["part"] == "frozen_W":
+      return [(f"{part['module']}.{part['leaf']}", _Stored(key), shape)]
+    return [(key, _Stored(key), shape)]
+
+  def _pair_lora_factors(self) -> None:
+    factors: dict[str, dict[str, str]] = {}
+    for name in self.shapes:
+      part = _LORA_PART.fullmatch(name)
+      if part and part["part"] != "frozen_W" and part["leaf"] == "weight":
+        factors.setdefault(part["module"], {})[part["part"]] = name
+    for module, names in sorted(factors.items()):
+      found = {part: self.shapes.pop(name) for part, name in names.items()}  # merged, never read on their own
+      if len(found) == 1:
+        (have,) = found
+        lack = "lora_B" if have == "lora_A" else "lora_A"
+        self.problems.append(f"LoRA factor {module}.{have}.weight has no {module}.{lack}.weight: the update "
+                             "W + scaling * B @ A needs both")
+        continue
+      weight = f"{module}.weight"
+      (rank, inputs), (outputs, rank_b) = found["lora_A"], found["lora_B"]
+      if weight not in self.shapes:
+        self.problems.append(f"LoRA factors {module}.lora_A/lora_B.weight have no {weight} (or frozen_W) to adapt")
+      elif rank != rank_b or self.shapes[weight] != (outputs, inputs):
+        self.problems.append(f"LoRA factors of {module} do not fit its weight: lora_B {found['lora_B']} @ lora_A "
+                             f"{found['lora_A']} against {weight} {self.shapes[weight]}")
+      else:
+        self.lora[weight] = (names["lora_A"], names["lora_B"])
+
+  def _read_stored(self, name: str) -> np.ndarray:
+    stored = self._stored[name]
+    array = self._read(stored.key)
+    return array if stored.rows is None else array[stored.rows[0] : stored.rows[1]]
+
+  def read(self, name: str) -> np.ndarray:
+    array = self._read_stored(name)
+    if name not in self.lora:
+      return array
+    down, up = (np.asarray(self._read_stored(n), np.float32) for n in self.lora[name])
+    return np.asarray(array, np.float32) + self.lora_scaling * (up @ down)
+
+
+def plan(config: MoshiConfig, state: LMStateDict) -> tuple[list[Rule], list[str], list[str]]:
+  """(rules, problems, skipped names) of a state dict: what its spellings do not fit, every missing tensor (named
+  with the leaf it feeds), every mis-shaped one and every tensor no rule reads."""
+  ruled = rules(config)
+  problems, rest = check_rules(set(traverse_util.flatten_dict(abstract_params(config))), ruled, state.shapes)
+  problems = state.problems + problems
+  skipped = [k for k in rest if k.startswith(SKIPPED_PREFIXES)]
+  unexpected = [k for k in rest if k not in skipped]
+  if unexpected:
+    problems.append(f"{len(unexpected)} unexpected key(s) that no rule uses: {', '.join(unexpected[:20])}")
+  return ruled, problems, skipped
+
+
+def convert_leaves(config: MoshiConfig, ruled: list[Rule], read, dtype=np.float32
+                   ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """(leaf path, array) for every rule, reading each rule's source tensors only (`read(key) -> array`)."""
+  abstract = traverse_util.flatten_dict(abstract_params(config))
+  for rule in ruled:
+    target = abstract[rule.target]
+    arrays = [np.asarray(read(piece.key), np.float32) for piece in rule.pieces]
+    yield rule.target, rule.assemble(arrays, tuple(target.shape)).astype(dtype)
+
+
+# ---- the spec's contract ---------------------------------------------------------------------------------------------
+
+
+def check_spec(config: MoshiConfig, codebook_sizes: Sequence[int], delays: Sequence[int],
+               initial_ids: Sequence[int]) -> None:
+  """Refuses a spec whose streams do not fit the model: Moshi reads its own speech as dep_q codebook streams of
+  `card` codes (and, past them, the user's, which the benchmark leaves silent), each stream delayed and opened as
+  the model's config says. The spec's streams are the text stream and its codebooks, in that order."""
+  codebooks = len(codebook_sizes)
+  if codebooks != config.dep_q:
+    raise ConfigError(f"the spec's audio tokenizer gives {codebooks} codebooks per frame, but the model predicts "
+                      f"dep_q={config.dep_q} (and reads n_q={config.n_q}: its own and the user's)")
+  if any(size != config.card for size in codebook_sizes):
+    raise ConfigError(f"the spec's codebooks have {list(codebook_sizes)} codes, the model's card is {config.card}")
+  streams = 1 + codebooks
+  if tuple(delays) != config.delays[:streams]:
+    raise ConfigError(f"the spec's stream_delays {list(delays)} are not the model's {list(config.delays[:streams])} "
+                      "(text, then its own codebooks)")
+  if tuple(initial_ids) != config.initial_ids[:streams]:
+    raise ConfigError(f"the spec's initial tokens {list(initial_ids)} (text_initial_id, then each codebook's size) "
+                      f"are not the model's {list(config.initial_ids[:streams])} (text_card, then card)")
+
+
+# ---- what Moshi is scored on -----------------------------------------------------------------------------------------
+#
+# Moshi's streams: 0 = the text stream (its Inner Monologue: time-aligned text of *its own* speech), 1..dep_q = its
+# own speech's Mimi codebooks (1 = the semantic codebook), dep_q+1..n_q = the user's speech (read, never predicted).
+# A benchmark's audio is laid as Moshi's own speech, so that its codebooks are predicted; silent streams hold -1.
+#
+#   s2s  spoken -> spoken, Kyutai's protocol (the Moshi paper, arXiv 2410.00037, §5.4 "Audio Language Modeling"):
+#        "we sum all tokens of a timestep with the same weights used during training, i.e. 100 for the semantic
+#        tokens and 1 for the acoustic ones" — every own codebook, as the depformer predicts it, weighted 100
+#        (stream 1) or 1 (streams 2..dep_q); "We do not include text tokens from the Inner Monologue" — the text
+#        stream is -1 throughout and not scored; "We score sequences with a negative-log likelihood normalized by
+#        the sequence length" — a candidate's score is its weighted NLL sum divided by its timesteps (the stream
+#        scorer's `n_tokens` for stream rows: `score_stream_batch` below). Moshi's published 60.8
+#        sStoryCloze / 83.0 sTopic-StoryCloze (our tStoryCloze; Table 7) are its text-and-audio model after
+#        single-stream pretraining, scored this way: "even if these models are trained with Inner Monologue, they
+#        are evaluated without".
+#        Which recording is scored is the build's `--protocol`: `utterance` (the whole spoken story, prefix and
+#        ending heard as one recording, scored from Moshi's initial step) is the paper's, which scores whole
+#        positive and negative speech examples; `s2sbench` scores only the spoken ending's frames given the
+#        spoken story before it. Both weigh a step's codebooks alike.
+#   s2t  spoken prefix (audio streams, text -1) -> candidate text on the time-aligned text stream (audio -1 there):
+#        the text stream is Moshi's only text output, predicted per frame.
+#   t2t  text stream alone, audio streams -1 everywhere: Moshi's temporal transformer is Helium fine-tuned on
+#        aligned speech, and its text stream alone is a text LM over Helium's tokenizer; meaningful, though off the
+#        training distribution (text always came with audio), so it is reported next to s2t, not instead of it.
+#   t2s  text prefix -> spoken candidate: refused. Moshi's text stream is the transcript of the speech it carries,
+#        one frame at a time: a text prefix without its speech is not a prompt the model was trained to continue
+#        in audio, and no alignment of the two exists to build one.
+#
+# The weights live here, with the rule that picks the scored streams, rather than in the spec (moshi.yaml): they are
+# the paper's protocol, the same for every Moshi checkpoint, while a spec says how a checkpoint's streams are laid
+# (s2sjax/data/spec.py validates those keys for every family); a spec key would let a build drift from the paper silently.
+
+SEMANTIC_WEIGHT = 100  # §5.4: "100 for the semantic tokens" (Mimi's codebook 0, distilled from WavLM)
+ACOUSTIC_WEIGHT = 1  # §5.4: "and 1 for the acoustic ones"
+TEXT_WEIGHT = 1  # s2t and t2t score the text stream alone: its weight only sets the unit
+
+
+def stream_weights(modality: str, codebooks: int) -> tuple[int, ...]:
+  """Per stream (0 = text, k = codebook k - 1) the weight of a candidate's tokens under a modality's protocol, for
+  rows of the text stream and `codebooks` codebook streams; 0 = not scored."""
+  if modality == "s2s":
+    return (0, SEMANTIC_WEIGHT) + (ACOUSTIC_WEIGHT,) * (codebooks - 1)
+  if modality in ("s2t", "t2t"):
+    return (TEXT_WEIGHT,) + (0,) * codebooks
+  if modality == "t2s":
+    raise ConfigError("t2s is refused for Moshi: its text stream transcribes the speech it carries frame by frame, "
+                      "so a text prefix has no speech to continue (see s2sjax/scoring/architectures/moshi.py)")
+  raise ConfigError(f"unknown modality {modality!r} (s2s, s2t, t2t)")
+
+
+def lay_streams(codebooks: int, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
+  """One side of a question (its prefix, or a candidate) as time-aligned streams [T, 1 + codebooks]: text ids [T]
+  on stream 0, or audio codes [T, codebooks] on the codebook streams (Moshi's own speech); every other stream -1.
+  The user's streams are not laid: the scorer reads them as silence."""
+  if (text is None) == (audio is None):
+    raise ValueError("a side of a question is laid from its text or from its audio, one of the two")
+  if audio is not None:
+    audio = np.asarray(audio)
+    if audio.ndim != 2 or audio.shape[1] != codebooks:
+      raise ConfigError(f"audio codes must be [T, {codebooks}] (Moshi's own codebooks), got {audio.shape}")
+  out = np.full((len(text) if text is not None else len(audio), 1 + codebooks), -1, np.int32)
+  if text is not None:
+    out[:, 0] = text
+  else:
+    out[:, 1:] = audio
+  return out
+
+
+# ---- the scoring step over stream rows -------------------------------------------------------------------------------
+#
+# The temporal transformer over every position, its outputs gathered at the targets, then at each target the text
+# head and the depformer (conditioned on the predicted step's earlier streams); fp32 `logsumexp - logit[target]`
+# per stream, weighted by `target_weight` (the protocol's per-stream weights, `stream_weights`), summed per slot.
+
+
+def silent_streams(config: MoshiConfig, positions: jax.Array, laid: int) -> jax.Array:
+  """The streams past the `laid` ones of the rows (Moshi's user streams) as silence [B, L, num_streams - laid]:
+  each stream's initial token at the steps its delay fills, -1 after, which is what `LMModel.forward` makes of
+  codes of -1 (positions are step indices from the item's initial step)."""
+  delays, initial = np.asarray(config.delays[laid:]), np.asarray(config.initial_ids[laid:])
+  return jnp.where(positions[..., None] <= delays, initial, -1).astype(jnp.int32)
+
+
+def score_stream_batch(config: MoshiConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict) -> dict:
+  """Per target [B, M] `target_nll`, the step's scored tokens' NLL, each times its stream's weight
+  (`target_weight`); per slot [B, C] (as `s2sjax.scoring.scorer.score_batch`): `nll_sum`, the candidate's summed over its
+  steps, and `n_tokens`, its steps (its targets: one per frame of the candidate). So the reported loss,
+  nll_sum / n_tokens, is the weighted NLL per timestep, Kyutai's S->S score "normalized by the sequence length"
+  (above). Dividing by the candidate's total weight instead ranks candidates of equal length alike; across lengths
+  it can differ on near-ties only, as the total is not exactly a multiple of the steps: a delayed stream's last
+  `delay` tokens lie past the candidate's steps (upstream's mask), so S->S's total is
+  (100 + K - 1) * steps - sum(acoustic delays).
+  Pure; jitted by StreamScorer."""
+  model = MoshiLM(config, dtype=dtype)
+  mask = attention_mask(batch["segment_ids"], batch["branch_ids"], batch["positions"], config.temporal.context)
+  streams = batch[STREAM_ROWS.marker]
+  if streams.shape[-1] < config.num_streams:
+    streams = jnp.concatenate([streams, silent_streams(config, batch["positions"], streams.shape[-1])], axis=-1)
+  hidden = model.apply({"params": params}, streams, batch["positions"], mask)
+  hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
+  predicted = 1 + config.dep_q
+
+  def nll_of(logits, ids):
+    ids = jnp.clip(ids, 0, logits.shape[-1] - 1)  # unscored entries (-1, initial tokens) weigh 0
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+
+  def target_nll(h, frame, weight):  # [B, c, D], [B, c, S], [B, c, S]
+    nll = [nll_of(model.apply({"params": params}, h, method=MoshiLM.text_logits), frame[..., 0])]
+    if config.dep_q:
+      flat = lambda x: x.reshape(-1, x.shape[-1])
+      audio = model.apply({"params": params}, flat(h), flat(frame), method=MoshiLM.audio_logits)
+      audio = audio.reshape(*h.shape[:2], config.dep_q, config.card)
+      nll += list(jnp.moveaxis(nll_of(audio, frame[..., 1:predicted]), -1, 0))
+    return (jnp.stack(nll, axis=-1) * weight[..., :predicted].astype(jnp.float32)).sum(-1)
+
+  nll = by_target_chunks(target_nll, target_chunk, hidden, batch["target_frame"], batch["target_weight"])
+  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
+  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
+          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
+
+
+def check_stream_ids(rows: dict[str, np.ndarray], config: MoshiConfig) -> None:
+  """Stream ids beyond their tables (or a scored code beyond the card) would be clamped silently by the gather:
+  refuse them (a ScoringError, as the decoder's twin check), naming row, position and stream. -1 (no token) and
+  each stream's initial token are ids too."""
+  tokens = rows[STREAM_ROWS.marker]
+  if not 1 + config.dep_q <= tokens.shape[-1] <= config.num_streams:
+    raise ScoringError(f"rows carry {tokens.shape[-1]} streams; the model predicts {1 + config.dep_q} (text + "
+                     f"{config.dep_q} codebooks) and reads {config.num_streams}: rows must carry at least the first")
+  limits = np.asarray(config.initial_ids[: tokens.shape[-1]])  # text_card for text, card for codebooks: initial
+  for field, values, top in ((STREAM_ROWS.marker, tokens, limits), ("target_frame", rows["target_frame"], limits)):
+    bad = np.argwhere((values < -1) | (values > top))
+    if len(bad):
+      r, pos, k = bad[0]
+      raise ScoringError(f"{field}[row {r}, position {pos}, stream {k}] = {values[r, pos, k]} is outside the "
+                       f"{'text vocabulary' if k == 0 else 'codebook'} ({top[k]} ids and the initial token); "
+                       f"{len(bad)} such ids in all — were the codes made for another model?")
+  scored = rows["target_weight"] > 0
+  heads = np.asarray((config.text_card_out,) + (config.card,) * (tokens.shape[-1] - 1))
+  bad = np.argwhere(scored & ((rows["target_frame"] < 0) | (rows["target_frame"] >= heads)))
+  if len(bad):
+    r, m, k = bad[0]
+    raise ScoringError(f"target_frame[row {r}, target {m}, stream {k}] = {rows['target_frame'][r, m, k]} is scored but "
+                     f"not an id the model predicts (0..{heads[k] - 1})")
+  if (scored[..., 1 + config.dep_q :]).any():
+    raise ScoringError(f"rows score streams past the {config.dep_q} codebooks the depformer predicts")
+
+
+def scorer(config: MoshiConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp.float32, attention: str = "xla",
+           target_chunk: int = 256) -> StreamScorer:
+  """The stream scorer over Moshi's step (`attention` is the shared decoder's choice: Moshi's runs the dense mask)."""
+  del attention
+  return StreamScorer(config, shape, score_stream_batch, check_stream_ids, abstract_params(config),
+                      param_logical_axes(config), mesh=mesh, batch_size=batch_size, dtype=dtype,
+                      target_chunk=target_chunk)
+
+
+def check_fit(config: MoshiConfig, data) -> None:
+  """Stream rows laid as the model reads them (`check_spec`)."""
+  spec = data.metadata.spec
+  try:
+    check_spec(config, spec.codebook_sizes, spec.stream_delays, spec.stream_initial_ids)
+  except ConfigError as e:
+    raise FitError(f"{data.task}/{data.modality} (spec {spec.name}) does not fit the {NAME} checkpoint: {e}") from None
+
+
+def log_probs(config: MoshiConfig, params, input_ids: np.ndarray, audio_codes: np.ndarray | None = None,
+              features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+  """Moshi's text head `[T, text_vocab]` and depformer `[T, dep_q, card]` log-softmax (`s2sjax.logprobs`'s
+  docstring)."""
+  no_features(features, "Moshi")
+  text = sequence(input_ids)
+  check_range("input_ids", text, config.text_card, "the text stream's ids", silent=True)
+  streams = np.full((1 + config.n_q, len(text)), -1, np.int64)
+  streams[0] = text
+  if audio_codes is not None:
+    codes = np.asarray(audio_codes)
+    if codes.ndim != 2 or codes.shape[0] != len(text) or not 0 < codes.shape[1] <= config.n_q:
+      raise LogProbsError(f"audio_codes must be [T={len(text)}, K] time-aligned with input_ids, K <= n_q="
+                          f"{config.n_q} codebook streams; got {codes.shape}")
+    check_range("audio_codes", codes, config.card, "the codebooks", silent=True)
+    streams[1 : 1 + codes.shape[1]] = codes.T
+  text_lp, _, audio_lp, _ = stream_log_probs(config, params, streams[None])
+  codebooks = None if audio_lp is None else np.moveaxis(np.asarray(audio_lp, np.float32)[0], 0, 1)
+  return np.asarray(text_lp, np.float32)[0], codebooks
+
+
+def spec_checks(config: MoshiConfig, spec, ids) -> list[tuple[str, bool, str]]:
+  """The pre-flight's verdict on a spec's streams (`check_spec`)."""
+  if spec.row_format is not STREAM_ROWS:
+    return [("spec streams", False, f"spec {spec.name} lays {spec.row_format.name} rows; {NAME} reads stream rows")]
+  try:
+    check_spec(config, spec.codebook_sizes, spec.stream_delays, spec.stream_initial_ids)
+  except ConfigError as e:
+    return [("spec streams", False, str(e))]
+  return [("spec streams", True, f"spec {spec.name}: the text stream and {len(spec.codebook_sizes)} codebooks of "
+                                 f"{config.card} codes, delays {list(spec.stream_delays)}, as the model reads them")]
+
+
+ARCHITECTURE = register(Architecture(
+  NAME, MoshiConfig, STREAM_ROWS, abstract_params, param_logical_axes, scorer,
+  text_rows=lambda config: config.text_card, check_fit=check_fit, check_ids=check_stream_ids,
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs,
+  stream_protocol=StreamProtocol(stream_weights, lay_streams),
+  converter="checkpoints_conversion.moshi_release:convert",
+  verifier="checkpoints_conversion.moshi_release:compare_with_torch"))

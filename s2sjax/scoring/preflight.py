@@ -1,0 +1,253 @@
+r"""A pre-flight a user runs before a long pod job: does this checkpoint (and this data) score what they think?
+
+  python -m s2sjax.check [--checkpoint=DIR] [--trust_remote_code] [--spec=NAME_OR_YAML]
+      [--data_dir=DIR --task=TASK --modality=t2t|s2t|t2s|s2s|text|speech --row_length=N]
+
+Without --checkpoint it checks the embedded default (converted into $S2SJAX_CACHE on first use, as s2sjax.eval
+does). Prints one verdict per check, then what it did not check and why, and exits non-zero when any fails:
+
+- config: the source config.json the checkpoint was converted from is parsed again by its architecture, so a switch
+  the model does not implement (ALiBi, sparse layers, ...) is refused by name even in a checkpoint converted
+  before it was;
+- tokenizer: the checkpoint's tokenizer loads (remote code only with --trust_remote_code) and fits the embedding;
+- spec: every special token of the spec resolves in that tokenizer and equals the id the source config states, and
+  its ids and streams meet the model as its architecture reads them;
+- data: built for this tokenizer, with the same special ids, every id within the model's tables, and
+  `evaluator.check_fit`;
+- smoke: one row scored: its NLL is finite, and scoring it again with its audio made uninformative (the input
+  format's rule: codes zeroed, every unit set to unit 0, ...) changes it, so the audio really reaches the model.
+
+The model checked is the one `s2sjax.eval` scores: the checkpoint fitted to the spec (`default_model.fit_to_spec`:
+the embedded default's untrained unit rows), its config hash verified; whatever its architecture (the shared
+decoder, Moshi, a plugin's), through that architecture (s2sjax/scoring/architectures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import numpy as np
+from absl import flags
+
+from s2sjax.scoring import architectures, checkpoint, default_model
+from s2sjax.runtime import cli
+from s2sjax.data import modalities
+from s2sjax.runtime.errors import UserError
+from s2sjax.scoring.evaluator import EvalError, check_fit
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.runtime.registry import load_object
+from s2sjax.scoring.scorer import ScoringError
+from s2sjax.data.spec import AudioIds, Spec, SpecError, id_ranges, load_spec, resolve_audio_ids
+from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.data.task_data import TaskData, load_task_data, tokenizer_identity
+
+# The embedded default, converted on first use: the wiring every command line shares (s2sjax/commands/).
+DEFAULT_CHECKPOINT = "s2sjax.commands.default_checkpoint:default_checkpoint"
+# Where a source config.json states a spec's special ids (Baichuan-Audio's audio_config).
+SOURCE_IDS = {"start": "audio_start_token_id", "end": "audio_end_token_id", "placeholder": "audio_pad_token_id"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  check: str
+  ok: bool
+  detail: str
+
+
+class UsageError(UserError, ValueError):
+  """Flags that do not name what to check."""
+
+
+def config_verdict(manifest: dict, architecture: architectures.Architecture | None = None) -> Verdict:
+  """The source config.json read again by the checkpoint's architecture (by default, the one its manifest's
+  `source_model_type` names: a registered architecture's own, else the shared decoder's families)."""
+  architecture = architecture or architectures.for_family(manifest.get("source_model_type"))
+  source = manifest.get("source_config")
+  if source is None or architecture.parse_config is None:
+    return Verdict("config", True, "no source config.json in the manifest (saved by training) or no reader of one for "
+                                   f"{architecture.name}: nothing to re-read")
+  try:
+    config = architecture.parse_config(source)
+  except ConfigError as e:
+    return Verdict("config", False, f"the source config.json is refused: {e}")
+  return Verdict("config", True, f"{config.family}, model_type {source.get('model_type', architecture.name)}: "
+                                 "every switch supported")
+
+
+def tokenizer_verdict(ckpt_dir: str, text_rows: int, trust_remote_code: bool):
+  try:
+    tokenizer = checkpoint.load_tokenizer(ckpt_dir, trust_remote_code)
+  except ValueError as e:  # transformers' refusal of untrusted remote code, among others
+    hint = "" if trust_remote_code else " (if it is remote code you have read, pass --trust_remote_code)"
+    return None, Verdict("tokenizer", False, f"does not load: {e}{hint}")
+  if tokenizer is None:
+    return None, Verdict("tokenizer", False, "the checkpoint has no tokenizer/: convert it from a folder with one")
+  fits = len(tokenizer) <= text_rows
+  return tokenizer, Verdict("tokenizer", fits, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens, embedding "
+                                               f"{text_rows} rows" + ("" if fits else ": ids would clamp"))
+
+
+def spec_verdicts(spec: Spec, tokenizer, config, source_config: dict, added: int = 0) -> list[Verdict]:
+  """The spec's special tokens in the tokenizer and the source config, then how its ids and streams meet the model
+  (its architecture's `spec_checks`); `added`: the untrained rows the embedded default is given for its units."""
+  try:
+    ids = resolve_audio_ids(spec, tokenizer)
+  except SpecError as e:
+    return [Verdict("spec tokens", False, str(e))]
+  verdicts = []
+  stated = (source_config or {}).get("audio_config") or {}
+  for role, key in SOURCE_IDS.items():
+    ours = getattr(ids, role)
+    if ours is not None and stated.get(key) is not None:
+      verdicts.append(Verdict(f"spec {role} id", ours == stated[key],
+                              f"spec {spec.name}'s {role} token -> {ours} in the tokenizer; config.json audio_config."
+                              f"{key} = {stated[key]}"))
+  for check, ok, detail in architectures.for_config(config).spec_checks(config, spec, ids):
+    note = f" ({added} of them untrained rows the embedded default is given for spec {spec.name})" if added else ""
+    verdicts.append(Verdict(check, ok, detail + (note if check == "unit ids" else "")))
+  return verdicts or [Verdict("spec tokens", True, f"spec {spec.name} names no special tokens")]
+
+
+def data_verdicts(td: TaskData, config, tokenizer) -> list[Verdict]:
+  verdicts = []
+  built = td.metadata.tokenizer
+  if tokenizer is not None and built is not None:  # None: a unit LM's data, no text tokenizer
+    mine = tokenizer_identity(tokenizer)
+    verdicts.append(Verdict("data tokenizer", mine["vocab_sha"] == built["vocab_sha"],
+                            f"built with {built['name_or_path']} ({built['size']} tokens, {built['vocab_sha']}); "
+                            f"checkpoint's {mine['size']} tokens, {mine['vocab_sha']}"))
+    if td.metadata.audio_ids:
+      resolved = resolve_audio_ids(td.metadata.spec, tokenizer)
+      same = resolved == td.metadata.audio_ids
+      verdicts.append(Verdict("data special ids", same, (
+        f"data and the checkpoint's tokenizer agree: {_ids_text(resolved)}" if same else
+        f"data {_ids_text(td.metadata.audio_ids)}, checkpoint's tokenizer {_ids_text(resolved)}")))
+  name = "audio code range" if modalities.get(td.modality).speaks else "id range"
+  check_ids = architectures.for_config(config).check_ids
+  try:
+    if check_ids is not None:  # without one, the smoke score's own check
+      check_ids(td.rows, config)
+      verdicts.append(Verdict(name, True, f"every id and code of {td.num_rows} rows within the model's tables"))
+  except ScoringError as e:
+    verdicts.append(Verdict(name, False, str(e)))
+  try:
+    check_fit(config, td)
+    verdicts.append(Verdict("check_fit", True, f"{td.task}/{td.modality} fits the model"))
+  except EvalError as e:
+    verdicts.append(Verdict("check_fit", False, str(e)))
+  return verdicts
+
+
+def _ids_text(audio_ids: AudioIds) -> str:
+  return ", ".join(f"{role} {id_ranges(value) if isinstance(value, list) else value}"
+                   for role, value in dataclasses.asdict(audio_ids).items())
+
+
+def smoke_verdicts(config, params, td: TaskData) -> list[Verdict]:
+  rows = {name: array[:1] for name, array in td.rows.items()}
+  scorer = architectures.for_config(config).scorer(config, td.shape, batch_size=1)
+  try:
+    nll, n = scorer.score(params, rows, progress=False)
+  except ValueError as e:
+    return [Verdict("smoke score", False, str(e))]
+  used = n[0] > 0
+  finite = bool(used.any() and np.isfinite(nll[0][used]).all())
+  verdicts = [Verdict("smoke score", finite, f"row 0: {int(used.sum())} candidates, NLL sums {nll[0][used].round(3)}")]
+  if modalities.get(td.modality).prefix == modalities.SPEECH:
+    silent = td.metadata.spec.input_format.blank_audio(rows, td.metadata)
+    if silent is None:
+      verdicts.append(Verdict("audio reaches the model", False, "the speech rows carry no audio codes or unit ids"))
+    else:
+      other, _ = scorer.score(params, silent, progress=False)
+      change = float(np.abs(other[0][used] - nll[0][used]).max())
+      verdicts.append(Verdict("audio reaches the model", change > 1e-6,
+                              f"NLL change with the audio blanked: {change:.3g}" + (
+                                "" if change > 1e-6 else ": the codes never reach the model (wrong placeholder id?)")))
+  return verdicts
+
+
+def run(ckpt_dir: str, trust_remote_code: bool = False, spec: str | None = None, data: TaskData | None = None,
+        smoke: bool = True, accept_config_change: bool = False) -> list[Verdict]:
+  """Every check of a checkpoint (and data), on the model the evaluator scores: fitted to the spec as it is."""
+  config = checkpoint.load_config(ckpt_dir, accept_config_change)
+  architecture = architectures.for_config(config)
+  manifest = checkpoint.load_manifest(ckpt_dir)
+  verdicts = [config_verdict(manifest, architecture)]
+  tokenizer, verdict = tokenizer_verdict(ckpt_dir, architecture.text_rows(config), trust_remote_code)
+  verdicts.append(verdict)
+  if spec is not None:
+    loaded = load_spec(spec)
+  elif data is not None:
+    loaded = data.metadata.spec
+  else:
+    loaded = None
+  fitted = default_model.fitted_config(config, loaded, manifest) if loaded is not None else config
+  if tokenizer is not None and loaded is not None:
+    added = architecture.text_rows(fitted) - architecture.text_rows(config)
+    verdicts += spec_verdicts(loaded, tokenizer, fitted, manifest.get("source_config"), added)
+  if data is not None:
+    verdicts += data_verdicts(data, fitted, tokenizer)
+    if smoke:
+      params = checkpoint.load_params(ckpt_dir, accept_changed_config=accept_config_change)
+      verdicts += smoke_verdicts(*default_model.fit_to_spec(config, params, loaded, manifest), data)
+  return verdicts
+
+
+def not_checked(spec: str | None, data: TaskData | None) -> list[str]:
+  """What a run with these arguments leaves unchecked, and what would check it."""
+  missing = ["spec: not checked (give --spec)"] if spec is None and data is None else []
+  if data is None:
+    missing.append("data: not checked (give --data_dir/--task/--modality)")
+  return missing
+
+
+def table(verdicts: list[Verdict]) -> str:
+  width = max(len(v.check) for v in verdicts)
+  return "\n".join(f"{'ok  ' if v.ok else 'FAIL'}  {v.check:<{width}}  {v.detail}" for v in verdicts)
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("checkpoint", None, "s2sjax checkpoint directory (as written by the converter; default: the "
+                      "embedded default, converted into $S2SJAX_CACHE on first use).")
+  flags.DEFINE_bool("trust_remote_code", False, "Run a tokenizer shipped as code (recorded in the manifest).")
+  flags.DEFINE_string("spec", None, "Spec preset name or YAML path whose special tokens are checked.")
+  flags.DEFINE_string("data_dir", None, "Built data to check against the checkpoint (with --task, --spec).")
+  flags.DEFINE_string("task", None, "Task of the built data.")
+  flags.DEFINE_enum("modality", "s2t", [*modalities.NAMES, "text", "speech"],
+                    "Modality of the built data: t2t, s2t, t2s, s2s, or text (t2t), speech (s2t), as eval takes.")
+  flags.DEFINE_integer("row_length", None, "Row length of the built data (default: the -auto build).")
+  flags.DEFINE_bool("verify_data", True, "Hold the built data to its checksums (--noverify_data skips it).")
+  flags.DEFINE_bool("accept_config_change", False, "Check a checkpoint whose model_config.json was edited.")
+  maxtext_config.define_flag()
+
+
+def main(argv) -> None:
+  del argv
+  f = flags.FLAGS
+  local = lambda path: path and os.path.expanduser(path)  # "--flag=~/x" reaches us unexpanded
+  # Without a checkpoint, the embedded default and its spec: converted on first use by the wiring that converts
+  # it for every command (named lazily: the core imports no command and no converter).
+  ckpt_dir = local(f.checkpoint) or load_object(DEFAULT_CHECKPOINT)()
+  spec = f.spec or (None if f.checkpoint else default_model.SPEC)
+  data = None
+  if f.data_dir:
+    if not (f.task and spec):
+      raise UsageError("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
+    data = load_task_data(local(f.data_dir), f.task, modalities.get(f.modality).name, spec, f.row_length,
+                          verify=f.verify_data)
+  with maxtext_config.given(f.maxtext_config):  # a MaxText checkpoint's run config (s2sjax/scoring/stacks)
+    verdicts = run(ckpt_dir, f.trust_remote_code, spec, data, accept_config_change=f.accept_config_change)
+  print(f"checked {ckpt_dir}" + ("" if f.checkpoint else " (the embedded default)"))
+  print(table(verdicts))
+  for line in not_checked(spec, data):
+    print(line)
+  failed = sum(not v.ok for v in verdicts)
+  print(f"{failed} check(s) failed" if failed else "all checks passed")
+  sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main, __doc__)
