@@ -1,4 +1,4 @@
-"""The packages depend one way. The core (`s2sjax`: model, packing, scoring, metrics, result files) imports
+"""The packages depend one way. The core (`s2sjax`: a folder per stage, runtime -> data -> scoring -> results) imports
 nothing from `tasks` or `checkpoints_conversion`; those two import the core and not each other. The entry points
 (`s2sjax/commands/`: command lines; `s2sjax/examples/`) wire the three together and nothing imports them, but the
 one-import aliases that keep a command at its name (`s2sjax/eval.py` runs `s2sjax/commands/eval.py`), whose shape is
@@ -78,7 +78,8 @@ def test_packages_import_one_way(package):
 def test_the_commands_keep_their_names_through_aliases_only():
   aliases = sorted(path.relative_to(ROOT).as_posix() for package in FORBIDDEN for path in _project_files(package)
                    if is_command_alias(path))
-  assert aliases == ["s2sjax/bench.py", "s2sjax/eval.py", "s2sjax/lm_eval.py", "s2sjax/watch.py", "tasks/prepare.py"]
+  assert aliases == ["s2sjax/bench.py", "s2sjax/check.py", "s2sjax/eval.py", "s2sjax/lm_eval.py", "s2sjax/logprobs.py",
+                     "s2sjax/plan.py", "s2sjax/watch.py", "tasks/prepare.py"]
 
 
 def test_an_alias_that_defines_something_is_not_one(tmp_path):
@@ -191,29 +192,19 @@ def test_the_cycle_check_sees_a_package_init(tmp_path):
   assert import_cycles(graph) == [["arch", "fam.moshi"]]
 
 
-# The core's stages, in the order data flows through them (docs/architecture.md, "Stages"): a module imports its own
-# stage and the stages before it, never one after (the run-time plumbing every stage uses comes first; a task's
-# arithmetic, `metrics`, is part of the benchmark's contract that the data stage defines). The entry points, their
-# aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above every stage.
-STAGES = (
-  ("runtime plumbing", ("s2sjax.runtime.errors", "s2sjax.runtime.registry", "s2sjax.runtime.plugins", "s2sjax.runtime.cache", "s2sjax.runtime.cli",
-                        "s2sjax.runtime.progress", "s2sjax.runtime.output_dir", "s2sjax.runtime.staging", "s2sjax.runtime.peers", "s2sjax.runtime.sharding")),
-  ("data contract and formats", ("s2sjax.data.modalities", "s2sjax.data.rows", "s2sjax.data.packing", "s2sjax.data.formats",
-                                 "s2sjax.data.spec", "s2sjax.data.task_registry", "s2sjax.data.builds", "s2sjax.data.questions",
-                                 "s2sjax.data.task_data", "s2sjax.data.text_tokenizer", "s2sjax.data.metrics")),
-  ("scoring", ("s2sjax.scoring.model", "s2sjax.scoring.families", "s2sjax.scoring.architectures", "s2sjax.scoring.scorer", "s2sjax.scoring.sequence_inputs",
-               "s2sjax.scoring.checksums", "s2sjax.scoring.stacks", "s2sjax.scoring.checkpoint", "s2sjax.scoring.checkpoint_paths", "s2sjax.scoring.own_forward",
-               "s2sjax.scoring.evaluator", "s2sjax.scoring.default_model", "s2sjax.logprobs", "s2sjax.check", "s2sjax.plan",
-               "s2sjax.scoring.bench_items", "s2sjax.scoring.bench_accelerator")),
-  ("results and reports", ("s2sjax.results.chunk_store", "s2sjax.results.reports", "s2sjax.results.flips",
-                           "s2sjax.results.levanter_hook")),
-)
+# The core's stages, in the order data flows through them (docs/architecture.md, "Stages"), each a folder of the
+# package: a module imports its own stage and the stages before it, never one after (the run-time plumbing every
+# stage uses comes first; a task's arithmetic, `metrics`, is part of the benchmark's contract that the data stage
+# defines). The entry points, their aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above
+# every stage.
+STAGES = (("runtime plumbing", "s2sjax.runtime"), ("data contract and formats", "s2sjax.data"),
+          ("scoring", "s2sjax.scoring"), ("results and reports", "s2sjax.results"))
 
 
 def stage_of(module: str) -> int | None:
-  """The stage whose most specific member holds the module (a package's module may sit in a later stage)."""
-  found = [(len(member), n) for n, (_, members) in enumerate(STAGES) for member in members if within(module, (member,))]
-  return max(found)[1] if found else None
+  """The stage whose folder holds the module."""
+  found = [n for n, (_, package) in enumerate(STAGES) if within(module, (package,))]
+  return found[0] if found else None
 
 
 def reverse_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -230,11 +221,23 @@ def test_every_core_module_is_in_one_stage():
   assert unplaced == [], "place each in the stage of STAGES it belongs to"
 
 
+def test_a_module_sits_in_its_stage_folder():
+  """The package's top level is its `__init__`, the stages' folders, the entry points' folders and the aliases:
+  no core module lies outside the folder of its stage."""
+  stages = {package.rpartition(".")[2] for _, package in STAGES}
+  entry_points = {package.rpartition(".")[2] for package in ENTRY_POINTS}
+  loose = sorted(path.name for path in (ROOT / "s2sjax").iterdir()
+                 if path.name not in ("__init__.py", "__pycache__") and path.name not in stages | entry_points
+                 and not (path.suffix == ".py" and is_command_alias(path)))
+  assert loose == []
+
+
 def test_no_stage_imports_a_later_one():
   assert reverse_imports(_module_graph()) == []
 
 
 def test_the_stage_check_finds_an_import_of_a_later_stage():
-  graph = {"s2sjax.data.spec": {"s2sjax.runtime.errors"}, "s2sjax.runtime.cli": {"s2sjax.data.task_registry"}, "s2sjax.results.reports": {"s2sjax.scoring.evaluator"}}
-  assert reverse_imports(graph) == ["s2sjax.runtime.cli (runtime plumbing) imports s2sjax.data.task_registry (data contract and "
-                                    "formats)"]
+  graph = {"s2sjax.data.spec": {"s2sjax.runtime.errors"}, "s2sjax.runtime.cli": {"s2sjax.data.task_registry"},
+           "s2sjax.results.reports": {"s2sjax.scoring.evaluator"}}
+  assert reverse_imports(graph) == ["s2sjax.runtime.cli (runtime plumbing) imports s2sjax.data.task_registry (data "
+                                    "contract and formats)"]
