@@ -1,20 +1,23 @@
 r"""Audio seconds tokenized per wall second: each JAX tokenizer at its release's real shapes (random weights) beside
 a PyTorch forward of the same shapes and weights, each side in its own process, on the same machine.
 
-  python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans] [--audio_seconds=60] \
-      [--output=bench_audio.json]
+  python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans,kimi_whisper] \
+      [--audio_seconds=60] [--output=bench_audio.json]
 
 The references: transformers' `WhisperEncoderLayer`s under the causal convolutions, block mask, pooling and
 codebook search for GLM-4-Voice; the same layers under Baichuan's convolutions, bridge and RVQ, written here;
-transformers' `MimiModel.encode` and `HubertModel`. Per tokenizer, one process writes the release folder from the
+transformers' `MimiModel.encode` and `HubertModel`; for Kimi-Audio's continuous features, transformers'
+`WhisperEncoder` at whisper-large-v3's shapes. Per tokenizer, one process writes the release folder from the
 torch modules (seeded), then the torch side and the JAX side each run in a process of their own: each loads its
 model (torch builds the same seeded modules, JAX reads the folder), measures its framework's fp32 2048^2 matmul,
 tokenizes the same recordings (the bundled sample's speech) once to warm up (JAX: compiles) and once timed, and
 reports its peak resident memory while tokenizing (`PeakRss`: weights and every buffer, XLA's included). Both sides
-start from the same host features. FLOPs per audio second are torch's count of the reference forward
-on one 10.24 s segment (XLA's cost analysis counts a scanned layer once), so each side's FLOP/s is that times its
-audio s/s, and its share of the matmul rate its own process measured is printed beside it.
-The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
+start from the same host features. FLOPs are torch's count of the reference forward (XLA's cost analysis counts a
+scanned layer once): on one 10.24 s segment, scaled to the recordings' seconds, or for Kimi-Audio, which pads every
+wave to 30 s, one window times the windows. Each side's FLOP/s is those over its seconds, and its share of the
+matmul rate its own process measured is printed beside it. Codes are compared frame by frame, features by their
+largest difference; Kimi-Audio's lines under the table say what one utterance costs and what batching windows
+across utterances gains. The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
 """
 
 from __future__ import annotations
@@ -405,13 +408,13 @@ class KimiWhisperReference(Reference):
   so its FLOPs are counted per window; the features are compared by their largest difference, not as codes."""
 
   kind, folder_name = "kimi_whisper", "whisper-large-v3"
+  release_shape = kimi_whisper.EncoderShape(d_model=1280, heads=20, ffn=5120, layers=32, positions=1500)
 
-  def __init__(self, shape: "kimi_whisper.EncoderShape | None" = None):
+  def __init__(self, shape: kimi_whisper.EncoderShape = release_shape):
     import torch
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    shape = shape or kimi_whisper.EncoderShape(d_model=1280, heads=20, ffn=5120, layers=32, positions=1500)
     torch.manual_seed(0)
     self.config = WhisperConfig(d_model=shape.d_model, encoder_attention_heads=shape.heads,
                                 encoder_ffn_dim=shape.ffn, encoder_layers=shape.layers,
@@ -429,7 +432,7 @@ class KimiWhisperReference(Reference):
           os.path.join(path, "model.safetensors"))
 
   @classmethod
-  def jax_tokenizer(cls, folder: str) -> "kimi_whisper.KimiWhisperFeatures":
+  def jax_tokenizer(cls, folder: str) -> kimi_whisper.KimiWhisperFeatures:
     return kimi_whisper.KimiWhisperFeatures(os.path.join(folder, cls.folder_name))
 
   @staticmethod
