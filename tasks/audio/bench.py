@@ -1,20 +1,23 @@
 r"""Audio seconds tokenized per wall second: each JAX tokenizer at its release's real shapes (random weights) beside
 a PyTorch forward of the same shapes and weights, each side in its own process, on the same machine.
 
-  python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans] [--audio_seconds=60] \
-      [--output=bench_audio.json]
+  python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans,kimi_whisper] \
+      [--audio_seconds=60] [--output=bench_audio.json]
 
 The references: transformers' `WhisperEncoderLayer`s under the causal convolutions, block mask, pooling and
 codebook search for GLM-4-Voice; the same layers under Baichuan's convolutions, bridge and RVQ, written here;
-transformers' `MimiModel.encode` and `HubertModel`. Per tokenizer, one process writes the release folder from the
+transformers' `MimiModel.encode` and `HubertModel`; for Kimi-Audio's continuous features, transformers'
+`WhisperEncoder` at whisper-large-v3's shapes. Per tokenizer, one process writes the release folder from the
 torch modules (seeded), then the torch side and the JAX side each run in a process of their own: each loads its
 model (torch builds the same seeded modules, JAX reads the folder), measures its framework's fp32 2048^2 matmul,
 tokenizes the same recordings (the bundled sample's speech) once to warm up (JAX: compiles) and once timed, and
 reports its peak resident memory while tokenizing (`PeakRss`: weights and every buffer, XLA's included). Both sides
-start from the same host features. FLOPs per audio second are torch's count of the reference forward
-on one 10.24 s segment (XLA's cost analysis counts a scanned layer once), so each side's FLOP/s is that times its
-audio s/s, and its share of the matmul rate its own process measured is printed beside it.
-The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
+start from the same host features. FLOPs are torch's count of the reference forward (XLA's cost analysis counts a
+scanned layer once): on one 10.24 s segment, scaled to the recordings' seconds, or for Kimi-Audio, which pads every
+wave to 30 s, one window times the windows. Each side's FLOP/s is those over its seconds, and its share of the
+matmul rate its own process measured is printed beside it. Codes are compared frame by frame, features by their
+largest difference; Kimi-Audio's lines under the table say what one utterance costs and what batching windows
+across utterances gains. The printed table is what docs/benchmarks/README.md shows; `--output` keeps it as JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from absl import flags
 from s2sjax.runtime import cli
 from s2sjax.runtime.registry import load_object
 from tasks import audio
+from tasks.audio import kimi_whisper
 from tasks.audio.base import load_audio
 from tasks.sample import RELEASE_DIR
 
@@ -106,17 +110,21 @@ def matmul_rate(kind: str, repeats: int = 5) -> float:
   return 2 * MATMUL_SIZE**3 / best
 
 
-def flops_per_audio_second(reference, tokenizer) -> float:
-  """FLOPs of the torch reference's forward on one 10.24 s segment (torch's FlopCounterMode: every matmul,
-  convolution and attention as executed), per second of its audio: the model's work, the same for both sides."""
+def counted_flops(run) -> float:
+  """FLOPs of `run()` as torch executes it (FlopCounterMode: every matmul, convolution and attention). CPU
+  attention runs as `_scaled_dot_product_flash_attention_for_cpu`, which torch's table leaves out (counted as 0),
+  so it is counted here as the other attention kernels are."""
   import torch
-  from torch.utils.flop_counter import FlopCounterMode
+  from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-  wave = np.random.default_rng(0).normal(0, 0.1, int(FLOP_SEGMENT_SECONDS * tokenizer.sample_rate))
-  counter = FlopCounterMode(display=False)
+  def cpu_attention(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+  counter = FlopCounterMode(display=False, custom_mapping={
+      torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention})
   with torch.no_grad(), counter:
-    reference(tokenizer.prepare(wave.astype(np.float32))[0])
-  return counter.get_total_flops() / FLOP_SEGMENT_SECONDS
+    run()
+  return counter.get_total_flops()
 
 
 # ---- the references: torch forwards of the same shapes, and release folders holding their weights -------------
@@ -154,7 +162,8 @@ def _nearest(x, codebook):
 
 class Reference:
   """A torch forward at a release's shapes, its random weights drawn from seed 0 (the same in every process), that
-  `save`s them as that release's folder."""
+  `save`s them as that release's folder. The defaults below are a codes tokenizer's (a `JaxAudioTokenizer`):
+  `__call__` maps one wave's host features to its codes, and the two sides' codes are compared frame by frame."""
 
   kind: str
 
@@ -164,6 +173,45 @@ class Reference:
   @classmethod
   def jax_tokenizer(cls, folder: str):
     return load_object(audio.TOKENIZERS.get(cls.kind).loader)(folder)
+
+  @staticmethod
+  def encode(tokenizer, waves: list[np.ndarray]) -> list[np.ndarray]:
+    """The JAX side's outputs for `waves`."""
+    return tokenizer.encode_batch(waves)
+
+  @staticmethod
+  def host_features(tokenizer, wave: np.ndarray):
+    """What this forward reads of one wave: the JAX tokenizer's own host features, so both sides start alike."""
+    return tokenizer.prepare(wave)[0]
+
+  def flops(self, tokenizer, waves: list[np.ndarray]) -> float:
+    """FLOPs of this forward over `waves`: its count on one FLOP_SEGMENT_SECONDS segment, per second of that
+    audio, times their seconds (the work grows with the audio)."""
+    wave = np.random.default_rng(0).normal(0, 0.1, int(FLOP_SEGMENT_SECONDS * tokenizer.sample_rate))
+    segment = counted_flops(lambda: self(self.host_features(tokenizer, wave.astype(np.float32))))
+    return segment / FLOP_SEGMENT_SECONDS * sum(len(w) for w in waves) / tokenizer.sample_rate
+
+  @staticmethod
+  def jax_extras(tokenizer, waves: list[np.ndarray]) -> dict:
+    """What the JAX side reports beside its timed run, measured after it."""
+    return {"compile_seconds": round(tokenizer.runner.compile_seconds, 2)}
+
+  @staticmethod
+  def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict:
+    """The two sides' agreement over all waves: frames where every codebook is equal, over all frames."""
+    equal = sum(int((a.reshape(len(a), -1)[: len(b)] == b.reshape(len(b), -1)[: len(a)]).all(-1).sum())
+                for a, b in zip(ours, theirs))
+    return {"codes_equal": f"{equal}/{sum(max(len(a), len(b)) for a, b in zip(ours, theirs))}"}
+
+  @staticmethod
+  def agreement(result: dict) -> str:
+    """`compare`'s figures as the table's last column."""
+    return result["codes_equal"]
+
+  @staticmethod
+  def notes(result: dict) -> tuple[dict, list[str]]:
+    """Figures this tokenizer adds to its result, and the lines printed under the table that say them."""
+    return {}, []
 
 
 class Glm4VoiceReference(Reference):
@@ -352,40 +400,159 @@ class HubertReference(Reference):
     return _nearest(hidden, self.centroids).numpy()
 
 
+class KimiWhisperReference(Reference):
+  """Kimi-Audio's continuous features (`tasks.audio.kimi_whisper`): transformers' `WhisperEncoder` at `shape`
+  (whisper-large-v3's by default: 32 layers of 1280, 20 heads, FFN 5120, 128 mels, 1,500 positions) over each 30 s
+  window's bf16-rounded, zero-padded mel, one window a call as upstream runs them (whisper.py:184-221); a wave's
+  first 4T rows of each window as [T, 5120]. Every window costs all 1,500 frames whatever the utterance's length,
+  so its FLOPs are counted per window; the features are compared by their largest difference, not as codes."""
+
+  kind, folder_name = "kimi_whisper", "whisper-large-v3"
+  release_shape = kimi_whisper.EncoderShape(d_model=1280, heads=20, ffn=5120, layers=32, positions=1500)
+
+  def __init__(self, shape: kimi_whisper.EncoderShape = release_shape):
+    import torch
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(0)
+    self.config = WhisperConfig(d_model=shape.d_model, encoder_attention_heads=shape.heads,
+                                encoder_ffn_dim=shape.ffn, encoder_layers=shape.layers,
+                                max_source_positions=shape.positions, num_mel_bins=kimi_whisper.N_MELS,
+                                attn_implementation="sdpa")
+    self.encoder = WhisperEncoder(self.config).eval()
+
+  def save(self, folder: str) -> None:
+    """The release's `whisper-large-v3/`: config.json and the encoder's tensors under `encoder.`, as a saved
+    WhisperModel names them (its decoder is never run, so it is not written)."""
+    path = os.path.join(folder, self.folder_name)
+    os.makedirs(path)
+    self.config.to_json_file(os.path.join(path, "config.json"))
+    _save({kimi_whisper.ENCODER_PREFIX + k: v for k, v in self.encoder.state_dict().items()},
+          os.path.join(path, "model.safetensors"))
+
+  @classmethod
+  def jax_tokenizer(cls, folder: str) -> kimi_whisper.KimiWhisperFeatures:
+    return kimi_whisper.KimiWhisperFeatures(os.path.join(folder, cls.folder_name))
+
+  @staticmethod
+  def encode(tokenizer, waves: list[np.ndarray]) -> list[np.ndarray]:
+    return tokenizer.features(waves)
+
+  @staticmethod
+  def host_features(tokenizer, wave: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """(the bf16-rounded mel [3000, 128] the JAX side encodes, T) per 30 s piece of the wave."""
+    return [(kimi_whisper.window_mel(piece), kimi_whisper.code_frames(len(piece)))
+            for piece in kimi_whisper.pieces(wave)]
+
+  def flops(self, tokenizer, waves: list[np.ndarray]) -> float:
+    """FLOPs of one window (any piece: all 1,500 frames run) times the waves' windows."""
+    window = counted_flops(lambda: self(self.host_features(tokenizer, np.zeros(1, np.float32))))
+    return window * sum(len(kimi_whisper.pieces(w)) for w in waves)
+
+  @staticmethod
+  def jax_extras(tokenizer, waves: list[np.ndarray]) -> dict:
+    """The batching: the windows, the default batch size, and the same waves one window a batch (warmed up on
+    the first wave: its shape compiles anew)."""
+    windows, batch_size = sum(len(kimi_whisper.pieces(w)) for w in waves), tokenizer.batch_size
+    tokenizer.batch_size = 1
+    warm, _, _ = timed(lambda: tokenizer.features(waves[:1]))
+    wall, cpu, _ = timed(lambda: tokenizer.features(waves))
+    return {"windows": windows, "batch_size": batch_size,
+            "batch_1": {"seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "warmup_seconds": round(warm, 2)}}
+
+  def __call__(self, windows: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    import torch
+
+    rows = []
+    for mel, frames in windows:
+      hidden = self.encoder(torch.from_numpy(np.ascontiguousarray(mel.T))[None]).last_hidden_state[0]
+      rows.append(hidden[: kimi_whisper.FRAMES_PER_CODE * frames].reshape(frames, -1).numpy())
+    return np.concatenate(rows)
+
+  @staticmethod
+  def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict:
+    """The largest difference of any feature, absolute and over the torch features' largest magnitude."""
+    for index, (a, b) in enumerate(zip(ours, theirs)):
+      if a.shape != b.shape:
+        raise ValueError(f"utterance {index}: JAX features {a.shape}, torch features {b.shape}")
+    difference = max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs))
+    scale = max(float(np.abs(b).max()) for b in theirs)
+    return {"features_max_abs_difference": difference, "features_relative_difference": difference / scale}
+
+  @staticmethod
+  def agreement(result: dict) -> str:
+    return (f"features: max abs diff {result['features_max_abs_difference']:.1e} "
+            f"(relative {result['features_relative_difference']:.1e})")
+
+  @staticmethod
+  def notes(result: dict) -> tuple[dict, list[str]]:
+    """What one utterance costs: a whole window's FLOPs and seconds on each side, and what batching windows across
+    utterances gains on the JAX side (its last batch filled with silent windows up to the batch size)."""
+    jax_side, utterances = result["jax"], result["utterances"]
+    windows, batch_size = jax_side["windows"], jax_side["batch_size"]
+    computed = -(-windows // batch_size) * batch_size  # every batch runs batch_size windows
+    batch_1 = jax_side["batch_1"]["seconds"]
+    figures = {
+        "gflop_per_window": round(result["gflop_per_audio_second"] * result["audio_seconds"] / windows, 1),
+        "mean_utterance_seconds": round(result["audio_seconds"] / utterances, 2),
+        "seconds_per_utterance": {"torch": round(result["torch"]["seconds"] / utterances, 2),
+                                  "jax": round(jax_side["seconds"] / utterances, 2),
+                                  "jax_batch_1": round(batch_1 / utterances, 2)},
+        "windows": windows, "windows_computed": computed, "padding_waste": round(1 - windows / computed, 3),
+        "batching_gain": round(batch_1 / jax_side["seconds"], 2),
+        "seconds_per_computed_window": {"jax": round(jax_side["seconds"] / computed, 2),
+                                        "jax_batch_1": round(batch_1 / windows, 2)}}
+    per_utterance, per_window = figures["seconds_per_utterance"], figures["seconds_per_computed_window"]
+    lines = [
+        f"{result['tokenizer']}: one 30 s window is {figures['gflop_per_window']} GFLOP whatever the utterance's "
+        f"length; these {utterances} utterances average {figures['mean_utterance_seconds']} s, so "
+        f"{result['gflop_per_audio_second']} GFLOP per audio second. Seconds per utterance: torch "
+        f"{per_utterance['torch']} (one window a call), JAX {per_utterance['jax']} (batches of {batch_size}), "
+        f"JAX {per_utterance['jax_batch_1']} (batches of 1).",
+        f"{result['tokenizer']}: batching {batch_size} windows across utterances: {figures['batching_gain']}x the "
+        f"speed of one at a time; {windows} windows ran as {computed}, {100 * figures['padding_waste']:.1f}% of them "
+        f"silent padding of the last batch; per window computed {per_window['jax']} s batched against "
+        f"{per_window['jax_batch_1']} s alone."]
+    return {"per_utterance": figures}, lines
+
+
 # ---- the run: one process per side ------------------------------------------------------------------------------
 
-REFERENCES = {r.kind: r for r in (Glm4VoiceReference, BaichuanReference, MimiReference, HubertReference)}
+REFERENCES = {r.kind: r for r in (Glm4VoiceReference, BaichuanReference, MimiReference, HubertReference,
+                                   KimiWhisperReference)}
 
 
 def run_side(side: str, kind: str, folder: str, audio_seconds: float) -> dict:
   """One side of one tokenizer in this process: its matmul rate, a warm-up and a timed run over the recordings, the
-  codes (saved in `folder` for the parent to compare) and the peak RSS while tokenizing (weights included). The
-  torch side also counts the reference's FLOPs per audio second; it computes its host features with the JAX
-  tokenizer's `prepare`, whose weights it drops first."""
-  tokenizer = REFERENCES[kind].jax_tokenizer(folder)
+  outputs (codes or features, saved in `folder` for the parent to compare) and the peak RSS while tokenizing
+  (weights included). The torch side also counts the reference's FLOPs over the recordings; it computes its host
+  features with the JAX tokenizer's code, whose weights it drops first."""
+  reference_type = REFERENCES[kind]
+  tokenizer = reference_type.jax_tokenizer(folder)
   waves = recordings(tokenizer.sample_rate, audio_seconds)
   out = {"utterances": len(waves), "audio_seconds": sum(len(w) for w in waves) / tokenizer.sample_rate,
          "matmul_gflop_per_second": round(matmul_rate(side) / 1e9, 1)}
   if side == "jax":
     with PeakRss() as peak:
-      warm, _, _ = timed(lambda: tokenizer.encode_batch(waves))
-      wall, cpu, codes = timed(lambda: tokenizer.encode_batch(waves))
-    out["compile_seconds"] = round(tokenizer.runner.compile_seconds, 2)
+      warm, _, _ = timed(lambda: reference_type.encode(tokenizer, waves))
+      wall, cpu, outputs = timed(lambda: reference_type.encode(tokenizer, waves))
+    out.update(reference_type.jax_extras(tokenizer, waves))
   else:
     import torch
 
     del tokenizer.params
-    reference = REFERENCES[kind]()
+    reference = reference_type()
 
-    def forward(some):  # from the same host features the JAX side computes (the sample's waves are under 30 s)
+    def forward(some):  # from the same host features the JAX side computes
       with torch.inference_mode():
-        return [reference(tokenizer.prepare(w)[0]) for w in some]
+        return [reference(reference.host_features(tokenizer, w)) for w in some]
 
     with PeakRss() as peak:
       warm, _, _ = timed(lambda: forward(waves[:1]))
-      wall, cpu, codes = timed(lambda: forward(waves))
-    out["flops_per_audio_second"] = flops_per_audio_second(reference, tokenizer)
-  np.savez(os.path.join(folder, f"codes_{side}.npz"), *codes)
+      wall, cpu, outputs = timed(lambda: forward(waves))
+    out["flops"] = reference.flops(tokenizer, waves)
+  np.savez(os.path.join(folder, f"outputs_{side}.npz"), *outputs)
   out.update({"seconds": round(wall, 2), "cpu_seconds": round(cpu, 2), "warmup_seconds": round(warm, 2),
               "peak_rss_gb": round(peak.bytes / 2**30, 2)})
   return out
@@ -405,12 +572,9 @@ def bench_one(kind: str, audio_seconds: float) -> dict:
   with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-") as folder:
     _in_subprocess("write", kind, folder, audio_seconds)
     sides = {side: _in_subprocess(side, kind, folder, audio_seconds) for side in SIDES}
-    ours, theirs = (list(np.load(os.path.join(folder, f"codes_{side}.npz")).values()) for side in ("jax", "torch"))
-  equal = sum(int((a.reshape(len(a), -1)[: len(b)] == b.reshape(len(b), -1)[: len(a)]).all(-1).sum())
-              for a, b in zip(ours, theirs))
-  frames = sum(max(len(a), len(b)) for a, b in zip(ours, theirs))
+    ours, theirs = (list(np.load(os.path.join(folder, f"outputs_{side}.npz")).values()) for side in ("jax", "torch"))
   seconds, utterances = sides["jax"]["audio_seconds"], sides["jax"]["utterances"]
-  flops = sides["torch"].pop("flops_per_audio_second")
+  flops = sides["torch"].pop("flops") / seconds
   for side in sides.values():
     del side["audio_seconds"], side["utterances"]
     side["audio_seconds_per_second"] = round(seconds / side["seconds"], 2)
@@ -418,7 +582,8 @@ def bench_one(kind: str, audio_seconds: float) -> dict:
     side["percent_of_matmul"] = round(100 * side["gflop_per_second"] / side["matmul_gflop_per_second"], 1)
   return {"tokenizer": kind, "utterances": utterances, "audio_seconds": round(seconds, 2),
           "gflop_per_audio_second": round(flops / 1e9, 2), **sides,
-          "speedup": round(sides["torch"]["seconds"] / sides["jax"]["seconds"], 2), "codes_equal": f"{equal}/{frames}"}
+          "speedup": round(sides["torch"]["seconds"] / sides["jax"]["seconds"], 2),
+          **REFERENCES[kind].compare(ours, theirs)}
 
 
 def machine() -> dict:
@@ -429,7 +594,8 @@ def machine() -> dict:
 
 
 COLUMNS = ("| tokenizer | audio s | GFLOP / audio s | torch audio s/s | JAX audio s/s | JAX / torch | torch GFLOP/s "
-           "(% of its matmul) | JAX GFLOP/s (% of its matmul) | torch peak GB | JAX peak GB | codes equal |")
+           "(% of its matmul) | JAX GFLOP/s (% of its matmul) | torch peak GB | JAX peak GB | codes equal, or features' "
+           "largest difference |")
 
 
 def row(r: dict) -> str:
@@ -438,7 +604,7 @@ def row(r: dict) -> str:
           f"{torch_side['audio_seconds_per_second']} | {jax_side['audio_seconds_per_second']} | {r['speedup']}x | "
           f"{torch_side['gflop_per_second']} ({torch_side['percent_of_matmul']}%) | "
           f"{jax_side['gflop_per_second']} ({jax_side['percent_of_matmul']}%) | {torch_side['peak_rss_gb']} | "
-          f"{jax_side['peak_rss_gb']} | {r['codes_equal']} |")
+          f"{jax_side['peak_rss_gb']} | {REFERENCES[r['tokenizer']].agreement(r)} |")
 
 
 def main(argv):
@@ -452,12 +618,17 @@ def main(argv):
     with open(os.path.join(FLAGS.folder, f"{FLAGS.side}.json"), "w") as f:
       json.dump(result, f)
     return
-  results = []
+  results, notes = [], []
   print(COLUMNS)
   print("|" + "---|" * COLUMNS.count(" | ") + "---|")
   for kind in FLAGS.tokenizers:
     results.append(bench_one(kind, FLAGS.audio_seconds))
     print(row(results[-1]), flush=True)
+    figures, lines = REFERENCES[kind].notes(results[-1])
+    results[-1].update(figures)
+    notes += lines
+  for line in notes:
+    print(line)
   found = machine()
   matmul = "; ".join(f"{r['tokenizer']}: torch {r['torch']['matmul_gflop_per_second']}, XLA "
                      f"{r['jax']['matmul_gflop_per_second']}" for r in results)

@@ -164,6 +164,8 @@ class KimiWhisperFeatures:
   """The feature track of a Kimi-Audio release: `features(waves)` -> per wave float32 [T, 4 d_model], T its
   GLM-4-Voice code count. `folder` is the release's `whisper-large-v3/` (config.json, model.safetensors)."""
 
+  sample_rate = SAMPLE_RATE
+
   def __init__(self, folder: str, dtype: str = "float32", batch_size: int = 8):
     if not os.path.isdir(folder):
       raise KimiWhisperError(f"Whisper encoder folder {folder} does not exist (a Kimi-Audio release keeps it as "
