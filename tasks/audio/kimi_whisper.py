@@ -160,17 +160,26 @@ def _jitted_encode():
   return jax.jit(encode, static_argnums=(1, 3))
 
 
+def default_batch_size() -> int:
+  """Windows a step: one on a CPU (a batch of 8 took 6% more CPU time per window there, its attention tensors
+  leaving the caches: docs/benchmarks, "Kimi-Audio's Whisper-large-v3 features"), 8 on an accelerator, whose
+  matmuls one window (M = 1,500) leaves idle."""
+  import jax
+
+  return 1 if jax.default_backend() == "cpu" else 8
+
+
 class KimiWhisperFeatures:
   """The feature track of a Kimi-Audio release: `features(waves)` -> per wave float32 [T, 4 d_model], T its
   GLM-4-Voice code count. `folder` is the release's `whisper-large-v3/` (config.json, model.safetensors)."""
 
   sample_rate = SAMPLE_RATE
 
-  def __init__(self, folder: str, dtype: str = "float32", batch_size: int = 8):
+  def __init__(self, folder: str, dtype: str = "float32", batch_size: int | None = None):
     if not os.path.isdir(folder):
       raise KimiWhisperError(f"Whisper encoder folder {folder} does not exist (a Kimi-Audio release keeps it as "
                              "whisper-large-v3/ beside the weights)")
-    self.folder, self.dtype, self.batch_size = folder, dtype, batch_size
+    self.folder, self.dtype, self.batch_size = folder, dtype, batch_size or default_batch_size()
     self.shape = read_shape(folder)
     weights = ReleaseWeights(folder, ENCODER_PREFIX)
     self.params = read_params(weights, self.shape)
@@ -196,7 +205,8 @@ class KimiWhisperFeatures:
 
   def features(self, waves: list[np.ndarray], progress: Progress | None = None) -> list[np.ndarray]:
     """float32 [T, 4 d_model] per wave: the 30 s pieces of all waves encoded `batch_size` at a time, their mels
-    made batch by batch (a batch is padded with silent windows to its full size, so one shape compiles).
+    made batch by batch (the last batch holds only the pieces left: one more compiled shape, where silent windows
+    to fill it would each cost a whole window's encoder).
     `progress` counts each wave once its last piece is encoded."""
     jobs = [(index, piece) for index, wave in enumerate(waves) for piece in pieces(np.asarray(wave, np.float32))]
     per_wave: list[list[np.ndarray]] = [[] for _ in waves]
@@ -207,7 +217,7 @@ class KimiWhisperFeatures:
           progress.update(1, 0.0)
     for start in range(0, len(jobs), self.batch_size):
       chunk = jobs[start : start + self.batch_size]
-      batch = np.zeros((self.batch_size, 2 * self.shape.frames, N_MELS), np.float32)
+      batch = np.zeros((len(chunk), 2 * self.shape.frames, N_MELS), np.float32)
       for row, (_, piece) in enumerate(chunk):
         batch[row] = window_mel(piece)
       encoded = np.asarray(self._encoded(batch), np.float32)
