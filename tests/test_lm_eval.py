@@ -100,6 +100,19 @@ def test_requests_come_back_in_order_with_each_context_computed_once(ours, hf):
   assert [g[1] for g in got] == [w[1] for w in want]
 
 
+def test_a_small_call_runs_shorter_rows_and_scores_the_same_bits(ours):
+  # Two short requests need not compute a row of 256: the call packs them into the shortest rows that hold them.
+  # Amid 24 more requests (in longer rows) their log-likelihoods are the same bits: neighbour-free rows.
+  few = [("The cat sat on the", " mat."), ("Paris is the capital of", " France.")]
+  alone = ours.loglikelihood(requests("loglikelihood", few))
+  short = ours.last_call["shape"].length
+  more = [(f"Story {i}: the weather on day {i} of the long voyage across the sea was", f" calm, {i}.")
+          for i in range(24)]
+  amid = ours.loglikelihood(requests("loglikelihood", more[:12] + few + more[12:]))
+  assert short == 32 and ours.last_call["shape"].length > short
+  assert alone == amid[12:14]
+
+
 def test_is_greedy_matches_the_hf_backend(ours, hf):
   context = hf.tok_encode("The capital of France is")
   generated = hf.model.generate(torch.tensor([context]), max_new_tokens=4, do_sample=False)[0, len(context):]
