@@ -145,9 +145,15 @@ def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends(tin
   for backend in ("hf", "s2sjax"):  # fp32 against float64, over one-token choices after ~200-token contexts
     assert run[backend]["max_abs_err_float64"] < 1e-4
   # the fitted rows: a target table of 32 (12 targets, 4 a context) and windows over the items, not the row
-  assert run["s2sjax"]["targets"] == 32 and run["s2sjax, unfitted rows"]["targets"] == 256
-  table = bench.format_lm_eval(run)
-  assert "| s2sjax | " in table and "| hf | " in table and "| s2sjax, unfitted rows | " in table
+  assert run["s2sjax"]["targets"] == 32
+  # the timed call compiled nothing (the first did); every phase of it is reported
+  assert set(run["s2sjax"]["where"]) == set(bench.PHASES) and run["s2sjax"]["where"]["compile"] == 0
+  assert run["s2sjax"]["first_call_compile_s"] > 0
+  # one subject's shot is the same first-n dev question before each document: a prefix tree lays it once
+  context = run["context_tokens"]
+  assert context["prefix_tree"] < context["distinct"] <= context["mean"] * run["requests"]
+  (line,) = bench.format_lm_eval([run]).splitlines()[2:]
+  assert line.startswith("| cmmlu 1-shot | 3 | 12 |") and line.endswith("| True (is_greedy True) |")
 
 
 def test_the_cmmlu_requests_are_lm_evals_own(tmp_path):
@@ -165,3 +171,56 @@ def test_the_cmmlu_requests_are_lm_evals_own(tmp_path):
   assert context.count("答案：") == 2 and context.count("\nA. ") == 2 and context.endswith("答案：")
   with pytest.raises(ValueError, match="lm-eval has no CMMLU subject 'anatomie'"):
     bench.cmmlu_tasks(str(cmmlu), ["anatomie"], str(tmp_path))
+
+
+REALDATA = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "realdata"
+
+
+@pytest.mark.parametrize("workload, folder, shots, first", [
+  # lm-eval's xcopa_zh: the premise without its full stop, then its connector; the choices' first letter lowered
+  ("xcopa_zh", "xcopa", 0, ("该物品用气泡包装纸包着 因为", [" 它很易碎。", " 它很小。"])),
+  ("xstorycloze_zh", "xstorycloze", 0, ("我在 2011 年成为《法律与秩序》剧迷。 我当时正从中风中康复。 回家后，我尽量每一集都会追。 "
+                                       "在 20 年内连续刷同一部剧是件难事。",
+                                       [" 我认为《法律与秩序》是史上最烂的电视剧之一。", " 我最终看完了整部剧。"])),
+  ("storycloze", "storycloze", 0, ("My friends all love to go to the club to dance. They think it's a lot of fun "
+                                   "and always invite. I finally decided to tag along last Saturday. I danced "
+                                   "terribly and broke a friend's toe.",
+                                   [" My friends decided to keep inviting me out as I am so much fun.",
+                                    " The next weekend, I was asked to please stay home."])),
+])
+def test_the_local_tasks_are_lm_evals_own_over_the_release_files(tmp_path, workload, folder, shots, first):
+  data = REALDATA / folder
+  if not data.exists():
+    pytest.skip(f"the {folder} data is not at {data}")
+  names = bench.lm_eval_tasks(workload, str(data), [], str(tmp_path))
+  requests = bench.lm_eval_requests(names, str(tmp_path), limit=1, num_fewshot=shots)
+  context, choices = first
+  assert [r.args for r in requests] == [(context, choice) for choice in choices]
+
+
+def test_an_lm_eval_workload_without_its_files_is_refused_by_name(tmp_path):
+  with pytest.raises(ValueError, match=r"xstorycloze_en: .* has no spring2016.val.en.tsv.split_20_80_train.tsv"):
+    bench.lm_eval_tasks("xstorycloze_en", str(tmp_path), [], str(tmp_path))
+  with pytest.raises(ValueError, match="no lm-eval workload 'xcopa_et'"):
+    bench.lm_eval_tasks("xcopa_et", str(tmp_path), [], str(tmp_path))
+
+
+def test_the_prefix_tree_lays_each_common_leading_run_once():
+  assert bench.trie_tokens([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6], [7]]) == 4 + 1 + 1 + 1
+
+
+@pytest.mark.slow
+def test_encoded_pairs_are_the_backends_and_a_request_of_several_windows_is_refused(tmp_path, qwen_tokenizer_dir):
+  from lm_eval.api.instance import Instance
+
+  from s2sjax.commands.lm_eval import S2SJaxLM
+  from tests.eval_fixtures import tiny_checkpoint
+
+  lm = S2SJaxLM(pretrained=tiny_checkpoint(str(tmp_path), qwen_tokenizer_dir), row_length=32, batch_size=1)
+  fits = Instance("loglikelihood", {}, ("The cat sat on the", " mat."), 0)
+  context, continuation = lm.tok_encode("The cat sat on the"), lm.tok_encode(" mat.")
+  assert bench.encoded_pairs(lm, [fits]) == [(context, continuation)]
+  long = Instance("loglikelihood", {}, ("Once", " upon a time" * 12), 1)
+  with pytest.raises(ValueError, match=r"request 1 \(context 'Once'...\): its continuation of \d+ tokens needs 2 "
+                                       "windows at row_length=32"):
+    bench.encoded_pairs(lm, [fits, long])

@@ -94,10 +94,27 @@ def test_requests_come_back_in_order_with_each_context_computed_once(ours, hf):
           ("The cat sat on the", " dog")]
   contexts, rows = ours.contexts_scored, ours.rows_scored
   got = ours.loglikelihood(requests("loglikelihood", args))
-  assert (ours.contexts_scored - contexts, ours.rows_scored - rows) == (3, 1)
+  # 3 contexts, each in a row of 32 (the shortest rows that hold them: 96 positions, not a row of 256)
+  assert ours.contexts_scored - contexts == 3
+  assert (ours.rows_scored - rows) * ours.last_call["shape"].length == 96
   want = hf.loglikelihood(requests("loglikelihood", args))
   np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=TOLERANCE, rtol=0)
   assert [g[1] for g in got] == [w[1] for w in want]
+
+
+def test_a_small_call_runs_shorter_rows_and_scores_the_same(ours):
+  # Two short requests need not compute a row of 256: the call lays them in the fewest positions (one row of 64,
+  # not two of 32). Amid 24 more requests they score the same but for fp32 rounding where the steps'
+  # shapes differ (within a shape, what shares a row changes no bit: test_a_requests_log_likelihood_is_the_same_bits_...).
+  few = [("The cat sat on the", " mat."), ("Paris is the capital of", " France.")]
+  alone = ours.loglikelihood(requests("loglikelihood", few))
+  short = ours.last_call["shape"].length
+  more = [(f"Story {i}: the weather on day {i} of the long voyage across the sea was", f" calm, {i}.")
+          for i in range(24)]
+  amid = ours.loglikelihood(requests("loglikelihood", more[:12] + few + more[12:]))
+  assert short == 64
+  np.testing.assert_allclose([a[0] for a in alone], [a[0] for a in amid[12:14]], atol=1e-5, rtol=0)
+  assert [a[1] for a in alone] == [a[1] for a in amid[12:14]]
 
 
 def test_is_greedy_matches_the_hf_backend(ours, hf):

@@ -25,6 +25,11 @@ def test_lm_evals_device_names_the_jax_devices():
     backend.devices_for("cpu:8")
 
 
+def test_a_calls_rows_are_spread_evenly_over_the_steps_they_need():
+  assert [backend.even_steps(rows, 8) for rows in (1, 8, 9, 11, 16, 17)] == [1, 8, 5, 6, 8, 6]
+  assert backend.even_steps(11, 64) == 11
+
+
 def test_auto_batch_size_takes_what_fits_and_what_the_call_needs():
   config = ModelConfig(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                        num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=1e5, rotary_dim=64, rope_interleaved=False,

@@ -23,16 +23,18 @@ options), on the model's own vocabulary; `storycloze`: the real StoryCloze test
 stories from `--storycloze_csv`, tokenized by the checkpoint's tokenizer as `tasks.build` tokenizes T->T items.
 The default model is the embedded SmolLM2-135M.
 
-  python -m s2sjax.bench --mode=lm_eval --cmmlu_dir=CMMLU/data --subjects=agronomy,anatomy,ancient_chinese \
-      --items=40 [--num_fewshot=0] [--row_length=1024] [--float64_requests=40]
+  python -m s2sjax.bench --mode=lm_eval --workloads=cmmlu:0,cmmlu:3,xcopa_zh,xstorycloze_en,xstorycloze_zh,storycloze \
+      --cmmlu_dir=CMMLU/data --xcopa_dir=XCOPA --xstorycloze_dir=XSTORYCLOZE --storycloze_dir=STORYCLOZE \
+      [--subjects=agronomy,anatomy,ancient_chinese] [--items=40] [--row_length=1024] [--lm_eval_batch_size=auto] \
+      [--float64_requests=40] [--output=results.json]
 
-runs lm-eval's own CMMLU tasks (its template and descriptions, first-n shots from dev; long contexts, one-token
-choices) over a local copy of the CMMLU data (or, with --lm_eval_workload=xstorycloze_zh --xstorycloze_dir=DIR, its
-xstorycloze_zh over the release's TSVs) through both lm-eval backends on the same weights, side by side: lm-eval's
-`hf` (transformers, its logits cache computing each context once) and `s2sjax` (s2sjax.lm_eval), and the s2sjax
-scorer on the rows the backend laid before it fitted them (whole-row tables and dense attention), with wall time,
-requests/s, what each s2sjax protocol computed, and each backend's largest and mean distance to a float64
-transformers forward of the first `--float64_requests` requests.
+runs lm-eval's own task definitions (its templates, choices, splits and first-n shots; `lm_eval_tasks`) of each
+workload (NAME:SHOTS) over local copies of the data (CMMLU's data/ folder, the XCOPA repo, the XStoryCloze and
+StoryCloze 2016 releases) through both lm-eval backends on the same weights, one run each: lm-eval's `hf`
+(transformers, its logits cache computing a context once for one-token choices) and `s2sjax` (s2sjax.lm_eval).
+A line a workload: both wall times and their ratio, where s2sjax's time went (tokenising, packing, host batches,
+transfers, compiles, steps), each backend's largest and mean distance to a float64 transformers forward of the first
+`--float64_requests` requests, and whether the decisions agree; `--output` keeps every figure as JSON.
 """
 
 from __future__ import annotations
@@ -224,27 +226,51 @@ def cmmlu_tasks(cmmlu_dir: str, subjects: Sequence[str], folder: str) -> list[st
   return names
 
 
-def xstorycloze_zh_task(xstorycloze_dir: str, folder: str) -> list[str]:
-  """lm-eval's xstorycloze_zh (its default_ar.yaml: the four sentences joined by spaces, the two endings, train
-  for shots, eval scored) over the XStoryCloze release's own TSVs, whose columns keep StoryCloze's names: a YAML
-  written to `folder`, its task name returned."""
+# The hub's names of the StoryCloze release's columns (InputStoryid, InputSentence1..4, RandomFifthSentenceQuiz1/2,
+# AnswerRightEnding; XStoryCloze's TSVs keep them), which lm-eval's storycloze and xstorycloze templates read
+STORYCLOZE_COLUMNS = ["story_id", "input_sentence_1", "input_sentence_2", "input_sentence_3", "input_sentence_4",
+                      "sentence_quiz1", "sentence_quiz2", "answer_right_ending"]
+# lm-eval's workloads the bench runs: its own task (lm_eval/tasks/...), the local files of each split and how to read
+# them ({dir}: the workload's --*_dir; cmmlu: `cmmlu_tasks`, a task per subject)
+LM_EVAL_WORKLOADS = {
+  "cmmlu": None,
+  "xcopa_zh": ("xcopa/default_zh.yaml", "json", {"validation": "data/zh/val.zh.jsonl",
+                                                 "test": "data/zh/test.zh.jsonl"}, {}),
+  **{f"xstorycloze_{lang}": (f"xstorycloze/default_{lang}.yaml", "csv",
+                             {split: f"spring2016.val.{lang}.tsv.split_20_80_{split}.tsv" for split in ("train", "eval")},
+                             {"delimiter": "\t", "quoting": 3, "header": 0, "column_names": STORYCLOZE_COLUMNS})
+     for lang in ("en", "zh")},
+  "storycloze": ("storycloze/storycloze_2016.yaml", "csv",
+                 {"validation": "cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
+                  "test": "cloze_test_test__spring2016 - cloze_test_ALL_test.csv"},
+                 {"header": 0, "column_names": STORYCLOZE_COLUMNS}),
+}
+# --workloads' default: every one, CMMLU 0- and 3-shot (NAME:SHOTS; no suffix: 0)
+DEFAULT_LM_EVAL_WORKLOADS = ["cmmlu:0", "cmmlu:3", "xcopa_zh", "xstorycloze_en", "xstorycloze_zh", "storycloze"]
+
+
+def lm_eval_tasks(workload: str, data_dir: str, subjects: Sequence[str], folder: str) -> list[str]:
+  """lm-eval's own task(s) of a workload (LM_EVAL_WORKLOADS) read from local files instead of the hub: a YAML
+  written to `folder` that includes lm-eval's own (its template, choices, splits, metrics) and names the files;
+  the task names returned."""
+  import lm_eval
   import yaml
 
-  files = {split: os.path.join(xstorycloze_dir, f"spring2016.val.zh.tsv.split_20_80_{split}.tsv")
-           for split in ("train", "eval")}
+  if workload not in LM_EVAL_WORKLOADS:
+    raise BenchError(f"no lm-eval workload {workload!r}: the bench runs {', '.join(LM_EVAL_WORKLOADS)}")
+  if workload == "cmmlu":
+    return cmmlu_tasks(data_dir, subjects, folder)
+  own, reader, files, options = LM_EVAL_WORKLOADS[workload]
+  files = {split: os.path.join(data_dir, name) for split, name in files.items()}
   missing = [path for path in files.values() if not os.path.exists(path)]
   if missing:
-    raise BenchError(f"--xstorycloze_dir={xstorycloze_dir} has no {missing[0]} (the XStoryCloze release's TSVs)")
-  sentences = "[InputSentence1, InputSentence2, InputSentence3, InputSentence4]|join(' ')"
-  config = {"task": "xstorycloze_zh_local", "dataset_path": "csv",
-            "dataset_kwargs": {"data_files": files, "delimiter": "\t"}, "output_type": "multiple_choice",
-            "training_split": "train", "validation_split": "eval", "doc_to_text": "{{" + sentences + "}}",
-            "doc_to_target": "{{AnswerRightEnding - 1}}",
-            "doc_to_choice": "{{[RandomFifthSentenceQuiz1, RandomFifthSentenceQuiz2]}}",
-            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
-  with open(os.path.join(folder, "xstorycloze_zh_local.yaml"), "w", encoding="utf-8") as f:
+    raise BenchError(f"{workload}: {data_dir} has no {os.path.relpath(missing[0], data_dir)} (the release's files)")
+  name = f"{workload}_local"
+  config = {"include": os.path.join(os.path.dirname(lm_eval.__file__), "tasks", own), "task": name,
+            "dataset_path": reader, "dataset_name": None, "dataset_kwargs": {"data_files": files, **options}}
+  with open(os.path.join(folder, f"{name}.yaml"), "w", encoding="utf-8") as f:
     yaml.safe_dump(config, f, allow_unicode=True)
-  return ["xstorycloze_zh_local"]
+  return [name]
 
 
 def lm_eval_requests(task_names: Sequence[str], folder: str, limit: int, num_fewshot: int, seed: int = 1234):
@@ -263,7 +289,8 @@ def lm_eval_requests(task_names: Sequence[str], folder: str, limit: int, num_few
 
 def encoded_pairs(lm, requests) -> list[tuple[list[int], list[int]]]:
   """The (context, continuation) tokens lm-eval's `TemplateLM.loglikelihood` makes of the requests for the s2sjax
-  backend `lm`, truncated as it scores them."""
+  backend `lm`, truncated as it scores them (`S2SJaxLM._windows`): one pair a request, as the float64 reference
+  forwards each request once; a request whose continuation needs several windows at the row length is refused."""
   from lm_eval.api.model import TemplateLM
 
   captured = []
@@ -272,7 +299,15 @@ def encoded_pairs(lm, requests) -> list[tuple[list[int], list[int]]]:
     TemplateLM.loglikelihood(lm, requests, disable_tqdm=True)
   finally:
     del lm._loglikelihood_tokens  # the class's method again
-  return [lm._fit(context, continuation) for _, context, continuation in captured]
+  pairs = []
+  for index, ((context_text, _), context, continuation) in enumerate(captured):
+    windows, _ = lm._windows(context, continuation, index)
+    if len(windows) > 1:
+      raise BenchError(f"request {index} (context {context_text[:40]!r}...): its continuation of {len(continuation)} "
+                       f"tokens needs {len(windows)} windows at row_length={lm.row_length}; the bench compares one "
+                       "window a request: give a longer --row_length")
+    pairs += windows
+  return pairs
 
 
 def float64_loglikelihoods(model64, pairs) -> np.ndarray:
@@ -294,24 +329,26 @@ def float64_loglikelihoods(model64, pairs) -> np.ndarray:
   return out
 
 
-def unfitted_protocol(ours, pairs) -> dict:
-  """The s2sjax scorer as the backend ran before it fitted its rows: items end to end, the target and slot tables
-  of the packer's capacity (half the row, a quarter), dense attention over whole rows. Timed after a compile."""
-  _, items, capacity = ours.items_for(pairs)
-  rows, report = pack(items, capacity)
-  scorer = Scorer(ours.config, capacity, mesh=ours.mesh, batch_size=ours.batch_size or 8, dtype=ours.dtype)
-  scorer.score(ours.params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)
-  start = time.time()
-  scorer.score(ours.params, rows, progress=False)
-  return dict(seconds=time.time() - start, rows=report.rows, length=capacity.length, targets=capacity.max_targets,
-              window="dense, whole rows")
+def trie_tokens(contexts: Sequence[Sequence[int]]) -> int:
+  """Tokens the distinct contexts hold once each common leading run is laid once (a prefix tree's nodes): what
+  sharing prefixes across contexts (CMMLU's subject description and shots) would leave to compute."""
+  root: dict = {}
+  nodes = 0
+  for context in contexts:
+    node = root
+    for token in context:
+      if token not in node:
+        node[token] = {}
+        nodes += 1
+      node = node[token]
+  return nodes
 
 
 def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str], limit: int, num_fewshot: int,
-                row_length: int, batch_size: int, ref_batch_size: int, float64_requests: int) -> dict:
-  """lm-eval's requests of a workload (`cmmlu`: the subjects' tasks; `xstorycloze_zh`) for the first `limit`
-  documents of each task through its `hf` backend and the `s2sjax` one on the same weights (and the s2sjax scorer
-  on unfitted rows): wall times, what was computed, distances to float64, agreement."""
+                row_length: int, batch_size: int | str, ref_batch_size: int, float64_requests: int) -> dict:
+  """lm-eval's requests of a workload (LM_EVAL_WORKLOADS; cmmlu: the subjects' tasks) for the first `limit`
+  documents of each task through its `hf` backend and the `s2sjax` one on the same weights: wall times (s2sjax's
+  second call, after the first compiled its steps, and where its time went), distances to float64, agreement."""
   import copy
   import tempfile
 
@@ -321,26 +358,27 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
 
   ours = S2SJaxLM(pretrained=ckpt, row_length=row_length, batch_size=batch_size)
   with tempfile.TemporaryDirectory() as folder:
-    tasks = (cmmlu_tasks(data_dir, subjects, folder) if workload == "cmmlu" else xstorycloze_zh_task(data_dir, folder))
+    tasks = lm_eval_tasks(workload, data_dir, subjects, folder)
     requests = lm_eval_requests(tasks, folder, limit, num_fewshot)
   pairs = encoded_pairs(ours, requests)
-  start = time.time()
-  ours.loglikelihood(requests, disable_tqdm=True)  # compiles the step for these rows (or loads it from the cache)
-  first_s = time.time() - start
-  start = time.time()
+  start = time.perf_counter()
+  ours.loglikelihood(requests, disable_tqdm=True)  # compiles the steps for these rows (or loads them from the cache)
+  first_s, first_call = time.perf_counter() - start, ours.last_call
+  start = time.perf_counter()
   got = ours.loglikelihood(requests, disable_tqdm=True)
-  seconds = time.time() - start
+  seconds = time.perf_counter() - start
   call = ours.last_call
-  s2sjax_side = dict(seconds=seconds, first_call_s=first_s, rows=call["pack"]["rows"], length=row_length,
-                     efficiency=call["pack"]["packing_efficiency"], targets=call["shape"].max_targets,
-                     window=f"item-local, {call['window'].span} keys")
-  unfitted = unfitted_protocol(ours, pairs)
+  s2sjax_side = dict(seconds=seconds, first_call_s=first_s, first_call_compile_s=first_call["seconds"]["compile"],
+                     rows=call["pack"]["rows"], length=call["shape"].length, rows_per_step=call["rows_per_step"],
+                     steps=call["steps"], efficiency=call["pack"]["packing_efficiency"],
+                     targets=call["shape"].max_targets, window=f"item-local, {call['window'].span} keys",
+                     where=dict(call["seconds"]))
   torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
   hf = HFLM(pretrained=torch_model, tokenizer=ours.tokenizer, batch_size=ref_batch_size, max_length=row_length - 1)
   hf.loglikelihood(requests[:ref_batch_size], disable_tqdm=True)  # warm-up, untimed
-  start = time.time()
+  start = time.perf_counter()
   want = hf.loglikelihood(requests, disable_tqdm=True)
-  hf_seconds = time.time() - start
+  hf_seconds = time.perf_counter() - start
   ll, ll_hf = np.array([g[0] for g in got]), np.array([w[0] for w in want])
   exact = float64_loglikelihoods(copy.deepcopy(torch_model).double().cpu(), pairs[:float64_requests])
   n64 = len(exact)
@@ -349,42 +387,46 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
                               for doc in dict.fromkeys(documents)]
   error = lambda values: dict(max_abs_err_float64=float(np.abs(values[:n64] - exact).max()),
                               mean_abs_err_float64=float(np.abs(values[:n64] - exact).mean()))
+  contexts = list(dict.fromkeys(tuple(c) for c, _ in pairs))
   return {
     "workload": workload, "tasks": tasks, "documents": len(set(documents)), "requests": len(requests),
     "num_fewshot": num_fewshot,
-    "context_tokens": dict(mean=float(np.mean([len(c) for c, _ in pairs])), max=max(len(c) for c, _ in pairs)),
+    "context_tokens": dict(mean=float(np.mean([len(c) for c, _ in pairs])), max=max(len(c) for c, _ in pairs),
+                           distinct=sum(map(len, contexts)), prefix_tree=trie_tokens(contexts)),
     "hf": dict(seconds=hf_seconds, batch_size=ref_batch_size, window=torch_model.config._attn_implementation,
                **error(ll_hf)),
     "s2sjax": dict(s2sjax_side, **error(ll)),
-    "s2sjax, unfitted rows": unfitted,
+    "hf_over_s2sjax": hf_seconds / seconds,
     "float64_requests": n64, "max_abs_diff_s2sjax_hf": float(np.abs(ll - ll_hf).max()),
     "decisions_identical": decisions(ll) == decisions(ll_hf),
     "is_greedy_identical": [g[1] for g in got] == [w[1] for w in want],
   }
 
 
-def format_lm_eval(run: dict) -> str:
-  hf_s = run["hf"]["seconds"]
+# s2sjax's phases as the table names them (S2SJaxLM.last_call's seconds)
+PHASES = {"tokenise": "tokenise", "pack": "pack", "host": "host batches", "to_device": "to device",
+          "compile": "compile", "step": "steps", "from_device": "from device", "collect": "collect"}
+
+
+def format_lm_eval(runs: Sequence[dict]) -> str:
+  """One line a workload: both backends' wall time, the speed-up, s2sjax's phases, distances to float64."""
   lines = [
-    f"### lm-eval {run['workload']} ({', '.join(run['tasks'])}): {run['documents']} documents, {run['requests']} "
-    f"requests, {run['num_fewshot']}-shot, contexts {run['context_tokens']['mean']:.0f} tokens on average "
-    f"(longest {run['context_tokens']['max']})",
-    "",
-    "| backend | wall s | vs hf | requests/s | rows x L | targets a row | attention | max abs err vs float64 "
-    "| mean abs err vs float64 |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| workload | docs | requests | ctx tokens (mean) | hf s | s2sjax s | hf / s2sjax | s2sjax rows x L (steps) "
+    "| s2sjax: " + ", ".join(PHASES.values()) + " (s) | s2sjax first call s (compile) | max / mean abs err vs "
+    "float64, hf | s2sjax | decisions identical |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for name in ("hf", "s2sjax", "s2sjax, unfitted rows"):
-    r = run[name]
-    rows = f"{r['rows']} x {r['length']}" if "rows" in r else f"batches of {r['batch_size']}"
-    errors = (f"{r['max_abs_err_float64']:.1e} | {r['mean_abs_err_float64']:.1e}" if "max_abs_err_float64" in r
-              else "- | -")
-    lines.append(f"| {name} | {r['seconds']:.1f} | {r['seconds'] / hf_s:.2f}x | {run['requests'] / r['seconds']:.1f} "
-                 f"| {rows} | {r.get('targets', '-')} | {r['window']} | {errors} |")
-  lines += ["", f"s2sjax vs hf: max |difference| {run['max_abs_diff_s2sjax_hf']:.1e} over {run['requests']} requests; "
-            f"decisions identical: {run['decisions_identical']}; is_greedy identical: {run['is_greedy_identical']}; "
-            f"float64 over the first {run['float64_requests']} requests; s2sjax's first call, which compiled its "
-            f"step, took {run['s2sjax']['first_call_s']:.1f} s"]
+  for run in runs:
+    ours, hf = run["s2sjax"], run["hf"]
+    where = " / ".join(f"{ours['where'].get(key, 0.0):.1f}" for key in PHASES)
+    lines.append(
+      f"| {run['workload']} {run['num_fewshot']}-shot | {run['documents']} | {run['requests']} "
+      f"| {run['context_tokens']['mean']:.0f} | {hf['seconds']:.1f} | {ours['seconds']:.1f} "
+      f"| {run['hf_over_s2sjax']:.2f}x | {ours['rows']} x {ours['length']} ({ours['steps']}) | {where} "
+      f"| {ours['first_call_s']:.1f} ({ours['first_call_compile_s']:.1f}) "
+      f"| {hf['max_abs_err_float64']:.1e} / {hf['mean_abs_err_float64']:.1e} "
+      f"| {ours['max_abs_err_float64']:.1e} / {ours['mean_abs_err_float64']:.1e} "
+      f"| {run['decisions_identical']} (is_greedy {run['is_greedy_identical']}) |")
   return "\n".join(lines)
 
 
@@ -459,11 +501,13 @@ def define_flags() -> None:
   flags.DEFINE_enum("mode", "reference", ["reference", "accelerator", "lm_eval"],
                     "reference: PyTorch protocol vs s2sjax; accelerator: Qwen2.5-shaped throughput and MFU; lm_eval: "
                     "lm-eval's CMMLU tasks through its hf backend and s2sjax's.")
-  flags.DEFINE_enum("lm_eval_workload", "cmmlu", ["cmmlu", "xstorycloze_zh"], "lm_eval mode: the tasks.")
+  flags.DEFINE_list("workloads", DEFAULT_LM_EVAL_WORKLOADS,
+                    f"lm_eval mode: NAME[:SHOTS] of {', '.join(LM_EVAL_WORKLOADS)}, one run each.")
   flags.DEFINE_string("cmmlu_dir", None, "lm_eval mode: the CMMLU repo's data/ folder (dev/ and test/ CSVs).")
-  flags.DEFINE_string("xstorycloze_dir", None, "lm_eval mode: the XStoryCloze release's folder (its zh TSVs).")
+  flags.DEFINE_string("xcopa_dir", None, "lm_eval mode: the XCOPA repo's folder (data/zh/*.zh.jsonl).")
+  flags.DEFINE_string("xstorycloze_dir", None, "lm_eval mode: the XStoryCloze release's folder (its TSVs).")
+  flags.DEFINE_string("storycloze_dir", None, "lm_eval mode: the StoryCloze 2016 folder (its val and test CSVs).")
   flags.DEFINE_list("subjects", ["agronomy", "anatomy", "ancient_chinese"], "lm_eval mode: CMMLU subjects.")
-  flags.DEFINE_integer("num_fewshot", 0, "lm_eval mode: shots before each question (lm-eval's first_n from dev).")
   flags.DEFINE_integer("float64_requests", 40, "lm_eval mode: requests also scored by a float64 transformers forward.")
   flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
   flags.DEFINE_list("attention", ["auto"],
@@ -484,9 +528,41 @@ def define_flags() -> None:
   flags.DEFINE_list("row_length", ["auto"], "Packed row length(s) L, each run against the one reference, or auto: the "
                     "length a build without --row_length chooses for the items (accelerator mode: one L, default 2048).")
   flags.DEFINE_integer("batch_size", 2, "Rows per s2sjax step.")
+  flags.DEFINE_string("lm_eval_batch_size", "auto", "lm_eval mode: the s2sjax backend's batch_size (rows, or auto).")
   flags.DEFINE_integer("ref_batch_size", 8, "Sequences per reference batch.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype of s2sjax.")
   flags.DEFINE_string("output", None, "Also write the figures as JSON here.")
+
+
+def lm_eval_workloads() -> list[tuple[str, int, str]]:
+  """--workloads as (workload, shots, its data folder), every name, shot count and folder checked before a run."""
+  chosen = []
+  for value in FLAGS.workloads:
+    name, _, shots = value.partition(":")
+    if name not in LM_EVAL_WORKLOADS or (shots and not shots.isdigit()):
+      raise BenchError(f"--workloads={value}: NAME[:SHOTS], NAME one of {', '.join(LM_EVAL_WORKLOADS)}")
+    flag = f"{name.split('_')[0]}_dir"
+    if not FLAGS[flag].value:
+      raise BenchError(f"--workloads={value} needs --{flag}")
+    chosen.append((name, int(shots or 0), FLAGS[flag].value))
+  return chosen
+
+
+def run_lm_eval_workloads(ckpt: str) -> list[dict]:
+  """--mode=lm_eval: each workload in turn, its line printed and --output rewritten as it ends."""
+  chosen = lm_eval_workloads()
+  machine = cpu_machine(FLAGS.dtype) if jax.default_backend() == "cpu" else {}
+  runs = []
+  for name, shots, data_dir in chosen:
+    runs.append(run_lm_eval(ckpt, name, data_dir, FLAGS.subjects, FLAGS.items, shots, row_lengths()[0] or 1024,
+                            FLAGS.lm_eval_batch_size, FLAGS.ref_batch_size, FLAGS.float64_requests))
+    print(format_lm_eval(runs[-1:]).splitlines()[-1] if len(runs) > 1 else format_lm_eval(runs), flush=True)
+    if FLAGS.output:
+      with open(FLAGS.output, "w") as f:
+        json.dump({"runs": runs, "machine": machine}, f, indent=2)
+  if machine:
+    print(machine_line(machine))
+  return runs
 
 
 def row_lengths() -> list[int | None]:
@@ -508,19 +584,7 @@ def main(argv):
     return
   ckpt = FLAGS.checkpoint or default_checkpoint()
   if FLAGS.mode == "lm_eval":
-    data_flag = "cmmlu_dir" if FLAGS.lm_eval_workload == "cmmlu" else "xstorycloze_dir"
-    if not FLAGS[data_flag].value:
-      raise BenchError(f"--mode=lm_eval --lm_eval_workload={FLAGS.lm_eval_workload} needs --{data_flag}")
-    run = run_lm_eval(ckpt, FLAGS.lm_eval_workload, FLAGS[data_flag].value, FLAGS.subjects, FLAGS.items,
-                      FLAGS.num_fewshot, row_lengths()[0] or 1024, FLAGS.batch_size, FLAGS.ref_batch_size,
-                      FLAGS.float64_requests)
-    print(format_lm_eval(run), "\n", flush=True)
-    machine = cpu_machine(FLAGS.dtype) if jax.default_backend() == "cpu" else {}
-    if machine:
-      print(machine_line(machine))
-    if FLAGS.output:
-      with open(FLAGS.output, "w") as f:
-        json.dump(dict(run, machine=machine), f, indent=2)
+    run_lm_eval_workloads(ckpt)
     return
   runs = []
   for workload in FLAGS.workload:

@@ -12,13 +12,15 @@ In Python, `import s2sjax.lm_eval` registers it: `lm_eval.simple_evaluate(model=
 model_args="pretrained=DIR,...", tasks=[...], device="cpu", batch_size="auto")`.
 
 model_args: pretrained (or checkpoint; default: the embedded SmolLM2-135M), mesh (axes joined by '+', as lm-eval
-splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the packed row, a
-multiple of 32; a request longer than it is fitted as the hf backend fits one to its max_length, which here is
+splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the longest packed row, a
+multiple of 32; a call lays its requests in rows of it, or of a half, a quarter, ... of it where those take fewer
+positions; a request longer than it is fitted as the hf backend fits one to its max_length, which here is
 row_length - 1: `S2SJaxLM._windows`), add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped
 as code); any other key, or a value that makes no run, is refused by name before a model is loaded, and lm-eval's
 command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself:
-batch_size (rows per step, each holding many requests; `auto` or `auto:N`: the most rows, up to max_batch_size,
-default 64, and no more than a call's rows, whose step fits the devices' memory, `rows_per_step`), max_batch_size,
+batch_size (the most rows a step, each holding many requests, a call's rows spread evenly over the steps they
+need; `auto` or `auto:N`: the most rows, up to max_batch_size, default 64, and no more than a call's rows, whose
+step fits the devices' memory, `rows_per_step`), max_batch_size,
 device (cpu, cuda, cuda:N, gpu or tpu: the JAX platform, with an index one device of it; default: JAX's).
 
 The backend sits in `s2sjax/commands/` (the entry points, apart from the core) since its default model is
@@ -32,7 +34,7 @@ tokenization; an empty context becomes the prefix token. Tokenization with speci
 `tok_encode`; chat templates (`--apply_chat_template`) are the tokenizer's, applied as the hf backend applies them.
 is_greedy comes from the same step: the count of a continuation's tokens that are not the argmax of the logits
 that predict them. A request's log-likelihood is the same bits whatever else the call holds: items start at
-multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.scorer.Scorer`) and a continuation's NLL is
+multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.Scorer`) and a continuation's NLL is
 summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the scorer spreads rows
 over JAX processes.
 """
@@ -47,6 +49,7 @@ import math
 import os
 import signal
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +66,8 @@ from s2sjax.scoring import planner
 from s2sjax.scoring import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.runtime.errors import UserError
-from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, RowShape, fit, neighbour_free_bound, pack
+from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, PackingError, PackReport, RowShape, fit,
+                            neighbour_free_bound, pack)
 from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
@@ -124,18 +128,9 @@ def devices_for(device: str | None) -> list[jax.Device]:
   return [local[int(index)]]
 
 
-def device_memory(device: jax.Device) -> int:
-  """Bytes one device may use: what it reports (accelerators), else the host's memory shared by its devices."""
-  stats = device.memory_stats() or {}
-  if "bytes_limit" in stats:
-    return int(stats["bytes_limit"])
-  host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  return host // max(len(jax.local_devices(backend=device.platform)), 1)
-
-
 def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_size: int, memory: int) -> int:
   """batch_size=auto: the most rows per step, a multiple of the data-parallel devices, up to max_batch_size and
-  the call's own rows, whose parameters and activations (`plan.activation_bytes`, an upper bound: it counts
+  the call's own rows, whose parameters and activations (`planner.activation_bytes`, an upper bound: it counts
   attention over whole rows) fit in 90% of each device's `memory`."""
   data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
   params = planner.param_bytes(config, jnp.dtype(dtype).name) / model_parallel
@@ -144,6 +139,13 @@ def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_siz
                                                            model_parallel) > 0.9 * memory:
     per_device -= 1
   return per_device * data_parallel
+
+
+def even_steps(rows: int, most: int) -> int:
+  """Rows a step for `rows` at most `most` a step: as many steps as `most` needs, the rows spread evenly over them,
+  since a step's padding rows cost a whole row's forward each (11 rows at 8 a step ran 16; at 6, 12)."""
+  steps = -(-rows // most)
+  return -(-rows // steps)
 
 
 def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
@@ -160,7 +162,7 @@ def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
 
 
 class S2SJaxLM(TemplateLM):
-  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.scorer.Scorer`."""
+  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
 
   def __init__(self, pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
                dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
@@ -202,7 +204,10 @@ class S2SJaxLM(TemplateLM):
     self.rows_scored = 0
     self.fitted = collections.Counter()  # requests fitted to a row, by FITTED's case, over this model's life
     self._chat_templated = self._warned_chat = False
-    self.last_call: dict = {}  # the last call's packing report, row shape, rows per step and attention window
+    # the last call's packing report, row shape, rows per step, attention window and where its time went
+    # (`seconds`: tokenise, pack, to_device, compile, step, from_device, host, collect)
+    self.last_call: dict = {}
+    self._tokens_from = 0.0  # when lm-eval's encoding ended and the backend's own part of a call began
 
   @property
   def eot_token_id(self) -> int:
@@ -254,9 +259,19 @@ class S2SJaxLM(TemplateLM):
       options["add_special_tokens"] = False
     return self.tokenizer.encode(string, **options)
 
+  def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+    """lm-eval's (`TemplateLM.loglikelihood`: each request's context and continuation encoded, `_encode_pair`,
+    then `_loglikelihood_tokens`), with its encoding timed into last_call's seconds["tokenise"]."""
+    start = time.perf_counter()
+    results = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+    if self.last_call:
+      self.last_call["seconds"]["tokenise"] = self._tokens_from - start
+    return results
+
   def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                             disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
     del kwargs
+    self._tokens_from = time.perf_counter()
     pairs, owner, fitted = [], [], {}  # fitted: how -> [first request, count]
     for index, (_, context, continuation) in enumerate(requests):
       windows, cases = self._windows(context, continuation, index)
@@ -343,15 +358,17 @@ class S2SJaxLM(TemplateLM):
     if not pairs:
       return np.zeros(0), []
     self._warn_without_chat_template()
-    members, items, capacity = self.items_for(pairs)
-    rows, report = pack(items, capacity, align=NEIGHBOUR_FREE_ALIGN)
+    start = time.perf_counter()
+    members, items = self.items_for(pairs)
+    rows, report, capacity = self._packed(items)
     # the head runs over the targets the rows hold, attention over item windows (CMMLU's long contexts and
     # one-token choices: a few targets a row, not half of it)
     rows, shape = fit(rows, capacity, report.longest_item)
     scorer = self._scorer(step_shape(shape, report.longest_item), len(rows["tokens"]))
-    self.last_call = dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size, window=scorer.window)
+    packed = time.perf_counter()
     candidates = [len(item.candidates) for item in items]
     slots = scorer.score_slots(self.params, rows, progress=progress)
+    scored = time.perf_counter()
     scores = collect(rows, slots["nll_sum"], slots["n_tokens"], candidates)
     self.contexts_scored += len(items)
     self.rows_scored += len(rows["tokens"])
@@ -364,11 +381,14 @@ class S2SJaxLM(TemplateLM):
         logprobs[index] = -scores.nll_sum[g, c]
         if misses is not None:
           is_greedy[index] = bool(misses[g, c] == 0)
+    seconds = dict(pack=packed - start, **scorer.seconds, collect=time.perf_counter() - scored)
+    self.last_call = dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size, window=scorer.window,
+                          steps=-(-len(rows["tokens"]) // scorer.batch_size), seconds=seconds)
     return logprobs, is_greedy
 
-  def items_for(self, pairs: list[Pair]) -> tuple[list[list[int]], list[Item], RowShape]:
-    """The packer's items for `pairs`, one per distinct context with its continuations as candidates; the pairs
-    (indices) of each item; and the row capacity they are packed into."""
+  def items_for(self, pairs: list[Pair]) -> tuple[list[list[int]], list[Item]]:
+    """The packer's items for `pairs`, one per distinct context with its continuations as candidates, and the
+    pairs (indices) of each item."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for index, (context, _) in enumerate(pairs):
       groups.setdefault(tuple(context), []).append(index)
@@ -376,15 +396,36 @@ class S2SJaxLM(TemplateLM):
     items = [Item(np.asarray(context, np.int32), tuple(np.asarray(pairs[i][1], np.int32) for i in members),
                   np.full((len(context), codebooks), -1, np.int32) if codebooks else None, name=f"context {g}")
              for g, (context, members) in enumerate(groups.items())]
-    longest = max((len(c) for _, c in pairs), default=1)
-    # Multiple-choice continuations are short; a rolling window's is up to a row: only then a wider target table.
-    capacity = RowShape(self.row_length, max(self.row_length // 2, longest), max(self.row_length // 4, 4), codebooks)
-    return list(groups.values()), items, capacity
+    return list(groups.values()), items
+
+  def _packed(self, items: list[Item]) -> tuple[dict[str, np.ndarray], PackReport, RowShape]:
+    """The items packed into the rows that lay them in the fewest positions: rows of row_length, or of a half, a
+    quarter, ... of it that still hold every item (a call of a few short requests, or a call's last row, need
+    not compute a whole row of row_length; neighbour-free rows score the same bits at any length). Returns the
+    rows, their report and the capacity they were packed into."""
+    codebooks = len(self.config.audio_codebook_sizes)
+    longest = max(len(c) for item in items for c in item.candidates)
+    best = None
+    length = self.row_length
+    while length % NEIGHBOUR_FREE_ALIGN == 0 and length > longest:
+      # Multiple-choice continuations are short; a rolling window's is up to a row: only then a wider target table.
+      capacity = RowShape(length, max(length // 2, longest), max(length // 4, 4), codebooks)
+      try:
+        rows, report = pack(items, capacity, align=NEIGHBOUR_FREE_ALIGN)
+      except PackingError:
+        if best is None:  # the row_length itself: what the request is, named
+          raise
+        break  # an item longer than these rows: shorter ones hold it no better
+      if best is None or report.rows * length < best[1].rows * best[2].length:
+        best = rows, report, capacity
+      length //= 2
+    return best
 
   def _scorer(self, shape: RowShape, rows: int) -> Scorer:
     """The neighbour-free scorer for one row shape and batch, compiled once (batch_size=auto: sized for `rows`)."""
-    batch = self.batch_size or rows_per_step(self.config, shape, rows, self.mesh, self.dtype, self.max_batch_size,
-                                             min(map(device_memory, self.mesh.devices.flat)))
+    most = self.batch_size or rows_per_step(self.config, shape, rows, self.mesh, self.dtype, self.max_batch_size,
+                                            min(map(planner.device_memory, self.mesh.local_devices)))
+    batch = even_steps(rows, most)
     self.batch_sizes[len(self.batch_sizes)] = batch
     if (shape, batch) not in self._compiled:
       self._compiled[shape, batch] = Scorer(self.config, shape, mesh=self.mesh, batch_size=batch, dtype=self.dtype,

@@ -14,9 +14,11 @@ ends with all rows' numbers and process 0 can write them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
+import time
 from typing import Callable
 
 import flax.linen as nn
@@ -193,6 +195,9 @@ class _RowScorer:
       out = score(params, batch)
       return {**{name: out[name] for name in TARGET_OUTPUTS if name in out}, "row_id": batch["row_id"]}
 
+    # where the last `_score_rows` spent its time (seconds): host (batches laid and results placed on the host),
+    # to_device, compile (JAX's own compile events, timed inside the first step of a shape), step, from_device
+    self.seconds: collections.Counter = collections.Counter()
     self._step = jax.jit(
       step,
       in_shardings=None if self.param_shardings is None else (self.param_shardings, self._batch_shardings),
@@ -250,8 +255,11 @@ class _RowScorer:
     num_rows = len(rows["segment_ids"])
     self._check_widths(rows)
     self._agree_across_processes(num_rows)
+    self.seconds = collections.Counter()
     if self.param_shardings is not None:
-      params = jax.device_put(params, self.param_shardings)
+      start = time.perf_counter()
+      params = jax.block_until_ready(jax.device_put(params, self.param_shardings))
+      self.seconds["to_device"] += time.perf_counter() - start
     count, index = jax.process_count(), jax.process_index()
     mine = np.arange(index, num_rows, count)
     steps = math.ceil(math.ceil(num_rows / count) / self.local_batch)
@@ -259,8 +267,11 @@ class _RowScorer:
     per_target: dict[str, np.ndarray] = {}
     meter = Progress(num_rows) if progress else None
     for step in range(steps):
+      start = time.perf_counter()
       local = self._local_batch(rows, mine[step * self.local_batch : (step + 1) * self.local_batch])
+      self.seconds["host"] += time.perf_counter() - start
       out = cli.in_worker(self._run_step, params, local)  # Ctrl-C stops the command mid-step (s2sjax/runtime/cli.py)
+      start = time.perf_counter()
       row_id = out["row_id"]
       real = row_id >= 0
       for name, value in out.items():
@@ -269,13 +280,27 @@ class _RowScorer:
           per_target.setdefault(name, np.zeros((num_rows, targets), value.dtype))[row_id[real]] = value
       if meter:
         meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
-    return slot_sums(rows, per_target)
+      self.seconds["host"] += time.perf_counter() - start
+    start = time.perf_counter()
+    sums = slot_sums(rows, per_target)
+    self.seconds["host"] += time.perf_counter() - start
+    return sums
 
   def _run_step(self, params: Params, local: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One step over this process's part of a batch; its outputs (replicated) as this process's host arrays."""
-    with self._mesh_context():
-      out = self._step(params, self._globalize(local))
-      return {name: np.asarray(value.addressable_data(0)) for name, value in out.items()}
+    """One step over this process's part of a batch; its outputs (replicated) as this process's host arrays. Its
+    phases are added to `seconds` (a compile, which JAX runs inside the step's call, out of the step's time)."""
+    with self._mesh_context(), _compile_seconds() as compiled:
+      start = time.perf_counter()
+      batch = jax.block_until_ready(self._globalize(local))
+      dispatched = time.perf_counter()
+      out = jax.block_until_ready(self._step(params, batch))
+      done = time.perf_counter()
+      host = {name: np.asarray(value.addressable_data(0)) for name, value in out.items()}
+    self.seconds["to_device"] += dispatched - start
+    self.seconds["compile"] += compiled[0]
+    self.seconds["step"] += done - dispatched - compiled[0]
+    self.seconds["from_device"] += time.perf_counter() - done
+    return host
 
   def _local_batch(self, rows: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, np.ndarray]:
     """This process's part of a step: the rows at `indices`, then padding rows (row id -1) that score nothing."""
@@ -293,6 +318,27 @@ class _RowScorer:
       name: jax.make_array_from_process_local_data(self._batch_shardings[name], value)
       for name, value in local.items()
     }
+
+
+# JAX's events for the phases of a compile (tracing, lowering, XLA's compile or a persistent-cache read)
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+
+
+@contextlib.contextmanager
+def _compile_seconds():
+  """Seconds JAX spends compiling within the block (its monitoring events), as a one-element list."""
+  total = [0.0]
+
+  def listen(event: str, duration: float, **kwargs) -> None:
+    if event in COMPILE_EVENTS:
+      total[0] += duration
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield total
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 class Scorer(_RowScorer):
@@ -421,7 +467,7 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
 
 # ---- Rows of an architecture's own format ---------------------------------------------------------------------------
 #
-# The same driver for rows of another format: parallel streams (s2sjax/data/formats/streams.py, where a target is one
+# The same driver for rows of another format: parallel streams (s2sjax/formats/streams.py, where a target is one
 # predicted step, its tokens weighted per stream by `target_weight`, so `n_tokens` counts a candidate's steps) or a
 # plugin's (tests/plugins/toy_features.py). The step itself is the architecture's (its model, its heads):
 # `score_batch(config, dtype, target_chunk, num_slots, params, batch)` returns per target `target_nll` and per slot
