@@ -19,6 +19,7 @@ import pytest
 
 from checkpoints_conversion import convert, safetensors_io
 from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.data.spec import SPECS_DIR
 from s2sjax.scoring.architectures import kimi_audio
 from s2sjax.scoring.model import kimi_audio as network
 from s2sjax.scoring.model.config import ConfigError
@@ -346,7 +347,7 @@ def oracle_spec(root: Path, name: str, instruction: str, codes: dict, codebook: 
   """The kimi_audio preset at the oracle's sizes (its config's offset and adaptor width), with an instruction."""
   import yaml
 
-  fields = yaml.safe_load(open(Path(kimi_audio.__file__).parents[1] / "specs" / "kimi_audio.yaml"))
+  fields = yaml.safe_load(open(Path(SPECS_DIR) / "kimi_audio.yaml"))
   fields.update(name=name, codebook_sizes=[codebook], options={"token_offset": 256, "feature_width": 128},
                 speech_instruction={"en": instruction}, audio_tokenizer=dict(fields["audio_tokenizer"], codes=codes))
   path = root / f"{name}.yaml"

@@ -20,7 +20,8 @@ from moshi.modules.lora import replace_all_linear_with_lora
 from safetensors.torch import save_file
 
 from checkpoints_conversion import convert, moshi_release, safetensors_io, verify  # noqa: E402
-from s2sjax.scoring import checkpoint, scorer
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.scorer import collect
 from s2sjax.data import packing
 from s2sjax.runtime import sharding  # noqa: E402
 from s2sjax.data.formats import streams  # noqa: E402
@@ -345,7 +346,7 @@ def score(config, params, items, weights, share, flush=False, mesh=None, batch_s
   rows = streams.weigh_streams(rows, weights)
   scorer = moshi_family.scorer(config, packing.RowShape(length, 32, 6), mesh=mesh, batch_size=batch_size)
   nll_sum, n_tokens = scorer.score(params, rows)
-  return scorer.collect(rows, nll_sum, n_tokens)
+  return collect(rows, nll_sum, n_tokens)
 
 
 @pytest.mark.slow
@@ -438,6 +439,6 @@ def test_rows_of_the_predicted_streams_score_as_rows_of_every_stream(converted):
   rows, _ = streams.pack_streams(laid, packing.RowShape(64, 32, 6), own)
   rows = streams.weigh_streams(rows, weights[: 1 + config.dep_q])
   nll_sum, n_tokens = moshi_family.scorer(config, packing.RowShape(64, 32, 6), batch_size=2).score(params, rows)
-  short = scorer.collect(rows, nll_sum, n_tokens)
+  short = collect(rows, nll_sum, n_tokens)
   np.testing.assert_array_equal(short.n_tokens, full.n_tokens)
   np.testing.assert_allclose(short.nll_sum, full.nll_sum, rtol=1e-6, atol=1e-5, equal_nan=True)
