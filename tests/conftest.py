@@ -1,7 +1,10 @@
 """Shared test set-up: 8 host CPU devices for sharding tests, fp32 everywhere unless a test asks, and the tiny
 models and built samples many tests read, made once a session."""
 
+import ctypes
+import ctypes.util
 import fcntl
+import gc
 import importlib.util
 import json
 import os
@@ -22,6 +25,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def memory_returned_after_each_module():
+  """What a test module freed is given back to the system: two xdist workers share the machine's memory, and a
+  worker keeps the high-water mark of every module it ran (glibc holds freed blocks) unless told to return them."""
+  yield
+  gc.collect()
+  if libc := ctypes.util.find_library("c"):
+    getattr(ctypes.CDLL(libc), "malloc_trim", lambda pad: None)(0)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,6 @@ import dataclasses
 from typing import Callable
 
 import numpy as np
-import scipy.stats
 
 from s2sjax.data import task_registry, modalities
 from s2sjax.data.questions import QuestionScores
@@ -136,6 +135,8 @@ def mcnemar_p(first: np.ndarray, second: np.ndarray) -> tuple[int, int, float]:
   c = int((~first & second).sum())
   if b + c == 0:
     return b, c, 1.0
+  import scipy.stats  # here: importing it costs every command line a second, and only a report asks for it
+
   return b, c, min(1.0, 2 * float(scipy.stats.binom.cdf(min(b, c), b + c, 0.5)))
 
 
