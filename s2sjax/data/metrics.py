@@ -135,7 +135,7 @@ def mcnemar_p(first: np.ndarray, second: np.ndarray) -> tuple[int, int, float]:
   c = int((~first & second).sum())
   if b + c == 0:
     return b, c, 1.0
-  import scipy.stats  # here: importing it costs every command line a second, and only a report asks for it
+  import scipy.stats  # here: importing it costs every command line about 2 s, and only a report asks for it
 
   return b, c, min(1.0, 2 * float(scipy.stats.binom.cdf(min(b, c), b + c, 0.5)))
 
