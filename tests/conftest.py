@@ -11,8 +11,10 @@ import os
 import shutil
 import tempfile
 
-# Must precede the first `import jax` of the session.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Must precede the first `import jax` of the session. The command lines the tests start get one device, as a
+# user's CPU has (`command_lines_on_one_device`).
+EIGHT_HOST_DEVICES = "--xla_force_host_platform_device_count=8"
+os.environ.setdefault("XLA_FLAGS", EIGHT_HOST_DEVICES)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The default model is converted once per test session into a private cache, not the user's.
@@ -25,6 +27,21 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def command_lines_on_one_device():
+  """This process keeps its 8 host devices (the sharding tests' meshes); the command lines the tests start see one,
+  as a user's CPU does. On two cores, 8 virtual devices make a run of `--batch_size=1` score 8 rows a step, 7 of
+  them padding. A test of meshes across processes sets its own XLA_FLAGS."""
+  import jax
+
+  jax.devices()  # this process's backend, with its 8 devices, starts before the flag leaves the environment
+  flags = os.environ["XLA_FLAGS"].replace(EIGHT_HOST_DEVICES, "").strip()
+  if flags:
+    os.environ["XLA_FLAGS"] = flags
+  else:
+    del os.environ["XLA_FLAGS"]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -161,7 +161,6 @@ def test_storycloze_through_lm_evals_own_command_line_matches_the_hf_backend(tmp
      "--include_path", str(tmp_path), "--limit", "12", "--output_path", str(out), "--log_samples", "--seed", "1234",
      "--batch_size", "4", "--device", "cpu"],
     cwd=ROOT, capture_output=True, text=True, timeout=600,
-    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},  # one device: 8 host devices take 4x the memory
   )
   assert run.returncode == 0, run.stderr[-3000:]
   assert "acc_norm" in run.stdout  # lm-eval's results table
@@ -321,8 +320,7 @@ def test_the_readmes_command_runs_on_a_cpu_as_printed(tmp_path, hf, monkeypatch)
   assignments, words = readme_command()
   out = tmp_path / "out"
   words[words.index("--output_path") + 1] = str(out)  # the one word changed: where the files go
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a newcomer's machine has
-  env.update(assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
+  env = dict(os.environ, **assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
   run = subprocess.run([sys.executable if w == "python" else w for w in words], cwd=ROOT, capture_output=True,
                        text=True, timeout=900, env=env)
   assert run.returncode == 0, run.stderr[-3000:]
@@ -347,8 +345,7 @@ def test_a_backend_refusal_through_lm_evals_command_line_is_one_line(model_args,
   # lm-eval's command line builds the backend itself: its refusal is printed by s2sjax.lm_eval, as one line
   run = subprocess.run(
     [sys.executable, "-m", "s2sjax.lm_eval", "run", "--model_args", model_args, "--tasks", "sample_storycloze",
-     "--include_path", "docs/my_tasks", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+     "--include_path", "docs/my_tasks", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert run.returncode == 1, run.stderr[-3000:]
   assert run.stderr.splitlines()[-1] == refusal and "Traceback" not in run.stderr, run.stderr
 
@@ -356,8 +353,7 @@ def test_a_backend_refusal_through_lm_evals_command_line_is_one_line(model_args,
 def test_ctrl_c_mid_step_stops_lm_evals_command_line_with_one_line(tmp_path):
   # the first step held until the command stops waiting for it (tests/interrupting.py)
   assignments, words = readme_command()
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
+  env = dict(os.environ, **assignments, HF_DATASETS_CACHE=str(tmp_path / "datasets"))
   words[words.index("--output_path") + 1] = str(tmp_path / "out")
   returncode, stderr, _ = interrupt_mid_step([sys.executable if w == "python" else w for w in words], 1,
                                              signal.SIGINT, cwd=ROOT, env=env)

@@ -21,10 +21,9 @@ def _free_port() -> int:
 
 def _run(num_processes: int, devices: int, out: str, *extra: str, timeout: int = 240):
   port = str(_free_port())
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   procs = [
     subprocess.Popen([sys.executable, WORKER, port, str(num_processes), str(p), str(devices), out, *extra],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for p in range(num_processes)
   ]
   try:

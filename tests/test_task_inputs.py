@@ -77,6 +77,19 @@ def test_data_built_from_other_release_files_or_tokenizer_is_refused_or_overwrit
     build(tokenizer_dir=other_tokenizer)
 
 
+def test_a_tokenizer_rewritten_in_its_folder_is_read_again(tmp_path, qwen_tokenizer_dir):
+  from s2sjax.data import text_tokenizer
+
+  folder = tmp_path / "tokenizer"
+  shutil.copytree(qwen_tokenizer_dir, folder)
+  first = text_tokenizer.load(str(folder))
+  assert text_tokenizer.load(str(folder)) is first  # read once while its files stay as they are
+  grown = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  grown.add_tokens(["<|new_token|>"])
+  grown.save_pretrained(folder)
+  assert len(text_tokenizer.load(str(folder))) == len(first) + 1
+
+
 def test_a_changed_preset_spec_is_refused(tmp_path, qwen_tokenizer_dir, monkeypatch):
   data_dir = str(tmp_path / "data")
   prepare("scmmlu", "demo", "text", 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)

@@ -27,7 +27,7 @@ from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
 from s2sjax.scoring.model.config import ModelConfig
 from s2sjax.scoring.model.decoder import init_params
 from s2sjax.data.packing import Item, RowShape, pack
-from s2sjax.scoring.scorer import score_batch
+from s2sjax.scoring.scorer import TARGET_CHUNK, score_batch
 from s2sjax.data.spec import load_spec
 from s2sjax.data.task_data import TaskData, load_task_data
 from tasks.audio import from_spec
@@ -70,7 +70,7 @@ def make_train_step(config: ModelConfig, optimizer):
   @jax.jit
   def train_step(params, opt_state, batch):
     def loss_fn(p):
-      out = score_batch(config, jnp.float32, 256, SHAPE.max_slots, p, batch)
+      out = score_batch(config, jnp.float32, TARGET_CHUNK, SHAPE.max_slots, p, batch)
       return out["nll_sum"].sum() / jnp.maximum(out["n_tokens"].sum(), 1)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -100,13 +100,13 @@ class OwnForwardScorer(_RowScorer):
   the sums handed back in the given rows' slots."""
 
   def __init__(self, forward: OwnForward, shape: RowShape, mesh: Mesh | None = None, batch_size: int = 8,
-               dtype=jnp.float32, attention: str = "xla", target_chunk: int = 256):
+               dtype=jnp.float32, attention: str = "xla", target_chunk: int | None = None):
     del dtype, attention  # the model's own business
     self.forward = forward
     self._laid: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
     super().__init__(forward, shape, mesh, batch_size, None, None, TOKEN_ROWS.step_fields,
                      {name: 3 for name in TOKEN_ROWS.wide}, lambda count, rows: empty_rows(count, shape),
-                     lambda params, batch: forward_batch(forward, target_chunk, params, batch))
+                     lambda chunk, params, batch: forward_batch(forward, chunk, params, batch), target_chunk)
 
   def laid(self, rows: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """`unshared_rows` of these rows, made once per distinct set of rows."""

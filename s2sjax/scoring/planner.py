@@ -15,11 +15,10 @@ from s2sjax.scoring import architectures, families
 from s2sjax.data import task_registry
 from s2sjax.runtime.errors import UserError
 from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.scoring.scorer import TARGET_CHUNK  # the accelerators' head chunk, the slices planned here
 
 if TYPE_CHECKING:
   from s2sjax.data.packing import RowShape
-
-TARGET_CHUNK = 256
 
 
 @dataclasses.dataclass(frozen=True)

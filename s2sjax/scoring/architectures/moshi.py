@@ -557,7 +557,7 @@ def check_stream_ids(rows: dict[str, np.ndarray], config: MoshiConfig) -> None:
 
 
 def scorer(config: MoshiConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp.float32, attention: str = "xla",
-           target_chunk: int = 256) -> StreamScorer:
+           target_chunk: int | None = None) -> StreamScorer:
   """The stream scorer over Moshi's step (`attention` is the shared decoder's choice: Moshi's runs the dense mask)."""
   del attention
   return StreamScorer(config, shape, score_stream_batch, check_stream_ids, abstract_params(config),
