@@ -21,6 +21,7 @@ from s2sjax.scoring import checkpoint, families, log_probs
 from s2sjax.scoring.model.config import ConfigError
 from s2sjax.data.spec import load_spec
 from tests.hf_models import state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint
+from tests.test_audio_builds import needs_oracles
 
 SCORED, MTP = 2, 3  # the tiny release: 5 layers, the last 3 MCTP modules'
 
@@ -114,6 +115,7 @@ def laid_requests(td) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
 
 
 @pytest.mark.slow
+@needs_oracles  # GLM-4-Voice's tokenizer, from the oracles
 def test_the_spec_scores_the_bundled_sample_end_to_end(tmp_path, qwen_tokenizer_dir):
   """The bundled sample's S->T and T->T built with the vita_audio spec (its GLM-4-Voice units from the project's JAX
   tokenizer, at the oracle tokenizer's 128 codes) and scored by s2sjax.eval on a tiny converted release: each
