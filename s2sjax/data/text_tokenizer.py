@@ -44,7 +44,7 @@ def check_trusted(directory: str, trust_remote_code: bool, whose: str | None = N
 def load(directory: str, trust_remote_code: bool = False, whose: str | None = None):
   """transformers' AutoTokenizer from a local folder, its code run only when trusted. Loaded once a process while
   the folder's files stay as they are (a build of every task and modality reads one folder a dozen times, ~0.5 s
-  each for Qwen2.5's 151,643 tokens); callers share it and never change it."""
+  each for Qwen2.5's); callers share it and never change it."""
   check_trusted(directory, trust_remote_code, whose)
   return _load_unchanged(directory, trust_remote_code, _files_state(directory))
 

@@ -169,7 +169,7 @@ def _check_batch_shards_have_one_process(batch_sharding: NamedSharding, batch_si
 
 # Targets whose logits one head chunk computes at once (`by_target_chunks`). On an accelerator, 256 per row keep the
 # matrix units busy. On a CPU the chunk is cut so that each device computes the logits of CPU_HEAD_ROWS targets at
-# a time, a block that stays near its caches: on a 2-core CPU a step of the tests' tiny 151,680-id model ran 2.7x
+# a time, a block that stays near its caches: on a 2-core CPU the head of the tests' tiny 151,680-id model ran 2.7x
 # faster than with 256 targets of 4 rows, SmolLM2's head (576 x 49,152) 1.3x. Each device's head then reads about
 # [CPU_HEAD_ROWS, D] whatever the batch size or mesh.
 TARGET_CHUNK = 256
