@@ -36,7 +36,7 @@ from s2sjax.data.modalities import SPEECH
 from s2sjax.runtime.output_dir import strict_json
 from s2sjax.data.packing import fit
 from s2sjax.data.spec import Spec, available_specs
-from s2sjax.data.task_data import DATA_VERSION, questions_checksum, tokenizer_identity
+from s2sjax.data.task_data import DATA_VERSION, questions_checksum
 from tasks import audio
 from tasks.build import QuestionEncoder, build_rows
 from tasks.release import Problems, ReleaseError, check_asked, read_questions, release_paths, source_fingerprint
@@ -165,7 +165,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                    if spec.text_vocabulary else None)  # a unit LM has none
       audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
                          if modality.speaks else None)
-      identity = tokenizer_identity(tokenizer) if tokenizer is not None else None
+      identity = text_tokenizer.identity(tokenizer) if tokenizer is not None else None
       decoded = []  # the wav folders whose bytes make the rows
       paths = release_paths(self.TASK, manual_dir)
       if audio_tokenizer is not None and audio_tokenizer.reads_audio:

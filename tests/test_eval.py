@@ -225,11 +225,11 @@ def test_data_and_models_that_do_not_fit(tiny_sample, tmp_path, qwen_tokenizer_d
   other = load_task_data(tiny_sample["data_dir"], "scmmlu", "t2t", "demo", 1024)
   other.metadata = dataclasses.replace(other.metadata, tokenizer=dict(other.metadata.tokenizer, vocab_sha="0" * 16))
   from s2sjax.scoring.evaluator import check_fit
-  from s2sjax.data.task_data import tokenizer_identity
+  from s2sjax.data.text_tokenizer import identity
   from transformers import AutoTokenizer
 
   with pytest.raises(EvalError, match=r"was built with tokenizer .* rebuild it with python -m tasks.prepare"):
-    check_fit(config, other, tokenizer_identity(AutoTokenizer.from_pretrained(qwen_tokenizer_dir)))
+    check_fit(config, other, identity(AutoTokenizer.from_pretrained(qwen_tokenizer_dir)))
 
 
 def test_two_processes_write_what_one_process_writes(tiny_sample, tmp_path):

@@ -68,6 +68,12 @@ def storycloze_task(folder: pathlib.Path) -> str:
   return "storycloze_2016_local"
 
 
+def local_tasks(folder: pathlib.Path) -> TaskManager:
+  """lm-eval's task manager over the tasks in `folder` only: indexing the ~14,000 YAML files of lm-eval's own tasks
+  takes ~17 s a manager on this machine, and these tests read none of them. (lm-eval's command line indexes them.)"""
+  return TaskManager(include_path=str(folder), include_defaults=False)
+
+
 @pytest.fixture(scope="module")
 def hf(smollm2_transformers):
   """lm-eval's own backend on transformers' load of the same GGUF, with the same max_length as ours. Its fp32
@@ -172,7 +178,7 @@ def test_storycloze_through_lm_evals_own_command_line_matches_the_hf_backend(tmp
   assert ours["config"]["model"] == "s2sjax" and ours["config"]["row_length"] == 512
   samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
   assert {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "doc_hash", "acc"} <= set(samples[0])
-  theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], task_manager=TaskManager(include_path=str(tmp_path)),
+  theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], task_manager=local_tasks(tmp_path),
                                    limit=12, log_samples=True)
   (ll, greedy), (ll_hf, greedy_hf) = per_request(samples), per_request(theirs["samples"][task])
   assert len(ll) == len(ll_hf) == 24
@@ -186,7 +192,7 @@ def test_simple_evaluate_builds_the_backend_by_name_with_lm_evals_own_arguments(
   # what simple_evaluate and create_from_arg_string pass: device (one of the 8 host devices), batch_size (auto),
   # max_batch_size
   task = storycloze_task(tmp_path)
-  manager = TaskManager(include_path=str(tmp_path))
+  manager = local_tasks(tmp_path)
   results = lm_eval.simple_evaluate(
     model="s2sjax", model_args=f"checkpoint={default_checkpoint()},row_length={ROW_LENGTH}",
     device="cpu:0", batch_size="auto", max_batch_size=4, tasks=[task], task_manager=manager, limit=6,
@@ -201,7 +207,7 @@ def test_simple_evaluate_builds_the_backend_by_name_with_lm_evals_own_arguments(
 
 def test_few_shot_and_chat_templated_requests_match_the_hf_backend(tmp_path, ours, hf):
   task = storycloze_task(tmp_path)
-  manager = TaskManager(include_path=str(tmp_path))
+  manager = local_tasks(tmp_path)
   for options in (dict(num_fewshot=2), dict(num_fewshot=1, apply_chat_template=True, fewshot_as_multiturn=True)):
     got, want = (lm_eval.simple_evaluate(model=model, tasks=[task], task_manager=manager, limit=5, log_samples=True,
                                          **options)["samples"][task] for model in (ours, hf))
@@ -331,7 +337,7 @@ def test_the_readmes_command_runs_on_a_cpu_as_printed(tmp_path, hf, monkeypatch)
   assert len(samples) == 24  # the bundled sample's stories, each with its two endings
   monkeypatch.chdir(ROOT)  # the task's data_files is read from the working directory, as the README says
   theirs = lm_eval.simple_evaluate(model=hf, tasks=[task], log_samples=True,
-                                   task_manager=TaskManager(include_path=str(ROOT / "docs" / "my_tasks")))
+                                   task_manager=local_tasks(ROOT / "docs" / "my_tasks"))
   (ll, greedy), (ll_hf, greedy_hf) = per_request(samples), per_request(theirs["samples"][task])
   np.testing.assert_allclose(ll, ll_hf, atol=TOLERANCE, rtol=0)
   assert greedy == greedy_hf

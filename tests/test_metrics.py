@@ -1,5 +1,8 @@
 """Metrics equal S2SBench's reference arithmetic (eval_story.py, eval_cmmlu4.py), ties included."""
 
+import fractions
+import math
+
 import numpy as np
 import pytest
 
@@ -125,12 +128,24 @@ def test_mcnemar_exact_and_degradation():
   assert report["degradation"] == pytest.approx(10 / 12 - 5 / 12) and report["ratio"] == pytest.approx(0.5)
   low, high = report["degradation_ci95"]
   assert low < report["degradation"] < high
-  # 14,000 discordant pairs (summing big binomials took seconds), balanced: the exact two-sided p is 1; then an
-  # unbalanced case by hand
+  # 14,000 discordant pairs, balanced: the exact two-sided p is 1; then an unbalanced case by hand
   balanced = np.arange(14_000) % 2 == 0
   assert metrics.mcnemar_p(balanced, ~balanced)[2] == 1.0
   b, c, p = metrics.mcnemar_p(np.arange(15) < 9, np.arange(15) >= 9)
-  assert (b, c) == (9, 6) and p == pytest.approx(2 * sum(__import__("math").comb(15, k) for k in range(7)) / 2**15)
+  assert (b, c) == (9, 6) and p == pytest.approx(2 * sum(math.comb(15, k) for k in range(7)) / 2**15)
+
+
+@pytest.mark.parametrize("first_only, second_only", [(5_000, 6_582), (5_790, 5_792), (40, 11_542)])
+def test_mcnemar_p_on_a_benchmarks_worth_of_flips_is_the_exact_binomial_tail(first_only, second_only):
+  # as many discordant questions as CMMLU has questions; the reference sums the binomial in integers, exactly
+  first = np.arange(first_only + second_only) < first_only
+  n, k = first_only + second_only, min(first_only, second_only)
+  term = total = 1
+  for i in range(k):  # C(n, i + 1) from C(n, i)
+    term = term * (n - i) // (i + 1)
+    total += term
+  exact = min(1, 2 * fractions.Fraction(total, 2**n))
+  assert metrics.mcnemar_p(first, ~first) == (first_only, second_only, pytest.approx(float(exact), rel=1e-9))
 
 
 def test_cmmlu_degradation_tests_questions_not_their_three_comparisons():

@@ -90,6 +90,34 @@ def test_a_tokenizer_rewritten_in_its_folder_is_read_again(tmp_path, qwen_tokeni
   assert len(text_tokenizer.load(str(folder))) == len(first) + 1
 
 
+def test_a_folders_identity_is_remembered_by_its_files_and_worked_out_again_when_they_change(
+    tmp_path, qwen_tokenizer_dir, monkeypatch):
+  from s2sjax.data import text_tokenizer
+
+  monkeypatch.setenv("S2SJAX_CACHE", str(tmp_path / "cache"))
+  folder = tmp_path / "tokenizer"
+  shutil.copytree(qwen_tokenizer_dir, folder)
+  read = text_tokenizer.identity(AutoTokenizer.from_pretrained(folder))
+  assert text_tokenizer.folder_identity(str(folder)) == read
+  (remembered,) = (tmp_path / "cache" / text_tokenizer.IDENTITIES).iterdir()
+
+  def unread(*args):
+    raise AssertionError("the tokenizer was read again")
+
+  with monkeypatch.context() as m:  # asked again, the tokenizer is not read, and its copy elsewhere is the same
+    m.setattr(text_tokenizer, "load", unread)
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    assert text_tokenizer.folder_identity(str(copy)) == {**read, "name_or_path": "copy"}
+  remembered.write_text("{not json")  # damaged: worked out again, and written again
+  assert text_tokenizer.folder_identity(str(folder)) == read and json.loads(remembered.read_text())
+  grown = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+  grown.add_tokens(["<|new_token|>"])
+  grown.save_pretrained(folder)  # other files: another identity, not the one remembered for the old files
+  assert text_tokenizer.folder_identity(str(folder)) == text_tokenizer.identity(AutoTokenizer.from_pretrained(folder))
+  assert text_tokenizer.folder_identity(str(folder))["size"] == read["size"] + 1
+
+
 def test_a_changed_preset_spec_is_refused(tmp_path, qwen_tokenizer_dir, monkeypatch):
   data_dir = str(tmp_path / "data")
   prepare("scmmlu", "demo", "text", 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)

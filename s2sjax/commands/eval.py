@@ -51,7 +51,7 @@ from s2sjax.runtime.output_dir import OutputError, RunLock
 from s2sjax.data.questions import QuestionScores
 from s2sjax.runtime.progress import Progress
 from s2sjax.scoring.stacks import maxtext_config
-from s2sjax.data.task_data import MissingDataError, TaskData, load_build, tokenizer_identity
+from s2sjax.data.task_data import MissingDataError, TaskData, load_build
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
 
@@ -291,12 +291,12 @@ def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code:
     raise EvalError(f"{path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then pass "
                     "--trust_remote_code")
   if tokenizer_dir:
-    return tokenizer_identity(text_tokenizer.load(tokenizer_dir, trust_remote_code))
-  tokenizer = checkpoint.load_tokenizer(path, trust_remote_code, accept_config_change)
-  if tokenizer is None:
+    return text_tokenizer.folder_identity(tokenizer_dir, trust_remote_code)
+  identity = checkpoint.tokenizer_identity(path, trust_remote_code, accept_config_change)
+  if identity is None:
     raise EvalError(f"{path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
                     "pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
-  return tokenizer_identity(tokenizer)
+  return identity
 
 
 def define_flags() -> None:

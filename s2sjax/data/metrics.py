@@ -19,6 +19,7 @@ it for every task and modality scored: what metrics.json holds.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import numpy as np
@@ -135,9 +136,21 @@ def mcnemar_p(first: np.ndarray, second: np.ndarray) -> tuple[int, int, float]:
   c = int((~first & second).sum())
   if b + c == 0:
     return b, c, 1.0
-  import scipy.stats  # here: importing it costs every command line about 2 s, and only a report asks for it
+  return b, c, min(1.0, 2 * _binomial_half_cdf(min(b, c), b + c))
 
-  return b, c, min(1.0, 2 * float(scipy.stats.binom.cdf(min(b, c), b + c, 0.5)))
+
+def _binomial_half_cdf(k: int, n: int) -> float:
+  """P(X <= k) for X ~ Binomial(n, 1/2), k <= n / 2: the largest term C(n, k) / 2^n from log-gamma, times the sum of
+  the terms below it relative to it, summed until they fall under the float's resolution (about 4.4 sqrt(n) terms
+  when k is near n / 2: under 500 for CMMLU's 11,582 questions). No scipy: importing it costs a command ~1 s."""
+  log_top = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2)
+  term = total = 1.0
+  for i in range(k, 0, -1):  # C(n, i-1) / C(n, i) = i / (n - i + 1)
+    term *= i / (n - i + 1)
+    total += term
+    if term < 1e-17 * total:
+      break
+  return math.exp(log_top) * total
 
 
 def question_decisions(decision: str, loss: np.ndarray, correct: np.ndarray) -> np.ndarray:

@@ -36,14 +36,6 @@ class MissingDataError(DataError):
   """No build at all where one was asked for (the embedded default builds it then)."""
 
 
-def tokenizer_identity(tokenizer) -> dict:
-  """What tells two text tokenizers apart: a hash of the vocabulary in id order (plus its size and class)."""
-  vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-  digest = hashlib.sha256("\n".join(token for token, _ in vocab).encode()).hexdigest()[:16]
-  return {"class": type(tokenizer).__name__, "name_or_path": os.path.basename(str(tokenizer.name_or_path)),
-          "size": len(tokenizer), "vocab_sha": digest}
-
-
 def questions_checksum(records: list[dict]) -> str:
   """A hash of the question table as metadata.json holds it (which candidate is right, where each one lies)."""
   return hashlib.sha256(strict_json(records, "the question table", sort_keys=True, ensure_ascii=False).encode()

@@ -1,16 +1,27 @@
-"""Text tokenizers from local folders, and the one rule for tokenizers shipped as code.
+"""Text tokenizers from local folders, what tells two of them apart, and the one rule for tokenizers shipped as code.
 
 GLM-4-Voice's tokenizer is a Python class in its folder (`tokenization_chatglm.py`, named by tokenizer_config.json's
 `auto_map`): transformers runs that code only with `trust_remote_code`, and so does every s2sjax command. Asked to
 load one without it, each refuses with the same words, naming the folder and the flag, before anything is written.
+
+Data is built with one tokenizer and scored by a checkpoint holding one: `identity` is what the two are compared
+by (a hash of the vocabulary). `folder_identity` remembers a folder's identity in the project's cache by the hash of
+its files, so a command that only compares need not import transformers and read the tokenizer again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
 import json
 import os
+
+from s2sjax.runtime import cache
 from s2sjax.runtime.errors import UserError
+from s2sjax.runtime.output_dir import OutputError, write_atomic
+
+IDENTITIES = "tokenizer-identities"  # in the project's cache: <hash of a folder's files>.json
 
 
 class RemoteCodeError(UserError, ValueError):
@@ -65,3 +76,56 @@ def _load_unchanged(directory: str, trust_remote_code: bool, files_state: tuple)
 
   del files_state  # the cache key only
   return AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+
+
+def identity(tokenizer) -> dict:
+  """What tells two text tokenizers apart: a hash of the vocabulary in id order (plus its size and class)."""
+  vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+  digest = hashlib.sha256("\n".join(token for token, _ in vocab).encode()).hexdigest()[:16]
+  return {"class": type(tokenizer).__name__, "name_or_path": os.path.basename(str(tokenizer.name_or_path)),
+          "size": len(tokenizer), "vocab_sha": digest}
+
+
+def folder_identity(directory: str, trust_remote_code: bool = False, whose: str | None = None) -> dict:
+  """`identity(load(directory))`, remembered in the project's cache under a hash of the folder's files and of the
+  versions of transformers and tokenizers that read them: the same files read by the same code give the same
+  vocabulary. Asked again, nothing is imported or read but the files (an evaluation's start: importing transformers,
+  which imports torch, and reading Qwen2.5's tokenizer take ~4 s on a 2-core CPU). A remembered identity that cannot
+  be read is worked out again; one that cannot be written only costs the next command that time."""
+  check_trusted(directory, trust_remote_code, whose)
+  try:
+    path = os.path.join(cache.cache_dir(), IDENTITIES, f"{_contents_hash(directory)}.json")
+  except OSError:  # a folder that cannot be read: transformers' own error says what is missing
+    path = None
+  known = _read_identity(path) if path else None
+  if known is None:
+    read = identity(load(directory, trust_remote_code, whose))
+    known = {key: read[key] for key in ("class", "size", "vocab_sha")}
+    try:
+      if path:
+        write_atomic(path, json.dumps(known).encode())
+    except OutputError:
+      pass
+  return {**known, "name_or_path": os.path.basename(os.path.normpath(directory))}
+
+
+def _read_identity(path: str) -> dict | None:
+  try:
+    with open(path) as f:
+      known = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return known if isinstance(known, dict) and set(known) == {"class", "size", "vocab_sha"} else None
+
+
+def _contents_hash(directory: str) -> str:
+  """sha256 of the folder's files (names and bytes, in name order) and of the libraries' versions that read them."""
+  digest = hashlib.sha256()
+  for library in ("transformers", "tokenizers"):
+    digest.update(f"{library}=={importlib.metadata.version(library)}\0".encode())
+  with os.scandir(directory) as entries:
+    files = sorted(e.name for e in entries if e.is_file())
+  for name in files:
+    with open(os.path.join(directory, name), "rb") as f:
+      digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+  return digest.hexdigest()

@@ -59,12 +59,14 @@ def _quiet() -> None:
   logging.set_verbosity(logging.WARNING)
   std_logging.getLogger().setLevel(std_logging.WARNING)
   logging.get_absl_logger().addFilter(_not_tfds_chatter)
-  # a library that is not installed has nothing to say: the accelerator benchmark runs on images without TFDS
-  if importlib.util.find_spec("transformers"):
-    import transformers
-
+  # transformers reads these when first imported (a command that never needs it does not pay ~1 s to import it);
+  # its GGUF loader draws bars of its own
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+  os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+  if (transformers := sys.modules.get("transformers")) is not None:
     transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()  # its GGUF loader draws bars of its own
+    transformers.utils.logging.disable_progress_bar()
+  # a library that is not installed has nothing to say: the accelerator benchmark runs on images without TFDS
   if importlib.util.find_spec("tensorflow_datasets"):
     import tensorflow_datasets as tfds
 

@@ -448,6 +448,21 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, 
   Another stack's checkpoint: the tokenizer its run config names, when there is one here."""
   if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
     return foreign.load_tokenizer(trust_remote_code)
+  return _read_tokenizer(ckpt_dir, trust_remote_code, accept_changed_config, text_tokenizer.load)
+
+
+def tokenizer_identity(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
+                       accept_changed_config: bool = False) -> dict | None:
+  """`text_tokenizer.identity` of `load_tokenizer`'s tokenizer, under the same rules, without loading it when its
+  files were read before (`text_tokenizer.folder_identity`); None when the checkpoint holds no tokenizer."""
+  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
+    return foreign.tokenizer_identity(trust_remote_code)
+  return _read_tokenizer(ckpt_dir, trust_remote_code, accept_changed_config, text_tokenizer.folder_identity)
+
+
+def _read_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool, accept_changed_config: bool, read):
+  """`read(folder, trust_remote_code, whose)` of a local copy of the checkpoint's tokenizer/ files, once they are
+  held to the manifest's hash; None when there are none."""
   ckpt_dir = epath.Path(ckpt_dir)
   tokenizer_dir = ckpt_dir / "tokenizer"
   if not tokenizer_dir.exists():
@@ -464,7 +479,7 @@ def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, 
   with tempfile.TemporaryDirectory() as local:
     for item in files:
       (epath.Path(local) / item.name).write_bytes(item.read_bytes())
-    return text_tokenizer.load(local, trust_remote_code, f"{ckpt_dir}'s tokenizer")
+    return read(local, trust_remote_code, f"{ckpt_dir}'s tokenizer")
 
 
 def load_extras(ckpt_dir: str | epath.Path) -> dict[str, np.ndarray]:

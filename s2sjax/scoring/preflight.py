@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 
 from s2sjax.scoring import architectures, checkpoint, default_model
-from s2sjax.data import modalities
+from s2sjax.data import modalities, text_tokenizer
 from s2sjax.scoring.evaluator import EvalError, check_fit
 from s2sjax.scoring.model.config import ConfigError
 from s2sjax.scoring.scorer import ScoringError
 from s2sjax.data.spec import AudioIds, Spec, SpecError, id_ranges, load_spec, resolve_audio_ids
-from s2sjax.data.task_data import TaskData, tokenizer_identity
+from s2sjax.data.task_data import TaskData
 
 # Where a source config.json states a spec's special ids (Baichuan-Audio's audio_config).
 SOURCE_IDS = {"start": "audio_start_token_id", "end": "audio_end_token_id", "placeholder": "audio_pad_token_id"}
@@ -81,7 +81,7 @@ def data_verdicts(td: TaskData, config, tokenizer) -> list[Verdict]:
   verdicts = []
   built = td.metadata.tokenizer
   if tokenizer is not None and built is not None:  # None: a unit LM's data, no text tokenizer
-    mine = tokenizer_identity(tokenizer)
+    mine = text_tokenizer.identity(tokenizer)
     verdicts.append(Verdict("data tokenizer", mine["vocab_sha"] == built["vocab_sha"],
                             f"built with {built['name_or_path']} ({built['size']} tokens, {built['vocab_sha']}); "
                             f"checkpoint's {mine['size']} tokens, {mine['vocab_sha']}"))

@@ -339,8 +339,14 @@ class StepFolder:
     return path if path and epath.Path(path).is_dir() else None
 
   def load_tokenizer(self, trust_remote_code: bool = False):
+    return self._read_tokenizer(text_tokenizer.load, trust_remote_code)
+
+  def tokenizer_identity(self, trust_remote_code: bool = False) -> dict | None:
+    return self._read_tokenizer(text_tokenizer.folder_identity, trust_remote_code)
+
+  def _read_tokenizer(self, read, trust_remote_code: bool):
     folder = self.tokenizer_dir()
-    return None if folder is None else text_tokenizer.load(folder, trust_remote_code, f"{self.path}'s tokenizer_path")
+    return None if folder is None else read(folder, trust_remote_code, f"{self.path}'s tokenizer_path")
 
 
 def _flat(tree: Mapping[str, Any], prefix: Path = ()) -> dict[Path, Any]:
