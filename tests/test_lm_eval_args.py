@@ -81,6 +81,26 @@ def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypa
                   ["--tasks=t", "--model", "hf"], ["ls", "tasks"], ["--help"]]
 
 
+@pytest.mark.parametrize("words, refusal", [
+  (["--model_args", "dtype=foo"], "error: dtype=foo: the s2sjax backend scores in float32 or bfloat16"),
+  (["--batch_size", "many"], "error: batch_size must be a number of rows or auto, not 'many'"),
+  (["--model_args", "mesh=data:-1+model:3"], "error: mesh=data:-1+model:3: mesh 'data:-1,model:3': 1 devices are "
+                                             "not divisible by 3"),
+])
+def test_the_command_line_refuses_the_backends_arguments_before_lm_eval_indexes_its_tasks(
+    words, refusal, monkeypatch, capsys, signal_handlers_kept):
+  import lm_eval.tasks
+
+  def index(*args, **kwargs):
+    raise AssertionError("lm-eval's tasks were indexed before the backend's arguments were checked")
+
+  monkeypatch.setattr(lm_eval.tasks.TaskManager, "__init__", index)
+  monkeypatch.setattr(sys, "argv", ["s2sjax.lm_eval"])
+  with pytest.raises(SystemExit) as exited:
+    backend.cli_evaluate(["run", "--tasks", "sample_storycloze", "--device", "cpu:0", *words])
+  assert exited.value.code == 1 and capsys.readouterr().err.splitlines()[-1] == refusal
+
+
 def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
   from s2sjax.data.packing import REDUCTION_PERIOD
 

@@ -161,41 +161,62 @@ def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
                              max_slots=min(power(fitted.max_slots, 32), fitted.length), max_item=reach + 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class BackendArguments:
+  """model_args with lm-eval's batch_size, max_batch_size and device (`check_arguments`), as the backend runs."""
+  checkpoint: str | None  # None: the embedded default
+  mesh: jax.sharding.Mesh
+  dtype: jnp.dtype
+  row_length: int
+  batch_size: int | None  # None: auto, each call sized for its rows
+  max_batch_size: int
+  add_bos_token: bool | None
+  trust_remote_code: bool
+
+
+def check_arguments(pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
+                    dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
+                    device: str | None = None, row_length: int = 1024, add_bos_token: bool | None = None,
+                    trust_remote_code: bool = False, **unknown) -> BackendArguments:
+  """Every argument checked, nothing loaded: an unknown key, a dtype, a row length, a batch size, a device or a
+  mesh that makes no run is a BackendError naming it."""
+  if unknown:
+    raise BackendError(f"model_args {', '.join(f'{k}={v}' for k, v in unknown.items())}: not an argument of the "
+                       f"s2sjax backend; it takes {', '.join(MODEL_ARGS)}")
+  if pretrained and checkpoint and pretrained != checkpoint:
+    raise BackendError(f"pretrained={pretrained!r} and checkpoint={checkpoint!r}: give one of them")
+  if dtype not in DTYPES:
+    raise BackendError(f"dtype={dtype}: the s2sjax backend scores in {' or '.join(DTYPES)}")
+  row_length = _row_length(row_length)
+  batch = str(batch_size)
+  if not (batch.isdigit() and int(batch) > 0) and not (batch == "auto" or batch.startswith("auto:")):
+    raise BackendError(f"batch_size must be a number of rows or auto, not {batch_size!r}")
+  try:
+    mesh = sharding.make_mesh(str(mesh).replace("+", ","), devices_for(device))
+  except sharding.MeshError as e:
+    raise BackendError(f"mesh={mesh}: {e}") from None
+  # auto:N re-sizes each call anyway: every call is sized for its rows
+  return BackendArguments(pretrained or checkpoint, mesh, jnp.dtype(dtype), row_length,
+                          int(batch) if batch.isdigit() else None, int(max_batch_size or AUTO_MAX_BATCH),
+                          add_bos_token, trust_remote_code)
+
+
 class S2SJaxLM(TemplateLM):
   """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
 
-  def __init__(self, pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
-               dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
-               device: str | None = None, row_length: int = 1024, add_bos_token: bool | None = None,
-               trust_remote_code: bool = False, **unknown):
-    """Every argument is checked before a model is loaded (or the default one converted): an unknown key, a dtype,
-    a row length, a batch size, a device or a mesh that makes no run is a BackendError naming it."""
+  def __init__(self, **model_args):
+    """`model_args` as `check_arguments` takes them, all checked before a model is loaded (or the default one
+    converted)."""
     super().__init__()
-    if unknown:
-      raise BackendError(f"model_args {', '.join(f'{k}={v}' for k, v in unknown.items())}: not an argument of the "
-                         f"s2sjax backend; it takes {', '.join(MODEL_ARGS)}")
-    if pretrained and checkpoint and pretrained != checkpoint:
-      raise BackendError(f"pretrained={pretrained!r} and checkpoint={checkpoint!r}: give one of them")
-    if dtype not in DTYPES:
-      raise BackendError(f"dtype={dtype}: the s2sjax backend scores in {' or '.join(DTYPES)}")
-    self.dtype = jnp.dtype(dtype)
-    self.row_length = _row_length(row_length)
-    batch = str(batch_size)
-    if not (batch.isdigit() and int(batch) > 0) and not (batch == "auto" or batch.startswith("auto:")):
-      raise BackendError(f"batch_size must be a number of rows or auto, not {batch_size!r}")
-    self.auto_batch = not batch.isdigit()  # auto:N re-sizes each call anyway: every call is sized for its rows
-    self.batch_size = None if self.auto_batch else int(batch)
-    self.max_batch_size = int(max_batch_size or AUTO_MAX_BATCH)
-    try:
-      self.mesh = sharding.make_mesh(str(mesh).replace("+", ","), devices_for(device))
-    except sharding.MeshError as e:
-      raise BackendError(f"mesh={mesh}: {e}") from None
-    self.add_bos_token = add_bos_token
+    arguments = check_arguments(**model_args)
+    self.dtype, self.row_length, self.mesh = arguments.dtype, arguments.row_length, arguments.mesh
+    self.batch_size, self.max_batch_size = arguments.batch_size, arguments.max_batch_size
+    self.add_bos_token = arguments.add_bos_token
     cache.use_compilation_cache()
-    self.checkpoint = pretrained or checkpoint or default_checkpoint()
+    self.checkpoint = arguments.checkpoint or default_checkpoint()
     self.config = ckpt.load_config(self.checkpoint)
     self.params = ckpt.load_params(self.checkpoint, mesh=self.mesh, dtype=self.dtype)
-    self.tokenizer = ckpt.load_tokenizer(self.checkpoint, trust_remote_code=trust_remote_code)
+    self.tokenizer = ckpt.load_tokenizer(self.checkpoint, trust_remote_code=arguments.trust_remote_code)
     if self.tokenizer is None:
       raise BackendError(f"{self.checkpoint} holds no tokenizer: lm-eval's requests are text")
     self._compiled: dict[tuple[RowShape, int], Scorer] = {}
@@ -463,6 +484,28 @@ def _git_quiet():
     lm_eval.evaluator.get_git_commit_hash = original
 
 
+@contextlib.contextmanager
+def _arguments_checked_first():
+  """lm-eval's command line indexes its ~14,000 task files (~10 s on a 2-core CPU) before it builds the backend
+  (lm_eval/_cli/run.py, `_execute`: `process_tasks`, then `simple_evaluate`): the backend's arguments, as lm-eval
+  parsed them, are checked before that, so that a typo is refused at once."""
+  from lm_eval.config.evaluate_config import EvaluatorConfig
+
+  original = EvaluatorConfig.process_tasks
+
+  def checked_first(config, *args, **kwargs):
+    if config.model == "s2sjax":
+      given = dict(batch_size=config.batch_size, max_batch_size=config.max_batch_size, device=config.device)
+      check_arguments(**(config.model_args or {}), **{k: v for k, v in given.items() if v is not None})
+    return original(config, *args, **kwargs)
+
+  EvaluatorConfig.process_tasks = checked_first
+  try:
+    yield
+  finally:
+    EvaluatorConfig.process_tasks = original
+
+
 def cli_evaluate(argv: list[str] | None = None) -> None:
   """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
   defaulting to s2sjax. lm-eval builds and calls the backend itself, so what every s2sjax command line does
@@ -476,7 +519,7 @@ def cli_evaluate(argv: list[str] | None = None) -> None:
   sys.argv = [sys.argv[0]] + args
   cli.catch_interrupts()
   try:
-    with _git_quiet():
+    with _git_quiet(), _arguments_checked_first():
       lm_eval.__main__.cli_evaluate()
   except cli.Interrupted as e:
     progress.end_bars()
