@@ -2,6 +2,7 @@
 refused by name before a model is loaded, its registry, its command line and its git lookup (no model loaded: the
 backend's own numbers are tests/test_lm_eval.py's)."""
 
+import logging
 import shutil
 import signal
 import sys
@@ -67,6 +68,22 @@ def signal_handlers_kept():
     signal.signal(each, handler)
 
 
+@pytest.fixture
+def lm_eval_logging_kept(monkeypatch):
+  """lm-eval's command line configures its "lm_eval" logger once a process (a handler on the stderr of the moment,
+  here a test's captured one, and no propagation): this process gets the logger back as it was after, or a later
+  test's caplog sees none of the backend's warnings and the handler writes to a closed stream."""
+  import lm_eval.utils
+
+  logger = logging.getLogger("lm_eval")
+  level, propagate, handlers = logger.level, logger.propagate, list(logger.handlers)
+  monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", lm_eval.utils._LOGGING_CONFIGURED)
+  yield
+  logger.setLevel(level)
+  logger.propagate = propagate
+  logger.handlers[:] = handlers
+
+
 def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypatch, signal_handlers_kept):
   import lm_eval.__main__
 
@@ -88,7 +105,7 @@ def test_the_command_line_is_lm_evals_own_with_s2sjax_the_default_model(monkeypa
                                              "not divisible by 3"),
 ])
 def test_the_command_line_refuses_the_backends_arguments_before_lm_eval_indexes_its_tasks(
-    words, refusal, monkeypatch, capsys, signal_handlers_kept):
+    words, refusal, monkeypatch, capsys, signal_handlers_kept, lm_eval_logging_kept):
   import lm_eval.tasks
 
   def index(*args, **kwargs):
