@@ -101,11 +101,11 @@ def folder_identity(directory: str, trust_remote_code: bool = False, whose: str 
   if known is None:
     read = identity(load(directory, trust_remote_code, whose))
     known = {key: read[key] for key in ("class", "size", "vocab_sha")}
-    try:
-      if path:
+    if path is not None:
+      try:
         write_atomic(path, json.dumps(known).encode())
-    except OutputError:
-      pass
+      except OutputError:
+        pass
   return {**known, "name_or_path": os.path.basename(os.path.normpath(directory))}
 
 
