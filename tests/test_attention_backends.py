@@ -9,6 +9,7 @@ import pytest
 
 from s2sjax.runtime import sharding
 from s2sjax.scoring.model import layers
+from s2sjax.scoring.model.attention import xla as xla_kernels
 from s2sjax.scoring.model.config import ModelConfig
 from s2sjax.scoring.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit, pack
@@ -166,6 +167,32 @@ def test_item_local_attention_equals_the_dense_mask(implementation, share):
   mask = layers.local_window_mask(segments, branches, window)
   local = layers.attention(q, k, v, mask, jax.lax.Precision.HIGHEST, implementation, segments, branches, window)
   np.testing.assert_allclose(np.asarray(local)[real], np.asarray(dense)[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_item_local_blocks_looped_equal_all_at_once_on_a_mesh_too(dtype):
+  """The CPU's schedule (one query block after another) and the accelerators' (every block in one matmul): in fp32
+  the same bits, rows sharded over data and heads over model too; in bf16, where XLA:CPU rounds a batched matmul's
+  bf16 products by the shape, within bf16's rounding of the values summed (magnitude ~1)."""
+  rows, report = pack(random_items(16, 256, seed=2), RowShape(256, 128, 16))
+  window = layers.local_window(fit(rows, RowShape(256, 128, 16), report.longest_item)[1].max_item, 256)
+  assert window is not None and window.span < 256
+  eight_rows = lambda x: jnp.asarray(np.resize(x, (8, 256)))  # as many rows as the mesh's data shards
+  mask = layers.local_window_mask(eight_rows(rows["segment_ids"]), eight_rows(rows["branch_ids"]), window)
+  keys = jax.random.split(jax.random.PRNGKey(1), 3)
+  q = jax.random.normal(keys[0], (8, 256, 8, 16), dtype)
+  k, v = (jax.random.normal(key, (8, 256, 4, 16), dtype) for key in keys[1:])
+  local = lambda looped: jax.jit(lambda q, k, v, mask: xla_kernels.local_attention(q, k, v, mask, window,
+                                                                                   looped=looped))
+  for mesh in ("data:1", "data:4,model:2"):
+    by_head = jax.sharding.NamedSharding(sharding.make_mesh(mesh, jax.devices()[: 1 if mesh == "data:1" else 8]),
+                                         jax.sharding.PartitionSpec("data", None, "model"))
+    placed = [jax.device_put(x, by_head) for x in (q, k, v)]
+    looped, at_once = (np.asarray(local(looped)(*placed, mask), np.float32) for looped in (True, False))
+    if dtype == jnp.float32:
+      np.testing.assert_array_equal(looped, at_once, err_msg=mesh)
+    else:
+      np.testing.assert_allclose(looped, at_once, atol=2**-5, err_msg=mesh)
 
 
 def test_the_window_is_the_narrowest_exact_one_or_none():

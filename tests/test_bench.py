@@ -224,3 +224,11 @@ def test_encoded_pairs_are_the_backends_and_a_request_of_several_windows_is_refu
   with pytest.raises(ValueError, match=r"request 1 \(context 'Once'...\): its continuation of \d+ tokens needs 2 "
                                        "windows at row_length=32"):
     bench.encoded_pairs(lm, [fits, long])
+
+
+def test_the_attention_bench_times_both_schedules_on_rows_of_items_as_wide_as_the_window():
+  from s2sjax.commands.bench_attention import measure
+
+  result = measure(rows=2, length=128, reach=32, heads=4, kv_heads=2, head_dim=8, dtype=jnp.float32, repeats=1)
+  assert result["same_bits"] and result["all_at_once_s"] > 0 and result["looped_s"] > 0
+  assert result["speedup"] == result["all_at_once_s"] / result["looped_s"]

@@ -25,8 +25,15 @@ def dense_attention(q, k, v, mask, precision=None):
   return out.reshape(batch, length, heads, head_dim)
 
 
-def local_attention(q, k, v, mask, window: LocalWindow, precision=None):
-  """The same by query blocks over their windows (`mask` from `local_window_mask`)."""
+def local_attention(q, k, v, mask, window: LocalWindow, precision=None, looped: bool | None = None):
+  """The same by query blocks over their windows (`mask` from `local_window_mask`).
+
+  `looped` (default: when jax's backend is a CPU) computes the blocks one after another (`lax.map` over the blocks,
+  the rows and heads of each at once): a block's scores stay in the caches instead of every block's going out to
+  memory and back, the softmax's passes included. Same bits either way; on a 2-core CPU a SmolLM2 layer over 12 rows
+  of 1,024 with 768 keys of reach ran 1.42 s all at once and 0.54 s looped (docs/benchmarks/README.md). The loop
+  runs along the row, so rows and heads sharded over a mesh stay where they are; on an accelerator one batched
+  matmul over every block is the faster form."""
   batch, length, heads, head_dim = q.shape
   kv_heads, block = k.shape[2], window.block
   blocks, groups = length // block, heads // kv_heads
@@ -34,11 +41,23 @@ def local_attention(q, k, v, mask, window: LocalWindow, precision=None):
   # head_dim] x [head_dim, span] matmul that XLA runs without transposing inside the dot.
   q = q.reshape(batch, blocks, block, kv_heads, groups, head_dim).transpose(0, 1, 3, 4, 2, 5)
   q = q.reshape(batch, blocks, kv_heads, groups * block, head_dim)
-  k, v = (key_windows(x, window).transpose(0, 1, 3, 2, 4) for x in (k, v))  # [batch, blocks, kv_heads, span, d]
-  scores = jnp.einsum("bnkqd,bnksd->bnkqs", q, k, precision=precision, preferred_element_type=jnp.float32)
-  mask = jnp.tile(mask[:, :, None], (1, 1, 1, groups, 1))  # [batch, blocks, 1, groups * block, span], as q
-  scores = jnp.where(mask, scores * head_dim**-0.5, MASKED_SCORE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bnkqs,bnksd->bnkqd", probs, v, precision=precision)
+
+  def attend(q, k, v, mask):  # [..., kv_heads, queries, d] over [..., kv_heads, span, d]; mask [..., block, span]
+    scores = jnp.einsum("...kqd,...ksd->...kqs", q, k, precision=precision, preferred_element_type=jnp.float32)
+    mask = jnp.tile(mask, (groups, 1))[..., None, :, :]  # [..., 1, groups * block, span], as q
+    scores = jnp.where(mask, scores * head_dim**-0.5, MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("...kqs,...ksd->...kqd", probs, v, precision=precision)
+
+  if jax.default_backend() == "cpu" if looped is None else looped:
+    # keys as [batch, kv_heads, reach + length, d], padded on the left: block n's window starts at n * block
+    padded = lambda x: jnp.pad(x, [(0, 0), (window.reach, 0), (0, 0), (0, 0)]).transpose(0, 2, 1, 3)
+    k, v = padded(k), padded(v)
+    window_of = lambda x, n: jax.lax.dynamic_slice_in_dim(x, n * block, window.span, axis=2)
+    out = jax.lax.map(lambda blk: attend(blk[1], window_of(k, blk[0]), window_of(v, blk[0]), blk[2]),
+                      (jnp.arange(blocks), q.swapaxes(0, 1), mask.swapaxes(0, 1))).swapaxes(0, 1)
+  else:
+    k, v = (key_windows(x, window).transpose(0, 1, 3, 2, 4) for x in (k, v))  # [batch, blocks, kv_heads, span, d]
+    out = attend(q, k, v, mask)
   out = out.reshape(batch, blocks, kv_heads, groups, block, head_dim).transpose(0, 1, 4, 2, 3, 5)
   return out.reshape(batch, length, heads, head_dim)
