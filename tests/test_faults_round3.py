@@ -153,27 +153,30 @@ def test_a_step_that_cannot_fit_is_refused_with_its_figures_before_compiling(mon
   mesh = sharding.make_mesh("data:2,model:1", jax.devices()[:2])
   params = planner.param_bytes(config, "float32")
   story = dataclasses.replace(RowShape.for_length(16384), max_item=13000)  # one long story's rows
-  keys = planner.attention_keys(story, "xla")
+  keys = planner.attention_keys(story, "dot_product")
   assert keys == 13024 + 32  # its item-local window: the longest item rounded up to blocks of 32, and a block
   assert planner.attention_keys(story, "cudnn") == planner.attention_keys(story, "flash") == 0  # fused: no scores held
   one_row = planner.activation_bytes(config, 1, 16384, "float32", 1, keys)
   assert one_row > 3 * 4 * 16384 * keys * 4 > 2 * 2**30
   with pytest.raises(planner.MemoryPlanError) as refused:
-    planner.check_step_memory(config, [story], 2, "float32", "xla", mesh)
+    planner.check_step_memory(config, [story], 2, "float32", "dot_product", mesh)
   assert str(refused.value) == (
       f"the scoring step would need about {(params + one_row) / 2**30:,.1f} GiB per device ({params / 2**30:,.1f} GiB "
       f"of parameters + {one_row / 2**30:,.1f} GiB of activations: 1 row(s) of 16,384 tokens, attention over 13,056 "
-      "keys each with --attention=xla), more than twice a device's 1.0 GiB: not even one row fits: rebuild with a "
-      "shorter --row_length (its rows hold the longest item, 13,000 tokens; --overlong=truncate_prefix cuts long "
-      "prefixes) or split the model over more devices (--mesh=...,model:N)")
+      "keys each with --attention=dot_product), more than twice a device's 1.0 GiB: not even one row fits: rebuild "
+      "with a shorter --row_length (its rows hold the longest item, 13,000 tokens; --overlong=truncate_prefix cuts "
+      "long prefixes) or split the model over more devices (--mesh=...,model:N)")
   planner.check_step_memory(config, [story], 2, "float32", "cudnn", mesh)  # a fused kernel holds no scores
+  # our einsums on a CPU hold one block of 32 queries' scores at a time, not the row's: the same row fits
+  assert (planner.attention_queries(story, "xla", "cpu"), planner.attention_queries(story, "xla", "tpu")) == (32, 16384)
+  planner.check_step_memory(config, [story], 2, "float32", "xla", mesh)
   sample = dataclasses.replace(RowShape.for_length(1024), max_item=64)
-  per_row = planner.activation_bytes(config, 1, 1024, "float32", 1, planner.attention_keys(sample, "xla"))
+  per_row = planner.activation_bytes(config, 1, 1024, "float32", 1, planner.attention_keys(sample, "dot_product"))
   fitting = int((2 * 2**30 - params) // per_row)  # rows per device within twice the device's memory
   with pytest.raises(planner.MemoryPlanError, match=rf"{fitting + 1} row\(s\) of 1,024 tokens.*: --batch_size="
                                                  rf"{2 * fitting} or less may fit$"):
-    planner.check_step_memory(config, [sample], 2 * (fitting + 1), "float32", "xla", mesh)
-  planner.check_step_memory(config, [sample], 2 * fitting, "float32", "xla", mesh)  # the figure it names passes
+    planner.check_step_memory(config, [sample], 2 * (fitting + 1), "float32", "dot_product", mesh)
+  planner.check_step_memory(config, [sample], 2 * fitting, "float32", "dot_product", mesh)  # the figure it names
 
 
 @pytest.mark.slow
@@ -195,7 +198,8 @@ def test_the_estimate_is_within_its_stated_bounds_of_xla_for_item_local_windows(
     scorer = Scorer(config, shape, mesh=sharding.make_mesh("data:1", jax.devices()[:1]), batch_size=rows,
                     attention=attention)
     measured = scorer.lower_abstract().compile().memory_analysis().temp_size_in_bytes
-    planned = planner.activation_bytes(config, rows, length, "float32", 1, planner.attention_keys(shape, attention))
+    planned = planner.activation_bytes(config, rows, length, "float32", 1, planner.attention_keys(shape, attention),
+                                       planner.attention_queries(shape, attention, "cpu"))
     assert 0.9 * measured <= planned <= planner.ESTIMATE_OVER * measured, (length, attention, planned / measured)
 
 

@@ -64,19 +64,24 @@ def planned_decoder(config) -> ModelConfig | None:
 
 
 def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, model_parallel: int = 1,
-                     keys: int | None = None) -> int:
+                     keys: int | None = None, queries: int | None = None) -> int:
   """Peak live activations of the scoring step for `rows` rows on one chip (heads, mlp and vocab split
   `model_parallel` ways): the larger of the layer phase (fp32 attention scores, their masked copy and the
   probabilities, about three [rows, heads, L, keys] buffers, plus MLP and residual activations and the mask) and
   the head phase (one chunk of fp32 logits plus the gathered hidden states). `keys`: what each query's scores
-  span (`attention_keys`); the whole row by default."""
+  span (`attention_keys`); the whole row by default. `queries`: how many of a row's queries hold their scores at
+  once (`attention_queries`); the whole row by default."""
   b = bytes_of(dtype)
   keys = length if keys is None else keys
   heads = math.ceil(config.num_heads / model_parallel)
-  scores = rows * heads * length * keys * 4
+  scores = rows * heads * (length if queries is None else queries) * keys * 4
   mlp = rows * length * math.ceil(config.intermediate_size / model_parallel) * b
   residual = rows * length * config.hidden_size * b
   layer_phase = 3 * scores + 2 * mlp + 2 * residual + rows * length * keys
+  if queries is not None and queries < length:  # blocks looped: keys and values padded, queries and outputs by block
+    kv_heads = math.ceil(config.num_kv_heads / model_parallel)
+    by_block = 2 * rows * (length + keys) * kv_heads + 2 * rows * length * heads
+    layer_phase += by_block * config.head_dim * b
   head_phase = rows * TARGET_CHUNK * math.ceil(config.vocab_size / model_parallel) * 4 + 2 * residual
   return max(layer_phase, head_phase)
 
@@ -90,6 +95,16 @@ def attention_keys(shape: RowShape, attention: str) -> int:
     return 0
   window = layers.local_window(shape.max_item, shape.length)
   return window.span if window else shape.length
+
+
+def attention_queries(shape: RowShape, attention: str, platform: str) -> int:
+  """Queries of a row whose scores the step holds at once on `platform`: one block where our item-local einsums
+  compute the blocks one after another (`xla.loops_over_blocks`: a CPU), else the whole row."""
+  from s2sjax.scoring.model import layers
+  from s2sjax.scoring.model.attention import xla
+
+  windowed = layers.local_window(shape.max_item, shape.length) is not None
+  return layers.LOCAL_BLOCK if attention == "xla" and windowed and xla.loops_over_blocks(platform) else shape.length
 
 
 def device_memory(device) -> int:
@@ -126,11 +141,12 @@ def check_step_memory(config, shapes: list[RowShape], batch_size: int, dtype: st
   rows = math.ceil(batch_size / data_parallel)
   params = param_bytes(config, dtype) / (model_parallel * mesh.shape["fsdp"])
   # this process's own devices: another process's cannot report their memory (every device of a mesh is alike)
-  memory = device_memory(next(d for d in mesh.devices.flat if d.process_index == jax.process_index()))
+  device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+  memory = device_memory(device)
   gib = lambda n: f"{n / 2**30:,.1f} GiB"
   for shape in shapes:
-    keys = attention_keys(shape, attention)
-    per_row = activation_bytes(decoder, 1, shape.length, dtype, model_parallel, keys)  # every term grows with rows
+    keys, queries = attention_keys(shape, attention), attention_queries(shape, attention, device.platform)
+    per_row = activation_bytes(decoder, 1, shape.length, dtype, model_parallel, keys, queries)  # grows with rows
     if params + rows * per_row <= ESTIMATE_OVER * memory:
       continue
     activations = rows * per_row

@@ -25,15 +25,20 @@ def dense_attention(q, k, v, mask, precision=None):
   return out.reshape(batch, length, heads, head_dim)
 
 
+def loops_over_blocks(platform: str) -> bool:
+  """Whether `local_attention` computes its query blocks one after another on this platform (below)."""
+  return platform == "cpu"
+
+
 def local_attention(q, k, v, mask, window: LocalWindow, precision=None, looped: bool | None = None):
   """The same by query blocks over their windows (`mask` from `local_window_mask`).
 
-  `looped` (default: when jax's backend is a CPU) computes the blocks one after another (`lax.map` over the blocks,
-  the rows and heads of each at once): a block's scores stay in the caches instead of every block's going out to
-  memory and back, the softmax's passes included. Same bits either way; on a 2-core CPU a SmolLM2 layer over 12 rows
-  of 1,024 with 768 keys of reach ran 1.42 s all at once and 0.54 s looped (docs/benchmarks/README.md). The loop
-  runs along the row, so rows and heads sharded over a mesh stay where they are; on an accelerator one batched
-  matmul over every block is the faster form."""
+  `looped` (default: `loops_over_blocks` of jax's backend, a CPU) computes the blocks one after another
+  (`lax.map` over the blocks, the rows and heads of each at once): a block's scores stay in the caches instead of
+  every block's going out to memory and back, the softmax's passes included. Same bits either way; on a 2-core
+  CPU a SmolLM2 layer over 12 rows of 1,024 with 768 keys of reach ran 1.29 s all at once and 0.49 s looped
+  (docs/benchmarks/README.md). The loop runs along the row, so rows and heads sharded over a mesh stay where they
+  are; on an accelerator one batched matmul over every block is the faster form."""
   batch, length, heads, head_dim = q.shape
   kv_heads, block = k.shape[2], window.block
   blocks, groups = length // block, heads // kv_heads
@@ -49,7 +54,7 @@ def local_attention(q, k, v, mask, window: LocalWindow, precision=None, looped: 
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("...kqs,...ksd->...kqd", probs, v, precision=precision)
 
-  if jax.default_backend() == "cpu" if looped is None else looped:
+  if loops_over_blocks(jax.default_backend()) if looped is None else looped:
     # keys as [batch, kv_heads, reach + length, d], padded on the left: block n's window starts at n * block
     padded = lambda x: jnp.pad(x, [(0, 0), (window.reach, 0), (0, 0), (0, 0)]).transpose(0, 2, 1, 3)
     k, v = padded(k), padded(v)
