@@ -169,6 +169,7 @@ def test_item_local_attention_equals_the_dense_mask(implementation, share):
   np.testing.assert_allclose(np.asarray(local)[real], np.asarray(dense)[real], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_item_local_blocks_looped_equal_all_at_once_on_a_mesh_too(dtype):
   """The CPU's schedule (one query block after another) and the accelerators' (every block in one matmul): in fp32

@@ -226,6 +226,7 @@ def test_encoded_pairs_are_the_backends_and_a_request_of_several_windows_is_refu
     bench.encoded_pairs(lm, [fits, long])
 
 
+@pytest.mark.slow
 def test_the_attention_bench_times_both_schedules_on_rows_of_items_as_wide_as_the_window():
   from s2sjax.commands.bench_attention import measure
 
