@@ -232,4 +232,3 @@ def test_the_attention_bench_times_both_schedules_on_rows_of_items_as_wide_as_th
 
   result = measure(rows=2, length=128, reach=32, heads=4, kv_heads=2, head_dim=8, dtype=jnp.float32, repeats=1)
   assert result["same_bits"] and result["all_at_once_s"] > 0 and result["looped_s"] > 0
-  assert result["speedup"] == result["all_at_once_s"] / result["looped_s"]

@@ -6,9 +6,10 @@ every block in one batched matmul (what an accelerator runs), same inputs, same 
 
 The defaults are one SmolLM2-135M layer (9 query heads over 3 kv heads of 64) over 12 rows of 1,024 tokens, as
 lm-eval's CMMLU 3-shot lays its contexts (items up to ~630 tokens: 768 keys of reach); `--reaches` are the windows
-(keys before each block of 32 queries). Rows are packed with items of the reach's length. Printed and written: each
-side's best wall time of `--repeats` after a compile, their ratio, whether the outputs are the same bits, and one
-2048^2 matmul's GFLOP/s in this process (how fast this machine is today). A benchmark, not a test.
+(keys before each block of 32 queries), the rows holding items of reach + 1 tokens, the widest a window holds.
+Printed and written: each side's best wall time of `--repeats` after its compile, their ratio, whether the outputs
+are the same bits, and one 2048^2 matmul's GFLOP/s in this process (how fast this machine is today). A benchmark,
+not a test.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ from s2sjax.scoring.model.attention import LOCAL_BLOCK, LocalWindow, local_windo
 FLAGS = flags.FLAGS
 
 
-def best_seconds(step, args, repeats: int) -> float:
-  jax.block_until_ready(step(*args))  # the compile
+def timed(step, args, repeats: int) -> tuple[np.ndarray, float]:
+  """The step's output (from its first, compiling call) and the best wall time of `repeats` calls after it."""
+  output = np.asarray(step(*args), np.float32)
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
     jax.block_until_ready(step(*args))
     times.append(time.perf_counter() - start)
-  return min(times)
+  return output, min(times)
 
 
 def measure(rows: int, length: int, reach: int, heads: int, kv_heads: int, head_dim: int, dtype, repeats: int) -> dict:
@@ -49,8 +51,7 @@ def measure(rows: int, length: int, reach: int, heads: int, kv_heads: int, head_
   outputs = {}
   for name, looped in (("all_at_once", False), ("looped", True)):
     step = jax.jit(lambda q, k, v, mask, looped=looped: xla.local_attention(q, k, v, mask, window, looped=looped))
-    schedules[name] = best_seconds(step, (q, k, v, mask), repeats)
-    outputs[name] = np.asarray(step(q, k, v, mask), np.float32)
+    outputs[name], schedules[name] = timed(step, (q, k, v, mask), repeats)
   return dict(rows=rows, length=length, reach=reach, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
               all_at_once_s=schedules["all_at_once"], looped_s=schedules["looped"],
               speedup=schedules["all_at_once"] / schedules["looped"],
