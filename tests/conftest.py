@@ -25,9 +25,9 @@ os.environ.setdefault("S2SJAX_CACHE", tempfile.mkdtemp(prefix="s2sjax-test-cache
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="s2sjax-test-xla-cache-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# xdist's workers and the command lines they start share the machine's cores. An OpenMP pool (torch's, and
-# XLA:CPU's matmuls) sized to every core spin-waits on threads a neighbour holds: on 2 cores beside a busy process a
-# 512x576x1536 matmul ran 1.6x (torch) and 2x (XLA) faster on one thread than on two. Each worker takes its share.
+# xdist's workers and the command lines they start share the machine's cores. OpenMP pools sized to every core
+# spin-wait on threads a neighbour holds: on 2 cores beside a busy process a 512x576x1536 matmul ran 1.6x (torch)
+# and 2x (jitted JAX) faster with OMP_NUM_THREADS=1 than with 2. Each worker, and what it starts, takes its share.
 if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
   os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
@@ -55,8 +55,8 @@ def memory_returned_after_each_module():
   worker keeps the high-water mark of every module it ran (glibc holds freed blocks) unless told to return them."""
   yield
   gc.collect()
-  # What outlived the module (imported code, session fixtures, compiled steps: millions of objects) is frozen out of
-  # later collections, which walked it all again each time: 1.6 s a module, 13% of a worker's time.
+  # What outlived the module (imported code, session fixtures, compiled steps) is frozen out of later collections,
+  # which walked it all again each time: 1.6 s a module, 13% of a worker's time.
   gc.freeze()
   if libc := ctypes.util.find_library("c"):
     getattr(ctypes.CDLL(libc), "malloc_trim", lambda pad: None)(0)
