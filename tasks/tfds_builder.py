@@ -161,11 +161,13 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       plan = self.plan
       spec, modality = plan.spec, plan.modality
       plan.check()  # before loading anything: what the spec cannot be asked, by name
-      tokenizer = (text_tokenizer.load(resolve_tokenizer_dir(self.tokenizer_dir, manual_dir), self.trust_remote_code)
-                   if spec.text_vocabulary else None)  # a unit LM has none
+      tokenizer = identity = None  # a unit LM has no text tokenizer
+      if spec.text_vocabulary:
+        tokenizer_dir = resolve_tokenizer_dir(self.tokenizer_dir, manual_dir)
+        tokenizer = text_tokenizer.load(tokenizer_dir, self.trust_remote_code)
+        identity = text_tokenizer.folder_identity(tokenizer_dir, self.trust_remote_code)  # remembered, not rehashed
       audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
                          if modality.speaks else None)
-      identity = text_tokenizer.identity(tokenizer) if tokenizer is not None else None
       decoded = []  # the wav folders whose bytes make the rows
       paths = release_paths(self.TASK, manual_dir)
       if audio_tokenizer is not None and audio_tokenizer.reads_audio:

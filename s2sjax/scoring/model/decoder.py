@@ -284,7 +284,9 @@ def _unbox(boxed: Any) -> Params:
   return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, boxed, is_leaf=is_box)
 
 
+@functools.lru_cache(maxsize=16)  # loading, sharding and scoring each ask: one trace of the init per config
 def _boxed_abstract(config: ModelConfig, param_dtype) -> Any:
+  """Read-only: callers build their own trees from it (`_unbox`, `nn.get_partition_spec`)."""
   model = Decoder(config, param_dtype=param_dtype)
   return jax.eval_shape(functools.partial(_init_all, model), jax.random.PRNGKey(0), *_dummy_inputs(config))["params"]
 

@@ -396,7 +396,9 @@ def _unbox(boxed):
   return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, boxed, is_leaf=is_box)
 
 
+@functools.lru_cache(maxsize=16)  # loading, sharding and scoring each ask: one trace of the init per config
 def _boxed_abstract(config: MoshiConfig, param_dtype):
+  """Read-only: callers build their own trees from it (`_unbox`, `nn.get_partition_spec`)."""
   return jax.eval_shape(functools.partial(_init_all, MoshiLM(config, param_dtype=param_dtype)),
                         jax.random.PRNGKey(0))["params"]
 
