@@ -373,12 +373,22 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
                      steps=call["steps"], efficiency=call["pack"]["packing_efficiency"],
                      targets=call["shape"].max_targets, window=f"item-local, {call['window'].span} keys",
                      where=dict(call["seconds"]))
+  config = checkpoint.load_config(ckpt)
+  # executed: every row position through the layers, attending over its item window, the head at the target table
+  computed = call["steps"] * call["rows_per_step"] * call["shape"].length
+  s2sjax_side.update(positions=computed, gflop=planner.forward_flops(
+    config, computed, call["window"].span, call["steps"] * call["rows_per_step"] * call["shape"].max_targets) / 1e9)
   torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
   hf = HFLM(pretrained=torch_model, tokenizer=ours.tokenizer, batch_size=ref_batch_size, max_length=row_length - 1)
   hf.loglikelihood(requests[:ref_batch_size], disable_tqdm=True)  # warm-up, untimed
+  hf_batches = []  # (batch, padded length) of each forward the timed call makes: it computes logits at every one
+  counting = torch_model.register_forward_pre_hook(lambda module, args: hf_batches.append(tuple(args[0].shape)))
   start = time.perf_counter()
   want = hf.loglikelihood(requests, disable_tqdm=True)
   hf_seconds = time.perf_counter() - start
+  counting.remove()  # before the float64 copy below, which would carry the hook
+  hf_positions = sum(b * t for b, t in hf_batches)
+  hf_gflop = sum(planner.forward_flops(config, b * t, t, b * t) for b, t in hf_batches) / 1e9
   ll, ll_hf = np.array([g[0] for g in got]), np.array([w[0] for w in want])
   exact = float64_loglikelihoods(copy.deepcopy(torch_model).double().cpu(), pairs[:float64_requests])
   n64 = len(exact)
@@ -394,9 +404,10 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
     "context_tokens": dict(mean=float(np.mean([len(c) for c, _ in pairs])), max=max(len(c) for c, _ in pairs),
                            distinct=sum(map(len, contexts)), prefix_tree=trie_tokens(contexts)),
     "hf": dict(seconds=hf_seconds, batch_size=ref_batch_size, window=torch_model.config._attn_implementation,
-               **error(ll_hf)),
+               forwards=len(hf_batches), positions=hf_positions, gflop=hf_gflop, **error(ll_hf)),
     "s2sjax": dict(s2sjax_side, **error(ll)),
     "hf_over_s2sjax": hf_seconds / seconds,
+    "hf_over_s2sjax_flops": hf_gflop / s2sjax_side["gflop"],
     "float64_requests": n64, "max_abs_diff_s2sjax_hf": float(np.abs(ll - ll_hf).max()),
     "decisions_identical": decisions(ll) == decisions(ll_hf),
     "is_greedy_identical": [g[1] for g in got] == [w[1] for w in want],
@@ -409,12 +420,15 @@ PHASES = {"tokenise": "tokenise", "pack": "pack", "host": "host batches", "to_de
 
 
 def format_lm_eval(runs: Sequence[dict]) -> str:
-  """One line a workload: both backends' wall time, the speed-up, s2sjax's phases, distances to float64."""
+  """One line a workload: both backends' wall time, the speed-up, the positions and FLOPs each executed (hf: the
+  padded batches its forwards took, logits at every position; s2sjax: its steps' rows), s2sjax's phases, distances
+  to float64."""
   lines = [
-    "| workload | docs | requests | ctx tokens (mean) | hf s | s2sjax s | hf / s2sjax | s2sjax rows x L (steps) "
+    "| workload | docs | requests | ctx tokens (mean) | hf s | s2sjax s | hf / s2sjax | positions hf / s2sjax "
+    "| GFLOP hf / s2sjax (ratio) | GFLOP/s hf / s2sjax | s2sjax rows x L (steps) "
     "| s2sjax: " + ", ".join(PHASES.values()) + " (s) | s2sjax first call s (compile) | max / mean abs err vs "
     "float64, hf | s2sjax | decisions identical |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for run in runs:
     ours, hf = run["s2sjax"], run["hf"]
@@ -422,7 +436,10 @@ def format_lm_eval(runs: Sequence[dict]) -> str:
     lines.append(
       f"| {run['workload']} {run['num_fewshot']}-shot | {run['documents']} | {run['requests']} "
       f"| {run['context_tokens']['mean']:.0f} | {hf['seconds']:.1f} | {ours['seconds']:.1f} "
-      f"| {run['hf_over_s2sjax']:.2f}x | {ours['rows']} x {ours['length']} ({ours['steps']}) | {where} "
+      f"| {run['hf_over_s2sjax']:.2f}x | {hf['positions']:,} / {ours['positions']:,} "
+      f"| {hf['gflop']:,.0f} / {ours['gflop']:,.0f} ({run['hf_over_s2sjax_flops']:.2f}x) "
+      f"| {hf['gflop'] / hf['seconds']:.0f} / {ours['gflop'] / ours['seconds']:.0f} "
+      f"| {ours['rows']} x {ours['length']} ({ours['steps']}) | {where} "
       f"| {ours['first_call_s']:.1f} ({ours['first_call_compile_s']:.1f}) "
       f"| {hf['max_abs_err_float64']:.1e} / {hf['mean_abs_err_float64']:.1e} "
       f"| {ours['max_abs_err_float64']:.1e} / {ours['mean_abs_err_float64']:.1e} "
