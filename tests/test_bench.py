@@ -153,10 +153,10 @@ def test_lm_eval_mode_runs_lm_evals_own_cmmlu_requests_through_both_backends(tin
   context = run["context_tokens"]
   assert context["prefix_tree"] < context["distinct"] <= context["mean"] * run["requests"]
   # hf's logits cache forwards each context once (one-token choices), its 3 in one batch padded to the longest;
-  # s2sjax executes its steps' rows whole
+  # s2sjax executes at least the rows it packed, which lay every distinct context
   assert (run["hf"]["forwards"], run["hf"]["positions"]) == (1, 3 * context["max"])
   ours = run["s2sjax"]
-  assert ours["positions"] == ours["steps"] * ours["rows_per_step"] * ours["length"] >= context["distinct"]
+  assert ours["positions"] >= ours["rows"] * ours["length"] >= context["distinct"]
   (line,) = bench.format_lm_eval([run]).splitlines()[2:]
   assert line.startswith("| cmmlu 1-shot | 3 | 12 |") and line.endswith("| True (is_greedy True) |")
 

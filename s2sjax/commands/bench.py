@@ -375,9 +375,9 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
                      where=dict(call["seconds"]))
   config = checkpoint.load_config(ckpt)
   # executed: every row position through the layers, attending over its item window, the head at the target table
-  computed = call["steps"] * call["rows_per_step"] * call["shape"].length
-  s2sjax_side.update(positions=computed, gflop=planner.forward_flops(
-    config, computed, call["window"].span, call["steps"] * call["rows_per_step"] * call["shape"].max_targets) / 1e9)
+  rows_run = call["steps"] * call["rows_per_step"]  # padding rows included: a step runs them whole
+  s2sjax_side.update(positions=rows_run * call["shape"].length, gflop=planner.forward_flops(
+    config, rows_run * call["shape"].length, call["window"].span, rows_run * call["shape"].max_targets) / 1e9)
   torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
   hf = HFLM(pretrained=torch_model, tokenizer=ours.tokenizer, batch_size=ref_batch_size, max_length=row_length - 1)
   hf.loglikelihood(requests[:ref_batch_size], disable_tqdm=True)  # warm-up, untimed
