@@ -170,6 +170,23 @@ def test_collect_names_the_candidates_the_rows_do_not_hold():
     collect(rows, nll_sum, n_tokens, counts[:-1])
 
 
+def test_not_greedy_is_argmax_differs_with_ties_read_as_torch_and_jax_read_them():
+  """The step's is_greedy test without an argmax: on logits with ties the target is greedy only when it is the
+  first of the largest, as torch's and jnp's argmax answer."""
+  from s2sjax.scoring.scorer import not_greedy
+
+  tied = np.array([[1.0, 3.0, 3.0, 0.0]] * 4, np.float32)
+  ids = np.arange(4)
+  picked = tied[ids, ids]
+  assert np.asarray(not_greedy(tied, ids, picked)).tolist() == [True, False, True, True]
+  rng = np.random.default_rng(0)
+  logits = rng.integers(0, 4, size=(3, 50, 9)).astype(np.float32)  # small integers: ties everywhere
+  ids = rng.integers(0, 9, size=(3, 50))
+  picked = np.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+  expected = torch.from_numpy(logits).argmax(-1).numpy() != ids
+  assert (np.asarray(not_greedy(logits, ids, picked)) == expected).all() and 0 < expected.sum() < expected.size
+
+
 @pytest.mark.slow
 def test_greedy_misses_count_the_tokens_that_are_not_the_models_argmax(qwen2):
   """lm-eval's is_greedy from the same step: per candidate, the tokens torch's argmax would not have chosen."""

@@ -37,7 +37,7 @@ from s2sjax.scoring.model.config import ModelConfig
 from s2sjax.scoring.model.decoder import Decoder
 from s2sjax.data.packing import Item, RowShape, empty_rows, pack
 from s2sjax.data.rows import TOKEN_ROWS
-from s2sjax.scoring.scorer import ScoringError, _RowScorer, by_target_chunks
+from s2sjax.scoring.scorer import ScoringError, _RowScorer, by_target_chunks, not_greedy
 
 NAME = "own_forward"
 
@@ -73,7 +73,7 @@ def forward_batch(forward: OwnForward, target_chunk: int, params, batch: dict) -
   def target_nll(chosen, ids):
     chosen = chosen.astype(jnp.float32)
     picked = jnp.take_along_axis(chosen, ids[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(chosen, axis=-1) - picked, jnp.argmax(chosen, axis=-1) != ids
+    return jax.nn.logsumexp(chosen, axis=-1) - picked, not_greedy(chosen, ids, picked)
 
   nll, missed = by_target_chunks(target_nll, target_chunk, at_targets, batch["target_ids"])
   return {"target_nll": nll, "target_missed": missed}
