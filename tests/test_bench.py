@@ -237,3 +237,12 @@ def test_the_attention_bench_times_both_schedules_on_rows_of_items_as_wide_as_th
 
   result = measure(rows=2, length=128, reach=32, heads=4, kv_heads=2, head_dim=8, dtype=jnp.float32, repeats=1)
   assert result["same_bits"] and result["all_at_once_s"] > 0 and result["looped_s"] > 0
+
+
+def test_the_head_bench_gives_both_argmax_tests_the_same_inputs_and_counts_the_targets_made_greedy():
+  from s2sjax.commands.bench_head import measure
+
+  result = measure(hidden_size=8, vocab=1000, targets=16, repeats=1)
+  # a quarter of the targets are made their row's argmax; random others in 1,000 are almost never it
+  assert result["same_bits"] and 4 <= result["greedy_targets"] <= 5
+  assert result["argmax_us_per_target"] > 0 and result["step_us_per_target"] > 0
