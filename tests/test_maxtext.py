@@ -246,6 +246,7 @@ def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(bytes_sample, t
     params = checkpoint.load_params(folder(name, "params only"))
     model_config = checkpoint.load_config(folder(name, "params only"))
   from s2sjax.data.task_data import load_task_data
+  cases = []  # (prefix, candidate, the scores file's nll_sum)
   for modality in ("t2t", "s2t"):
     td = load_task_data(bytes_sample["data_dir"], "sstorycloze", modality, bytes_sample["spec"], None)
     lines = [json.loads(line) for line in (out / "1" / f"sstorycloze-{modality}.scores.jsonl").read_text().splitlines()]
@@ -257,12 +258,17 @@ def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(bytes_sample, t
       targets = rows["target_slot"][r] == slot
       segment = rows["segment_ids"][r, rows["target_pos"][r][targets][0]]
       prefix = rows["tokens"][r][(rows["segment_ids"][r] == segment) & (rows["branch_ids"][r] == 0)]
-      candidate = rows["target_ids"][r][targets]
-      sequence = np.concatenate([prefix, candidate])[None].astype(np.int32)
-      log_probs = np.asarray(decoder.sequence_log_probs(model_config, params, sequence))[0]
-      nll = -log_probs[np.arange(len(prefix) - 1, len(sequence[0]) - 1), candidate].sum()
-      found = scored[where[(rows["slot_item"][r, slot], rows["slot_candidate"][r, slot])]]
-      assert found == pytest.approx(nll, abs=TOLERANCE * len(candidate))
+      cases.append((prefix, rows["target_ids"][r][targets],
+                    scored[where[(rows["slot_item"][r, slot], rows["slot_candidate"][r, slot])]]))
+  # one causal forward of every sequence padded at its end: the padding follows, so no position before it sees it
+  width = max(len(prefix) + len(candidate) for prefix, candidate, _ in cases)
+  sequences = np.zeros((len(cases), width), np.int32)
+  for i, (prefix, candidate, _) in enumerate(cases):
+    sequences[i, : len(prefix) + len(candidate)] = np.concatenate([prefix, candidate])
+  log_probs = np.asarray(decoder.sequence_log_probs(model_config, params, sequences))
+  for i, (prefix, candidate, found) in enumerate(cases):
+    nll = -log_probs[i, np.arange(len(prefix) - 1, len(prefix) + len(candidate) - 1), candidate].sum()
+    assert found == pytest.approx(nll, abs=TOLERANCE * len(candidate))
 
 
 def test_the_pre_flight_reads_a_maxtext_folder(bytes_sample):
