@@ -1,5 +1,6 @@
 r"""The step's head on this machine: each target's fp32 logsumexp, its logit and whether it is the argmax, with the
-argmax test the step makes (`scorer.not_greedy`) against `jnp.argmax(logits) != id`, same inputs, same process.
+argmax test the step makes (`scorer.nll_and_missed`'s `not_greedy`) against `jnp.argmax(logits) != id`, same
+inputs, same process.
 
   python -m s2sjax.commands.bench_head [--shapes=576x49152,896x151936,32x151680] [--targets=128] \
       [--repeats=5] [--output=FILE.json]
@@ -23,17 +24,19 @@ from absl import flags
 from s2sjax.commands.bench import cpu_machine, machine_line
 from s2sjax.commands.bench_attention import timed
 from s2sjax.runtime import cli
-from s2sjax.scoring.scorer import CPU_HEAD_ROWS, not_greedy
+from s2sjax.scoring.scorer import CPU_HEAD_ROWS, nll_and_missed
 
 FLAGS = flags.FLAGS
 
 
 def head(table, hidden, ids, argmax_test: bool):
-  """[T] NLL and [T] missed for hidden states [T, D] over a head table [V, D], as the step computes them."""
+  """[T] NLL and [T] missed for hidden states [T, D] over a head table [V, D]: the step's (`nll_and_missed`), or
+  the same with `argmax != id` as the greedy test."""
   logits = jnp.einsum("td,vd->tv", hidden, table)
+  if not argmax_test:
+    return nll_and_missed(logits, ids)
   picked = jnp.take_along_axis(logits, ids[:, None], axis=-1)[:, 0]
-  missed = jnp.argmax(logits, axis=-1) != ids if argmax_test else not_greedy(logits, ids, picked)
-  return jax.nn.logsumexp(logits, axis=-1) - picked, missed
+  return jax.nn.logsumexp(logits, axis=-1) - picked, jnp.argmax(logits, axis=-1) != ids
 
 
 def measure(hidden_size: int, vocab: int, targets: int, repeats: int) -> dict:
@@ -48,7 +51,8 @@ def measure(hidden_size: int, vocab: int, targets: int, repeats: int) -> dict:
       [x.astype(jnp.float32) for x in head(t, h, i, argmax_test)]))
     outputs[name], seconds[name] = timed(step, (table, hidden, ids), repeats)
   return dict(hidden=hidden_size, vocab=vocab, targets=targets,
-              argmax_us_per_target=seconds["argmax"] / targets * 1e6, step_us_per_target=seconds["step"] / targets * 1e6,
+              argmax_us_per_target=seconds["argmax"] / targets * 1e6,
+              step_us_per_target=seconds["step"] / targets * 1e6,
               speedup=seconds["argmax"] / seconds["step"], same_bits=bool(np.array_equal(*outputs.values())),
               greedy_targets=int(targets - outputs["step"][1].sum()))
 

@@ -37,7 +37,7 @@ from s2sjax.scoring.model.config import ModelConfig
 from s2sjax.scoring.model.decoder import Decoder
 from s2sjax.data.packing import Item, RowShape, empty_rows, pack
 from s2sjax.data.rows import TOKEN_ROWS
-from s2sjax.scoring.scorer import ScoringError, _RowScorer, by_target_chunks, not_greedy
+from s2sjax.scoring.scorer import ScoringError, _RowScorer, by_target_chunks, nll_and_missed
 
 NAME = "own_forward"
 
@@ -70,11 +70,7 @@ def forward_batch(forward: OwnForward, target_chunk: int, params, batch: dict) -
   logits = forward.apply(params, batch["tokens"], batch["positions"], batch["segment_ids"])
   at_targets = jnp.take_along_axis(logits, batch["target_pos"][..., None], axis=1)  # [B, M, V]
 
-  def target_nll(chosen, ids):
-    chosen = chosen.astype(jnp.float32)
-    picked = jnp.take_along_axis(chosen, ids[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(chosen, axis=-1) - picked, not_greedy(chosen, ids, picked)
-
+  target_nll = lambda chosen, ids: nll_and_missed(chosen.astype(jnp.float32), ids)
   nll, missed = by_target_chunks(target_nll, target_chunk, at_targets, batch["target_ids"])
   return {"target_nll": nll, "target_missed": missed}
 

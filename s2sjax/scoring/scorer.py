@@ -61,9 +61,7 @@ def score_batch(
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
   def target_nll(h, ids):
-    logits = model.apply({"params": params}, h, method=Decoder.logits)  # fp32 [B, chunk, V]
-    picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits, axis=-1) - picked, not_greedy(logits, ids, picked)
+    return nll_and_missed(model.apply({"params": params}, h, method=Decoder.logits), ids)  # fp32 [B, chunk, V]
 
   nll, missed = by_target_chunks(target_nll, target_chunk, hidden, batch["target_ids"])
 
@@ -77,11 +75,18 @@ def score_batch(
   }
 
 
+def nll_and_missed(logits: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per target [...]: fp32 `logsumexp - logit[target]` and `not_greedy`, from its logits [..., V]."""
+  picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+  return jax.nn.logsumexp(logits, axis=-1) - picked, not_greedy(logits, ids, picked)
+
+
 def not_greedy(logits: jax.Array, ids: jax.Array, picked: jax.Array) -> jax.Array:
   """[...]: whether each target id is not the argmax of its logits [..., V] (the first of equal ones, as
   jnp.argmax on finite logits): a logit above the target's `picked`, or an equal one before it. XLA:CPU fuses
-  these compares into one pass beside the logsumexp's; its argmax's two-operand reduce over a vocabulary made the
-  whole head 1.2x (SmolLM2's 576 x 49,152) to 2x (hidden 32 x Qwen2.5's 151,680) slower."""
+  these compares into one pass beside the logsumexp's, where its argmax is a two-operand reduce of its own:
+  `python -m s2sjax.commands.bench_head` measured the head 1.03x (Qwen2.5-0.5B) to 1.6x (hidden 32 over Qwen2.5's
+  vocabulary) faster."""
   index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
   above = logits > picked[..., None]
   tied_before = (logits == picked[..., None]) & (index < ids[..., None])
