@@ -47,7 +47,7 @@ def score_batch(
   window: layers.LocalWindow | None = None,
 ) -> dict:
   """For one batch of packed rows, per target [B, M]: `target_nll` and `target_missed`, whether the target is not
-  the argmax of the logits that predict it (lm-eval's is_greedy; one argmax over logits the step computes anyway);
+  the argmax of the logits that predict it (lm-eval's is_greedy, `not_greedy`: compares beside the logsumexp's pass);
   and per slot [B, C] in fp32 (a training loop's loss; `Scorer` sums the targets itself, `slot_sums`): `nll_sum`,
   `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
   mask is built once for all layers, and no [L, L] mask."""
