@@ -65,6 +65,7 @@ def test_a_missing_checkpoint_is_said_before_missing_data(tmp_path):
 def test_check_takes_the_modality_aliases_eval_takes(tiny_sample):
   common = ["s2sjax.check", f"--checkpoint={tiny_sample['ckpt']}", f"--data_dir={tiny_sample['data_dir']}",
             "--task=scmmlu", "--spec=demo", "--row_length=1024"]
-  by_name, by_alias = _run(*common, "--modality=s2t"), _run(*common, "--modality=speech")
-  assert "scmmlu/s2t fits the model" in by_name.stdout, by_name.stdout + by_name.stderr
-  assert (by_alias.returncode, by_alias.stdout) == (by_name.returncode, by_name.stdout), by_alias.stderr
+  # "speech" is eval's alias of s2t: the pre-flight loads and checks the S->T build under it
+  by_alias = _run(*common, "--modality=speech")
+  assert by_alias.returncode == 0, by_alias.stdout + by_alias.stderr
+  assert "scmmlu/s2t fits the model" in by_alias.stdout and by_alias.stdout.endswith("all checks passed\n")
