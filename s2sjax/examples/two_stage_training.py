@@ -41,9 +41,9 @@ SPEC = "demo_tables"  # audio as one codebook table at a placeholder: the table 
 
 
 def alignment_rows(tokenizer, spec_name: str = SPEC) -> tuple[dict[str, np.ndarray], RowShape]:
-  """Packed rows of (spoken first half -> its transcript) for every question of the bundled sample, their target
-  table cut to what the rows hold (`fit`): the head then runs over ~50 targets a row, not the 512 SHAPE makes room
-  for (over Qwen2.5's 151,680-token vocabulary, 5x the rest of the tiny model's step)."""
+  """Packed rows of (spoken first half -> its transcript) for every question of the bundled sample, and their shape
+  with the target table cut to what the rows hold (`fit`): the head runs over those targets, ~50 a row, not the 512
+  slots SHAPE makes room for, each a logsumexp over Qwen2.5's 151,680-token vocabulary."""
   spec = load_spec(spec_name)
   encoder = QuestionEncoder(spec, "s2t", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
   items = []
