@@ -196,6 +196,35 @@ def test_item_local_blocks_looped_equal_all_at_once_on_a_mesh_too(dtype):
       np.testing.assert_allclose(looped, at_once, atol=2**-5, err_msg=mesh)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("item", [168, 600])
+def test_an_items_attention_is_the_same_bits_whatever_the_runs_longest_item(item):
+  """Neighbour-free windows (`packing.neighbour_free_bound`): an item alone in a row, at the start and 96 tokens in,
+  attended over the window its own length needs and over the window of any longer item a run may hold, gives the
+  same bits (SmolLM2-135M's heads; one and two leaves of 512 keys, packing.REDUCTION_LEAF). A window reaching back
+  512 keys, a multiple of 64 whose keys cross a leaf, moves the shorter item: half of its outputs here."""
+  from s2sjax.data.packing import neighbour_free_bound
+
+  length, heads, kv_heads, head_dim = 1024, 9, 3, 64
+  keys = jax.random.split(jax.random.PRNGKey(item), 3)
+  q = jax.random.normal(keys[0], (item, heads, head_dim))
+  k, v = (jax.random.normal(key, (item, kv_heads, head_dim)) for key in keys[1:])
+
+  def attention(longest: int, start: int) -> np.ndarray:
+    window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(longest) - 1)
+    segment_ids = jnp.zeros((1, length), jnp.int32).at[0, start:start + item].set(1)
+    mask = layers.local_window_mask(segment_ids, jnp.zeros_like(segment_ids), window)
+    lay = lambda x: jnp.zeros((1, length, *x.shape[1:])).at[0, start:start + item].set(x)
+    out = jax.jit(lambda q, k, v, mask: xla_kernels.local_attention(q, k, v, mask, window, looped=True))(
+      lay(q), lay(k), lay(v), mask)
+    return np.asarray(out)[0, start:start + item]
+
+  own = attention(item, 0)
+  for longest in sorted({item, 500, 700, 1000, 1500} - set(range(item))):
+    for start in (0, 96):
+      np.testing.assert_array_equal(attention(longest, start), own, err_msg=f"longest {longest}, at {start}")
+
+
 def test_the_window_is_the_narrowest_exact_one_or_none():
   assert layers.local_window(0, 1024) is None  # no recorded longest item: dense
   assert layers.local_window(150, 1024) == layers.LocalWindow(block=32, reach=160)  # keys back to 149 before

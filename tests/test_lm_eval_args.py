@@ -119,13 +119,15 @@ def test_the_command_line_refuses_the_backends_arguments_before_lm_eval_indexes_
 
 
 def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
-  from s2sjax.data.packing import REDUCTION_PERIOD
+  from s2sjax.data.packing import neighbour_free_bound
 
   fitted = RowShape(1024, 40, 7, max_item=96)
-  reaches = {n: backend.step_shape(fitted, n).max_item - 1 for n in (2, 64, 65, 129, 150, 193, 250, 300, 400, 600)}
-  # 64 x 1, 2, 3, 4, 6, 8, 12: a multiple of the reduction period (the same bits), never short of the item
-  assert reaches == {2: 64, 64: 64, 65: 64, 129: 128, 150: 192, 193: 192, 250: 256, 300: 384, 400: 512, 600: 768}
-  assert all(reach % REDUCTION_PERIOD == 0 and reach >= n - 1 for n, reach in reaches.items())
+  reaches = {n: backend.step_shape(fitted, n).max_item - 1
+             for n in (2, 64, 65, 129, 150, 193, 250, 300, 400, 600, 1000)}
+  # 64 x 1, 2, 3, 4, 6, 7, then 960, 1,984: on the neighbour-free ladder (the same bits), never short of the item
+  assert reaches == {2: 64, 64: 64, 65: 64, 129: 128, 150: 192, 193: 192, 250: 256, 300: 384, 400: 448, 600: 960,
+                     1000: 1984}
+  assert all(neighbour_free_bound(reach + 1) == reach + 1 and reach >= n - 1 for n, reach in reaches.items())
   shape = backend.step_shape(fitted, 80)
   assert (shape.length, shape.max_targets, shape.max_slots) == (1024, 64, 32)  # tables to a power of two, >= 32
 

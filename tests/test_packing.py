@@ -88,16 +88,23 @@ def test_aligned_items_start_at_multiples_of_the_alignment_and_pack_the_rest_ali
     pack(items, RowShape(16, 12, 6), align=5)
 
 
-def test_the_neighbour_free_bound_reaches_back_a_multiple_of_the_reduction_period():
+def test_the_neighbour_free_bound_reaches_back_a_multiple_of_the_reduction_period_then_whole_leaves():
   from s2sjax.scoring.model.layers import LOCAL_BLOCK, local_window
-  from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, neighbour_free_bound
+  from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_LEAF, REDUCTION_PERIOD, neighbour_free_bound
 
   assert NEIGHBOUR_FREE_ALIGN == LOCAL_BLOCK  # items aligned to the query blocks of item-local attention
-  for longest in (1, 2, 64, 65, 66, 150, 1000):
+  reaches = {}
+  for longest in (1, 2, 64, 65, 66, 150, 449, 450, 1000, 1985, 1986):
     bound = neighbour_free_bound(longest)
-    window = local_window(bound, 4096)
-    assert bound >= longest and window.reach % REDUCTION_PERIOD == 0
-    assert window.reach - REDUCTION_PERIOD < max(longest - 1, 1)  # the smallest such
+    reaches[longest] = window = local_window(bound, 8192).reach
+    assert bound >= longest and window % REDUCTION_PERIOD == 0
+    if window + LOCAL_BLOCK <= REDUCTION_LEAF:  # within one leaf: the smallest multiple
+      assert window - REDUCTION_PERIOD < max(longest - 1, 1)
+    else:  # a window of whole leaves less one query block: 1, 2, 4, ... leaves
+      leaves = (window + REDUCTION_PERIOD) // REDUCTION_LEAF
+      assert (window + REDUCTION_PERIOD) % REDUCTION_LEAF == 0 and leaves & (leaves - 1) == 0
+  assert reaches == {1: 64, 2: 64, 64: 64, 65: 64, 66: 128, 150: 192, 449: 448, 450: 960, 1000: 1984, 1985: 1984,
+                     1986: 4032}
 
 
 def test_items_longer_than_the_row_name_the_item():

@@ -66,8 +66,8 @@ from s2sjax.scoring import planner
 from s2sjax.scoring import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.runtime.errors import UserError
-from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_PERIOD, Item, PackingError, PackReport, RowShape, fit,
-                            neighbour_free_bound, pack)
+from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_LEAF, REDUCTION_PERIOD, Item, PackingError, PackReport,
+                                 RowShape, fit, neighbour_free_bound, pack)
 from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
@@ -150,13 +150,16 @@ def even_steps(rows: int, most: int) -> int:
 
 def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
   """The compiled step's shape for rows `fit` to `fitted`: target and slot tables rounded up to a power of two
-  (at least 32) and an item window reaching back 64 x 1, 2, 3, 4, 6, 8, 12, ... (`neighbour_free_bound`; at most
-  a third more keys than needed), so that the calls of a run (and of the next, through the compilation cache)
-  share a few compiled steps instead of one each."""
+  (at least 32) and an item window reaching back 64 x 1, 2, 3, 4, 6 or 7, then 960, 1,984, ... keys
+  (`neighbour_free_bound`'s ladder; at most a third more keys than needed up to 448), so that the calls of a run
+  (and of the next, through the compilation cache) share a few compiled steps instead of one each."""
   power = lambda n, least: max(least, 1 << (max(n, 1) - 1).bit_length())
-  periods = -(-(neighbour_free_bound(longest_item) - 1) // REDUCTION_PERIOD)
-  rung = power(periods, 1)
-  reach = REDUCTION_PERIOD * (rung * 3 // 4 if rung >= 4 and periods <= rung * 3 // 4 else rung)
+  reach = neighbour_free_bound(longest_item) - 1
+  within_leaf = (REDUCTION_LEAF - NEIGHBOUR_FREE_ALIGN) // REDUCTION_PERIOD  # 7: the longest reach of one leaf
+  if reach <= within_leaf * REDUCTION_PERIOD:  # past it the bound's own ladder is already coarse
+    periods = reach // REDUCTION_PERIOD
+    rung = power(periods, 1)
+    reach = REDUCTION_PERIOD * min(rung * 3 // 4 if rung >= 4 and periods <= rung * 3 // 4 else rung, within_leaf)
   return dataclasses.replace(fitted, max_targets=min(power(fitted.max_targets, 32), fitted.length),
                              max_slots=min(power(fitted.max_slots, 32), fitted.length), max_item=reach + 1)
 

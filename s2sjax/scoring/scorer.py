@@ -398,7 +398,7 @@ class Scorer(_RowScorer):
     without the record, keeps the dense [L, L] mask (the reference).
     neighbour_free: rows packed with `align=packing.NEIGHBOUR_FREE_ALIGN` score every candidate to the same bits
     whatever shares its row and whatever the run's longest item: item-local windows always (as wide as the row if
-    need be), reaching back a multiple of `packing.REDUCTION_PERIOD` (`packing.neighbour_free_bound`)."""
+    need be), on `packing.neighbour_free_bound`'s ladder of reaches."""
     self.attention = attention
     local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
     self.window = layers.local_window(shape.max_item, shape.length) if local else None
