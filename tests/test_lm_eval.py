@@ -104,7 +104,7 @@ def test_requests_come_back_in_order_with_each_context_computed_once(ours, hf):
   got = ours.loglikelihood(requests("loglikelihood", args))
   # 3 contexts, each in a row of 32 (the shortest rows that hold them: 96 positions, not a row of 256)
   assert ours.contexts_scored - contexts == 3
-  assert (ours.rows_scored - rows) * ours.last_call["shape"].length == 96
+  assert (ours.rows_scored - rows) * ours.last_call["packs"][0]["shape"].length == 96
   want = hf.loglikelihood(requests("loglikelihood", args))
   np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=TOLERANCE, rtol=0)
   assert [g[1] for g in got] == [w[1] for w in want]
@@ -116,7 +116,7 @@ def test_a_small_call_runs_shorter_rows_and_scores_the_same(ours):
   # shapes differ (within a shape, what shares a row changes no bit: test_a_requests_log_likelihood_is_the_same_bits_...).
   few = [("The cat sat on the", " mat."), ("Paris is the capital of", " France.")]
   alone = ours.loglikelihood(requests("loglikelihood", few))
-  short = ours.last_call["shape"].length
+  short = ours.last_call["packs"][0]["shape"].length
   more = [(f"Story {i}: the weather on day {i} of the long voyage across the sea was", f" calm, {i}.")
           for i in range(24)]
   amid = ours.loglikelihood(requests("loglikelihood", more[:12] + few + more[12:]))
@@ -251,12 +251,28 @@ def test_a_requests_log_likelihood_is_the_same_bits_whatever_else_the_call_holds
   pair = lambda s: (context(s), ours.tok_encode(" " + s["RandomFifthSentenceQuiz1"], add_special_tokens=False))
   shared = [pair(s) for s in stories[:4]]
   first = ours.score_pairs(shared + [pair(s) for s in stories[4:10]], progress=False)[0]
-  reach = ours.last_call["window"].reach
+  reach = ours.last_call["packs"][0]["window"].reach
   long_context = sum((context(s) for s in stories[20:24]), [])  # four stories: an item of about 180 tokens
   second = ours.score_pairs([pair(s) for s in stories[10:16]] + [(long_context, shared[0][1])] + shared[::-1],
                             progress=False)[0]
-  assert ours.last_call["window"].reach > reach
+  assert ours.last_call["packs"][0]["window"].reach > reach
   np.testing.assert_array_equal(second[-4:][::-1], first[:4])
+
+
+def test_questions_after_the_same_prompt_lay_it_once_and_score_the_same_bits_as_alone(ours, hf):
+  # CMMLU's shape: a few-shot prompt, then a question, answered by one letter of four
+  stories = json.loads(SAMPLE_STORIES.read_text())
+  prompt = "".join(f"{story['first']}\nAnswer: {story['right']}\n\n" for story in stories[:3])
+  args = [(prompt + story["first"][:60] + "\nAnswer:", f" {letter}") for story in stories[3:11] for letter in "ABCD"]
+  together = ours.loglikelihood(requests("loglikelihood", args), disable_tqdm=True)
+  (pack,) = [group["pack"] for group in ours.last_call["packs"]]
+  assert pack["shared_roots"] >= 1 and pack["rows"] < len(args) // 4  # the prompt laid once a row, not a question
+  alone = [result for k in range(0, len(args), 4)
+           for result in ours.loglikelihood(requests("loglikelihood", args[k:k + 4]), disable_tqdm=True)]
+  assert together == alone  # every log-likelihood the same bits, every is_greedy the same
+  theirs = hf.loglikelihood(requests("loglikelihood", args), disable_tqdm=True)
+  np.testing.assert_allclose([ll for ll, _ in together], [ll for ll, _ in theirs], atol=TOLERANCE, rtol=0)
+  assert [g for _, g in together] == [g for _, g in theirs]
 
 
 def _sample_text() -> str:

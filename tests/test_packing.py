@@ -225,3 +225,52 @@ def test_stream_candidates_lay_all_their_steps_but_the_last():
   assert report.real_tokens == 4 and report.longest_item == 4
   with pytest.raises(PackingError, match=r"q: 3 prefix \+ 1 candidate steps laid exceed the row length 3"):
     pack_streams([item], RowShape(3, 6, 2), layout)
+
+
+def test_items_sharing_a_root_lay_it_once_and_each_rest_at_a_multiple_of_32():
+  from s2sjax.data.packing import SharedRoot, longest_item
+
+  root = np.arange(1, 65)  # 64 tokens: a few-shot prompt
+  a = Item(np.r_[root, [70, 71, 72]], (np.array([5]), np.array([6])), name="a")
+  b = Item(np.r_[root, np.arange(80, 120)], (np.array([7]),), name="b")
+  c = Item(root.copy(), (np.array([8]), np.array([9])), name="c")  # the prompt alone: read at the root's end
+  rows, report = pack([a, b, c], RowShape(256, 64, 16), align=32, roots=[SharedRoot(64, (0, 1, 2))])
+  row = {name: value[0] for name, value in rows.items()}
+  assert row["tokens"][:64].tolist() == root.tolist() and set(row["branch_ids"][:64]) == {0}
+  assert row["tokens"][64:67].tolist() == [70, 71, 72] and row["positions"][64:67].tolist() == [64, 65, 66]
+  assert row["tokens"][96:136].tolist() == list(range(80, 120)) and row["positions"][96:136].tolist() == list(range(64, 104))
+  assert row["segment_ids"][67:96].tolist() == [0] * 29 and set(row["segment_ids"][136:]) == {0}
+  assert row["branch_ids"][64:67].tolist() == [1] * 3 and set(row["branch_ids"][96:136]) == {2}
+  # how far each rest lies past where its item alone lays it (right after the root)
+  assert set(row["key_shift"][:96]) == {0} and set(row["key_shift"][96:136]) == {32}
+  used = row["target_slot"] >= 0
+  assert list(zip(row["target_pos"][used], row["target_ids"][used])) == [(66, 5), (66, 6), (135, 7), (63, 8), (63, 9)]
+  assert list(zip(row["slot_item"][:5], row["slot_candidate"][:5])) == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]
+  # the root laid once for three items, a's and c's prefixes once for their two candidates
+  assert report.shared_roots == 1 and report.tokens_saved_by_sharing == 2 * 64 + 67 + 64
+  # an item-local window reaches over an item as laid alone (b: 104 tokens), not over the root's whole span
+  assert report.longest_item == 104 == longest_item(rows["segment_ids"], rows["key_shift"])
+  assert longest_item(rows["segment_ids"]) == 136
+
+  # a row that cannot hold them all lays the root again for the rest: a alone, b and c after a root of their own
+  rows, report = pack([a, b, c], RowShape(128, 64, 16), align=32, roots=[SharedRoot(64, (0, 1, 2))])
+  assert report.shared_roots == 1 and report.rows == 2
+  assert sorted(rows["tokens"][:, :64].tolist()) == [root.tolist()] * 2
+
+
+def test_a_shared_root_refuses_items_that_cannot_share_it_by_name():
+  from s2sjax.data.packing import SharedRoot
+
+  root = np.arange(1, 33)
+  fine = Item(np.r_[root, [40]], (np.array([5]),), name="fine")
+  long_answer = Item(np.r_[root, [41]], (np.array([5, 6]),), name="long answer")
+  other_prompt = Item(np.r_[root[::-1], [42]], (np.array([5]),), name="other prompt")
+  with pytest.raises(PackingError, match="long answer: shares a root, so its candidates are one token each"):
+    pack([fine, long_answer], RowShape(128, 64, 16), align=32, roots=[SharedRoot(32, (0, 1))])
+  with pytest.raises(PackingError, match="other prompt: its prefix does not open with the 32 tokens of the root it "
+                                         "shares with fine"):
+    pack([fine, other_prompt], RowShape(128, 64, 16), align=32, roots=[SharedRoot(32, (0, 1))])
+  with pytest.raises(ValueError, match="a positive multiple of 32, not 20"):
+    pack([fine, fine], RowShape(128, 64, 16), align=32, roots=[SharedRoot(20, (0, 1))])
+  with pytest.raises(ValueError, match="an item shares at most one root"):
+    pack([fine, fine], RowShape(128, 64, 16), align=32, roots=[SharedRoot(32, (0, 1)), SharedRoot(32, (1,))])

@@ -95,6 +95,42 @@ def test_a_candidates_score_is_the_same_bits_whatever_shares_its_row(qwen2):
 
 
 @pytest.mark.slow
+def test_items_sharing_a_root_score_the_same_bits_as_laid_alone_and_match_the_reference(qwen2):
+  """Four-option questions with one-token answers after the same 96-token prompt (packing.SharedRoot), laid with
+  the prompt once a row beside ordinary items and scored neighbour-free: every answer the same bits as its question
+  packed alone, and within 1e-5 of the PyTorch reference's forward of prompt, question and answer."""
+  import dataclasses
+
+  from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, Item, SharedRoot, neighbour_free_bound
+
+  model, config, params = qwen2
+  rng = np.random.default_rng(5)
+  vocab = config.vocab_size - 20
+  prompt = rng.integers(0, vocab, 96)
+  questions = [Item(np.r_[prompt, rng.integers(0, vocab, rng.integers(0, 40))],
+                    tuple(np.array([answer]) for answer in rng.integers(0, vocab, 4)), name=f"question-{i}")
+               for i in range(10)]
+  items = questions + random_items(3, config.vocab_size, seed=6)
+
+  def scores(chosen, roots=(), max_item=0):
+    rows, report = pack(chosen, SHAPE, align=NEIGHBOUR_FREE_ALIGN, roots=roots)
+    rows, shape = fit(rows, SHAPE, report.longest_item)
+    shape = dataclasses.replace(shape, max_item=max_item or neighbour_free_bound(report.longest_item))
+    scorer = Scorer(config, shape, batch_size=4, neighbour_free=True)
+    collected = collect(rows, *scorer.score(params, rows, progress=False), [len(it.candidates) for it in chosen])
+    return collected, report, rows, shape
+
+  shared, report, rows, shape = scores(items, [SharedRoot(96, tuple(range(10)))])
+  assert report.shared_roots == 2 and rows["key_shift"].any()  # ten questions over two rows, the prompt in each
+  for i, item in enumerate(items):
+    alone = scores([item], max_item=shape.max_item)[0]
+    np.testing.assert_array_equal(shared.nll_sum[i, : len(item.candidates)], alone.nll_sum[0], err_msg=item.name)
+  np.testing.assert_allclose(shared.mean_nll, reference_mean_nll(model, items), atol=1e-5, equal_nan=True)
+  with pytest.raises(ValueError, match="rows with shared roots .key_shift. are scored neighbour-free"):
+    Scorer(config, shape, batch_size=4).score(params, rows, progress=False)
+
+
+@pytest.mark.slow
 def test_codebook_table_audio_prefix_matches_reference(tmp_path):
   model = tiny_model("qwen2", seed=3)
   sizes, placeholder = (16, 8, 8), 500

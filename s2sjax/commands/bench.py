@@ -367,17 +367,22 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
   start = time.perf_counter()
   got = ours.loglikelihood(requests, disable_tqdm=True)
   seconds = time.perf_counter() - start
-  call = ours.last_call
+  packs = ours.last_call["packs"]  # one per group of like item windows
+  each = lambda key: [pack[key] for pack in packs]
+  real, capacity = sum(p["pack"]["real_tokens"] for p in packs), sum(p["pack"]["capacity"] for p in packs)
   s2sjax_side = dict(seconds=seconds, first_call_s=first_s, first_call_compile_s=first_call["seconds"]["compile"],
-                     rows=call["pack"]["rows"], length=call["shape"].length, rows_per_step=call["rows_per_step"],
-                     steps=call["steps"], efficiency=call["pack"]["packing_efficiency"],
-                     targets=call["shape"].max_targets, window=f"item-local, {call['window'].span} keys",
-                     where=dict(call["seconds"]))
+                     rows=[p["pack"]["rows"] for p in packs], length=[s.length for s in each("shape")],
+                     rows_per_step=each("rows_per_step"), steps=each("steps"), efficiency=real / capacity,
+                     shared_roots=sum(p["pack"]["shared_roots"] for p in packs),
+                     targets=[s.max_targets for s in each("shape")], window=[w.span for w in each("window")],
+                     where=dict(ours.last_call["seconds"]))
   config = checkpoint.load_config(ckpt)
   # executed: every row position through the layers, attending over its item window, the head at the target table
-  rows_run = call["steps"] * call["rows_per_step"]  # padding rows included: a step runs them whole
-  s2sjax_side.update(positions=rows_run * call["shape"].length, gflop=planner.forward_flops(
-    config, rows_run * call["shape"].length, call["window"].span, rows_run * call["shape"].max_targets) / 1e9)
+  # (padding rows included: a step runs them whole)
+  run = [(p["steps"] * p["rows_per_step"] * p["shape"].length, p["window"].span,
+          p["steps"] * p["rows_per_step"] * p["shape"].max_targets) for p in packs]
+  s2sjax_side.update(positions=sum(positions for positions, _, _ in run),
+                     gflop=sum(planner.forward_flops(config, *group) for group in run) / 1e9)
   torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
   hf = HFLM(pretrained=torch_model, tokenizer=ours.tokenizer, batch_size=ref_batch_size, max_length=row_length - 1)
   hf.loglikelihood(requests[:ref_batch_size], disable_tqdm=True)  # warm-up, untimed
@@ -425,7 +430,7 @@ def format_lm_eval(runs: Sequence[dict]) -> str:
   to float64."""
   lines = [
     "| workload | docs | requests | ctx tokens (mean) | hf s | s2sjax s | hf / s2sjax | positions hf / s2sjax "
-    "| GFLOP hf / s2sjax (ratio) | GFLOP/s hf / s2sjax | s2sjax rows x L (steps) "
+    "| GFLOP hf / s2sjax (ratio) | GFLOP/s hf / s2sjax | s2sjax rows x L (steps), keys a window "
     "| s2sjax: " + ", ".join(PHASES.values()) + " (s) | s2sjax first call s (compile) | max / mean abs err vs "
     "float64, hf | s2sjax | decisions identical |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -433,13 +438,16 @@ def format_lm_eval(runs: Sequence[dict]) -> str:
   for run in runs:
     ours, hf = run["s2sjax"], run["hf"]
     where = " / ".join(f"{ours['where'].get(key, 0.0):.1f}" for key in PHASES)
+    # a group of like item windows each (S2SJaxLM.score_pairs)
+    rows = " + ".join(f"{n} x {length} ({steps}), {keys}" for n, length, steps, keys in
+                      zip(ours["rows"], ours["length"], ours["steps"], ours["window"]))
     lines.append(
       f"| {run['workload']} {run['num_fewshot']}-shot | {run['documents']} | {run['requests']} "
       f"| {run['context_tokens']['mean']:.0f} | {hf['seconds']:.1f} | {ours['seconds']:.1f} "
       f"| {run['hf_over_s2sjax']:.2f}x | {hf['positions']:,} / {ours['positions']:,} "
       f"| {hf['gflop']:,.0f} / {ours['gflop']:,.0f} ({run['hf_over_s2sjax_flops']:.2f}x) "
       f"| {hf['gflop'] / hf['seconds']:.0f} / {ours['gflop'] / ours['seconds']:.0f} "
-      f"| {ours['rows']} x {ours['length']} ({ours['steps']}) | {where} "
+      f"| {rows} | {where} "
       f"| {ours['first_call_s']:.1f} ({ours['first_call_compile_s']:.1f}) "
       f"| {hf['max_abs_err_float64']:.1e} / {hf['mean_abs_err_float64']:.1e} "
       f"| {ours['max_abs_err_float64']:.1e} / {ours['mean_abs_err_float64']:.1e} "

@@ -27,7 +27,9 @@ The backend sits in `s2sjax/commands/` (the entry points, apart from the core) s
 converted on first use, by `checkpoints_conversion`.
 
 Requests are grouped by context: each context is one packed `Item` whose candidates are its continuations, so a
-context is computed once however many continuations follow it. lm-eval's own `TemplateLM` splits context and
+context is computed once however many continuations follow it; contexts whose continuations are one token each
+and that open alike (a multiple-choice task's instructions and few-shot examples) lay the common opening once a
+row (`shared_roots`, packing.SharedRoot). lm-eval's own `TemplateLM` splits context and
 continuation (its `_encode_pair`, the rule the hf backend uses): trailing whitespace of the context moves to the
 continuation, the whole string is tokenized and the continuation is the tokens past the context's own
 tokenization; an empty context becomes the prefix token. Tokenization with special tokens follows the hf backend's
@@ -66,8 +68,9 @@ from s2sjax.scoring import planner
 from s2sjax.scoring import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.runtime.errors import UserError
-from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, REDUCTION_LEAF, REDUCTION_PERIOD, Item, PackingError, PackReport,
-                                 RowShape, fit, neighbour_free_bound, pack)
+from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, ONE_LEAF_REACH, REDUCTION_PERIOD, Item, PackingError,
+                                 PackReport, RowShape, SharedRoot, fit, lays_shared, neighbour_free_bound, pack,
+                                 required_length)
 from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
@@ -148,20 +151,73 @@ def even_steps(rows: int, most: int) -> int:
   return -(-rows // steps)
 
 
-def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
-  """The compiled step's shape for rows `fit` to `fitted`: target and slot tables rounded up to a power of two
-  (at least 32) and an item window reaching back 64 x 1, 2, 3, 4, 6 or 7, then 960, 1,984, ... keys
-  (`neighbour_free_bound`'s ladder; at most a third more keys than needed up to 448), so that the calls of a run
-  (and of the next, through the compilation cache) share a few compiled steps instead of one each."""
-  power = lambda n, least: max(least, 1 << (max(n, 1) - 1).bit_length())
+def shared_roots(items: list[Item]) -> list[SharedRoot]:
+  """Groups of items whose candidates are one token each (a multiple-choice task's letters) and whose contexts open
+  with the same run of tokens, cut to a multiple of NEIGHBOUR_FREE_ALIGN (at least one): a task's instructions and
+  a few-shot prompt's shots, laid once a row for the questions after them (packing.SharedRoot; each question's rest
+  then starts at a multiple of NEIGHBOUR_FREE_ALIGN, as an item does). Contexts in token order, so a subject's
+  questions are neighbours; a group grows while the next context shares the whole of its run."""
+  one_token = [i for i, item in enumerate(items) if all(len(c) == 1 for c in item.candidates)]
+  one_token.sort(key=lambda i: items[i].prefix.tolist())
+  roots, group, length = [], [], 0
+  for index in one_token:
+    if group:
+      first, this = items[group[0]].prefix, items[index].prefix
+      span = min(len(first), len(this))
+      differ = np.flatnonzero(first[:span] != this[:span])
+      run = (int(differ[0]) if len(differ) else span) // NEIGHBOUR_FREE_ALIGN * NEIGHBOUR_FREE_ALIGN
+      if run and (len(group) == 1 or run >= length):
+        length = run if len(group) == 1 else length
+        group.append(index)
+        continue
+      if len(group) > 1:
+        roots.append(SharedRoot(length, tuple(group)))
+    group = [index]
+  if len(group) > 1:
+    roots.append(SharedRoot(length, tuple(group)))
+  return roots
+
+
+def _laid_whole(roots: list[SharedRoot], items: list[Item], capacity: RowShape) -> list[SharedRoot]:
+  """The roots' items that rows of `capacity` lay whole (`packing.lays_shared`: a shorter row need not), the roots
+  left with two or more."""
+  kept = [SharedRoot(root.length, tuple(i for i in root.items if lays_shared(items[i], capacity, True)))
+          for root in roots]
+  return [root for root in kept if len(root.items) > 1]
+
+
+def window_reach(longest_item: int) -> int:
+  """The keys an item-local window of a call whose longest item is `longest_item` reaches back: 64 x 1, 2, 3, 4, 6
+  or 7, then 960, 1,984, ... (`neighbour_free_bound`'s ladder; at most a third more keys than needed up to 448), so
+  that the calls of a run (and of the next, through the compilation cache) share a few compiled steps instead of
+  one each."""
+  power = lambda n: 1 << (max(n, 1) - 1).bit_length()
   reach = neighbour_free_bound(longest_item) - 1
-  within_leaf = (REDUCTION_LEAF - NEIGHBOUR_FREE_ALIGN) // REDUCTION_PERIOD  # 7: the longest reach of one leaf
-  if reach <= within_leaf * REDUCTION_PERIOD:  # past it the bound's own ladder is already coarse
-    periods = reach // REDUCTION_PERIOD
-    rung = power(periods, 1)
-    reach = REDUCTION_PERIOD * min(rung * 3 // 4 if rung >= 4 and periods <= rung * 3 // 4 else rung, within_leaf)
-  return dataclasses.replace(fitted, max_targets=min(power(fitted.max_targets, 32), fitted.length),
-                             max_slots=min(power(fitted.max_slots, 32), fitted.length), max_item=reach + 1)
+  if reach > ONE_LEAF_REACH:  # past one leaf the bound's own ladder is already coarse
+    return reach
+  periods = reach // REDUCTION_PERIOD
+  rung = power(periods)
+  return min(REDUCTION_PERIOD * (rung * 3 // 4 if rung >= 4 and periods <= rung * 3 // 4 else rung), ONE_LEAF_REACH)
+
+
+def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
+  """The compiled step's shape for rows `fit` to `fitted`: target and slot tables rounded up to a power of two (at
+  least 32) and the item window `window_reach`."""
+  power = lambda n: max(32, 1 << (max(n, 1) - 1).bit_length())
+  return dataclasses.replace(fitted, max_targets=min(power(fitted.max_targets), fitted.length),
+                             max_slots=min(power(fitted.max_slots), fitted.length),
+                             max_item=window_reach(longest_item) + 1)
+
+
+def by_window(items: list[Item]) -> list[list[int]]:
+  """The items (indices) a call scores together: those whose windows fit one leaf of packing.REDUCTION_LEAF keys,
+  and those of each longer window. One long context would otherwise widen every item's window past the leaf
+  (CMMLU 0-shot, 144 contexts of 154 tokens on average: one of 484 widened every window to 992 keys from 480)."""
+  groups: dict[int, list[int]] = {}
+  for index, item in enumerate(items):
+    reach = window_reach(required_length(item, share_prefix=True))
+    groups.setdefault(reach if reach > ONE_LEAF_REACH else 0, []).append(index)
+  return [groups[reach] for reach in sorted(groups)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,8 +284,9 @@ class S2SJaxLM(TemplateLM):
     self.rows_scored = 0
     self.fitted = collections.Counter()  # requests fitted to a row, by FITTED's case, over this model's life
     self._chat_templated = self._warned_chat = False
-    # the last call's packing report, row shape, rows per step, attention window and where its time went
-    # (`seconds`: tokenise, pack, to_device, compile, step, from_device, host, collect)
+    # the last call's rows (`packs`: per group of like windows, the packing report, row shape, rows per step,
+    # attention window and steps) and where its time went (`seconds`: tokenise, pack, to_device, compile, step,
+    # from_device, host, collect)
     self.last_call: dict = {}
     self._tokens_from = 0.0  # when lm-eval's encoding ended and the backend's own part of a call began
 
@@ -378,12 +435,31 @@ class S2SJaxLM(TemplateLM):
   def score_pairs(self, pairs: list[Pair], greedy: bool = True,
                   progress: bool = True) -> tuple[np.ndarray, list[bool | None]]:
     """Log-likelihood of each continuation after its context and (with `greedy`) whether every continuation
-    token is the argmax, in the order given. Pairs sharing a context are one item: the context is laid once."""
+    token is the argmax, in the order given. Pairs sharing a context are one item: the context is laid once. Items
+    are scored in groups of like windows (`by_window`), each packed and stepped on its own."""
     if not pairs:
       return np.zeros(0), []
     self._warn_without_chat_template()
-    start = time.perf_counter()
     members, items = self.items_for(pairs)
+    self.last_call = dict(packs=[], seconds=collections.Counter())
+    logprobs = np.zeros(len(pairs))
+    is_greedy: list[bool | None] = [None] * len(pairs)
+    for group in by_window(items):
+      nll_sum, misses = self._score_items([items[g] for g in group], greedy, progress)
+      for g, item_nll, item_misses in zip(group, nll_sum, misses):
+        for c, index in enumerate(members[g]):
+          logprobs[index] = -item_nll[c]
+          if greedy:
+            is_greedy[index] = bool(item_misses[c] == 0)
+    self.contexts_scored += len(items)
+    return logprobs, is_greedy
+
+  def _score_items(self, items: list[Item], greedy: bool, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per item and candidate [items, most candidates]: the summed NLL and the count of non-argmax tokens (zeros
+    without `greedy`). Adds what its rows took to last_call: their packing report, row shape, rows per step, window
+    and steps in `packs`, and where the time went in `seconds` (pack, to_device, compile, step, from_device, host,
+    collect)."""
+    start = time.perf_counter()
     rows, report, capacity = self._packed(items)
     # the head runs over the targets the rows hold, attention over item windows (CMMLU's long contexts and
     # one-token choices: a few targets a row, not half of it)
@@ -394,21 +470,14 @@ class S2SJaxLM(TemplateLM):
     slots = scorer.score_slots(self.params, rows, progress=progress)
     scored = time.perf_counter()
     scores = collect(rows, slots["nll_sum"], slots["n_tokens"], candidates)
-    self.contexts_scored += len(items)
-    self.rows_scored += len(rows["tokens"])
     # collect maps any per-slot value back to (item, candidate): here the count of non-argmax tokens
     misses = collect(rows, slots["greedy_misses"], slots["n_tokens"], candidates).nll_sum if greedy else None
-    logprobs = np.zeros(len(pairs))
-    is_greedy: list[bool | None] = [None] * len(pairs)
-    for g, group in enumerate(members):
-      for c, index in enumerate(group):
-        logprobs[index] = -scores.nll_sum[g, c]
-        if misses is not None:
-          is_greedy[index] = bool(misses[g, c] == 0)
-    seconds = dict(pack=packed - start, **scorer.seconds, collect=time.perf_counter() - scored)
-    self.last_call = dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size, window=scorer.window,
-                          steps=-(-len(rows["tokens"]) // scorer.batch_size), seconds=seconds)
-    return logprobs, is_greedy
+    self.rows_scored += len(rows["tokens"])
+    self.last_call["seconds"].update(dict(pack=packed - start, **scorer.seconds,
+                                          collect=time.perf_counter() - scored))
+    self.last_call["packs"].append(dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size,
+                                        window=scorer.window, steps=-(-len(rows["tokens"]) // scorer.batch_size)))
+    return scores.nll_sum, np.zeros_like(scores.nll_sum) if misses is None else misses
 
   def items_for(self, pairs: list[Pair]) -> tuple[list[list[int]], list[Item]]:
     """The packer's items for `pairs`, one per distinct context with its continuations as candidates, and the
@@ -428,6 +497,7 @@ class S2SJaxLM(TemplateLM):
     not compute a whole row of row_length; neighbour-free rows score the same bits at any length). Returns the
     rows, their report and the capacity they were packed into."""
     codebooks = len(self.config.audio_codebook_sizes)
+    roots = shared_roots(items)
     longest = max(len(c) for item in items for c in item.candidates)
     best = None
     length = self.row_length
@@ -435,7 +505,7 @@ class S2SJaxLM(TemplateLM):
       # Multiple-choice continuations are short; a rolling window's is up to a row: only then a wider target table.
       capacity = RowShape(length, max(length // 2, longest), max(length // 4, 4), codebooks)
       try:
-        rows, report = pack(items, capacity, align=NEIGHBOUR_FREE_ALIGN)
+        rows, report = pack(items, capacity, align=NEIGHBOUR_FREE_ALIGN, roots=_laid_whole(roots, items, capacity))
       except PackingError:
         if best is None:  # the row_length itself: what the request is, named
           raise

@@ -20,6 +20,13 @@ it is not laid (a one-token candidate lays no position at all and is predicted f
 
 With `align` (`pack`), every item starts at a multiple of it, padding between: at NEIGHBOUR_FREE_ALIGN an item's
 scores are the same bits whatever shares its row (`scoring.Scorer(neighbour_free=True)`).
+
+Items whose prefixes open with the same tokens (a few-shot prompt's shots, a task's instructions) and whose
+candidates are one token each can share that opening too (`SharedRoot`): it is laid once as branch 0 of one
+segment, each item's rest of the prefix as a branch of its own after it, at a multiple of NEIGHBOUR_FREE_ALIGN,
+and each candidate a target at its branch's last position. `key_shift` [L] says how far each such rest lies past
+where the item alone lays it (right after the root); neighbour-free scoring reads each query block's keys from
+there (`model/attention.gathered_windows`), so every item scores the same bits as when it is laid alone.
 """
 
 from __future__ import annotations
@@ -78,6 +85,17 @@ REDUCTION_PERIOD = 64
 # it (measured on items of 40 to 900 keys: the same bits at reaches 448, 960 and 1,984 as at their shortest
 # multiple of 64; other bits at 1,472 for items longer than one leaf).
 REDUCTION_LEAF = 512
+ONE_LEAF_REACH = REDUCTION_LEAF - REDUCTION_PERIOD  # 448: the longest reach, a multiple of 64, whose window fits a leaf
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedRoot:
+  """Items (indices into `pack`'s items) whose prefixes open with the same `length` tokens, a multiple of
+  NEIGHBOUR_FREE_ALIGN, and whose candidates are one token each: the opening is laid once for as many of them as a
+  row holds (docs/architecture.md, "Packed rows")."""
+
+  length: int
+  items: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +129,7 @@ class PackReport:
   truncated_tokens: int = 0
   unshared_items: int = 0  # with sharing on, items too long to lay shared (laid a prefix copy per candidate)
   longest_item: int = 0  # tokens of the longest unit laid contiguously (a prefix and its candidates)
+  shared_roots: int = 0  # copies of a SharedRoot laid for two or more items (one per row its items spread over)
 
   @property
   def efficiency(self) -> float:
@@ -121,7 +140,7 @@ class PackReport:
       "items": self.items, "rows": self.rows, "real_tokens": self.real_tokens, "capacity": self.capacity,
       "packing_efficiency": round(self.efficiency, 6), "tokens_saved_by_sharing": self.tokens_saved_by_sharing,
       "truncated_items": len(self.truncated_items), "truncated_prefix_tokens": self.truncated_tokens,
-      "unshared_items": self.unshared_items, "longest_item": self.longest_item,
+      "unshared_items": self.unshared_items, "longest_item": self.longest_item, "shared_roots": self.shared_roots,
     }
 
 
@@ -134,6 +153,31 @@ class _Unit:
   prefix_len: int
   tokens: int
   targets: int
+
+  @property
+  def slots(self) -> int:
+    return len(self.candidates)
+
+  @property
+  def longest(self) -> int:
+    return self.tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class _RootUnit:
+  """A shared root and the items laid after it in one row: item `items[b]`'s rest of the prefix starts `offsets[b]`
+  after the root's first token, its candidates one target each at that part's last position."""
+
+  root: int  # the root's length
+  items: tuple[int, ...]
+  offsets: tuple[int, ...]
+  tokens: int  # span, root to the last item's last token
+  targets: int
+  longest: int  # the longest item as laid alone (root and its rest): what an item-local window must reach
+
+  @property
+  def slots(self) -> int:
+    return self.targets  # one target per candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,12 +312,14 @@ def pack(
   share_prefix: bool = True,
   overlong: str = "error",
   align: int = 1,
+  roots: Sequence[SharedRoot] = (),
 ) -> tuple[dict[str, np.ndarray], PackReport]:
   """First-fit-decreasing packing of `items` into rows of `shape`. Returns (rows: field -> [R, ...] arrays, report).
 
   overlong: "error" (default: names the item) or "truncate_prefix" (drops prefix tokens from the left, never
   candidate tokens; counted in the report). align: every item (every prefix copy, unshared) starts at a multiple
-  of it in its row (`NEIGHBOUR_FREE_ALIGN`); 1 packs them end to end."""
+  of it in its row (`NEIGHBOUR_FREE_ALIGN`); 1 packs them end to end. roots: items laying a shared opening once
+  (with sharing on; without, every candidate is its own segment all the same)."""
   if overlong not in ("error", "truncate_prefix"):
     raise ValueError(f"overlong must be 'error' or 'truncate_prefix', not {overlong!r}")
   if align < 1 or shape.length % align:
@@ -292,7 +338,30 @@ def pack(
       prefix["audio_codes"] = item.prefix_codes[drop:]
     candidates = [np.asarray(candidate) for candidate in item.candidates]
     laid.append(LaidItem(prefix, tuple(({"tokens": c[:-1]}, {"target_ids": c}) for c in candidates), share, name))
-  return pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report, align)
+  roots = [_checked_root(root, items, laid, report, shape) for root in roots] if share_prefix else []
+  return pack_laid(laid, shape, share_prefix, lambda count: empty_rows(count, shape), report, align, roots)
+
+
+def _checked_root(root: SharedRoot, items: Sequence[Item], laid: Sequence[LaidItem], report: PackReport,
+                  shape: RowShape) -> SharedRoot:
+  """The root, refused by the first item that cannot share it: each item is laid whole (not truncated), its prefix
+  opens with the root's tokens (or is them) and its candidates are one token each."""
+  if root.length <= 0 or root.length % NEIGHBOUR_FREE_ALIGN:
+    raise ValueError(f"a shared root's length is a positive multiple of {NEIGHBOUR_FREE_ALIGN}, not {root.length}")
+  first = items[root.items[0]]
+  for index in root.items:
+    item, name = items[index], laid[index].name
+    if name in report.truncated_items or not laid[index].share:
+      raise PackingError(f"{name}: does not fit a row of {shape.length} whole, so it cannot share a root")
+    if any(len(candidate) != 1 for candidate in item.candidates):
+      raise PackingError(f"{name}: shares a root, so its candidates are one token each (a longer one would need a "
+                         "branch of its own after the item's)")
+    opens = len(item.prefix) >= root.length and np.array_equal(item.prefix[:root.length], first.prefix[:root.length])
+    if not opens or (item.prefix_codes is not None and shape.num_codebooks
+                     and not np.array_equal(item.prefix_codes[:root.length], first.prefix_codes[:root.length])):
+      raise PackingError(f"{name}: its prefix does not open with the {root.length} tokens of the root it shares with "
+                         f"{laid[root.items[0]].name}")
+  return root
 
 
 def fit_laid(index: int, item: LaidItem, shape: RowShape, share_prefix: bool) -> bool:
@@ -315,12 +384,24 @@ def fit_laid(index: int, item: LaidItem, shape: RowShape, share_prefix: bool) ->
 
 def pack_laid(laid: Sequence[LaidItem], shape: RowShape, share_prefix: bool,
               empty: Callable[[int], dict[str, np.ndarray]], report: PackReport | None = None,
-              align: int = 1) -> tuple[dict[str, np.ndarray], PackReport]:
+              align: int = 1, roots: Sequence[SharedRoot] = ()) -> tuple[dict[str, np.ndarray], PackReport]:
   """First-fit-decreasing packing of laid items (any format) into `empty(count)` rows, each field of an item written
-  where its part lies; completes the report."""
+  where its part lies; completes the report. `roots` as `pack` checks them (`_checked_root`)."""
   report = report or PackReport(items=len(laid))
-  units = []
+  units: list[_Unit | _RootUnit] = []
+  rooted = set()
+  for root in roots:
+    if rooted & set(root.items) or len(set(root.items)) < len(root.items):
+      raise ValueError(f"an item shares at most one root, once: {sorted(rooted & set(root.items))}")
+    rooted |= set(root.items)
+    units += _root_units(root, laid, shape)
+  report.shared_roots = sum(len(unit.items) > 1 for unit in units)
+  for unit in units:  # the root laid once for its items, each item's prefix once for its candidates
+    report.tokens_saved_by_sharing += (len(unit.items) - 1) * unit.root + sum(
+      (len(laid[i].candidates) - 1) * _length(laid[i].prefix) for i in unit.items)
   for index, item in enumerate(laid):
+    if index in rooted:
+      continue
     p = _length(item.prefix)
     laid_lengths = [_length(positions) for positions, _ in item.candidates]
     scored = [_length(targets) for _, targets in item.candidates]
@@ -332,13 +413,52 @@ def pack_laid(laid: Sequence[LaidItem], shape: RowShape, share_prefix: bool,
       units.extend(_Unit(index, (c,), p, p + laid_lengths[c], n) for c, n in enumerate(scored))
   rows = _first_fit(units, shape, align)
   arrays = empty(len(rows))
+  if roots:
+    arrays["key_shift"] = np.zeros_like(arrays["segment_ids"])
   for r, row_units in enumerate(rows):
     _lay_row(arrays, r, row_units, laid, align)
   report.rows = len(rows)
-  report.longest_item = max((unit.tokens for unit in units), default=0)
+  report.longest_item = max((unit.longest for unit in units), default=0)
   report.real_tokens = int((arrays["segment_ids"] > 0).sum())
   report.capacity = len(rows) * shape.length
   return arrays, report
+
+
+def _branch_offsets(root: int, rests: Sequence[int]) -> tuple[list[int], int]:
+  """Where each item's rest of the prefix (`rests`, in tokens) starts after a shared root of `root` tokens (a
+  multiple of NEIGHBOUR_FREE_ALIGN), and the span of them all: the first right after the root, as the item alone
+  lays it, each next one at the first multiple of NEIGHBOUR_FREE_ALIGN past the one before, so that no query block
+  holds two items' rests (query blocks read their keys by the block: model/attention.gathered_windows)."""
+  offsets, end = [], root
+  for rest in rests:
+    # a prefix that is the root lays nothing: its candidates are read at the root's last position
+    offset = -(-end // NEIGHBOUR_FREE_ALIGN) * NEIGHBOUR_FREE_ALIGN if rest else end
+    offsets.append(offset)
+    end = offset + rest
+  return offsets, end
+
+
+def _root_units(root: SharedRoot, laid: Sequence[LaidItem], shape: RowShape) -> list[_RootUnit]:
+  """The root's items in order, as many a unit as a row holds (positions, targets, slots), the root laid once a
+  unit."""
+  units, group = [], []
+
+  def unit(items: list[int]) -> _RootUnit | None:
+    offsets, span = _branch_offsets(root.length, [_length(laid[i].prefix) - root.length for i in items])
+    targets = sum(len(laid[i].candidates) for i in items)
+    if span > shape.length or targets > min(shape.max_targets, shape.max_slots):
+      return None
+    longest = max(_length(laid[i].prefix) for i in items)
+    return _RootUnit(root.length, tuple(items), tuple(offsets), span, targets, longest)
+
+  for index in root.items:
+    if group and unit(group + [index]) is None:
+      units.append(unit(group))
+      group = []
+    if unit(group + [index]) is None:
+      raise PackingError(f"{laid[index].name}: its prefix and candidates do not fit an empty row of {shape.length}")
+    group.append(index)
+  return units + [unit(group)]
 
 
 def fit(rows: dict[str, np.ndarray], shape: RowShape, longest_item: int) -> tuple[dict[str, np.ndarray], RowShape]:
@@ -364,7 +484,7 @@ def neighbour_free_bound(longest_item: int) -> int:
   window of a power of two leaves less one query block (reach 960, 1,984, ...)."""
   need = max(longest_item - 1, 1)
   reach = -(-need // REDUCTION_PERIOD) * REDUCTION_PERIOD
-  if reach + NEIGHBOUR_FREE_ALIGN > REDUCTION_LEAF:
+  if reach > ONE_LEAF_REACH:
     leaves = 1 << (-(-(need + REDUCTION_PERIOD) // REDUCTION_LEAF) - 1).bit_length()
     reach = leaves * REDUCTION_LEAF - REDUCTION_PERIOD
   return reach + 1
@@ -382,15 +502,15 @@ def spanning(shapes: Sequence[RowShape]) -> RowShape:
                              max_item=0 if any(s.max_item == 0 for s in shapes) else max(s.max_item for s in shapes))
 
 
-def _first_fit(units: list[_Unit], shape: RowShape, align: int = 1) -> list[list[_Unit]]:
+def _first_fit(units: list[_Unit | _RootUnit], shape: RowShape, align: int = 1) -> list[list[_Unit | _RootUnit]]:
   """First-fit decreasing by tokens; ties broken by item order so packing is deterministic on every host. A unit
   starts at the row's first multiple of `align` past the units before it."""
   order = sorted(range(len(units)), key=lambda u: (-units[u].tokens, u))
-  rows: list[list[_Unit]] = []
+  rows: list[list[_Unit | _RootUnit]] = []
   free: list[list[int]] = []  # per row: [tokens, targets, slots] still available, tokens from the next start
   for u in order:
     unit = units[u]
-    need = (unit.tokens, unit.targets, len(unit.candidates))
+    need = (unit.tokens, unit.targets, unit.slots)
     for r, room in enumerate(free):
       if room[0] >= need[0] and room[1] >= need[1] and room[2] >= need[2]:
         break
@@ -404,12 +524,14 @@ def _first_fit(units: list[_Unit], shape: RowShape, align: int = 1) -> list[list
   return rows
 
 
-def longest_item(segment_ids: np.ndarray) -> int:
-  """The most tokens any segment of these rows [R, L] spans, first to last token (0 for padding only)."""
+def longest_item(segment_ids: np.ndarray, key_shift: np.ndarray | None = None) -> int:
+  """The most tokens any segment of these rows [R, L] spans, first to last token (0 for padding only); with
+  `key_shift` (shared roots), each token counted where its item alone lays it."""
   rows, length = segment_ids.shape
   real = segment_ids > 0
   key = (np.arange(rows)[:, None] * (length + 1) + segment_ids)[real]
-  index = np.broadcast_to(np.arange(length), segment_ids.shape)[real]
+  index = np.broadcast_to(np.arange(length), segment_ids.shape)
+  index = (index if key_shift is None else index - key_shift)[real]
   first, last = np.full(rows * (length + 1), length), np.full(rows * (length + 1), -1)
   np.minimum.at(first, key, index)
   np.maximum.at(last, key, index)
@@ -421,40 +543,75 @@ def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
   return TOKEN_ROWS.empty(count, shape, {"codebooks": shape.num_codebooks})
 
 
-def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit], laid: Sequence[LaidItem],
+def _lay_row(arrays: dict[str, np.ndarray], r: int, units: list[_Unit | _RootUnit], laid: Sequence[LaidItem],
              align: int = 1) -> None:
   """Lays row r (either format): per unit, from the next multiple of `align`, its prefix, then each candidate
   branching from it (the positions its `LaidItem` gives), a target per candidate token and a slot per
-  candidate."""
+  candidate; or a shared root and its items (`_lay_root_unit`)."""
   cursor, n_targets, n_slots = 0, 0, 0
   for segment, unit in enumerate(units, 1):
     cursor = -(-cursor // align) * align
+    if isinstance(unit, _RootUnit):
+      n_targets, n_slots = _lay_root_unit(arrays, r, cursor, segment, unit, laid, n_targets, n_slots)
+      cursor += unit.tokens
+      continue
     item = laid[unit.item]
     p = unit.prefix_len
-    span = slice(cursor, cursor + p)
-    for name, value in item.prefix.items():
-      arrays[name][r, span] = value
-    arrays["segment_ids"][r, span] = segment
-    arrays["positions"][r, span] = np.arange(p)
+    _lay_part(arrays, r, cursor, item.prefix, segment, 0, 0)
     last_prefix = cursor + p - 1
     cursor += p
     for c in unit.candidates:
       at_positions, at_targets = item.candidates[c]
       n, n_laid = _length(at_targets), _length(at_positions)
-      span = slice(cursor, cursor + n_laid)
-      for name, value in at_positions.items():
-        arrays[name][r, span] = value
-      arrays["segment_ids"][r, span] = segment
-      arrays["branch_ids"][r, span] = c + 1
-      arrays["positions"][r, span] = p + np.arange(n_laid)
+      _lay_part(arrays, r, cursor, at_positions, segment, c + 1, p)
       # token j of the candidate is predicted by the previous token: the last prefix token for j = 0
-      targets = slice(n_targets, n_targets + n)
-      arrays["target_pos"][r, targets] = np.concatenate([[last_prefix], cursor + np.arange(n - 1)])
-      for name, value in at_targets.items():
-        arrays[name][r, targets] = value
-      arrays["target_slot"][r, targets] = n_slots
-      arrays["slot_item"][r, n_slots] = unit.item
-      arrays["slot_candidate"][r, n_slots] = c
+      _lay_targets(arrays, r, n_targets, np.concatenate([[last_prefix], cursor + np.arange(n - 1)]), at_targets,
+                   n_slots, unit.item, c)
       n_targets += n
       n_slots += 1
       cursor += n_laid
+
+
+def _lay_part(arrays: dict[str, np.ndarray], r: int, start: int, fields: Mapping[str, np.ndarray], segment: int,
+              branch: int, first_position: int) -> None:
+  """Writes a laid part's fields from `start` in row r, as `branch` of `segment`, positions from `first_position`."""
+  span = slice(start, start + _length(fields))
+  for name, value in fields.items():
+    arrays[name][r, span] = value
+  arrays["segment_ids"][r, span] = segment
+  arrays["branch_ids"][r, span] = branch
+  arrays["positions"][r, span] = first_position + np.arange(span.stop - span.start)
+
+
+def _lay_targets(arrays: dict[str, np.ndarray], r: int, first: int, positions: np.ndarray,
+                 fields: Mapping[str, np.ndarray], slot: int, item: int, candidate: int) -> None:
+  """Writes one candidate's targets from table column `first` (predicted at `positions`) and its slot."""
+  targets = slice(first, first + len(positions))
+  arrays["target_pos"][r, targets] = positions
+  for name, value in fields.items():
+    arrays[name][r, targets] = value
+  arrays["target_slot"][r, targets] = slot
+  arrays["slot_item"][r, slot] = item
+  arrays["slot_candidate"][r, slot] = candidate
+
+
+def _lay_root_unit(arrays: dict[str, np.ndarray], r: int, start: int, segment: int, unit: _RootUnit,
+                   laid: Sequence[LaidItem], n_targets: int, n_slots: int) -> tuple[int, int]:
+  """Lays a shared root from `start` (branch 0 of `segment`, from its first item's prefix), then each item's rest of
+  the prefix at its offset as branch b + 1 with positions continuing the root's, each of its one-token candidates a
+  target at that part's last position (the root's last, for an item whose prefix is the root). Returns the target
+  and slot counts after it."""
+  root = unit.root
+  _lay_part(arrays, r, start, {name: value[:root] for name, value in laid[unit.items[0]].prefix.items()}, segment,
+            0, 0)
+  for b, (index, offset) in enumerate(zip(unit.items, unit.offsets)):
+    item = laid[index]
+    rest = {name: value[root:] for name, value in item.prefix.items()}
+    _lay_part(arrays, r, start + offset, rest, segment, b + 1, root)
+    arrays["key_shift"][r, start + offset:start + offset + _length(rest)] = offset - root
+    last = start + (offset + _length(rest) if _length(rest) else root) - 1
+    for c, (_, at_targets) in enumerate(item.candidates):
+      _lay_targets(arrays, r, n_targets, np.array([last]), at_targets, n_slots, index, c)
+      n_targets += 1
+      n_slots += 1
+  return n_targets, n_slots

@@ -50,9 +50,12 @@ def score_batch(
   the argmax of the logits that predict it (lm-eval's is_greedy, `not_greedy`: compares beside the logsumexp's pass);
   and per slot [B, C] in fp32 (a training loop's loss; `Scorer` sums the targets itself, `slot_sums`): `nll_sum`,
   `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
-  mask is built once for all layers, and no [L, L] mask."""
+  mask (and with `key_shift` in the batch, neighbour-free rows' shared roots, where each window's keys are read:
+  `layers.gathered_windows`) is built once for all layers, and no [L, L] mask."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
-  if window:
+  if window and "key_shift" in batch:
+    mask = layers.gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
+  elif window:
     mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
   else:
     mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
@@ -398,7 +401,8 @@ class Scorer(_RowScorer):
     without the record, keeps the dense [L, L] mask (the reference).
     neighbour_free: rows packed with `align=packing.NEIGHBOUR_FREE_ALIGN` score every candidate to the same bits
     whatever shares its row and whatever the run's longest item: item-local windows always (as wide as the row if
-    need be), on `packing.neighbour_free_bound`'s ladder of reaches."""
+    need be), on `packing.neighbour_free_bound`'s ladder of reaches, and rows with shared roots (their `key_shift`,
+    packing.SharedRoot) as if each item were laid alone; xla attention only."""
     self.attention = attention
     local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
     self.window = layers.local_window(shape.max_item, shape.length) if local else None
@@ -410,9 +414,18 @@ class Scorer(_RowScorer):
       self.window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(shape.max_item) - 1)
     score = lambda chunk, params, batch: score_batch(config, dtype, chunk, shape.max_slots, params, batch, attention,
                                                      self.window)
+    # neighbour-free steps read where shared roots' items lie (`key_shift`, 0 in rows without them)
+    shifted = ("key_shift",) if neighbour_free else ()
     super().__init__(config, shape, mesh, batch_size, param_logical_axes(config), abstract_params(config),
-                     TOKEN_ROWS.step_fields, {name: 3 for name in TOKEN_ROWS.wide},
-                     lambda count, rows: empty_rows(count, shape), score, target_chunk)
+                     TOKEN_ROWS.step_fields + shifted, {name: 3 for name in TOKEN_ROWS.wide},
+                     lambda count, rows: self._with_shift(empty_rows(count, shape)), score, target_chunk)
+
+  def _with_shift(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows as the step reads them: neighbour-free rows with a `key_shift` (zeros where the packer laid no shared
+    root); other steps read none."""
+    if not self.neighbour_free or "key_shift" in rows:
+      return rows
+    return {**rows, "key_shift": np.zeros_like(rows["segment_ids"])}
 
   @property
   def step_identity(self) -> str:
@@ -424,7 +437,7 @@ class Scorer(_RowScorer):
     """The step lowered for this scorer's batch and parameters of `param_dtype`, without allocating either:
     `.compile().memory_analysis()` tells whether a model fits before any weights are loaded. `platforms` lowers
     for another backend (("tpu",) from a CPU host: whether the TPU kernels partition over the mesh)."""
-    local = self._local_batch(empty_rows(0, self.shape), np.arange(0))
+    local = self._local_batch(self._with_shift(empty_rows(0, self.shape)), np.arange(0))
     batch = {name: jax.ShapeDtypeStruct((self.batch_size, *value.shape[1:]), value.dtype,
                                         sharding=self._batch_shardings[name]) for name, value in local.items()}
     params = jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
@@ -447,10 +460,14 @@ class Scorer(_RowScorer):
     if self.neighbour_free and (misplaced := _misaligned_item(rows["segment_ids"], NEIGHBOUR_FREE_ALIGN)):
       raise ValueError(f"neighbour_free scoring reads rows whose items start at multiples of {NEIGHBOUR_FREE_ALIGN}: "
                        f"row {misplaced[0]} starts one at {misplaced[1]} (pack them with align={NEIGHBOUR_FREE_ALIGN})")
-    if self.window and longest_item(rows["segment_ids"]) > self.shape.max_item:
-      raise ValueError(f"the rows hold an item of {longest_item(rows['segment_ids'])} tokens, beyond the "
-                       f"{self.shape.max_item} their shape records: item-local attention would drop keys (pack them "
-                       "with this shape, or score with local_attention=False)")
+    if "key_shift" in rows and not self.neighbour_free:
+      raise ValueError("rows with shared roots (key_shift) are scored neighbour-free (Scorer(neighbour_free=True))")
+    rows = self._with_shift(rows)
+    longest = longest_item(rows["segment_ids"], rows.get("key_shift"))
+    if self.window and longest > self.shape.max_item:
+      raise ValueError(f"the rows hold an item of {longest} tokens, beyond the {self.shape.max_item} their shape "
+                       "records: item-local attention would drop keys (pack them with this shape, or score with "
+                       "local_attention=False)")
     return self._score_rows(params, rows, progress)
 
 

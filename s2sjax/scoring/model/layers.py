@@ -12,8 +12,8 @@ import jax.numpy as jnp
 
 # The decoder, the scorer, the packer and the benchmarks read attention as `layers.<name>`.
 from s2sjax.scoring.model.attention import (ATTENTION_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS, FUSED_IMPLEMENTATIONS,
-  LOCAL_BLOCK, MASKED_SCORE, LocalWindow, attention, auto_implementation, local_attention, local_window,
-  local_window_mask, packed_attention_mask)
+  LOCAL_BLOCK, MASKED_SCORE, LocalWindow, attention, auto_implementation, gathered_windows, local_attention,
+  local_window, local_window_mask, packed_attention_mask)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:

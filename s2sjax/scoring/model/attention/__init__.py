@@ -18,16 +18,16 @@ import jax.numpy as jnp
 from s2sjax.scoring.model.attention import flash, fused, xla
 from s2sjax.scoring.model.attention.flash import FLASH_IMPLEMENTATIONS
 from s2sjax.scoring.model.attention.fused import FUSED_IMPLEMENTATIONS
-from s2sjax.scoring.model.attention.masks import (LOCAL_BLOCK, LocalWindow, local_window, local_window_mask,
-  packed_attention_mask)
+from s2sjax.scoring.model.attention.masks import (LOCAL_BLOCK, GatheredWindows, LocalWindow, gathered_windows,
+  local_window, local_window_mask, packed_attention_mask)
 from s2sjax.scoring.model.attention.xla import MASKED_SCORE
 
 ATTENTION_IMPLEMENTATIONS = ("xla",) + tuple(FUSED_IMPLEMENTATIONS) + FLASH_IMPLEMENTATIONS
 
 __all__ = [
   "ATTENTION_IMPLEMENTATIONS", "FLASH_IMPLEMENTATIONS", "FUSED_IMPLEMENTATIONS", "LOCAL_BLOCK", "MASKED_SCORE",
-  "LocalWindow", "attention", "auto_implementation", "local_attention", "local_window",
-  "local_window_mask", "packed_attention_mask",
+  "GatheredWindows", "LocalWindow", "attention", "auto_implementation", "gathered_windows", "local_attention",
+  "local_window", "local_window_mask", "packed_attention_mask",
 ]
 
 
@@ -69,7 +69,7 @@ def attention(
     flash_shared the same kernel twice, cascaded (flash.py): any packed rows, prefix-shared or not.
   The flash implementations read segment_ids (and branch_ids), never the mask or a window. With a `window` (the
   fused ones and xla) the mask is `local_window_mask`'s [batch, blocks, block, span]: each query block attends
-  over the keys of its window only (`local_attention`).
+  over the keys of its window only (`local_attention`), or `gathered_windows`' mask and key positions (xla).
   """
   if window is not None and implementation not in FLASH_IMPLEMENTATIONS:
     return local_attention(q, k, v, mask, window, precision, implementation)
@@ -88,7 +88,12 @@ def attention(
 def local_attention(q, k, v, mask, window: LocalWindow, precision=None, implementation="xla"):
   """Attention of packed rows by query blocks over each block's key window (`mask` from `local_window_mask`):
   cost L x span, not L x L. A padding query (segment 0) sees nothing and gets a uniform softmax over its window,
-  not over the row: only padding positions differ from the dense path, and no real token reads them."""
+  not over the row: only padding positions differ from the dense path, and no real token reads them. With
+  `GatheredWindows` (shared roots, neighbour-free scoring) each window's keys are read where it says: xla only."""
+  if isinstance(mask, GatheredWindows):
+    if implementation != "xla":
+      raise ValueError(f"attention implementation {implementation!r} has no gathered windows (xla)")
+    return xla.local_attention(q, k, v, mask.mask, window, precision, keys=mask.keys)
   if implementation in FUSED_IMPLEMENTATIONS:
     return fused.local_attention(q, k, v, mask, window, precision, implementation)
   if implementation != "xla":

@@ -4,6 +4,7 @@ blocks, each over the keys its items can reach) with their own mask."""
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,3 +72,41 @@ def local_window_mask(segment_ids: jax.Array, branch_ids: jax.Array | None, wind
     return mask
   query_branch, key_branch = by_block(branch_ids)[..., :, None], key_windows(branch_ids, window)[..., None, :]
   return mask & ((key_branch == 0) | (query_branch == key_branch))
+
+
+class GatheredWindows(NamedTuple):
+  """Item-local windows whose keys are read from where `keys` says (`gathered_windows`): `mask` as
+  `local_window_mask`'s [batch, blocks, block, span], `keys` [batch, blocks, span] the position of each window key
+  in the row padded on the left by the window's reach."""
+
+  mask: jax.Array
+  keys: jax.Array
+
+
+def gathered_windows(segment_ids: jax.Array, branch_ids: jax.Array, key_shift: jax.Array,
+                     window: LocalWindow) -> GatheredWindows:
+  """Windows for rows whose shared roots' items lie `key_shift` [batch, L] past where each item alone lays them
+  (packing.SharedRoot; 0 everywhere else): every query block sees the window it would see with its item laid alone,
+  key for key, so its scores are the same bits. A block's shift is its first position's (a shifted rest starts
+  at a block). Its window's key t is the one at c = block start - shift - reach + t in the item-alone layout: read
+  from c + shift when that is a token of the block's own branch (the item's rest), else from c (the root, whatever
+  lies before it, and keys the causal mask drops). With no shift the windows are `key_windows`' and the mask is
+  `local_window_mask`'s."""
+  batch, length = segment_ids.shape
+  blocks = length // window.block
+  first = lambda x: x[:, :: window.block][..., None]  # [batch, blocks, 1]: each block's first position
+  shift = first(key_shift)
+  alone = (jnp.arange(blocks) * window.block)[:, None] - shift + jnp.arange(window.span) - window.reach
+  padded = lambda x: jnp.pad(x, [(0, 0), (window.reach, 0)])
+  at = lambda x, positions: jnp.take_along_axis(padded(x), (positions + window.reach).reshape(batch, -1),
+                                                axis=1).reshape(positions.shape)
+  moved = alone + shift
+  own = (at(segment_ids, moved) == first(segment_ids)) & (at(branch_ids, moved) == first(branch_ids))
+  keys = jnp.where(own, moved, alone) + window.reach
+  by_block = lambda x: x.reshape(batch, blocks, window.block)[..., :, None]
+  key_at = lambda x: jnp.take_along_axis(padded(x), keys.reshape(batch, -1), axis=1).reshape(keys.shape)[..., None, :]
+  query_segment, key_segment = by_block(segment_ids), key_at(segment_ids)
+  causal = jnp.arange(window.span)[None, :] <= jnp.arange(window.block)[:, None] + window.reach
+  mask = (query_segment == key_segment) & (query_segment > 0) & causal
+  query_branch, key_branch = by_block(branch_ids), key_at(branch_ids)
+  return GatheredWindows(mask & ((key_branch == 0) | (query_branch == key_branch)), keys)

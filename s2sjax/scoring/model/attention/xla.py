@@ -30,8 +30,9 @@ def loops_over_blocks(platform: str) -> bool:
   return platform == "cpu"
 
 
-def local_attention(q, k, v, mask, window: LocalWindow, precision=None, looped: bool | None = None):
-  """The same by query blocks over their windows (`mask` from `local_window_mask`).
+def local_attention(q, k, v, mask, window: LocalWindow, precision=None, looped: bool | None = None, keys=None):
+  """The same by query blocks over their windows (`mask` from `local_window_mask`; with `keys`, the windows'
+  key positions from `gathered_windows`, the keys are read from there).
 
   `looped` (default: `loops_over_blocks` of jax's backend, a CPU) computes the blocks one after another
   (`lax.map` over the blocks, the rows and heads of each at once): a block's scores stay in the caches instead of
@@ -58,11 +59,22 @@ def local_attention(q, k, v, mask, window: LocalWindow, precision=None, looped: 
     # keys as [batch, kv_heads, reach + length, d], padded on the left: block n's window starts at n * block
     padded = lambda x: jnp.pad(x, [(0, 0), (window.reach, 0), (0, 0), (0, 0)]).transpose(0, 2, 1, 3)
     k, v = padded(k), padded(v)
-    window_of = lambda x, n: jax.lax.dynamic_slice_in_dim(x, n * block, window.span, axis=2)
+    if keys is None:
+      window_of = lambda x, n: jax.lax.dynamic_slice_in_dim(x, n * block, window.span, axis=2)
+      index = jnp.arange(blocks)
+    else:  # [batch, span]: block n's key positions
+      window_of = lambda x, at: jnp.take_along_axis(x, at[:, None, :, None], axis=2)
+      index = keys.swapaxes(0, 1)
     out = jax.lax.map(lambda blk: attend(blk[1], window_of(k, blk[0]), window_of(v, blk[0]), blk[2]),
-                      (jnp.arange(blocks), q.swapaxes(0, 1), mask.swapaxes(0, 1))).swapaxes(0, 1)
+                      (index, q.swapaxes(0, 1), mask.swapaxes(0, 1))).swapaxes(0, 1)
   else:
-    k, v = (key_windows(x, window).transpose(0, 1, 3, 2, 4) for x in (k, v))  # [batch, blocks, kv_heads, span, d]
+    if keys is None:
+      k, v = (key_windows(x, window) for x in (k, v))
+    else:
+      gather = lambda x: jnp.take_along_axis(jnp.pad(x, [(0, 0), (window.reach, 0), (0, 0), (0, 0)]),
+                                             keys.reshape(batch, -1)[..., None, None], axis=1)
+      k, v = (gather(x).reshape(batch, blocks, window.span, *x.shape[2:]) for x in (k, v))
+    k, v = (x.transpose(0, 1, 3, 2, 4) for x in (k, v))  # [batch, blocks, kv_heads, span, d]
     out = attend(q, k, v, mask)
   out = out.reshape(batch, blocks, kv_heads, groups, block, head_dim).transpose(0, 1, 4, 2, 3, 5)
   return out.reshape(batch, length, heads, head_dim)
