@@ -225,6 +225,35 @@ def test_an_items_attention_is_the_same_bits_whatever_the_runs_longest_item(item
       np.testing.assert_array_equal(attention(longest, start), own, err_msg=f"longest {longest}, at {start}")
 
 
+@pytest.mark.slow
+def test_gathered_windows_over_shared_roots_equal_the_dense_mask_looped_or_all_at_once():
+  """Rows with shared roots (packing.SharedRoot) through `gathered_windows`: the CPU's schedule and the
+  accelerators' give the same bits, and both equal attention under the rows' dense mask (each rest sees its root
+  and itself) at every real position."""
+  from s2sjax.data.packing import Item, SharedRoot, neighbour_free_bound
+
+  rng = np.random.default_rng(7)
+  root = rng.integers(1, 200, 64)
+  items = [Item(np.r_[root, rng.integers(1, 200, n)], (np.array([3]), np.array([4])), name=f"q{n}")
+           for n in (5, 40, 17, 0, 29)] + random_items(3, 256, seed=8)
+  rows, report = pack(items, RowShape(256, 128, 32), align=32, roots=[SharedRoot(64, (0, 1, 2, 3, 4))])
+  assert report.shared_roots >= 1 and rows["key_shift"].any()
+  window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(report.longest_item) - 1)
+  segment_ids, branch_ids = jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"])
+  gathered = layers.gathered_windows(segment_ids, branch_ids, jnp.asarray(rows["key_shift"]), window)
+  keys = jax.random.split(jax.random.PRNGKey(2), 3)
+  batch, length = rows["segment_ids"].shape
+  q = jax.random.normal(keys[0], (batch, length, 8, 16))
+  k, v = (jax.random.normal(key, (batch, length, 4, 16)) for key in keys[1:])
+  local = lambda looped: np.asarray(jax.jit(lambda q, k, v, g: xla_kernels.local_attention(
+    q, k, v, g.mask, window, looped=looped, keys=g.keys))(q, k, v, gathered))
+  looped, at_once = local(True), local(False)
+  np.testing.assert_array_equal(looped, at_once)
+  dense = np.asarray(xla_kernels.dense_attention(q, k, v, layers.packed_attention_mask(segment_ids, branch_ids)))
+  real = rows["segment_ids"] > 0
+  np.testing.assert_allclose(looped[real], dense[real], atol=1e-5)
+
+
 def test_the_window_is_the_narrowest_exact_one_or_none():
   assert layers.local_window(0, 1024) is None  # no recorded longest item: dense
   assert layers.local_window(150, 1024) == layers.LocalWindow(block=32, reach=160)  # keys back to 149 before
