@@ -102,27 +102,25 @@ def test_requests_come_back_in_order_with_each_context_computed_once(ours, hf):
           ("The cat sat on the", " dog")]
   contexts, rows = ours.contexts_scored, ours.rows_scored
   got = ours.loglikelihood(requests("loglikelihood", args))
-  # 3 contexts, each in a row of 32 (the shortest rows that hold them: 96 positions, not a row of 256)
+  # 3 contexts, each at a multiple of 32 in one row of 128 (the fewest positions that hold them, not a row of 256)
   assert ours.contexts_scored - contexts == 3
-  assert (ours.rows_scored - rows) * ours.last_call["packs"][0]["shape"].length == 96
+  assert (ours.rows_scored - rows) * ours.last_call["packs"][0]["shape"].length == 128
   want = hf.loglikelihood(requests("loglikelihood", args))
   np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=TOLERANCE, rtol=0)
   assert [g[1] for g in got] == [w[1] for w in want]
 
 
-def test_a_small_call_runs_shorter_rows_and_scores_the_same(ours):
+def test_a_small_call_runs_shorter_rows_and_scores_the_same_bits(ours):
   # Two short requests need not compute a row of 256: the call lays them in the fewest positions (one row of 64,
-  # not two of 32). Amid 24 more requests they score the same but for fp32 rounding where the steps'
-  # shapes differ (within a shape, what shares a row changes no bit: test_a_requests_log_likelihood_is_the_same_bits_...).
+  # the shortest step: SMALLEST_STEP). Amid 24 more requests, in other rows and steps, they score the same bits.
   few = [("The cat sat on the", " mat."), ("Paris is the capital of", " France.")]
   alone = ours.loglikelihood(requests("loglikelihood", few))
   short = ours.last_call["packs"][0]["shape"].length
   more = [(f"Story {i}: the weather on day {i} of the long voyage across the sea was", f" calm, {i}.")
           for i in range(24)]
   amid = ours.loglikelihood(requests("loglikelihood", more[:12] + few + more[12:]))
-  assert short == 64
-  np.testing.assert_allclose([a[0] for a in alone], [a[0] for a in amid[12:14]], atol=1e-5, rtol=0)
-  assert [a[1] for a in alone] == [a[1] for a in amid[12:14]]
+  assert short == 64 and ours.last_call["packs"][0]["rows_per_step"] > 1
+  assert alone == amid[12:14]
 
 
 def test_is_greedy_matches_the_hf_backend(ours, hf):
@@ -251,12 +249,29 @@ def test_a_requests_log_likelihood_is_the_same_bits_whatever_else_the_call_holds
   pair = lambda s: (context(s), ours.tok_encode(" " + s["RandomFifthSentenceQuiz1"], add_special_tokens=False))
   shared = [pair(s) for s in stories[:4]]
   first = ours.score_pairs(shared + [pair(s) for s in stories[4:10]], progress=False)[0]
-  reach = ours.last_call["packs"][0]["window"].reach
+  widest = lambda: max(window.reach for window in ours.last_call["packs"][0]["windows"])
+  reach = widest()
   long_context = sum((context(s) for s in stories[20:24]), [])  # four stories: an item of about 180 tokens
   second = ours.score_pairs([pair(s) for s in stories[10:16]] + [(long_context, shared[0][1])] + shared[::-1],
                             progress=False)[0]
-  assert ours.last_call["packs"][0]["window"].reach > reach
+  assert widest() > reach
   np.testing.assert_array_equal(second[-4:][::-1], first[:4])
+
+
+def test_a_long_context_widens_only_its_own_steps_window_and_every_request_keeps_its_bits(ours, monkeypatch):
+  stories = json.loads(SAMPLE_STORIES.read_text())
+  pair = lambda text, ending: (ours.tok_encode(text), ours.tok_encode(" " + ending, add_special_tokens=False))
+  pairs = [pair(story["first"], story["right"]) for story in stories[:12]]
+  pairs.insert(5, pair(" ".join(story["first"] for story in stories[12:16]), stories[16]["right"]))  # ~180 tokens
+  monkeypatch.setattr(ours, "batch_size", 1)  # a step a row
+  together = ours.score_pairs(pairs, progress=False)
+  (group,) = ours.last_call["packs"]
+  reaches = [window.reach for window in group["windows"]]
+  assert reaches == sorted(set(reaches), reverse=True) and len(reaches) > 1  # the widest steps first, then narrower
+  assert group["steps"][0] == 1 and sum(group["steps"]) == group["pack"]["rows"]  # only the long context's row
+  alone = [ours.score_pairs([one], progress=False) for one in pairs]
+  np.testing.assert_array_equal(together[0], [logprobs[0] for logprobs, _ in alone])
+  assert together[1] == [greedy[0] for _, greedy in alone]
 
 
 def test_questions_after_the_same_prompt_lay_it_once_and_score_the_same_bits_as_alone(ours, hf):

@@ -8,6 +8,7 @@ import signal
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from s2sjax.commands import lm_eval as backend
@@ -37,9 +38,10 @@ def test_auto_batch_size_takes_what_fits_and_what_the_call_needs():
                        rms_norm_eps=1e-5, qkv_bias=False, o_bias=False, mlp_bias=False, tie_embeddings=True)
   shape = RowShape(1024, 512, 256)
   mesh = sharding.make_mesh("data:4,model:2")  # 4 data-parallel devices (conftest's 8 host devices)
-  step = lambda rows, memory: backend.rows_per_step(config, shape, rows, mesh, "float32", 64, memory)
+  step = lambda rows, memory, most=64: backend.rows_per_step(config, shape, rows, mesh, "float32", most, memory)
   assert step(3, 2**40) == 4  # the call's 3 rows, one a device: a multiple of the data-parallel devices
-  assert step(1000, 2**40) == 64  # max_batch_size
+  assert step(1000, 2**40) == 4 * backend.CPU_ROWS_PER_DEVICE == 8  # a CPU's smaller steps
+  assert step(1000, 2**40, most=4) == 4  # max_batch_size
   # per device: half the 538 MB of fp32 weights (256.6 MiB) and 71.5 MiB a row (3 buffers of fp32 scores over 5 of
   # the 9 heads, 1024^2 each, and the rest), in 90% of its memory
   assert step(1000, 400 * 2**20) == 4 * 1 and step(1000, 500 * 2**20) == 4 * 2
@@ -130,6 +132,22 @@ def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
   assert all(neighbour_free_bound(reach + 1) == reach + 1 and reach >= n - 1 for n, reach in reaches.items())
   shape = backend.step_shape(fitted, 80)
   assert (shape.length, shape.max_targets, shape.max_slots) == (1024, 64, 32)  # tables to a power of two, >= 32
+
+
+def test_a_calls_rows_step_at_the_window_their_own_longest_item_needs():
+  # rows whose longest items span 40, 300, 100, 300 and 20 tokens: windows reaching 64, 384, 128, 384 and 64 keys
+  segment_ids = np.zeros((5, 512), np.int32)
+  for row, length in enumerate((40, 300, 100, 300, 20)):
+    segment_ids[row, :length] = 1
+    segment_ids[row, 320:340] = 2  # a shorter item beside it
+  runs = backend.steps_by_window({"segment_ids": segment_ids}, batch=2)
+  # widest first, in steps of two rows, each step at its widest row's window (row 0 rides with row 2, at 128 keys)
+  assert [(run.tolist(), longest) for run, longest in runs] == [([1, 3], 300), ([2, 0], 100), ([4], 20)]
+  assert [backend.window_reach(longest) for _, longest in runs] == [384, 128, 64]
+  # a rest of a shared root counts where its item alone lays it: 30 tokens moved 200 on are 30 tokens, not 230
+  shift = np.zeros_like(segment_ids)
+  segment_ids[4, 224:254], shift[4, 224:254] = 1, 204
+  assert backend.steps_by_window({"segment_ids": segment_ids[4:], "key_shift": shift[4:]}, batch=2)[0][1] == 50
 
 
 @pytest.mark.parametrize("model_args, refusal", [

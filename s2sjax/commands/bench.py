@@ -374,13 +374,15 @@ def run_lm_eval(ckpt: str, workload: str, data_dir: str, subjects: Sequence[str]
                      rows=[p["pack"]["rows"] for p in packs], length=[s.length for s in each("shape")],
                      rows_per_step=each("rows_per_step"), steps=each("steps"), efficiency=real / capacity,
                      shared_roots=sum(p["pack"]["shared_roots"] for p in packs),
-                     targets=[s.max_targets for s in each("shape")], window=[w.span for w in each("window")],
+                     targets=[s.max_targets for s in each("shape")],
+                     window=[[w.span for w in p["windows"]] for p in packs],
                      where=dict(ours.last_call["seconds"]))
   config = checkpoint.load_config(ckpt)
   # executed: every row position through the layers, attending over its item window, the head at the target table
   # (padding rows included: a step runs them whole)
-  run = [(p["steps"] * p["rows_per_step"] * p["shape"].length, p["window"].span,
-          p["steps"] * p["rows_per_step"] * p["shape"].max_targets) for p in packs]
+  run = [(steps * p["rows_per_step"] * p["shape"].length, window.span,
+          steps * p["rows_per_step"] * p["shape"].max_targets) for p in packs
+         for window, steps in zip(p["windows"], p["steps"])]
   s2sjax_side.update(positions=sum(positions for positions, _, _ in run),
                      gflop=sum(planner.forward_flops(config, *group) for group in run) / 1e9)
   torch_model = reference_model(checkpoint.load_manifest(ckpt)["source"], jnp.float32)
@@ -430,7 +432,7 @@ def format_lm_eval(runs: Sequence[dict]) -> str:
   to float64."""
   lines = [
     "| workload | docs | requests | ctx tokens (mean) | hf s | s2sjax s | hf / s2sjax | positions hf / s2sjax "
-    "| GFLOP hf / s2sjax (ratio) | GFLOP/s hf / s2sjax | s2sjax rows x L (steps), keys a window "
+    "| GFLOP hf / s2sjax (ratio) | GFLOP/s hf / s2sjax | s2sjax rows x L: steps x keys a window "
     "| s2sjax: " + ", ".join(PHASES.values()) + " (s) | s2sjax first call s (compile) | max / mean abs err vs "
     "float64, hf | s2sjax | decisions identical |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -438,9 +440,9 @@ def format_lm_eval(runs: Sequence[dict]) -> str:
   for run in runs:
     ours, hf = run["s2sjax"], run["hf"]
     where = " / ".join(f"{ours['where'].get(key, 0.0):.1f}" for key in PHASES)
-    # a group of like item windows each (S2SJaxLM.score_pairs)
-    rows = " + ".join(f"{n} x {length} ({steps}), {keys}" for n, length, steps, keys in
-                      zip(ours["rows"], ours["length"], ours["steps"], ours["window"]))
+    # a group of like item windows each (S2SJaxLM.score_pairs), its steps by window (steps_by_window)
+    rows = " + ".join(f"{n} x {length}: " + ", ".join(f"{s} x {k}" for s, k in zip(steps, keys))
+                      for n, length, steps, keys in zip(ours["rows"], ours["length"], ours["steps"], ours["window"]))
     lines.append(
       f"| {run['workload']} {run['num_fewshot']}-shot | {run['documents']} | {run['requests']} "
       f"| {run['context_tokens']['mean']:.0f} | {hf['seconds']:.1f} | {ours['seconds']:.1f} "

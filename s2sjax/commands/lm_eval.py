@@ -13,14 +13,15 @@ model_args="pretrained=DIR,...", tasks=[...], device="cpu", batch_size="auto")`.
 
 model_args: pretrained (or checkpoint; default: the embedded SmolLM2-135M), mesh (axes joined by '+', as lm-eval
 splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the longest packed row, a
-multiple of 32; a call lays its requests in rows of it, or of a half, a quarter, ... of it where those take fewer
-positions; a request longer than it is fitted as the hf backend fits one to its max_length, which here is
+multiple of 32; a call lays its requests in rows of it, or of a half, a quarter, ... of it (at least 64) where those
+take fewer positions; a request longer than it is fitted as the hf backend fits one to its max_length, which here is
 row_length - 1: `S2SJaxLM._windows`), add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped
 as code); any other key, or a value that makes no run, is refused by name before a model is loaded, and lm-eval's
 command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself:
 batch_size (the most rows a step, each holding many requests, a call's rows spread evenly over the steps they
-need; `auto` or `auto:N`: the most rows, up to max_batch_size, default 64, and no more than a call's rows, whose
-step fits the devices' memory, `rows_per_step`), max_batch_size,
+need; `auto` or `auto:N`: the most rows, up to max_batch_size, default 64 (on CPUs two a device, where smaller
+steps run faster), and no more than a call's rows, whose step fits the devices' memory, `rows_per_step`),
+max_batch_size,
 device (cpu, cuda, cuda:N, gpu or tpu: the JAX platform, with an index one device of it; default: JAX's).
 
 The backend sits in `s2sjax/commands/` (the entry points, apart from the core) since its default model is
@@ -36,9 +37,10 @@ tokenization; an empty context becomes the prefix token. Tokenization with speci
 `tok_encode`; chat templates (`--apply_chat_template`) are the tokenizer's, applied as the hf backend applies them.
 is_greedy comes from the same step: the count of a continuation's tokens that are not the argmax of the logits
 that predict them. A request's log-likelihood is the same bits whatever else the call holds: items start at
-multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.Scorer`) and a continuation's NLL is
-summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the scorer spreads rows
-over JAX processes.
+multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.Scorer`) in steps of at least 64
+positions a device (`SMALLEST_STEP`), each step's window as wide as its own rows need (`steps_by_window`), and a
+continuation's NLL is summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the
+scorer spreads rows over JAX processes.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ from s2sjax.scoring import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.runtime.errors import UserError
 from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, ONE_LEAF_REACH, REDUCTION_PERIOD, Item, PackingError,
-                                 PackReport, RowShape, SharedRoot, fit, lays_shared, neighbour_free_bound, pack,
-                                 required_length)
+                                 PackReport, RowShape, SharedRoot, fit, lays_shared, longest_item, neighbour_free_bound,
+                                 pack, required_length)
 from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
@@ -131,17 +133,31 @@ def devices_for(device: str | None) -> list[jax.Device]:
   return [local[int(index)]]
 
 
+# Smaller steps run faster on a CPU: 18 rows of 1,024 (60 CMMLU-shaped contexts, SmolLM2-135M, neighbour-free) took
+# 33.4 s in steps of 2 rows, 36.5 s in steps of 4 and 39.9 s in one step (2-core CPU, best of two).
+CPU_ROWS_PER_DEVICE = 2
+
+
 def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_size: int, memory: int) -> int:
-  """batch_size=auto: the most rows per step, a multiple of the data-parallel devices, up to max_batch_size and
-  the call's own rows, whose parameters and activations (`planner.activation_bytes`, an upper bound: it counts
-  attention over whole rows) fit in 90% of each device's `memory`."""
+  """batch_size=auto: the most rows per step, a multiple of the data-parallel devices, up to max_batch_size (on
+  CPUs, CPU_ROWS_PER_DEVICE a device) and the call's own rows, whose parameters and activations
+  (`planner.activation_bytes`, an upper bound: it counts attention over whole rows) fit in 90% of each device's
+  `memory`."""
   data_parallel, model_parallel = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["model"]
   params = planner.param_bytes(config, jnp.dtype(dtype).name) / model_parallel
+  if mesh.devices.flat[0].platform == "cpu":
+    max_batch_size = min(max_batch_size, CPU_ROWS_PER_DEVICE * data_parallel)
   per_device = max(1, math.ceil(min(rows, max_batch_size) / data_parallel))
   while per_device > 1 and params + planner.activation_bytes(config, per_device, shape.length, jnp.dtype(dtype).name,
                                                            model_parallel) > 0.9 * memory:
     per_device -= 1
   return per_device * data_parallel
+
+
+# XLA:CPU multiplies a matrix of a few rows by another kernel, whose sums round otherwise (SmolLM2's projections,
+# 576 inputs: other bits for 32 rows or fewer than for any count from 33 to 1,024; Qwen2.5-0.5B's, 896: for 9 or
+# fewer): a step of at least 64 positions a device keeps a request's bits whatever else its call holds.
+SMALLEST_STEP = 64
 
 
 def even_steps(rows: int, most: int) -> int:
@@ -211,13 +227,35 @@ def step_shape(fitted: RowShape, longest_item: int) -> RowShape:
 
 def by_window(items: list[Item]) -> list[list[int]]:
   """The items (indices) a call scores together: those whose windows fit one leaf of packing.REDUCTION_LEAF keys,
-  and those of each longer window. One long context would otherwise widen every item's window past the leaf
-  (CMMLU 0-shot, 144 contexts of 154 tokens on average: one of 484 widened every window to 992 keys from 480)."""
+  and those of each longer window, each group packed in rows of its own. A long context would otherwise share its
+  rows, and so its steps' window past the leaf, with short ones (CMMLU 0-shot, 144 contexts of 154 tokens on
+  average: the one of 484 steps alone in a row of 512 at 992 keys, not in two rows of 1,024)."""
   groups: dict[int, list[int]] = {}
   for index, item in enumerate(items):
     reach = window_reach(required_length(item, share_prefix=True))
     groups.setdefault(reach if reach > ONE_LEAF_REACH else 0, []).append(index)
   return [groups[reach] for reach in sorted(groups)]
+
+
+def steps_by_window(rows: dict[str, np.ndarray], batch: int) -> list[tuple[np.ndarray, int]]:
+  """The rows (indices) stepped together at one window, with the longest item among them: rows ordered by the
+  window their own longest item needs, widest first, cut into steps of `batch` rows, each step at its widest
+  row's window, consecutive steps of one window together. A few long contexts widen their own steps' windows only
+  (CMMLU 0-shot: 5 of 144 contexts need 384 keys, 123 no more than 192). Every window of a call's ladder gives an
+  item the same bits (packing.neighbour_free_bound), so which step a row lands in changes no result."""
+  shift = rows.get("key_shift")
+  longest = np.array([longest_item(rows["segment_ids"][r:r + 1], None if shift is None else shift[r:r + 1])
+                      for r in range(len(rows["segment_ids"]))])
+  reach = np.array([window_reach(int(n)) for n in longest])
+  order = np.argsort(-reach, kind="stable")
+  runs: list[list[int]] = []
+  for start in range(0, len(order), batch):
+    step = order[start:start + batch]
+    if runs and reach[runs[-1][0]] == reach[step[0]]:
+      runs[-1] += step.tolist()
+    else:
+      runs.append(step.tolist())
+  return [(np.asarray(run), int(longest[run].max())) for run in runs]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,9 +322,9 @@ class S2SJaxLM(TemplateLM):
     self.rows_scored = 0
     self.fitted = collections.Counter()  # requests fitted to a row, by FITTED's case, over this model's life
     self._chat_templated = self._warned_chat = False
-    # the last call's rows (`packs`: per group of like windows, the packing report, row shape, rows per step,
-    # attention window and steps) and where its time went (`seconds`: tokenise, pack, to_device, compile, step,
-    # from_device, host, collect)
+    # the last call's rows (`packs`: per group of like windows, the packing report, row shape, rows per step, and
+    # the attention window and step count of each run of steps) and where its time went (`seconds`: tokenise, pack,
+    # to_device, compile, step, from_device, host, collect)
     self.last_call: dict = {}
     self._tokens_from = 0.0  # when lm-eval's encoding ended and the backend's own part of a call began
 
@@ -456,27 +494,37 @@ class S2SJaxLM(TemplateLM):
 
   def _score_items(self, items: list[Item], greedy: bool, progress: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per item and candidate [items, most candidates]: the summed NLL and the count of non-argmax tokens (zeros
-    without `greedy`). Adds what its rows took to last_call: their packing report, row shape, rows per step, window
-    and steps in `packs`, and where the time went in `seconds` (pack, to_device, compile, step, from_device, host,
-    collect)."""
+    without `greedy`). Adds what its rows took to last_call: their packing report, row shape, rows per step, and
+    each run of steps' window and step count (`steps_by_window`) in `packs`, and where the time went in `seconds`
+    (pack, to_device, compile, step, from_device, host, collect)."""
     start = time.perf_counter()
     rows, report, capacity = self._packed(items)
     # the head runs over the targets the rows hold, attention over item windows (CMMLU's long contexts and
     # one-token choices: a few targets a row, not half of it)
     rows, shape = fit(rows, capacity, report.longest_item)
-    scorer = self._scorer(step_shape(shape, report.longest_item), len(rows["tokens"]))
+    num_rows = len(rows["tokens"])
+    batch = self._rows_per_step(step_shape(shape, report.longest_item), num_rows)
+    runs = steps_by_window(rows, batch)
     packed = time.perf_counter()
-    candidates = [len(item.candidates) for item in items]
-    slots = scorer.score_slots(self.params, rows, progress=progress)
+    slots: dict[str, np.ndarray] = {}
+    windows, steps = [], []
+    for run, longest in runs:
+      scorer = self._scorer(step_shape(shape, longest), batch)
+      part = scorer.score_slots(self.params, {key: value[run] for key, value in rows.items()}, progress=progress)
+      for key, value in part.items():
+        slots.setdefault(key, np.zeros((num_rows, *value.shape[1:]), value.dtype))[run] = value
+      self.last_call["seconds"].update(scorer.seconds)
+      windows.append(scorer.window)
+      steps.append(-(-len(run) // batch))
     scored = time.perf_counter()
+    candidates = [len(item.candidates) for item in items]
     scores = collect(rows, slots["nll_sum"], slots["n_tokens"], candidates)
     # collect maps any per-slot value back to (item, candidate): here the count of non-argmax tokens
     misses = collect(rows, slots["greedy_misses"], slots["n_tokens"], candidates).nll_sum if greedy else None
-    self.rows_scored += len(rows["tokens"])
-    self.last_call["seconds"].update(dict(pack=packed - start, **scorer.seconds,
-                                          collect=time.perf_counter() - scored))
-    self.last_call["packs"].append(dict(pack=report.as_dict(), shape=shape, rows_per_step=scorer.batch_size,
-                                        window=scorer.window, steps=-(-len(rows["tokens"]) // scorer.batch_size)))
+    self.rows_scored += num_rows
+    self.last_call["seconds"].update(dict(pack=packed - start, collect=time.perf_counter() - scored))
+    self.last_call["packs"].append(dict(pack=report.as_dict(), shape=shape, rows_per_step=batch, windows=windows,
+                                        steps=steps))
     return scores.nll_sum, np.zeros_like(scores.nll_sum) if misses is None else misses
 
   def items_for(self, pairs: list[Pair]) -> tuple[list[list[int]], list[Item]]:
@@ -493,15 +541,16 @@ class S2SJaxLM(TemplateLM):
 
   def _packed(self, items: list[Item]) -> tuple[dict[str, np.ndarray], PackReport, RowShape]:
     """The items packed into the rows that lay them in the fewest positions: rows of row_length, or of a half, a
-    quarter, ... of it that still hold every item (a call of a few short requests, or a call's last row, need
-    not compute a whole row of row_length; neighbour-free rows score the same bits at any length). Returns the
-    rows, their report and the capacity they were packed into."""
+    quarter, ... of it, down to SMALLEST_STEP, that still hold every item (a call of a few short requests, or a
+    call's last row, need not compute a whole row of row_length; neighbour-free rows score the same bits at any
+    length). Returns the rows, their report and the capacity they were packed into."""
     codebooks = len(self.config.audio_codebook_sizes)
     roots = shared_roots(items)
     longest = max(len(c) for item in items for c in item.candidates)
     best = None
     length = self.row_length
-    while length % NEIGHBOUR_FREE_ALIGN == 0 and length > longest:
+    while length % NEIGHBOUR_FREE_ALIGN == 0 and length > longest and (
+        length >= SMALLEST_STEP or length == self.row_length):
       # Multiple-choice continuations are short; a rolling window's is up to a row: only then a wider target table.
       capacity = RowShape(length, max(length // 2, longest), max(length // 4, 4), codebooks)
       try:
@@ -515,12 +564,19 @@ class S2SJaxLM(TemplateLM):
       length //= 2
     return best
 
-  def _scorer(self, shape: RowShape, rows: int) -> Scorer:
-    """The neighbour-free scorer for one row shape and batch, compiled once (batch_size=auto: sized for `rows`)."""
+  def _rows_per_step(self, shape: RowShape, rows: int) -> int:
+    """Rows a step for a call's `rows` of `shape`: batch_size, or with auto as many as fit (`rows_per_step`), the
+    rows spread evenly over the steps (`even_steps`), and enough that each data-parallel device steps at least
+    SMALLEST_STEP positions."""
     most = self.batch_size or rows_per_step(self.config, shape, rows, self.mesh, self.dtype, self.max_batch_size,
                                             min(map(planner.device_memory, self.mesh.local_devices)))
-    batch = even_steps(rows, most)
+    data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    batch = max(even_steps(rows, most), -(-SMALLEST_STEP // shape.length) * data_parallel)
     self.batch_sizes[len(self.batch_sizes)] = batch
+    return batch
+
+  def _scorer(self, shape: RowShape, batch: int) -> Scorer:
+    """The neighbour-free scorer for one row shape and batch, compiled once."""
     if (shape, batch) not in self._compiled:
       self._compiled[shape, batch] = Scorer(self.config, shape, mesh=self.mesh, batch_size=batch, dtype=self.dtype,
                                             neighbour_free=True)
