@@ -102,7 +102,7 @@ def test_requests_come_back_in_order_with_each_context_computed_once(ours, hf):
           ("The cat sat on the", " dog")]
   contexts, rows = ours.contexts_scored, ours.rows_scored
   got = ours.loglikelihood(requests("loglikelihood", args))
-  # 3 contexts, each at a multiple of 32 in one row of 128 (the fewest positions that hold them, not a row of 256)
+  # 3 contexts, each at a multiple of 32: 128 positions (the fewest that hold them), not a row of 256
   assert ours.contexts_scored - contexts == 3
   assert (ours.rows_scored - rows) * ours.last_call["packs"][0]["shape"].length == 128
   want = hf.loglikelihood(requests("loglikelihood", args))

@@ -71,8 +71,8 @@ from s2sjax.scoring import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.runtime.errors import UserError
 from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, ONE_LEAF_REACH, REDUCTION_PERIOD, Item, PackingError,
-                                 PackReport, RowShape, SharedRoot, fit, lays_shared, longest_item, neighbour_free_bound,
-                                 pack, required_length)
+                                 PackReport, RowShape, SharedRoot, fit, lays_shared, longest_items,
+                                 neighbour_free_bound, pack, required_length)
 from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
@@ -155,8 +155,8 @@ def rows_per_step(config, shape: RowShape, rows: int, mesh, dtype, max_batch_siz
 
 
 # XLA:CPU multiplies a matrix of a few rows by another kernel, whose sums round otherwise (SmolLM2's projections,
-# 576 inputs: other bits for 32 rows or fewer than for any count from 33 to 1,024; Qwen2.5-0.5B's, 896: for 9 or
-# fewer): a step of at least 64 positions a device keeps a request's bits whatever else its call holds.
+# 576 inputs: other bits for 32 rows or fewer than for every count tried from 33 to 1,024; Qwen2.5-0.5B's, 896: for
+# 9 or fewer): a step of at least 64 positions a device keeps a request's bits whatever else its call holds.
 SMALLEST_STEP = 64
 
 
@@ -243,9 +243,7 @@ def steps_by_window(rows: dict[str, np.ndarray], batch: int) -> list[tuple[np.nd
   row's window, consecutive steps of one window together. A few long contexts widen their own steps' windows only
   (CMMLU 0-shot: 5 of 144 contexts need 384 keys, 123 no more than 192). Every window of a call's ladder gives an
   item the same bits (packing.neighbour_free_bound), so which step a row lands in changes no result."""
-  shift = rows.get("key_shift")
-  longest = np.array([longest_item(rows["segment_ids"][r:r + 1], None if shift is None else shift[r:r + 1])
-                      for r in range(len(rows["segment_ids"]))])
+  longest = longest_items(rows["segment_ids"], rows.get("key_shift"))
   reach = np.array([window_reach(int(n)) for n in longest])
   order = np.argsort(-reach, kind="stable")
   runs: list[list[int]] = []

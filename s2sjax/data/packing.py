@@ -524,8 +524,8 @@ def _first_fit(units: list[_Unit | _RootUnit], shape: RowShape, align: int = 1) 
   return rows
 
 
-def longest_item(segment_ids: np.ndarray, key_shift: np.ndarray | None = None) -> int:
-  """The most tokens any segment of these rows [R, L] spans, first to last token (0 for padding only); with
+def longest_items(segment_ids: np.ndarray, key_shift: np.ndarray | None = None) -> np.ndarray:
+  """[R]: the most tokens any segment of each row of [R, L] spans, first to last token (0 for padding only); with
   `key_shift` (shared roots), each token counted where its item alone lays it."""
   rows, length = segment_ids.shape
   real = segment_ids > 0
@@ -535,7 +535,12 @@ def longest_item(segment_ids: np.ndarray, key_shift: np.ndarray | None = None) -
   first, last = np.full(rows * (length + 1), length), np.full(rows * (length + 1), -1)
   np.minimum.at(first, key, index)
   np.maximum.at(last, key, index)
-  return int(max((last - first + 1).max(initial=0), 0))
+  return np.maximum((last - first + 1).reshape(rows, length + 1).max(axis=1, initial=0), 0)
+
+
+def longest_item(segment_ids: np.ndarray, key_shift: np.ndarray | None = None) -> int:
+  """The most tokens any segment of these rows [R, L] spans (`longest_items` over all rows)."""
+  return int(longest_items(segment_ids, key_shift).max(initial=0))
 
 
 def empty_rows(count: int, shape: RowShape) -> dict[str, np.ndarray]:
