@@ -3,6 +3,7 @@
 GLM-4-Voice's tokenizer is a Python class in its folder (`tokenization_chatglm.py`, named by tokenizer_config.json's
 `auto_map`): transformers runs that code only with `trust_remote_code`, and so does every s2sjax command. Asked to
 load one without it, each refuses with the same words, naming the folder and the flag, before anything is written.
+Code an `auto_map` names outside the folder (a path, another repository) is refused with or without the flag.
 
 Data is built with one tokenizer and scored by a checkpoint holding one: `identity` is what the two are compared
 by (a hash of the vocabulary). `folder_identity` remembers a folder's identity in the project's cache by the hash of
@@ -16,6 +17,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 
 from s2sjax.runtime import cache
 from s2sjax.runtime.errors import UserError
@@ -28,18 +30,52 @@ class RemoteCodeError(UserError, ValueError):
   """A tokenizer shipped as code, loaded without --trust_remote_code."""
 
 
-def remote_code_files(directory: str) -> list[str]:
-  """The Python files a tokenizer's tokenizer_config.json `auto_map` names ("tokenization_chatglm.ChatGLM4Tokenizer"
-  -> tokenization_chatglm.py); empty for tokenizers transformers ships."""
+class TokenizerConfigError(UserError, ValueError):
+  """A tokenizer_config.json that is not one JSON object of settings, or whose `auto_map` is malformed."""
+
+
+# A class a tokenizer folder ships as code, as transformers finds it there: `module.Class`, the module a file of the
+# folder (transformers' dynamic_module_utils.get_class_from_dynamic_module splits the reference at its one dot, and
+# reads "org/repo--module.Class" from another repository).
+IN_FOLDER_CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+
+
+def tokenizer_settings(directory: str) -> dict:
+  """The folder's tokenizer_config.json as a mapping ({} without one); one that is not a JSON object is refused
+  naming the file (transformers would fail on it with an AttributeError)."""
   path = os.path.join(directory, "tokenizer_config.json")
   if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    auto_map = json.load(f).get("auto_map") or {}
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      settings = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise TokenizerConfigError(f"{path} is not JSON ({e}): a tokenizer's settings are one JSON object") from None
+  if not isinstance(settings, dict):
+    raise TokenizerConfigError(f"{path} holds a JSON {type(settings).__name__}, not an object: a tokenizer's "
+                               "settings are one JSON object of names and values")
+  return settings
+
+
+def remote_code_files(directory: str) -> list[str]:
+  """The Python files a tokenizer's tokenizer_config.json `auto_map` names ("tokenization_chatglm.ChatGLM4Tokenizer"
+  -> tokenization_chatglm.py); empty for tokenizers transformers ships. An entry naming code anywhere but a file of
+  this folder (a path, another repository) is refused: such code is never run, trusted or not."""
+  path = os.path.join(directory, "tokenizer_config.json")
+  auto_map = tokenizer_settings(directory).get("auto_map") or {}
+  if not isinstance(auto_map, dict):
+    raise TokenizerConfigError(f"{path}: auto_map is a {type(auto_map).__name__}, not an object of class names")
   classes = auto_map.get("AutoTokenizer") or []
   classes = [classes] if isinstance(classes, str) else classes
-  # An entry may name another repository ("org/repo--module.Class"): only this folder's files count.
-  return sorted({f"{c.split('--')[-1].rsplit('.', 1)[0]}.py" for c in classes if c})
+  if not isinstance(classes, list) or not all(c is None or isinstance(c, str) for c in classes):
+    raise TokenizerConfigError(f"{path}: auto_map.AutoTokenizer is {json.dumps(classes)}, not class names "
+                               "(\"module.Class\", or a list of them and null)")
+  for entry in filter(None, classes):
+    if not IN_FOLDER_CLASS.fullmatch(entry):
+      raise RemoteCodeError(f"{path}: auto_map names {entry!r}, which is not a module of the tokenizer's folder "
+                            f"{directory} (module.Class): code outside the folder is never run, with "
+                            "--trust_remote_code or without")
+  return sorted({f"{entry.split('.')[0]}.py" for entry in classes if entry})
 
 
 def check_trusted(directory: str, trust_remote_code: bool, whose: str | None = None) -> list[str]:
