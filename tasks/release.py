@@ -394,11 +394,53 @@ def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: 
 
 
 def read_questions(task: str, release_dir: str, problems: Problems | None = None) -> list[Question]:
-  """Questions of one task, read by its release format's reader. Problems go to `problems` when given (the caller
-  decides), else raise at once."""
+  """Questions of one task, read by its release format's reader and held to `Question`'s types (`check_questions`).
+  Problems go to `problems` when given (the caller decides), else raise at once."""
   paths = release_paths(task, release_dir)
   collect = problems if problems is not None else Problems()
-  questions = load_object(paths.record.release.reader)(paths.record, paths, collect)
+  questions = check_questions(load_object(paths.record.release.reader)(paths.record, paths, collect), paths.record)
   if problems is None and collect:
     raise ReleaseError(f"{paths.index} has {len(collect)} problem(s):\n  {collect.text()}")
+  return questions
+
+
+class ReaderError(ReleaseError):
+  """A release format's reader (a plugin's) that gave something other than the questions of its task."""
+
+
+def _question_problem(question, record: task_registry.Task) -> str | None:
+  """What is wrong with one record a reader gave, as `Question`'s fields are typed (None: nothing): text where text
+  is, one entry per candidate, the task's count of candidates, the right one among them."""
+  if not isinstance(question, Question):
+    return f"is a {type(question).__name__}, not a tasks.release.Question"
+  for name in ("id", "language"):
+    if not isinstance(getattr(question, name), str) or not getattr(question, name):
+      return f"{name} {getattr(question, name)!r} is not a non-empty string"
+  n = len(question.candidates) if isinstance(question.candidates, tuple) else None
+  if n != record.candidates:
+    return f"candidates {question.candidates!r} are not a tuple of the task's {record.candidates}"
+  for name in ("uttids", "prefixes", "audio_paths", "candidates", "candidate_audio_paths"):
+    value = getattr(question, name)
+    if name == "candidate_audio_paths" and value == ():
+      continue  # no spoken candidates
+    if not isinstance(value, tuple) or len(value) != n or not all(isinstance(v, str) for v in value):
+      return f"{name} {value!r} is not a tuple of {n} strings, one per candidate"
+  if isinstance(question.correct, bool) or not isinstance(question.correct, int) or not 0 <= question.correct < n:
+    return f"correct {question.correct!r} is not the index of a candidate (0 to {n - 1})"
+  return None
+
+
+def check_questions(questions, record: task_registry.Task) -> list[Question]:
+  """The questions a release format's reader gave, refused (one line naming the format, its reader, the first
+  record that is wrong and why, and how many are) unless each is a `Question` of the types its fields say: a
+  plugin's reader is held to them where its records enter, before any is tokenized."""
+  reader = f"release format {record.release_format}'s reader {record.release.reader}"
+  if not isinstance(questions, list):
+    raise ReaderError(f"{reader} gave a {type(questions).__name__}, not a list of questions (task {record.name})")
+  wrong = [(i, why) for i, question in enumerate(questions) if (why := _question_problem(question, record))]
+  if wrong:
+    i, why = wrong[0]
+    name = f"question {questions[i].id!r}" if isinstance(questions[i], Question) else "the record"
+    raise ReaderError(f"{reader} gave {len(wrong)} malformed question(s) of task {record.name}; first {name} (record "
+                      f"{i + 1} of {len(questions)}): {why}")
   return questions

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -187,3 +188,78 @@ def test_a_tasks_tfds_builder_is_made_from_its_record(tmp_path):
     builder = tfds.builder(task, config="demo-t2t-1024", data_dir=str(tmp_path))
     assert type(builder) is builder_class(task) and builder.TASK == task
     assert str(builder.data_dir) == str(tmp_path / task / "demo-t2t-1024" / "1.1.0")
+
+
+# ---- a plugin's reader is held to Question's types where its records enter ----------------------------------------
+
+INT_CANDIDATES_PLUGIN = '''"""A release format whose reader gives its candidates as integers (answer numbers, not their text)."""
+from s2sjax.data import task_registry
+from tasks.release import Question
+
+task_registry.RELEASE_FORMATS.register(task_registry.ReleaseFormat(
+  "numbered_answers", f"{__name__}:read", "stories whose endings are numbers", modalities=("t2t",)))
+task_registry.register(task_registry.Task(
+  "toy_numbers", "ToyNumbers", "en", "numbered_answers", "numbers/questions.txt", "numbers", "numbers",
+  decision="pair", candidates=2, sizes=task_registry.PlannerSizes(1, 10, 1, 0.0)))
+
+
+def read(record, paths, collect):
+  return [Question(id="q0", language="en", uttids=("0", "1"), prefixes=("Two plus two is",) * 2,
+                   audio_paths=("", ""), candidates=(4, 5), correct=0)]
+'''
+
+
+@pytest.mark.slow
+def test_a_plugin_reader_giving_integer_candidates_is_refused_naming_it_and_the_record(tmp_path, qwen_tokenizer_dir):
+  """tasks.prepare over a plugin whose reader gives candidates (4, 5): exit 1, one line naming the release format,
+  its reader and the question (not a TypeError where the encoder adds a separator to an int), nothing built."""
+  (tmp_path / "numbers_plugin.py").write_text(INT_CANDIDATES_PLUGIN)
+  (tmp_path / "release" / "numbers").mkdir(parents=True)
+  (tmp_path / "release" / "numbers" / "questions.txt").write_text("q0\n")
+  env = {**os.environ, plugins.ENV: "numbers_plugin", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+  done = subprocess.run([sys.executable, "-m", "tasks.prepare", "--task=toy_numbers", "--modality=t2t",
+                         f"--manual_dir={tmp_path / 'release'}", f"--tokenizer_dir={qwen_tokenizer_dir}",
+                         f"--data_dir={tmp_path / 'data'}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 1, done.stdout + done.stderr
+  assert done.stderr.splitlines() == [
+    "error: release format numbered_answers's reader numbers_plugin:read gave 1 malformed question(s) of task "
+    "toy_numbers; first question 'q0' (record 1 of 1): candidates (4, 5) is not a tuple of 2 strings, one per "
+    "candidate", "(--verbosity=1 shows where it was raised)"]
+  assert not list((tmp_path / "data").rglob("dataset_info.json"))
+
+
+def _good(**fields):
+  from tasks.release import Question
+
+  return Question(**{**dict(id="7", language="en", uttids=("7", "8"), prefixes=("Tom went out.",) * 2,
+                            audio_paths=("a.wav", "b.wav"), candidates=("He came back.", "Fish sang."), correct=0),
+                     **fields})
+
+
+@pytest.mark.parametrize("given, says", [
+  ({"id": 7}, "id 7 is not a non-empty string"),
+  ({"language": None}, "language None is not a non-empty string"),
+  ({"candidates": ["He came back.", "Fish sang."]}, "candidates ['He came back.', 'Fish sang.'] are not a tuple of "
+                                                    "the task's 2"),
+  ({"candidates": ("only one",)}, "candidates ('only one',) are not a tuple of the task's 2"),
+  ({"prefixes": ("Tom went out.", b"bytes")}, "prefixes ('Tom went out.', b'bytes') is not a tuple of 2 strings"),
+  ({"uttids": (7, 8)}, "uttids (7, 8) is not a tuple of 2 strings"),
+  ({"audio_paths": ("a.wav",)}, "audio_paths ('a.wav',) is not a tuple of 2 strings"),
+  ({"candidate_audio_paths": (None, None)}, "candidate_audio_paths (None, None) is not a tuple of 2 strings"),
+  ({"correct": 2}, "correct 2 is not the index of a candidate (0 to 1)"),
+  ({"correct": True}, "correct True is not the index of a candidate"),
+])
+def test_every_field_of_a_readers_record_is_held_to_its_type(given, says):
+  from tasks.release import ReaderError, check_questions
+
+  record = task_registry.get("sstorycloze")
+  assert check_questions([_good(), _good(id="9")], record)  # as the built-in readers give them
+  with pytest.raises(ReaderError, match=r"^release format story_pairs's reader tasks\.release:read_story_pairs gave 1 "
+                                        r"malformed question\(s\) of task sstorycloze; first question .* \(record 2 "
+                                        r"of 2\): " + re.escape(says)):
+    check_questions([_good(id="9"), _good(**given)], record)
+  with pytest.raises(ReaderError, match=r"gave a tuple, not a list of questions"):
+    check_questions((_good(),), record)
+  with pytest.raises(ReaderError, match=r"first the record \(record 1 of 1\): is a dict, not a tasks\.release\.Question"):
+    check_questions([{"id": "7"}], record)

@@ -24,7 +24,8 @@ class ReleaseFormat:
 
   `reader` ("module:function", imported when a build asks: tasks/release.py's, or a plugin's) turns the release into
   questions: `reader(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
-  `paths` (tasks.release.ReleasePaths), every bad line a problem naming it. `modalities` are what its questions can
+  `paths` (tasks.release.ReleasePaths), every bad line a problem naming it; what it gives is held to `Question`'s
+  field types and the record's candidate count (tasks.release.check_questions), naming the format and the record. `modalities` are what its questions can
   be asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names,
   and so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
   recordings). `lines_per_question` of the index (a sample of the release keeps whole questions), and `spoken_names`
