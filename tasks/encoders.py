@@ -31,7 +31,7 @@ from s2sjax.data.builds import PROTOCOLS, VariantError
 from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
   weigh_streams)
 from s2sjax.data.modalities import SPEECH, TEXT
-from s2sjax.data.packing import Item, PackingError, RowShape, check_item, pack
+from s2sjax.data.packing import Item, PackingError, RowShape, check_item, item_positions, pack
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
 from s2sjax.data.rows import TOKEN_ROWS
@@ -242,6 +242,10 @@ class QuestionEncoder(abc.ABC):
     """How many tokens (or steps) of a candidate, as `candidate` gives it, are scored."""
     return len(candidate)
 
+  def positions(self, item) -> int:
+    """Positions the longest sequence of the item (its prefix and one candidate) reads (`packing.item_positions`)."""
+    return item_positions(item)
+
   def check(self, item: Item | StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
     """The PackingError the packer would raise for this item (see `check_item`)."""
     check_item(item, shape, share_prefix, overlong)
@@ -432,6 +436,10 @@ class StreamEncoder(QuestionEncoder):
            name: str) -> StreamItem:
     """A StreamItem whose candidates score this protocol's streams."""
     return StreamItem(prefix, candidates, scored_streams(self.weights), name=name)
+
+  def positions(self, item: StreamItem) -> int:
+    """The prefix's steps after the model's initial one, then the longest candidate's but its last."""
+    return len(item.prefix) + max(len(candidate) for candidate in item.candidates)
 
   def check(self, item: StreamItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
     if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it

@@ -38,7 +38,7 @@ from s2sjax.data.packing import fit
 from s2sjax.data.spec import Spec, available_specs
 from s2sjax.data.task_data import DATA_VERSION, questions_checksum
 from tasks import audio
-from tasks.build import QuestionEncoder, build_rows
+from tasks.build import PositionLimit, QuestionEncoder, build_rows, position_limit
 from tasks.release import Problems, ReleaseError, check_asked, read_questions, release_paths, source_fingerprint
 from tasks.sample import RELEASE_DIR
 
@@ -101,6 +101,7 @@ class BuildInputs:
   tokenizer_identity: dict
   audio_tokenizer: audio.AudioTokenizer | None
   fingerprint: dict[str, str | None]
+  limit: PositionLimit | None  # the most positions an item may read: the model's, or a smaller --max_item_tokens
 
 
 class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -119,10 +120,13 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   )
 
   def __init__(self, *, tokenizer_dir: str | None = None, audio_tokenizer_dir: str | None = None,
-               skip_bad: bool = False, trust_remote_code: bool = False, plan: BuildPlan | None = None, **kwargs):
+               skip_bad: bool = False, trust_remote_code: bool = False, max_item_tokens: int | None = None,
+               plan: BuildPlan | None = None, **kwargs):
     """`plan`: the build resolved by the caller (`tasks.preparation` resolves it once, the spec read as it is now);
-    None: the config's own (a package preset's, resolved when this module was imported)."""
+    None: the config's own (a package preset's, resolved when this module was imported). `max_item_tokens`: the
+    most positions an item may read, below the model's own (`tasks.build.position_limit`)."""
     self.tokenizer_dir, self.audio_tokenizer_dir, self.skip_bad = tokenizer_dir, audio_tokenizer_dir, skip_bad
+    self.max_item_tokens = max_item_tokens
     self.trust_remote_code = trust_remote_code  # a tokenizer shipped as code (GLM-4's) runs only when trusted
     self._inputs: BuildInputs | None = None
     self._plan = plan
@@ -161,7 +165,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       plan = self.plan
       spec, modality = plan.spec, plan.modality
       plan.check()  # before loading anything: what the spec cannot be asked, by name
-      tokenizer = identity = None  # a unit LM has no text tokenizer
+      tokenizer = identity = tokenizer_dir = None  # a unit LM has no text tokenizer
       if spec.text_vocabulary:
         tokenizer_dir = resolve_tokenizer_dir(self.tokenizer_dir, manual_dir)
         tokenizer = text_tokenizer.load(tokenizer_dir, self.trust_remote_code)
@@ -180,7 +184,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         "text_tokenizer": identity["vocab_sha"] if identity else None,
         "audio_tokenizer": audio_tokenizer.fingerprint() if audio_tokenizer else None,
       }
-      self._inputs = BuildInputs(manual_dir, spec, tokenizer, identity, audio_tokenizer, fingerprint)
+      self._inputs = BuildInputs(manual_dir, spec, tokenizer, identity, audio_tokenizer, fingerprint,
+                                 position_limit(self.max_item_tokens, tokenizer_dir))
     return self._inputs
 
   def _manual_dir(self, dl_manager) -> str:
@@ -202,7 +207,7 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                               protocol=variants.protocol, tokenization=variants.tokenization)
     built = build_rows(questions, encoder, plan.capacity, variants.share_prefix, self.skip_bad, variants.overlong,
                        auto_length=plan.selector.row_length is None,
-                       progress=f"building {self.TASK} {plan.modality.title}")
+                       progress=f"building {self.TASK} {plan.modality.title}", limit=inputs.limit)
     rows, shape = fit(built.rows, built.shape, built.packing.longest_item)
     summary = built.summary()
     # lines that name no question (not UTF-8, not JSON, no uttid): listed with the rest, counted apart

@@ -192,7 +192,7 @@ def test_a_tasks_tfds_builder_is_made_from_its_record(tmp_path):
 
 # ---- a plugin's reader is held to Question's types where its records enter ----------------------------------------
 
-INT_CANDIDATES_PLUGIN = '''"""A release format whose reader gives its candidates as integers (answer numbers, not their text)."""
+INT_CANDIDATES_PLUGIN = '''"""A release format whose reader gives its candidates as integers, not text."""
 from s2sjax.data import task_registry
 from tasks.release import Question
 
@@ -261,5 +261,6 @@ def test_every_field_of_a_readers_record_is_held_to_its_type(given, says):
     check_questions([_good(id="9"), _good(**given)], record)
   with pytest.raises(ReaderError, match=r"gave a tuple, not a list of questions"):
     check_questions((_good(),), record)
-  with pytest.raises(ReaderError, match=r"first the record \(record 1 of 1\): is a dict, not a tasks\.release\.Question"):
+  with pytest.raises(ReaderError, match=r"first the record \(record 1 of 1\): is a dict, not a "
+                                        r"tasks\.release\.Question"):
     check_questions([{"id": "7"}], record)

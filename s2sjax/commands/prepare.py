@@ -2,16 +2,20 @@ r"""Builds the packed rows of S2SBench tasks.
 
   python -m tasks.prepare --task=TASK|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--row_length=N] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
-      [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
+      [--skip_bad] [--max_item_tokens=N] [--noshare_prefix] [--reference_language_quirk] \
+      [--overlong=error|truncate_prefix]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
-question it left out (--skip_bad) with the reason, and every problem of a file as a whole. Built data is reused
-only when it was built from the same inputs (release files, spec, text and audio tokenizers); otherwise prepare
-refuses, unless --overwrite. --overwrite builds the new data beside the old (a hidden `.rebuild-*` folder of the
-data dir) and swaps it in only once it is complete: a rebuild that fails leaves the earlier build as it was.
-Two runs building one config into one data dir at once take turns: the second waits for the first's build (a
-lock beside it names the holder) and reuses it. SIGINT or SIGTERM stops a run within seconds: the builds complete
-are kept, the one under way leaves nothing, and one line says which and how to go on.
+question it left out (--skip_bad) with the reason, and every problem of a file as a whole. No question is built
+whose prefix and candidate read more positions than the model was trained to (where its tokenizer folder says
+so: the converted checkpoint's model_config.json, a transformers folder's config.json, tokenizer_config.json's
+model_max_length) or than --max_item_tokens: it is refused naming it, or left out and counted with --skip_bad.
+Built data is reused only when it was built from the same inputs (release files, spec, text and audio
+tokenizers); otherwise prepare refuses, unless --overwrite. --overwrite builds the new data beside the old (a
+hidden `.rebuild-*` folder of the data dir) and swaps it in only once it is complete: a rebuild that fails leaves
+the earlier build as it was. Two runs building one config into one data dir at once take turns: the second waits
+for the first's build (a lock beside it names the holder) and reuses it. SIGINT or SIGTERM stops a run within
+seconds: the builds complete are kept, the one under way leaves nothing, and one line says which and how to go on.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("trust_remote_code", False, "Run a text tokenizer shipped as code (GLM-4-Voice's); read it first.")
   flags.DEFINE_string("audio_tokenizer_dir", None, "Files of the audio tokenizer (precomputed codes, HuBERT, Mimi).")
   flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
+  flags.DEFINE_integer("max_item_tokens", None, "The most positions a question's prefix and candidate may read "
+                       "(default: the model's trained positions, where its tokenizer folder says them); longer ones "
+                       "are refused, or left out with --skip_bad.", lower_bound=1)
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
 
 
@@ -65,7 +72,7 @@ def main(argv):
       metadata = prepare_build(
         selector, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir, FLAGS.overwrite,
         tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
-        trust_remote_code=FLAGS.trust_remote_code,
+        trust_remote_code=FLAGS.trust_remote_code, max_item_tokens=FLAGS.max_item_tokens,
       )
       complete.append(current)
       report = {k: v for k, v in metadata.report.items() if k not in ("skipped_questions", "file_problems")}

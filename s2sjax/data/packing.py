@@ -233,6 +233,13 @@ def _lengths(item: Item | LaidItem) -> tuple[int, list[int], list[int]]:
   return len(item.prefix), [_laid_length(c) for c in item.candidates], [len(c) for c in item.candidates]
 
 
+def item_positions(item: Item | LaidItem) -> int:
+  """Positions the longest sequence of an item reads (its prefix and one candidate, as laid: the highest position id
+  it is given, plus one), however it is packed: what the model's trained positions must cover."""
+  prefix, laid, _ = _lengths(item)
+  return prefix + max(laid)
+
+
 def required_length(item: Item | LaidItem, share_prefix: bool) -> int:
   """Row length the item needs: its prefix plus all candidates as laid (shared), or plus the longest (not shared)."""
   prefix, laid, _ = _lengths(item)

@@ -23,8 +23,10 @@ def scorer(config: ModelConfig, shape, mesh=None, batch_size: int = 8, dtype=jnp
 
 
 def check_fit(config: ModelConfig, data) -> None:
-  """Spoken data laid as the checkpoint's family takes audio: its audio input, its units within the embedding, its
-  codebook tables and the placeholder id it reads codes at."""
+  """No item reads positions past the checkpoint's (`check_positions`), and spoken data is laid as the checkpoint's
+  family takes audio: its audio input, its units within the embedding, its codebook tables and the placeholder id it
+  reads codes at."""
+  check_positions(config, data)
   spec = data.metadata.spec
   if not modalities.get(data.modality).speaks:
     return
@@ -59,6 +61,32 @@ def check_fit(config: ModelConfig, data) -> None:
         f"audio_placeholder_id {config.audio_placeholder_id}: rebuild the data with the checkpoint's tokenizer "
         "(--tokenizer_dir=CHECKPOINT/tokenizer) or use the spec whose placeholder is that id"
       )
+
+
+def check_positions(config: ModelConfig, data) -> None:
+  """Refuses rows that score a token predicted at a position the checkpoint was not trained to (its config's
+  max_positions; 0: unknown, nothing to hold them to), naming the first such question: a build refuses such items
+  (tasks/build.py), but data built elsewhere, or for another model, may hold them, and its scores would mean nothing
+  (a learned position table would be read past its end)."""
+  if not config.max_positions:
+    return
+  rows = data.rows
+  read_at = np.take_along_axis(rows["positions"], np.maximum(rows["target_pos"], 0), axis=1)  # each target's
+  past = (rows["target_slot"] >= 0) & (read_at >= config.max_positions)
+  if not past.any():
+    return
+  r, t = np.argwhere(past)[0]
+  slot = rows["target_slot"][r, t]
+  reads = int(read_at[r][rows["target_slot"][r] == slot].max()) + 1
+  where = (int(rows["slot_item"][r, slot]), int(rows["slot_candidate"][r, slot]))
+  slots = data.questions.slots
+  question = next((f"question {data.questions.ids[q]} candidate {c}" for q, c in np.ndindex(*slots.shape[:2])
+                   if tuple(slots[q, c]) == where), f"item {where[0]}")
+  raise FitError(
+    f"{data.task}/{data.modality}: {question} reads {reads} positions (its prefix and candidate), past the "
+    f"{config.max_positions} the checkpoint was trained to; {int(past.any(axis=1).sum())} row(s) hold such items: "
+    f"rebuild the data with python -m tasks.prepare --max_item_tokens={config.max_positions}, which refuses them by "
+    "name (--skip_bad leaves them out)")
 
 
 def placeholder_codes(config: ModelConfig, ids: np.ndarray, audio_codes: np.ndarray | None) -> np.ndarray | None:
