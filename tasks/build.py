@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import time
 
@@ -26,7 +25,7 @@ from s2sjax.runtime.errors import UserError
 from s2sjax.data.packing import Item, PackingError, PackReport, RowShape, auto_row_length
 from s2sjax.runtime.progress import Progress
 from s2sjax.data.questions import QuestionTable
-from s2sjax.data.text_tokenizer import tokenizer_settings
+from s2sjax.data.text_tokenizer import json_object, tokenizer_settings
 from s2sjax.scoring.checkpoint import CONFIG as CHECKPOINT_CONFIG
 from tasks.audio.base import AudioError, resamplings
 from tasks.encoders import QuestionEncoder
@@ -73,12 +72,7 @@ def trained_positions(tokenizer_dir: str) -> PositionLimit | None:
 def _json_number(path: str, key: str) -> int | None:
   """A positive integer `key` of the JSON object in `path`; None when the file, the key or such a number is not
   there (a model folder's config says nothing of positions then)."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
-  except (OSError, ValueError):
-    return None
-  value = value.get(key) if isinstance(value, dict) else None
+  value = json_object(path).get(key)
   return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 

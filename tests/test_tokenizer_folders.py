@@ -63,8 +63,9 @@ def test_a_tokenizer_config_holding_a_list_is_refused_naming_the_file(tmp_path, 
 @pytest.mark.parametrize("written, says", [
   ("{not json", "is not JSON"),
   ('"a string"', "holds a JSON str, not an object"),
-  ('{"auto_map": ["tok.Tok"]}', "auto_map is a list, not an object"),
+  ('{"auto_map": "tok.Tok"}', "auto_map is a str, not an object"),
   ('{"auto_map": {"AutoTokenizer": [7, null]}}', "auto_map.AutoTokenizer is [7, null], not class names"),
+  ('{"auto_map": [7, null]}', "auto_map.AutoTokenizer is [7, null], not class names"),
 ])
 def test_a_malformed_tokenizer_config_is_refused_by_every_reader(tmp_path, qwen_tokenizer_dir, written, says):
   folder = _folder(tmp_path, qwen_tokenizer_dir, {})
@@ -83,6 +84,7 @@ def _planted(tmp_path) -> pathlib.Path:
   return outside
 
 
+@pytest.mark.slow
 def test_code_named_outside_the_tokenizer_folder_is_never_run(tmp_path, qwen_tokenizer_dir):
   """auto_map `../outside/tok.Tok`, the module planted there writing a marker when imported: tasks.prepare exits 1
   with one line saying code outside the folder is never run, with the flag and without (not "read
@@ -114,9 +116,24 @@ def test_every_reader_refuses_code_outside_the_folder_trusted_or_not(tmp_path, q
   assert "tok" not in sys.modules
 
 
-def test_code_of_the_folder_itself_is_still_named_for_trust(tmp_path, qwen_tokenizer_dir):
+def test_code_named_outside_the_folder_by_its_config_json_is_never_run(tmp_path, qwen_tokenizer_dir):
+  """transformers' AutoTokenizer reads the folder's config.json too (its config class; its tokenizer class where
+  tokenizer_config.json names none): an auto_map there naming code outside the folder is refused the same way."""
+  outside = _planted(tmp_path)
+  folder = _folder(tmp_path, qwen_tokenizer_dir, {})
+  (folder / "config.json").write_text(json.dumps({"model_type": "qwen2",
+                                                  "auto_map": {"AutoConfig": "../outside/tok.Tok"}}))
+  with pytest.raises(RemoteCodeError, match=rf"^{re.escape(str(folder / 'config.json'))}: auto_map names "
+                                            r"'\.\./outside/tok\.Tok'.*never run"):
+    text_tokenizer.load(str(folder), trust_remote_code=True)
+  assert not (outside / "RAN").exists()
+
+
+@pytest.mark.parametrize("auto_map", [{"AutoTokenizer": ["tokenization_toy.Tok", None]},
+                                      ["tokenization_toy.Tok", None]])  # transformers' legacy spelling
+def test_code_of_the_folder_itself_is_still_named_for_trust(tmp_path, qwen_tokenizer_dir, auto_map):
   """The rule for code inside the folder is unchanged: named, and refused without the flag."""
-  folder = _folder(tmp_path, qwen_tokenizer_dir, {"auto_map": {"AutoTokenizer": ["tokenization_toy.Tok", None]}})
+  folder = _folder(tmp_path, qwen_tokenizer_dir, {"auto_map": auto_map})
   assert text_tokenizer.remote_code_files(str(folder)) == ["tokenization_toy.py"]
   with pytest.raises(RemoteCodeError, match=r"is code \(tokenization_toy\.py.*read it, then pass --trust_remote_code"):
     text_tokenizer.check_trusted(str(folder), trust_remote_code=False)

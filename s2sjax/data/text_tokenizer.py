@@ -59,23 +59,51 @@ def tokenizer_settings(directory: str) -> dict:
 
 def remote_code_files(directory: str) -> list[str]:
   """The Python files a tokenizer's tokenizer_config.json `auto_map` names ("tokenization_chatglm.ChatGLM4Tokenizer"
-  -> tokenization_chatglm.py); empty for tokenizers transformers ships. An entry naming code anywhere but a file of
-  this folder (a path, another repository) is refused: such code is never run, trusted or not."""
+  -> tokenization_chatglm.py; transformers' legacy spelling, a list [slow, fast], too); empty for tokenizers
+  transformers ships. Any class an `auto_map` there or in the folder's config.json names (transformers reads that
+  one's too: the config class, a tokenizer the settings name none of) anywhere but in a file of this folder (a path,
+  another repository) is refused: such code is never run, trusted or not."""
   path = os.path.join(directory, "tokenizer_config.json")
   auto_map = tokenizer_settings(directory).get("auto_map") or {}
-  if not isinstance(auto_map, dict):
+  if not isinstance(auto_map, (dict, list)):
     raise TokenizerConfigError(f"{path}: auto_map is a {type(auto_map).__name__}, not an object of class names")
-  classes = auto_map.get("AutoTokenizer") or []
-  classes = [classes] if isinstance(classes, str) else classes
+  entries = list(auto_map.items()) if isinstance(auto_map, dict) else [("AutoTokenizer", auto_map)]
+  tokenizer = _classes(path, "AutoTokenizer", dict(entries).get("AutoTokenizer"))
+  _in_folder(path, directory, [c for key, v in entries for c in _classes(path, key, v)])
+  model_path = os.path.join(directory, "config.json")
+  model_map = json_object(model_path).get("auto_map")
+  if isinstance(model_map, dict):  # the model's own file, read for its classes only
+    _in_folder(model_path, directory, [c for key, v in model_map.items() for c in _classes(model_path, key, v)])
+    tokenizer = tokenizer or _classes(model_path, "AutoTokenizer", model_map.get("AutoTokenizer"))
+  return sorted({f"{entry.split('.')[0]}.py" for entry in tokenizer if entry})
+
+
+def _classes(path: str, key: str, value) -> list[str]:
+  """The class references of one `auto_map` entry: "module.Class", or a list of them and nulls."""
+  classes = [value] if isinstance(value, str) else [] if value is None else value
   if not isinstance(classes, list) or not all(c is None or isinstance(c, str) for c in classes):
-    raise TokenizerConfigError(f"{path}: auto_map.AutoTokenizer is {json.dumps(classes)}, not class names "
-                               "(\"module.Class\", or a list of them and null)")
-  for entry in filter(None, classes):
+    raise TokenizerConfigError(f"{path}: auto_map.{key} is {json.dumps(value)}, not class names (\"module.Class\", "
+                               "or a list of them and null)")
+  return [c for c in classes if c]
+
+
+def _in_folder(path: str, directory: str, classes: list[str]) -> None:
+  for entry in classes:
     if not IN_FOLDER_CLASS.fullmatch(entry):
       raise RemoteCodeError(f"{path}: auto_map names {entry!r}, which is not a module of the tokenizer's folder "
                             f"{directory} (module.Class): code outside the folder is never run, with "
                             "--trust_remote_code or without")
-  return sorted({f"{entry.split('.')[0]}.py" for entry in classes if entry})
+
+
+def json_object(path: str) -> dict:
+  """The JSON object in `path`; {} when there is none: a model folder's config.json, read beside its tokenizer for
+  what it says of the tokenizer's model, is the model's to read and refuse."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return value if isinstance(value, dict) else {}
 
 
 def check_trusted(directory: str, trust_remote_code: bool, whose: str | None = None) -> list[str]:
