@@ -25,7 +25,7 @@ from s2sjax.runtime.errors import UserError
 from s2sjax.data.packing import Item, PackingError, PackReport, RowShape, auto_row_length
 from s2sjax.runtime.progress import Progress
 from s2sjax.data.questions import QuestionTable
-from s2sjax.data.text_tokenizer import json_object, tokenizer_settings
+from s2sjax.data.text_tokenizer import json_object
 from s2sjax.scoring.checkpoint import CONFIG as CHECKPOINT_CONFIG
 from tasks.audio.base import AudioError, resamplings
 from tasks.encoders import QuestionEncoder
@@ -49,31 +49,22 @@ class PositionLimit:
 
 
 # transformers writes model_max_length = int(1e30) for a tokenizer that knows no limit
-NO_TOKENIZER_LIMIT = 10 ** 12
+NO_LIMIT = 10 ** 12
 
 
 def trained_positions(tokenizer_dir: str) -> PositionLimit | None:
-  """How many positions the model whose tokenizer is in `tokenizer_dir` was trained to, where the folder says: the
-  converted checkpoint it sits in (`<checkpoint>/tokenizer`: model_config.json's max_positions), the transformers
-  model folder it is (config.json's max_position_embeddings), or its tokenizer_config.json's model_max_length. None
-  when none of them says (a build then lays any length its rows hold)."""
-  parent = os.path.dirname(os.path.normpath(tokenizer_dir))
-  for path, key in ((os.path.join(parent, CHECKPOINT_CONFIG), "max_positions"),
-                    (os.path.join(tokenizer_dir, "config.json"), "max_position_embeddings")):
-    value = _json_number(path, key)
-    if value:
+  """How many positions the model whose tokenizer is in `tokenizer_dir` was trained to, where the folder says, first
+  found: the converted checkpoint it sits in (`<checkpoint>/tokenizer`: model_config.json's max_positions), the
+  transformers model folder it is (config.json's max_position_embeddings), its tokenizer_config.json's
+  model_max_length. None when none of them says (a build then lays any length its rows hold)."""
+  checkpoint = os.path.dirname(os.path.normpath(tokenizer_dir))
+  for path, key in ((os.path.join(checkpoint, CHECKPOINT_CONFIG), "max_positions"),
+                    (os.path.join(tokenizer_dir, "config.json"), "max_position_embeddings"),
+                    (os.path.join(tokenizer_dir, "tokenizer_config.json"), "model_max_length")):
+    value = json_object(path).get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LIMIT:
       return PositionLimit(value, f"{path} {key}")
-  value = tokenizer_settings(tokenizer_dir).get("model_max_length")
-  if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_TOKENIZER_LIMIT:
-    return PositionLimit(value, f"{os.path.join(tokenizer_dir, 'tokenizer_config.json')} model_max_length")
   return None
-
-
-def _json_number(path: str, key: str) -> int | None:
-  """A positive integer `key` of the JSON object in `path`; None when the file, the key or such a number is not
-  there (a model folder's config says nothing of positions then)."""
-  value = json_object(path).get(key)
-  return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def position_limit(max_item_tokens: int | None, tokenizer_dir: str | None) -> PositionLimit | None:
