@@ -71,7 +71,8 @@ def check_positions(config: ModelConfig, data) -> None:
   if not config.max_positions:
     return
   rows = data.rows
-  read_at = np.take_along_axis(rows["positions"], np.maximum(rows["target_pos"], 0), axis=1)  # each target's
+  # the position each target is predicted at
+  read_at = np.take_along_axis(rows["positions"], np.maximum(rows["target_pos"], 0), axis=1)
   past = (rows["target_slot"] >= 0) & (read_at >= config.max_positions)
   if not past.any():
     return
