@@ -1,0 +1,228 @@
+"""MiMo-Audio-7B-Base held to its own code: ../shared/upstream-oracles/mimo_audio is a tiny release in MiMo-Audio's
+layout and key names (bf16, as released) and what XiaomiMiMo/MiMo-Audio computed from it in float32 (PROVENANCE.txt):
+requests laid by upstream's get_input_ids, every stage of the patch embedding (the bf16 speech sum, the bidirectional
+input local transformer), the text head's log-softmax after every patch, candidates' NLLs, and the patch decoder's
+teacher-forced log-softmax per [patch, frame, channel] with the delay pattern. The release is converted by the
+project's own command; every expected number is read from the folder, so another seed of the generator passes too.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = ROOT.parent / "shared" / "upstream-oracles" / "mimo_audio"
+RELEASE = ORACLE / "model" / "MiMo-Audio-7B-Base"
+AUDIO_TOKENIZER = ORACLE / "model" / "MiMo-Audio-Tokenizer"
+# slow: converting and loading the release and compiling each request's forward take 10-20 s on two cores
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not ORACLE.is_dir(), reason=f"the MiMo-Audio oracle ({ORACLE}) is absent")]
+LOGPROB_TOLERANCE = 1e-4  # fp32 log-probs, absolute
+
+
+def oracle(name: str) -> np.ndarray:
+  return np.load(ORACLE / "outputs" / f"{name}.npy")
+
+
+@pytest.fixture(scope="module")
+def meta():
+  return json.loads((ORACLE / "meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+  """The release converted by checkpoints_conversion.convert with no flags (found by its modeling class), bf16 kept."""
+  from checkpoints_conversion import convert
+
+  output = tmp_path_factory.mktemp("mimo") / "ckpt"
+  manifest = convert.convert(str(RELEASE), str(output), dtype="bfloat16")
+  return output, manifest
+
+
+@pytest.fixture(scope="module")
+def model(converted):
+  from s2sjax.scoring import checkpoint
+
+  output, _ = converted
+  return checkpoint.load_config(output), checkpoint.load_params(output, dtype=np.float32)
+
+
+def test_mimo_conversion_keeps_every_released_number(converted, model, meta):
+  """Every tensor of the release lands in the checkpoint bit for bit (bf16 kept), the <|empty|> id is the
+  tokenizer's, the text tokenizer is copied."""
+  from checkpoints_conversion import safetensors_io
+  from s2sjax.scoring.architectures import mimo_audio
+
+  output, manifest = converted
+  config, params = model
+  assert manifest["empty_token_id"] == config.empty_id == meta["special_ids"]["empty"]
+  assert (output / "tokenizer" / "tokenizer.json").is_file()
+  release = safetensors_io.SafetensorsFile(str(RELEASE / "model.safetensors"))
+  read = {piece.key for rule in mimo_audio.rules(config) for piece in rule.pieces}
+  assert read == set(meta["llm_state_dict"]) == set(release.keys())
+  for rule in mimo_audio.rules(config):
+    leaf = params
+    for key in rule.target:
+      leaf = leaf[key]
+    pieces = [rule.to_target(np.asarray(release.read(p.key), np.float32), p, rule.per_layer_shape(leaf.shape))
+              for p in rule.pieces]
+    np.testing.assert_array_equal(np.asarray(leaf), np.stack(pieces) if rule.stacked else pieces[0],
+                                  err_msg="/".join(rule.target))
+
+
+def test_mimo_requests_are_laid_as_upstreams_get_input_ids(converted, model, meta):
+  """S->T: the prefix text segment, the audio segment between <|sosp|> and <|eosp|>, the candidate's text segment;
+  the continuation: a <|sosp|> text segment and an unwrapped audio segment, id for id upstream's input_ids."""
+  from s2sjax.scoring import checkpoint
+  from tasks.mimo_prompt import MimoLayout, input_ids, join
+
+  config, _ = model
+  tokenizer = checkpoint.load_tokenizer(converted[0])
+  layout = MimoLayout.from_tokens(tokenizer.convert_tokens_to_ids, config.empty_codes, config.group_size)
+  text = lambda s: layout.text(tokenizer(s, add_special_tokens=False)["input_ids"])
+  prompt = join(text(meta["a2t"]["prefix_text"]), layout.audio(np.load(ORACLE / "inputs" / "a2t_audio_codes.npy")))
+  np.testing.assert_array_equal(input_ids(*prompt), oracle("a2t_prompt_input_ids"))
+  for name in ("a2t_c0", "a2t_c1"):
+    candidate = layout.text(np.load(ORACLE / "inputs" / f"{name}_text_ids.npy"))
+    np.testing.assert_array_equal(input_ids(*join(prompt, candidate)), oracle(f"{name}_input_ids"))
+  codes = np.load(ORACLE / "inputs" / "cont_audio_codes.npy")
+  cont = join(text("<|sosp|>"), layout.audio(codes, wrapped=False))
+  np.testing.assert_array_equal(input_ids(*cont), oracle("cont_input_ids"))
+
+
+@pytest.fixture(scope="module")
+def outputs(model):
+  from s2sjax.scoring.model.mimo_audio import sequence_outputs, split_input_ids
+
+  config, params = model
+  return {name: sequence_outputs(config, params, *split_input_ids(config, oracle(f"{name}_input_ids")))
+          for name in ("a2t_c0", "a2t_c1", "cont")}
+
+
+def test_mimo_patch_embedding_stages_match_upstream(outputs):
+  """The bf16-rounded speech sum exactly; the input local transformer, the group downcast, the global inputs and
+  the global stack's final-normed states within fp32 error of their largest magnitude."""
+  stages = {"input_local_out": "input_local_out", "speech_downcast": "speech_group_downcast_out",
+            "inputs": "inputs_embeds", "hidden": "last_hidden"}
+  for name in ("a2t_c0", "cont"):
+    np.testing.assert_array_equal(outputs[name]["input_local_in"], oracle(f"{name}_input_local_in"))
+    for ours, theirs in stages.items():
+      expected = oracle(f"{name}_{theirs}")
+      error = np.abs(outputs[name][ours] - expected).max() / np.abs(expected).max()
+      assert error < 1e-5, f"{name} {ours}: {error}"
+
+
+def test_mimo_text_head_and_candidate_nlls_match_upstream(outputs):
+  """The text head's log-softmax after every patch within 1e-4, and each candidate's per-token log-probs (rows
+  P-1..P+n-2) and NLL sum as upstream's nll.json."""
+  nll = json.loads((ORACLE / "outputs" / "nll.json").read_text())
+  for name in ("a2t_c0", "a2t_c1", "cont"):
+    assert np.abs(outputs[name]["text"] - oracle(f"{name}_text_logprobs")).max() < LOGPROB_TOLERANCE, name
+  for name in ("a2t_c0", "a2t_c1"):
+    first, stop = nll[name]["rows"]
+    ids = nll[name]["token_ids"]
+    found = outputs[name]["text"][np.arange(first, stop + 1), ids]  # rows P-1..P+n-2, both ends given
+    np.testing.assert_allclose(found, nll[name]["token_logprobs"], rtol=0, atol=LOGPROB_TOLERANCE)
+    assert abs(-found.sum() - nll[name]["nll_sum"]) < LOGPROB_TOLERANCE * len(ids)
+
+
+def test_mimo_patch_decoder_log_probs_match_upstream_teacher_forcing(outputs, model):
+  """The patch decoder of each scored continuation patch, read from the previous patch's global state, teacher
+  forced with the 0-1-...-7 delay: every channel's log-softmax (its empty id included) per [patch, frame] within
+  1e-4, its hidden states, the step table, and the NLL sum of the 96 scored codes."""
+  from s2sjax.scoring.model.mimo_audio import local_schedule
+
+  config, _ = model
+  np.testing.assert_array_equal(local_schedule(config), oracle("cont_local_step_of_frame")[0])
+  scored = oracle("cont_local_logprobs_ch01").shape[0]
+  patches = len(outputs["cont"]["text"])
+  rows = slice(patches - scored - 1, patches - 1)  # patch g + 1 is read from patch g
+  expected = {c: (oracle("cont_local_logprobs_ch01")[:, :, c] if c < 2 else oracle("cont_local_logprobs_ch2to7")[:, :, c - 2])
+              for c in range(config.channels)}
+  for c in range(config.channels):
+    assert np.abs(outputs["cont"]["local"][c][rows] - expected[c]).max() < LOGPROB_TOLERANCE, f"channel {c}"
+  hidden = oracle("cont_local_hidden")
+  assert np.abs(outputs["cont"]["local_hidden"][rows] - hidden).max() / np.abs(hidden).max() < 1e-5
+  codes = np.load(ORACLE / "inputs" / "cont_audio_codes.npy")[-scored * config.group_size:]
+  codes = codes.reshape(scored, config.group_size, config.channels)
+  total = sum(-np.take_along_axis(outputs["cont"]["local"][c][rows], codes[..., c, None], -1).sum()
+              for c in range(config.channels))
+  nll = json.loads((ORACLE / "outputs" / "nll.json").read_text())["cont"]
+  assert abs(total - nll["nll_sum_all"]) < LOGPROB_TOLERANCE * codes.size
+
+
+def test_mimo_logprobs_command_reads_upstreams_input_ids(converted):
+  """s2sjax.logprobs' hook: input_ids [9, 4T] as upstream lays them -> the text head after every patch and the
+  patch decoder per [patch, frame, channel], -inf past a channel's vocabulary."""
+  from s2sjax.scoring import log_probs
+  from s2sjax.scoring.sequence_inputs import LogProbsError
+
+  output, _ = converted
+  result = log_probs.compute(str(output), oracle("cont_input_ids"))
+  text, local = result.text, result.codebooks
+  assert np.abs(text - oracle("cont_text_logprobs")).max() < LOGPROB_TOLERANCE
+  scored = oracle("cont_local_logprobs_ch01")
+  rows = slice(len(text) - len(scored) - 1, len(text) - 1)
+  assert np.abs(local[rows, :, :2, :scored.shape[-1]] - scored).max() < LOGPROB_TOLERANCE
+  assert np.isneginf(local[:, :, 2:, oracle("cont_local_logprobs_ch2to7").shape[-1]:]).all()
+  with pytest.raises(LogProbsError, match=r"reads input_ids \[9, 4 x patches\]"):
+    log_probs.compute(str(output), oracle("cont_input_ids")[:, :-1])
+  bad = oracle("cont_input_ids").copy()
+  bad[3, 5] = 129
+  with pytest.raises(LogProbsError, match=r"input_ids\[3\] \(channel 2\) holds codes outside its table \(0..128\)"):
+    log_probs.compute(str(output), bad)
+
+
+def release_copy(tmp_path: Path, config_changes: dict | None = None, tensors=None) -> Path:
+  """The release folder copied, its config.json changed and its tensors replaced where asked."""
+  from checkpoints_conversion import safetensors_io
+
+  folder = tmp_path / "release"
+  shutil.copytree(RELEASE, folder)
+  if config_changes:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, **config_changes)))
+  if tensors is not None:
+    release = safetensors_io.SafetensorsFile(str(RELEASE / "model.safetensors"))
+    changed = {key: release.read(key) for key in release.keys()}
+    changed.update(tensors(changed))
+    safetensors_io.write(str(folder / "model.safetensors"), {k: v for k, v in changed.items() if v is not None})
+  return folder
+
+
+@pytest.mark.parametrize("problem,change,message", [
+  ("misshaped", {"tensors": lambda t: {"speech_embeddings.2.weight": t["speech_embeddings.2.weight"][:-1]}},
+   r"speech_embeddings.2.weight.*\(128, 32\).*\(129, 32\)"),
+  ("missing", {"tensors": lambda t: {"local_transformer_lm_heads.7.weight": None}},
+   r"local_transformer_lm_heads.7.weight"),
+  ("model_type", {"config_changes": {"model_type": "llama"}}, r"model_type='llama' is not MiMo-Audio's"),
+])
+def test_mimo_convert_names_what_is_wrong_with_a_release_in_one_line(tmp_path, problem, change, message):
+  import re
+
+  folder = release_copy(tmp_path, **change)
+  done = subprocess.run([sys.executable, "-m", "checkpoints_conversion.convert", f"--source={folder}",
+                         f"--output={tmp_path / 'out'}"], cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+  assert done.returncode == 1 and re.search(message, done.stderr), done.stderr[-2000:]
+  assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_mimo_codes_outside_a_channel_are_refused_before_scoring(model):
+  """The scorer's id check names the row, position, frame and channel of a code past that channel's table."""
+  from s2sjax.scoring.architectures import mimo_audio
+  from s2sjax.scoring.scorer import ScoringError
+
+  config, _ = model
+  width = config.group_size * config.channels
+  rows = {"text_ids": np.zeros((1, 4), np.int32), "target_ids": np.zeros((1, 2), np.int32),
+          "patch_codes": np.tile(np.asarray(config.empty_codes, np.int32), (1, 4, config.group_size)).reshape(1, 4, width)}
+  mimo_audio.check_ids(rows, config)
+  rows["patch_codes"][0, 2, config.channels + 3] = config.speech_vocab_sizes[3]
+  with pytest.raises(ScoringError, match=rf"patch_codes\[row 0, position 2\] frame 1 channel 3 = "
+                                         rf"{config.speech_vocab_sizes[3]} is outside channel 3's"):
+    mimo_audio.check_ids(rows, config)
