@@ -12,16 +12,11 @@ patch is a target only (as every format lays it).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from s2sjax.data import packing
-from s2sjax.data.builds import VariantError
-from s2sjax.data.formats.mimo_audio import ROWS
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.spec import SpecError
-from tasks.encoders import QuestionEncoder
+from tasks.encoders import LaidTextEncoder
 from tasks.mimo_prompt import TOKEN_NAMES, MimoLayout, join
 from tasks.release import Question
 
@@ -37,13 +32,15 @@ def layout(spec, tokenizer) -> MimoLayout:
   return MimoLayout.from_tokens(vocab.__getitem__, spec.codebook_sizes, spec.options["group_size"])
 
 
-class MimoEncoder(QuestionEncoder):
+class MimoEncoder(LaidTextEncoder):
   """A question's prefix and candidates as MiMo-Audio rows: per position (patch) the text id and the patch's codes
   [group_size * K]; per target the candidate's text id."""
 
+  laid_as = "MiMo-Audio's patches"
+
   def __init__(self, spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
-    self.layout = layout(spec, self.tokenizer)
+    self.patches = layout(spec, self.tokenizer)
 
   def _fields(self, laid: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
     text, codes = laid
@@ -51,34 +48,16 @@ class MimoEncoder(QuestionEncoder):
 
   def prefix(self, question: Question, c: int) -> tuple[dict, None, float]:
     if self.modality.prefix != SPEECH:
-      return self._fields(self.layout.text(self.text_ids(question.prefixes[c], special=False))), None, 0.0
+      return self._fields(self.patches.text(self.text_ids(question.prefixes[c], special=False))), None, 0.0
     codes, seconds = self._prefix_codes(question, c)
     instruction = self.spec.speech_instruction[self.language(question)]
-    segments = [self.layout.text(self.text_ids(instruction, special=False))] if instruction else []
-    segments.append(self.layout.audio(codes))
+    segments = [self.patches.text(self.text_ids(instruction, special=False))] if instruction else []
+    segments.append(self.patches.audio(codes))
     return self._fields(join(*segments)), None, seconds
 
   def candidate(self, question: Question, c: int) -> tuple[dict, float]:
     text = self.text_ids(question.candidates[c], special=False)
-    return dict(self._fields(self.layout.text(text)), target_ids=text), 0.0
+    return dict(self._fields(self.patches.text(text)), target_ids=text), 0.0
 
-  def scored(self, candidate: dict) -> int:
-    return len(candidate["target_ids"])
-
-  def item(self, prefix: dict, candidates: tuple[dict, ...], codes: None, name: str) -> packing.LaidItem:
-    """Each candidate lays every patch but its last, whose token is only predicted."""
-    laid = lambda side: ({k: v[:-1] for k, v in side.items() if k != "target_ids"}, {"target_ids": side["target_ids"]})
-    return packing.LaidItem(prefix, tuple(laid(side) for side in candidates), share=True, name=name)
-
-  def check(self, item: packing.LaidItem, shape: packing.RowShape, share_prefix: bool, overlong: str) -> None:
-    if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
-      raise VariantError(f"spec {self.spec.name} lays MiMo-Audio's patches, which cannot lose their first ones "
-                         f"(overlong={overlong}): give a longer --row_length")
-    packing.fit_laid(0, item, shape, share_prefix)
-
-  def pack(self, items: list, shape: packing.RowShape, share_prefix: bool, overlong: str):
-    laid = [dataclasses.replace(item, share=packing.fit_laid(i, item, shape, share_prefix))
-            for i, item in enumerate(items)]
-    width = self.layout.group_size * len(self.layout.empty_codes)
-    empty = lambda count: ROWS.empty(count, shape, {"patch_codes": width})
-    return packing.pack_laid(laid, shape, share_prefix, empty)
+  def widths(self) -> dict[str, int]:
+    return {"patch_codes": self.patches.group_size * len(self.patches.empty_codes)}

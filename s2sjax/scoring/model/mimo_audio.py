@@ -36,14 +36,14 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from s2sjax.scoring.model import decoder, layers
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.scoring.model.config import AroundDecoder, ConfigError, ModelConfig
 
 NAME = "mimo_audio"  # model_config.json's `family` (s2sjax/scoring/architectures/mimo_audio.py registers it)
 Params = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class MimoAudioConfig:
+class MimoAudioConfig(AroundDecoder):
   """MiMo-Audio's architecture (hashable: a static argument of `jax.jit`), parsed from a release's config.json and
   its tokenizer's special ids by `s2sjax.scoring.architectures.mimo_audio.parse_config`."""
 
@@ -83,15 +83,6 @@ class MimoAudioConfig:
   def local_steps(self) -> int:
     """The patch decoder's steps: every channel's frames, the last channel `max(delays)` steps late (:431)."""
     return self.group_size + max(self.delays)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.decoder.vocab_size
-
-  @property
-  def num_layers(self) -> int:
-    """Layers of the top-level `layers` stack (the global stack), which the checkpoint stores one at a time."""
-    return self.decoder.num_layers
 
   @property
   def projects_speech_to_local(self) -> bool:
