@@ -490,11 +490,12 @@ def _file_digest(path: str) -> str:
     return path
 
 
-class LaidTextEncoder(QuestionEncoder):
-  """An own row format's encoder whose candidates are text scored by a head (Kimi-Audio's, MiMo-Audio's): a side is
-  a dict of the format's per-position fields, a candidate's with its `target_ids`; every candidate lays each of
-  its positions but the last, whose token is only predicted; items are packed whole (`packing.pack_laid`).
-  Subclasses set `laid_as` (what a prefix is laid as, for the message refusing to cut one) and `widths`."""
+class LaidEncoder(QuestionEncoder):
+  """An own row format's encoder (Kimi-Audio's, MiMo-Audio's): a side is a dict of the format's fields, a
+  candidate's with its per-target ones (the format's `own_targets`, `target_ids` among them); every candidate lays
+  each of its positions but the last, whose token (or patch) is only predicted; items are packed whole
+  (`packing.pack_laid`). Subclasses set `laid_as` (what a prefix is laid as, for the message refusing to cut one)
+  and `widths`."""
 
   laid_as: str
 
@@ -506,7 +507,9 @@ class LaidTextEncoder(QuestionEncoder):
     return len(candidate["target_ids"])
 
   def item(self, prefix: dict, candidates: tuple[dict, ...], codes: None, name: str) -> LaidItem:
-    laid = lambda side: ({k: v[:-1] for k, v in side.items() if k != "target_ids"}, {"target_ids": side["target_ids"]})
+    targets = {f.name for f in self.spec.input_format.row_format.own_targets}
+    laid = lambda side: ({k: v[:-1] for k, v in side.items() if k not in targets},
+                         {k: v for k, v in side.items() if k in targets})
     return LaidItem(prefix, tuple(laid(side) for side in candidates), share=True, name=name)
 
   def check(self, item: LaidItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.spec import SpecError, resolve_audio_ids
-from tasks.encoders import LaidTextEncoder
+from tasks.encoders import LaidEncoder
 from tasks.kimi_prompt import (TOKEN_NAMES, KimiSpecialIds, KimiStreams, Message, lay_features, lay_prompt,
                                lay_text_continuation)
 from tasks.release import Question
@@ -35,7 +35,7 @@ def special_ids(spec, tokenizer) -> KimiSpecialIds:
   return KimiSpecialIds.from_tokens(vocab.__getitem__)
 
 
-class KimiEncoder(LaidTextEncoder):
+class KimiEncoder(LaidEncoder):
   """A question's prefix and candidates as Kimi-Audio rows: per position the two streams, the feature track (width
   0 for a written prefix) and the continuous mask; per target the candidate's text id."""
 

@@ -228,29 +228,33 @@ def test_mimo_codes_outside_a_channel_are_refused_before_scoring(model):
     mimo_audio.check_ids(rows, config)
 
 
-def laid_requests(td, empty_codes) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def laid_requests(td, config) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
   """Per (question, candidate) the request as the rows hold it: (text ids [T], codes [T, group * K]) of the prefix and
-  the candidate's laid patches, then its last token as a text patch (a target only), and the candidate's targets."""
+  the candidate's laid patches, then its last target as a patch (a text token over empty codes, or a patch of
+  speech), and the candidate's targets (text ids, -1 for speech patches; the speech patches' codes)."""
   rows, table = td.rows, td.metadata.questions
+  empty = np.tile(np.asarray(config.empty_codes, np.int32), config.group_size)
   out = {}
   for record in table:
     for c, (item, j) in enumerate(record["slots"]):
       r, s = np.argwhere((rows["slot_item"] == item) & (rows["slot_candidate"] == j))[0]
       mine = rows["target_slot"][r] == s
-      targets = rows["target_ids"][r][mine]
+      ids, codes = rows["target_ids"][r][mine], rows["target_codes"][r][mine]
       laid = (rows["segment_ids"][r] == rows["segment_ids"][r, rows["target_pos"][r][mine][0]]) & np.isin(
           rows["branch_ids"][r], (0, j + 1))
-      empty = np.tile(np.asarray(empty_codes, np.int32), rows["patch_codes"].shape[-1] // len(empty_codes))
-      out[(record["id"], c)] = (np.append(rows["text_ids"][r][laid], targets[-1]),
-                                np.concatenate([rows["patch_codes"][r][laid], empty[None]]), targets)
+      last_text, last_codes = (config.empty_id, codes[-1]) if ids[-1] < 0 else (ids[-1], empty)
+      out[(record["id"], c)] = (np.append(rows["text_ids"][r][laid], last_text),
+                                np.concatenate([rows["patch_codes"][r][laid], last_codes[None]]), ids, codes)
   return out
 
 
-def test_mimo_bundled_sample_s2t_end_to_end_scores_each_item_as_the_model_alone(tmp_path, converted, model):
-  """The bundled sample built for MiMo-Audio S->T by tasks.prepare (codes from the JAX tokenizer of the oracle's
+@pytest.mark.parametrize("modality", ["s2t", "s2s"])
+def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_path, converted, model, modality):
+  """The bundled sample built for MiMo-Audio by tasks.prepare (codes from the JAX tokenizer of the oracle's
   MiMo-Audio-Tokenizer) and scored by s2sjax.eval from the checkpoint the project's converter wrote: a results
-  file per candidate, each candidate's NLL the model's forward on that request alone (within 1e-4 a token), each
-  prefix's speech patches its wave's codes laid as upstream lays an audio segment."""
+  file per candidate, each candidate's NLL the model's forward on that request alone (within 1e-4 a token or
+  patch): S->T the text head's, S->S the patch decoder's over every frame and channel of each patch; each prefix's
+  speech patches its wave's codes laid as upstream lays an audio segment."""
   from s2sjax.commands.eval import EvalConfig, run
   from s2sjax.data.task_data import load_task_data
   from s2sjax.scoring.evaluator import ScoringOptions
@@ -265,28 +269,37 @@ def test_mimo_bundled_sample_s2t_end_to_end_scores_each_item_as_the_model_alone(
   ckpt, _ = converted
   config, params = model
   data, out = str(tmp_path / "data"), tmp_path / "out"
-  prepare("sstorycloze", "mimo_audio", "s2t", None, data, tokenizer_dir=str(ckpt / "tokenizer"),
+  prepare("sstorycloze", "mimo_audio", modality, None, data, tokenizer_dir=str(ckpt / "tokenizer"),
           audio_tokenizer_dir=str(AUDIO_TOKENIZER))
-  run(EvalConfig(tasks=("sstorycloze",), modalities=("s2t",), checkpoints=str(ckpt), spec="mimo_audio",
+  run(EvalConfig(tasks=("sstorycloze",), modalities=(modality,), checkpoints=str(ckpt), spec="mimo_audio",
                  data_dir=data, output_dir=str(out), chunk_rows=2, scoring=ScoringOptions(batch_size=2)))
   lines = {(line["question"], line["candidate"]): line
-           for line in map(json.loads, open(out / ckpt.name / "sstorycloze-s2t.scores.jsonl"))}
-  laid = laid_requests(load_task_data(data, "sstorycloze", "s2t", "mimo_audio", None), config.empty_codes)
+           for line in map(json.loads, open(out / ckpt.name / f"sstorycloze-{modality}.scores.jsonl"))}
+  laid = laid_requests(load_task_data(data, "sstorycloze", modality, "mimo_audio", None), config)
   assert set(lines) == set(laid)
-  longest = max(len(text) for text, _, _ in laid.values())
-  width = config.group_size * config.channels
-  for key, (text, codes, targets) in laid.items():
+  longest = max(len(text) for text, *_ in laid.values())
+  for key, (text, codes, ids, target_codes) in laid.items():
     # one compiled shape for every request: patches past its end change none of its (causal) outputs
-    padded_text = np.concatenate([text, np.zeros(longest - len(text), np.int32)])
+    padded_text = np.concatenate([text, np.full(longest - len(text), config.empty_id, np.int32)])
     padded = np.concatenate([codes, np.tile(codes[-1:], (longest - len(text), 1))])
-    logprobs = sequence_outputs(config, params, padded_text, padded.reshape(longest, config.group_size, -1))["text"]
-    n = len(targets)
-    expected = -logprobs[np.arange(len(text) - n - 1, len(text) - 1), targets].sum()
-    assert lines[key]["n_tokens"] == n and abs(lines[key]["nll_sum"] - expected) < LOGPROB_TOLERANCE * n, key
+    out_alone = sequence_outputs(config, params, padded_text, padded.reshape(longest, config.group_size, -1))
+    n = len(ids)
+    rows = np.arange(len(text) - n - 1, len(text) - 1)  # each target read after the patch before it
+    if modality == "s2t":
+      scored = out_alone["text"][rows, ids].astype(np.float64)
+    else:
+      patches = target_codes.reshape(n, config.group_size, config.channels)
+      scored = np.stack([np.take_along_axis(channel[rows], patches[..., c, None], -1)[..., 0]
+                         for c, channel in enumerate(out_alone["local"])]).astype(np.float64)
+      assert (ids == -1).all()
+    # n tokens or patches counted; every scored log-prob (a patch: group_size x channels of them) within 1e-4
+    assert lines[key]["n_tokens"] == n and abs(lines[key]["nll_sum"] + scored.sum()) < LOGPROB_TOLERANCE * scored.size, key
   tokenizer = MimoAudioTokenizer(str(AUDIO_TOKENIZER))
   layout = MimoLayout(0, 0, config.empty_id, config.empty_codes, config.group_size)
+  width = config.group_size * config.channels
   for question in read_questions("sstorycloze", RELEASE_DIR)[:2]:
-    text, codes, _ = laid[(question.id, 0)]
-    _, expected = layout.audio(tokenizer.encode(load_audio(question.audio_paths[0], 24000), question.uttids[0]))
-    speech = text == config.empty_id
-    np.testing.assert_array_equal(codes[speech], expected[1:-1].reshape(-1, width))
+    text, codes, *_ = laid[(question.id, 0)]
+    _, expected = layout.audio(tokenizer.encode(load_audio(question.audio_paths[0], 24000), question.uttids[0]),
+                               wrapped=False)
+    speech = np.flatnonzero(text == config.empty_id)[: len(expected)]
+    np.testing.assert_array_equal(codes[speech], expected.reshape(-1, width))

@@ -564,7 +564,12 @@ def text_head_scores(logits: Callable, hidden: jax.Array, batch: dict, target_ch
     scores = logits(h)
     return jax.nn.logsumexp(scores, axis=-1) - jnp.take_along_axis(scores, ids[..., None], axis=-1)[..., 0]
 
-  nll = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"])
+  return slot_scores(by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"]), batch, num_slots)
+
+
+def slot_scores(nll: jax.Array, batch: dict, num_slots: int) -> dict:
+  """Per target [B, M] NLLs -> what an own-rows step returns: `target_nll` and per slot [B, C] `nll_sum` and
+  `n_tokens` (targets of the slot)."""
   onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
   return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
           "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}

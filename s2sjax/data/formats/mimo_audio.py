@@ -8,12 +8,13 @@ s2sjax/scoring/architectures/mimo_audio.py.
                            <|empty|> on a patch of speech
   patch_codes  [L, G * K]  the patch's codes, frame-major (index f * K + k for frame f of channel k); every
                            channel's empty id on a text patch
-  target_ids   [M]         the candidate's text ids, scored by the text head over the full vocabulary
+  target_ids   [M]         a written candidate's text id, scored by the text head over the full vocabulary; -1 for
+                           a patch of a spoken candidate
+  target_codes [M, G * K]  a spoken candidate's patch (frame-major, as patch_codes), scored by the patch decoder
+                           from the state of the patch before it; -1 for a text target
 
 Spec options: `group_size` (frames per patch, the config's group_size; the evaluator holds it to the checkpoint's).
 The codebooks are the spec's `codebook_sizes`, each channel's empty id its size (the release's speech_zeroemb_idx).
-Spoken candidates (T->S, S->S) are refused (`refuse`'s reason); `s2sjax.logprobs` gives the patch decoder's
-log-probs of one sequence.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 
 from s2sjax.data.formats.format import InputFormat, own_layout_problems, register
-from s2sjax.data.modalities import SPEECH
 from s2sjax.data.rows import Field, RowFormat
 
 NAME = "mimo_audio"
@@ -30,8 +30,8 @@ OPTIONS = ("group_size",)
 ROWS = RowFormat(
   NAME, marker="patch_codes",
   own_positions=(Field("text_ids", "L", 0), Field("patch_codes", "L", 0, width="patch_codes")),
-  own_targets=(Field("target_ids", "M", 0),),
-  scored=("text_ids", "patch_codes", "target_pos", "target_ids"),
+  own_targets=(Field("target_ids", "M", 0), Field("target_codes", "M", -1, width="patch_codes")),
+  scored=("text_ids", "patch_codes", "target_pos", "target_ids", "target_codes"),
 )
 
 
@@ -40,14 +40,6 @@ def _spec_problems(spec) -> list[str]:
   if not spec.codebook_sizes or not spec.text_vocabulary:
     problems.append("its RVQ codebooks and a text vocabulary")
   return [f"spec {spec.name}: {NAME} takes {p}" for p in problems]
-
-
-def _refuse(spec, modality) -> str | None:
-  if modality.candidate != SPEECH:
-    return None
-  return (f"spec {spec.name} lays MiMo-Audio's requests, whose spoken candidates the patch decoder scores; this "
-          f"version scores packed rows with the text head only, so {modality.name} ({modality.title}) cannot be "
-          "scored for it (s2sjax.logprobs gives the patch decoder's log-probs of one sequence)")
 
 
 def _widths(spec, modality) -> dict[str, int]:
@@ -63,5 +55,5 @@ def _blank_audio(rows, metadata):
 
 
 MIMO_AUDIO = register(InputFormat(
-  NAME, ROWS, "tasks.mimo_encoder:MimoEncoder", check_spec=_spec_problems, refuse=_refuse, widths=_widths,
+  NAME, ROWS, "tasks.mimo_encoder:MimoEncoder", check_spec=_spec_problems, widths=_widths,
   blank_audio=_blank_audio))

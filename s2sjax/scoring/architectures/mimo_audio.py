@@ -1,6 +1,7 @@
 """MiMo-Audio-7B-Base as an architecture of its own: its release config.json (and its tokenizer's <|empty|> id) read
-into a `MimoAudioConfig`, every switch read or refused by name, the release's tensor keys, the log-probs hook and its
-registration. The network is `s2sjax.scoring.model.mimo_audio`; the converter `checkpoints_conversion/mimo_release.py`,
+into a `MimoAudioConfig`, every switch read or refused by name, the release's tensor keys, its scoring step over the
+`mimo_audio` input format's rows (text targets by the text head, speech patches by the patch decoder), the
+evaluator's and the pre-flight's checks of a spec against a checkpoint, the log-probs hook and its registration. The network is `s2sjax.scoring.model.mimo_audio`; the converter `checkpoints_conversion/mimo_release.py`,
 which `checkpoints_conversion.convert` runs for a release naming `MiMoAudioForCausalLM`, with no flags.
 
 Why not a family of the shared decoder: a position of its global stack is a patch of one text id and 4 x 8 RVQ
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -26,8 +28,8 @@ from s2sjax.scoring.families import keymap
 from s2sjax.scoring.model import layers
 from s2sjax.scoring.model.config import ConfigError, ModelConfig
 from s2sjax.scoring.model.mimo_audio import (NAME, MimoAudioConfig, abstract_params, embed_patches, global_hidden,
-  param_logical_axes, sequence_outputs, split_input_ids, text_logits)
-from s2sjax.scoring.scorer import ScoringError, StreamScorer, row_mask, text_head_scores, windowed_scorer
+  param_logical_axes, patch_nll, sequence_outputs, split_input_ids, text_logits)
+from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks, row_mask, slot_scores, windowed_scorer
 from s2sjax.scoring.sequence_inputs import LogProbsError
 
 # The key under which the converter hands parse_config the <|empty|> id of the release's text tokenizer: upstream
@@ -166,38 +168,68 @@ MIMO_AUDIO_7B = {
 
 def score_batch(config: MimoAudioConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict,
                 attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
-  """Per target [B, M] `target_nll` (the token's NLL under the text head over the full vocabulary, read after the
-  patch at `target_pos`), per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.scorer.score_batch` for
-  the decoder. A position is a patch; attention is the decoder's over segment / branch ids (a prefix shared by its
-  candidates; item-local with a `window`). Pure; jitted by the scorer."""
+  """Per target [B, M] `target_nll`, per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.scorer.score_batch`
+  for the decoder; each target is read from the global state after the patch at `target_pos`:
+
+    a text target (target_ids >= 0)   its NLL under the text head over the full vocabulary;
+    a speech target (target_ids -1)   its patch's NLL under the patch decoder, teacher forced: every channel's
+                                      code of every frame (the full head's softmax), summed (`patch_nll`).
+
+  A position is a patch; attention is the decoder's over segment / branch ids (a prefix shared by its candidates;
+  item-local with a `window`). The patch decoder runs only for chunks holding a speech target. Pure; jitted by
+  the scorer."""
   text_ids = batch["text_ids"]
   codes = batch["patch_codes"].reshape(text_ids.shape + (config.group_size, config.channels))
   inputs = embed_patches(config, params, text_ids, codes, dtype)["inputs"]
   hidden = global_hidden(config, params, inputs, batch["positions"], row_mask(batch, window), batch["segment_ids"],
                          batch["branch_ids"], dtype=dtype, attention=attention, window=window)
-  return text_head_scores(lambda h: text_logits(params, h), hidden, batch, target_chunk, num_slots)
+  gathered = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)
+
+  def nll_of(h, ids, target_codes):
+    logits = text_logits(params, h)
+    text = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, jnp.maximum(ids, 0)[..., None], -1)[..., 0]
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    patches = jnp.maximum(target_codes, 0).reshape(ids.shape + (config.group_size, config.channels))
+    speech = jax.lax.cond((ids < 0).any(),
+                          lambda: patch_nll(config, params, flat(h), flat(patches), dtype).sum(-1).reshape(ids.shape),
+                          lambda: jnp.zeros(ids.shape, jnp.float32))
+    return jnp.where(ids < 0, speech, text)
+
+  nll = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"], batch["target_codes"])
+  return slot_scores(nll, batch, num_slots)
+
+
+def _code_problem(field: str, codes: np.ndarray, where: np.ndarray, config: MimoAudioConfig) -> str | None:
+  """The first code of `field` [R, N, group * channels] (at the [R, N] entries `where`) past its channel's table."""
+  sizes = np.tile(np.asarray(config.speech_vocab_sizes), config.group_size)
+  bad = np.argwhere(((codes < 0) | (codes >= sizes)) & where[..., None])
+  if not len(bad):
+    return None
+  r, pos, column = bad[0]
+  channel = column % config.channels
+  return (f"{field}[row {r}, position {pos}] frame {column // config.channels} channel {channel} = "
+          f"{codes[r, pos, column]} is outside channel {channel}'s {config.speech_vocab_sizes[channel]} rows; "
+          f"{len(bad)} such codes in all")
 
 
 def check_ids(rows: Mapping[str, np.ndarray], config: MimoAudioConfig) -> None:
-  """Ids beyond a table (clamped silently by the gather) refused, naming the field, row, position and channel."""
-  for field in ("text_ids", "target_ids"):
-    bad = np.argwhere((rows[field] < 0) | (rows[field] >= config.vocab_size))
+  """Ids beyond a table (clamped silently by the gather) refused, naming the field, row, position and channel: text
+  ids, text targets, every patch's codes and every speech target's (target_ids -1)."""
+  for field, low in (("text_ids", 0), ("target_ids", -1)):
+    bad = np.argwhere((rows[field] < low) | (rows[field] >= config.vocab_size))
     if len(bad):
       r, pos = bad[0]
       raise ScoringError(f"{field}[row {r}, position {pos}] = {rows[field][r, pos]} is outside the text table "
                          f"({config.vocab_size} rows); {len(bad)} such ids in all")
-  codes = rows["patch_codes"]
-  if codes.shape[-1] != config.group_size * config.channels:
-    raise ScoringError(f"rows lay {codes.shape[-1]} codes a patch; the checkpoint reads {config.group_size} frames "
-                       f"of {config.channels} channels")
-  sizes = np.tile(np.asarray(config.speech_vocab_sizes), config.group_size)
-  bad = np.argwhere((codes < 0) | (codes >= sizes))
-  if len(bad):
-    r, pos, column = bad[0]
-    channel = column % config.channels
-    raise ScoringError(f"patch_codes[row {r}, position {pos}] frame {column // config.channels} channel {channel} = "
-                       f"{codes[r, pos, column]} is outside channel {channel}'s {config.speech_vocab_sizes[channel]} "
-                       f"rows; {len(bad)} such codes in all")
+  width = config.group_size * config.channels
+  for field in ("patch_codes", "target_codes"):
+    if rows[field].shape[-1] != width:
+      raise ScoringError(f"rows lay {rows[field].shape[-1]} {field} a patch; the checkpoint reads "
+                         f"{config.group_size} frames of {config.channels} channels")
+  problem = (_code_problem("patch_codes", rows["patch_codes"], np.ones(rows["patch_codes"].shape[:-1], bool), config)
+             or _code_problem("target_codes", rows["target_codes"], rows["target_ids"] < 0, config))
+  if problem:
+    raise ScoringError(problem)
 
 
 def scorer(config: MimoAudioConfig, shape: RowShape, mesh=None, batch_size: int = 8, dtype=jnp.float32,

@@ -296,6 +296,15 @@ def local_log_probs(config: MimoAudioConfig, params: Params, hidden: jax.Array, 
   return out, h
 
 
+def patch_nll(config: MimoAudioConfig, params: Params, hidden: jax.Array, codes: jax.Array, dtype=jnp.float32
+              ) -> jax.Array:
+  """[N, channels] each channel's NLL of a patch, summed over its frames: codes [N, group, channels] under the
+  patch decoder read from hidden [N, H] (`local_log_probs`, the full head's softmax, empty id included)."""
+  log_probs, _ = local_log_probs(config, params, hidden, codes, dtype)
+  return jnp.stack([-jnp.take_along_axis(lp, codes[..., c, None], axis=-1)[..., 0].sum(-1)
+                    for c, lp in enumerate(log_probs)], axis=-1)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _sequence(config: MimoAudioConfig, params: Params, text_ids, codes):
   length = text_ids.shape[1]
