@@ -54,8 +54,9 @@ def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bo
   config, ruled = plan(source, empty_id)
   manifest = {
     "source": os.path.abspath(source_path), "source_description": f"{source.description} (MiMo-Audio release)",
-    "source_model_type": mimo_audio.NAME, "source_config": source.config, "dtype": dtype,
-    "empty_token_id": empty_id,
+    # the config parse_config read: config.json with the tokenizer's <|empty|> id, which the pre-flight parses again
+    "source_model_type": mimo_audio.NAME, "source_config": dict(source.config, **{mimo_audio.EMPTY_ID_KEY: empty_id}),
+    "dtype": dtype, "empty_token_id": empty_id,
     "tokenizer": {"note": "the release's text tokenizer, copied"},
   }
   leaves = with_progress(own_release.iter_leaves(abstract_params(config, jnp.dtype(dtype)), ruled, source),

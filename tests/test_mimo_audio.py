@@ -294,6 +294,11 @@ def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_
       assert (ids == -1).all()
     # n tokens or patches counted; every scored log-prob (a patch: group_size x channels of them) within 1e-4
     assert lines[key]["n_tokens"] == n and abs(lines[key]["nll_sum"] + scored.sum()) < LOGPROB_TOLERANCE * scored.size, key
+  from s2sjax.scoring import preflight
+
+  td = load_task_data(data, "sstorycloze", modality, "mimo_audio", None)
+  verdicts = preflight.run(str(ckpt), spec="mimo_audio", data=td)
+  assert all(v.ok for v in verdicts) and "audio reaches the model" in {v.check for v in verdicts}, preflight.table(verdicts)
   tokenizer = MimoAudioTokenizer(str(AUDIO_TOKENIZER))
   layout = MimoLayout(0, 0, config.empty_id, config.empty_codes, config.group_size)
   width = config.group_size * config.channels
