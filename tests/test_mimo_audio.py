@@ -213,19 +213,25 @@ def test_mimo_convert_names_what_is_wrong_with_a_release_in_one_line(tmp_path, p
 
 
 def test_mimo_codes_outside_a_channel_are_refused_before_scoring(model):
-  """The scorer's id check names the row, position, frame and channel of a code past that channel's table."""
+  """The scorer's id check names the row, position, frame and channel of a code past that channel's table, in a
+  patch or in a speech target (target_ids -1); a text target past the text table is named too."""
   from s2sjax.scoring.architectures import mimo_audio
   from s2sjax.scoring.scorer import ScoringError
 
   config, _ = model
   width = config.group_size * config.channels
-  rows = {"text_ids": np.zeros((1, 4), np.int32), "target_ids": np.zeros((1, 2), np.int32),
-          "patch_codes": np.tile(np.asarray(config.empty_codes, np.int32), (1, 4, config.group_size)).reshape(1, 4, width)}
+  empty = np.tile(np.asarray(config.empty_codes, np.int32), config.group_size)
+  rows = {"text_ids": np.zeros((1, 4), np.int32), "patch_codes": np.tile(empty, (1, 4, 1)),
+          "target_ids": np.array([[5, -1]], np.int32), "target_codes": np.stack([np.full(width, -1), empty - 1])[None]}
   mimo_audio.check_ids(rows, config)
-  rows["patch_codes"][0, 2, config.channels + 3] = config.speech_vocab_sizes[3]
-  with pytest.raises(ScoringError, match=rf"patch_codes\[row 0, position 2\] frame 1 channel 3 = "
-                                         rf"{config.speech_vocab_sizes[3]} is outside channel 3's"):
-    mimo_audio.check_ids(rows, config)
+  for field, position, value in (("patch_codes", 2, config.speech_vocab_sizes[3]), ("target_codes", 1, -1)):
+    broken = {k: v.copy() for k, v in rows.items()}
+    broken[field][0, position, config.channels + 3] = value
+    with pytest.raises(ScoringError, match=rf"{field}\[row 0, position {position}\] frame 1 channel 3 = {value} is "
+                                           r"outside channel 3's"):
+      mimo_audio.check_ids(broken, config)
+  with pytest.raises(ScoringError, match=rf"target_ids\[row 0, position 0\] = {config.vocab_size} is outside"):
+    mimo_audio.check_ids(dict(rows, target_ids=np.array([[config.vocab_size, -1]], np.int32)), config)
 
 
 def laid_requests(td, config) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
