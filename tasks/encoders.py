@@ -13,6 +13,7 @@ The prefix is tokenized with the tokenizer's special tokens (a BOS where the mod
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
   StreamEncoder    parallel_streams: each side on streams of its own, by the spec's architecture's protocol
+  LaidEncoder      the base of an own row format's encoder (tasks/kimi_encoder.py, tasks/mimo_encoder.py)
 A plugin's format names its own subclass (tests/plugins/toy_features.py).
 """
 

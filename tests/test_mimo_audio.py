@@ -142,8 +142,8 @@ def test_mimo_patch_decoder_log_probs_match_upstream_teacher_forcing(outputs, mo
   scored = oracle("cont_local_logprobs_ch01").shape[0]
   patches = len(outputs["cont"]["text"])
   rows = slice(patches - scored - 1, patches - 1)  # patch g + 1 is read from patch g
-  expected = {c: (oracle("cont_local_logprobs_ch01")[:, :, c] if c < 2 else oracle("cont_local_logprobs_ch2to7")[:, :, c - 2])
-              for c in range(config.channels)}
+  first, rest = oracle("cont_local_logprobs_ch01"), oracle("cont_local_logprobs_ch2to7")
+  expected = {c: first[:, :, c] if c < 2 else rest[:, :, c - 2] for c in range(config.channels)}
   for c in range(config.channels):
     assert np.abs(outputs["cont"]["local"][c][rows] - expected[c]).max() < LOGPROB_TOLERANCE, f"channel {c}"
   hidden = oracle("cont_local_hidden")
@@ -300,7 +300,8 @@ def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_
                          for c, channel in enumerate(out_alone["local"])]).astype(np.float64)
       assert (ids == -1).all()
     # n tokens or patches counted; every scored log-prob (a patch: group_size x channels of them) within 1e-4
-    assert lines[key]["n_tokens"] == n and abs(lines[key]["nll_sum"] + scored.sum()) < LOGPROB_TOLERANCE * scored.size, key
+    assert lines[key]["n_tokens"] == n, key
+    assert abs(lines[key]["nll_sum"] + scored.sum()) < LOGPROB_TOLERANCE * scored.size, key
   from s2sjax.scoring import preflight
 
   td = load_task_data(data, "sstorycloze", modality, "mimo_audio", None)

@@ -20,7 +20,8 @@ def test_mimo_audio_7b_is_planned_at_its_real_size():
   assert (inner.hidden_size, inner.num_layers, inner.intermediate_size) == (1024, 6, 4096)
   assert (config.group_size, config.channels, config.delays) == (4, 8, tuple(range(8)))
   # the rest: the two local stacks' layers and norms, 8 tables and heads, the two downcasts
-  layer = lambda c: dataclasses.replace(c, num_layers=2).num_params() - dataclasses.replace(c, num_layers=1).num_params()
+  layer = lambda c: (dataclasses.replace(c, num_layers=2).num_params()
+                     - dataclasses.replace(c, num_layers=1).num_params())
   rest = (16 * layer(local) + 6 * layer(inner) + 2 * 1024 + 2 * sum(config.speech_vocab_sizes) * 1024
           + 4 * 1024 * 4096 + 4096 * 1024)
   assert config.num_params() == d.num_params() + rest

@@ -1,8 +1,9 @@
 """MiMo-Audio-7B-Base as an architecture of its own: its release config.json (and its tokenizer's <|empty|> id) read
 into a `MimoAudioConfig`, every switch read or refused by name, the release's tensor keys, its scoring step over the
 `mimo_audio` input format's rows (text targets by the text head, speech patches by the patch decoder), the
-evaluator's and the pre-flight's checks of a spec against a checkpoint, the log-probs hook and its registration. The network is `s2sjax.scoring.model.mimo_audio`; the converter `checkpoints_conversion/mimo_release.py`,
-which `checkpoints_conversion.convert` runs for a release naming `MiMoAudioForCausalLM`, with no flags.
+evaluator's and the pre-flight's checks of a spec against a checkpoint, the log-probs hook and its registration.
+The network is `s2sjax.scoring.model.mimo_audio`; the converter `checkpoints_conversion/mimo_release.py`, which
+`checkpoints_conversion.convert` runs for a release naming `MiMoAudioForCausalLM`, with no flags.
 
 Why not a family of the shared decoder: a position of its global stack is a patch of one text id and 4 x 8 RVQ
 codes, read through a transformer of its own (the input local transformer), and its speech is predicted by a
@@ -122,8 +123,8 @@ def rules(config: MimoAudioConfig) -> list[keymap.Rule]:
   out = keymap.decoder_rules(config.decoder, keymap.HF_NAMES)
   for target, prefix, stack in (("input_local", "input_local_transformer", config.input_local),
                                 ("local", "local_transformer", config.local)):
-    out += [dataclasses.replace(r, target=(target,) + r.target) for r in keymap.decoder_rules(stack, _stack_names(prefix))
-            if r.target[0] in ("layers", "final_norm")]
+    out += [dataclasses.replace(r, target=(target,) + r.target)
+            for r in keymap.decoder_rules(stack, _stack_names(prefix)) if r.target[0] in ("layers", "final_norm")]
   d_in, d_local, d = config.input_local.hidden_size, config.local.hidden_size, config.decoder.hidden_size
   linear = lambda target, key, n_in, n_out: keymap.Rule(target, (keymap.Piece(key, (n_out, n_in)),), "linear")
   for c, n in enumerate(config.speech_vocab_sizes):

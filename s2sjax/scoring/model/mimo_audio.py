@@ -103,15 +103,13 @@ class MimoAudioConfig(AroundDecoder):
     return cls(**dict(fields, **stacks, **tuples))
 
 
-def _stack(config: ModelConfig, tree: Params) -> Params:
+def _stack(tree: Params) -> Params:
   """A Qwen2Model without embeddings or head (the two local transformers): its layers and final norm."""
   return {"layers": tree["layers"], "final_norm": tree["final_norm"]}
 
 
-def _assemble(config: MimoAudioConfig, global_tree: Params, input_local: Params, local: Params, tables: Params
-              ) -> Params:
-  return {**global_tree, "input_local": _stack(config.input_local, input_local), "local": _stack(config.local, local),
-          **tables}
+def _assemble(global_tree: Params, input_local: Params, local: Params, tables: Params) -> Params:
+  return {**global_tree, "input_local": _stack(input_local), "local": _stack(local), **tables}
 
 
 def _table_shapes(config: MimoAudioConfig, param_dtype) -> Params:
@@ -143,13 +141,13 @@ def _table_axes(config: MimoAudioConfig) -> Params:
 def abstract_params(config: MimoAudioConfig, param_dtype=jnp.float32) -> Params:
   """The parameter tree as `jax.ShapeDtypeStruct`s: the shared decoder's tree for the global stack, `input_local`
   and `local` (each `layers` stacked and `final_norm`), the per-channel speech tables and heads, the downcasts."""
-  return _assemble(config, decoder.abstract_params(config.decoder, param_dtype),
+  return _assemble(decoder.abstract_params(config.decoder, param_dtype),
                    decoder.abstract_params(config.input_local, param_dtype),
                    decoder.abstract_params(config.local, param_dtype), _table_shapes(config, param_dtype))
 
 
 def param_logical_axes(config: MimoAudioConfig) -> Params:
-  return _assemble(config, decoder.param_logical_axes(config.decoder), decoder.param_logical_axes(config.input_local),
+  return _assemble(decoder.param_logical_axes(config.decoder), decoder.param_logical_axes(config.input_local),
                    decoder.param_logical_axes(config.local), _table_axes(config))
 
 
