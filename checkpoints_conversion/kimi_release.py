@@ -12,11 +12,10 @@ evaluate with the release folder as the tokenizer directory. Every key and shape
 from __future__ import annotations
 
 import os
-from typing import Iterator
 
 import jax.numpy as jnp
-import numpy as np
 
+from checkpoints_conversion import own_release
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
 from s2sjax.scoring import checkpoint
@@ -34,32 +33,8 @@ def plan(source: TensorSource) -> tuple[KimiAudioConfig, list[keymap.Rule]]:
   except ConfigError as e:
     raise ConversionError(f"{source.description}: {e}") from None
   ruled = kimi_audio.rules(config)
-  targets = set(dict(checkpoint.flatten(abstract_params(config))))
-  problems, rest = keymap.check_rules(targets, ruled, {key: source.shape(key) for key in source.keys()})
-  unexpected = [key for key in rest if not key.endswith(keymap.HF_IGNORED_SUFFIXES)]
-  if unexpected:
-    problems.append(f"{len(unexpected)} unexpected key(s) that no rule reads: {', '.join(unexpected[:20])}")
-  if problems:
-    raise ConversionError(f"{source.description} does not fit a Kimi-Audio target:\n  " + "\n  ".join(problems))
+  own_release.check_release(source, abstract_params(config), ruled, "Kimi-Audio")
   return config, ruled
-
-
-def iter_leaves(config: KimiAudioConfig, ruled: list[keymap.Rule], source: TensorSource, dtype
-                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-  """(stored path, array) per leaf, reading only that leaf's tensors: the main stack's layers one at a time (as the
-  checkpoint stores `layers`), the branch's stacked."""
-  abstract = dict(checkpoint.flatten(abstract_params(config, param_dtype=dtype)))
-  for rule in ruled:
-    target = abstract[rule.target]
-    layer_shape = rule.per_layer_shape(target.shape)
-    arrays = (rule.to_target(source.read(piece.key), piece, layer_shape).astype(target.dtype) for piece in rule.pieces)
-    if rule.target[0] == "layers":
-      for i, array in enumerate(arrays):
-        yield ("layers", str(i)) + rule.target[1:], array
-    elif rule.stacked:
-      yield rule.target, np.stack(list(arrays))
-    else:
-      yield rule.target, next(arrays)
 
 
 def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
@@ -75,9 +50,8 @@ def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bo
     "tokenizer": {"note": "not copied (the release's tiktoken tokenizer is code): evaluate with the release folder "
                           "as --tokenizer_dir"},
   }
-  leaves = with_progress(iter_leaves(config, ruled, source, jnp.dtype(dtype)),
-                         sum(len(rule.pieces) if rule.target[0] == "layers" else 1 for rule in ruled),
-                         f"converting {os.path.basename(os.path.normpath(source_path))}")
+  leaves = with_progress(own_release.iter_leaves(abstract_params(config, jnp.dtype(dtype)), ruled, source),
+                         own_release.leaf_count(ruled), f"converting {os.path.basename(os.path.normpath(source_path))}")
   with interrupts_between_leaves() as between:
     checkpoint.write_checkpoint(output, config, between(leaves), manifest=manifest, overwrite=overwrite)
   return manifest

@@ -13,6 +13,7 @@ The prefix is tokenized with the tokenizer's special tokens (a BOS where the mod
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
   StreamEncoder    parallel_streams: each side on streams of its own, by the spec's architecture's protocol
+  LaidEncoder      the base of an own row format's encoder (tasks/kimi_encoder.py, tasks/mimo_encoder.py)
 A plugin's format names its own subclass (tests/plugins/toy_features.py).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import dataclasses
 import hashlib
 import os
 
@@ -31,7 +33,8 @@ from s2sjax.data.builds import PROTOCOLS, VariantError
 from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
   weigh_streams)
 from s2sjax.data.modalities import SPEECH, TEXT
-from s2sjax.data.packing import Item, PackingError, RowShape, check_item, item_positions, pack
+from s2sjax.data.packing import (Item, LaidItem, PackingError, RowShape, check_item, fit_laid, item_positions, pack,
+  pack_laid)
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
 from s2sjax.data.rows import TOKEN_ROWS
@@ -494,3 +497,37 @@ def _file_digest(path: str) -> str:
       return hashlib.sha256(f.read()).hexdigest()
   except OSError:
     return path
+
+
+class LaidEncoder(QuestionEncoder):
+  """An own row format's encoder (Kimi-Audio's, MiMo-Audio's): a side is a dict of the format's fields, a
+  candidate's with its per-target ones (the format's `own_targets`, `target_ids` among them); every candidate lays
+  each of its positions but the last, whose token (or patch) is only predicted; items are packed whole
+  (`packing.pack_laid`). Subclasses set `laid_as` (what a prefix is laid as, for the message refusing to cut one)
+  and `widths`."""
+
+  laid_as: str
+
+  def widths(self) -> dict[str, int]:
+    """The format's named widths in these rows."""
+    return {}
+
+  def scored(self, candidate: dict) -> int:
+    return len(candidate["target_ids"])
+
+  def item(self, prefix: dict, candidates: tuple[dict, ...], codes: None, name: str) -> LaidItem:
+    targets = {f.name for f in self.spec.input_format.row_format.own_targets}
+    laid = lambda side: ({k: v[:-1] for k, v in side.items() if k not in targets},
+                         {k: v for k, v in side.items() if k in targets})
+    return LaidItem(prefix, tuple(laid(side) for side in candidates), share=True, name=name)
+
+  def check(self, item: LaidItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
+    if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
+      raise VariantError(f"spec {self.spec.name} lays {self.laid_as}, which cannot lose their first ids "
+                         f"(overlong={overlong}): give a longer --row_length")
+    fit_laid(0, item, shape, share_prefix)
+
+  def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
+    laid = [dataclasses.replace(item, share=fit_laid(i, item, shape, share_prefix)) for i, item in enumerate(items)]
+    row_format = self.spec.input_format.row_format
+    return pack_laid(laid, shape, share_prefix, lambda count: row_format.empty(count, shape, self.widths()))

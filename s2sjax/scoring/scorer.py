@@ -545,3 +545,43 @@ class StreamScorer(_RowScorer):
     self._check_ids(rows, self.config)
     slots = self._score_rows(params, rows, progress)
     return slots["nll_sum"], slots["n_tokens"]
+
+
+def row_mask(batch: dict, window: layers.LocalWindow | None):
+  """The decoder's mask of packed rows over their segment and branch ids: item-local with a `window`, else dense."""
+  if window:
+    return layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
+  return layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+
+
+def text_head_scores(logits: Callable, hidden: jax.Array, batch: dict, target_chunk: int, num_slots: int) -> dict:
+  """What an own-rows step returns for one-id targets under a text head: per target [B, M] `target_nll` (the
+  target id's NLL over the full vocabulary of `logits(h)`, fp32 logsumexp, read at `target_pos` of hidden
+  [B, L, H]) and per slot [B, C] `nll_sum` and `n_tokens`."""
+  gathered = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)
+
+  def nll_of(h, ids):
+    scores = logits(h)
+    return jax.nn.logsumexp(scores, axis=-1) - jnp.take_along_axis(scores, ids[..., None], axis=-1)[..., 0]
+
+  return slot_scores(by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"]), batch, num_slots)
+
+
+def slot_scores(nll: jax.Array, batch: dict, num_slots: int) -> dict:
+  """Per target [B, M] NLLs -> what an own-rows step returns: `target_nll` and per slot [B, C] `nll_sum` and
+  `n_tokens` (targets of the slot)."""
+  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
+  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
+          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
+
+
+def windowed_scorer(config, shape: RowShape, score_batch: Callable, check_ids: Callable, abstract: Params,
+                    param_axes: Params, row_format: RowFormat, mesh: Mesh | None = None, batch_size: int = 8,
+                    dtype=jnp.float32, attention: str = "xla") -> StreamScorer:
+  """A `StreamScorer` over an architecture's own rows whose step, `score_batch(config, dtype, target_chunk,
+  num_slots, params, batch, attention, window)`, attends item-locally where the shape records its longest item."""
+  window = layers.local_window(shape.max_item, shape.length)
+  step = lambda config, dtype, target_chunk, num_slots, params, batch: score_batch(
+    config, dtype, target_chunk, num_slots, params, batch, attention, window)
+  return StreamScorer(config, shape, step, check_ids, abstract, param_axes, mesh=mesh, batch_size=batch_size,
+                      dtype=dtype, row_format=row_format)

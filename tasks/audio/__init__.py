@@ -53,6 +53,10 @@ register(AudioTokenizerType(
   "the glm-4-voice-tokenizer folder beside it", 12.5,
   "Kimi-Audio's input: GLM-4-Voice codes and, beside each, the release's Whisper-large-v3 feature"))
 
+register(AudioTokenizerType(
+  "mimo_audio", "tasks.audio.mimo_audio:MimoAudioTokenizer", "a MiMo-Audio-Tokenizer folder (config.json, "
+  "model.safetensors)", 25.0, "MiMo-Audio's RoPE encoder and 20-layer RVQ: its first N codebooks (the LLM's 8)"))
+
 
 def resolver(kind: str, tokenizer_dir: str | None):
   """`where(path)`: a spec path made concrete. Relative paths are read under --audio_tokenizer_dir; None or '.'

@@ -51,6 +51,18 @@ def _files(path: str) -> dict[str, str]:
     raise WeightsError(f"{path} cannot be read as safetensors ({type(e).__name__}: {e})") from e
 
 
+def _read_bf16(path: str, key: str) -> np.ndarray:
+  """A bf16 tensor (which safetensors' numpy reader refuses) as float32, from its bytes (ml_dtypes' bfloat16)."""
+  import ml_dtypes
+
+  with open(path, "rb") as f:
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    start, end = header[key]["data_offsets"]
+    f.seek(start, 1)
+    raw = f.read(end - start)
+  return np.frombuffer(raw, ml_dtypes.bfloat16).reshape(header[key]["shape"]).astype(np.float32)
+
+
 class ReleaseWeights:
   """The tensors under `prefix` of a release's safetensors (`audio_tokenizer.` of a Baichuan-Audio folder, say).
 
@@ -78,8 +90,9 @@ class ReleaseWeights:
       raise WeightsError(f"{self.path}: tensor {self.prefix + key!r} is missing")
     with safe_open(self._where[key], framework="np") as f:
       try:
-        array = f.get_tensor(self.prefix + key)
-      except Exception as e:  # a dtype numpy cannot hold (bf16) or a cut file
+        bf16 = f.get_slice(self.prefix + key).get_dtype() == "BF16"
+        array = _read_bf16(self._where[key], self.prefix + key) if bf16 else f.get_tensor(self.prefix + key)
+      except Exception as e:  # a cut file, a dtype numpy cannot hold
         raise WeightsError(f"{self._where[key]}: tensor {self.prefix + key!r} cannot be read ({e})") from e
     if shape is not None and tuple(array.shape) != tuple(shape):
       raise WeightsError(f"{self._where[key]}: tensor {self.prefix + key!r} has shape {tuple(array.shape)}, "

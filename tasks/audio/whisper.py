@@ -77,13 +77,14 @@ def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
           "mlp_norm": norm("final_layer_norm"), "fc1": linear("fc1", d_model, ffn), "fc2": linear("fc2", ffn, d_model)}
 
 
-def encoder_layer(x, params: dict, visible, heads: int, precision):
+def encoder_layer(x, params: dict, visible, heads: int, precision, rotary=None):
   """x [B, T, d] through one Whisper encoder layer; `visible` [B, T or 1, T] says which keys each query sees
-  (`ops.attention`: an empty batch row stays finite)."""
+  (`ops.attention`: an empty batch row stays finite). `rotary`: (cos, sin) [B, T, head_dim / 2] rotating q and k
+  (rotate-half pairs), for encoders that place frames by RoPE instead of a position table (MiMo-Audio's)."""
   # jax loads here, not at import: the log-mel features above are numpy alone
   import jax
 
-  from s2sjax.scoring.model.layers import layer_norm
+  from s2sjax.scoring.model.layers import apply_rotary, layer_norm
   from tasks.audio.ops import attention, dense
 
   batch, frames, width = x.shape
@@ -91,6 +92,8 @@ def encoder_layer(x, params: dict, visible, heads: int, precision):
   split = lambda y: y.reshape(batch, frames, heads, width // heads)
   h = norm(x, params["attention_norm"])
   q, k, v = (split(dense(h, params[name], precision)) for name in ("q", "k", "v"))
+  if rotary is not None:
+    q, k = (apply_rotary(y, *rotary, interleaved=False) for y in (q, k))
   attended = attention(q, k, v, visible, precision)
   x = x + dense(attended.reshape(batch, frames, width), params["out"], precision)
   hidden = jax.nn.gelu(dense(norm(x, params["mlp_norm"]), params["fc1"], precision), approximate=False)

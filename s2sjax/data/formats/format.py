@@ -91,3 +91,20 @@ def owner_of_key(key: str) -> InputFormat | None:
   """The registered format whose specs alone set `key` (a `Spec` field), if any (formats register before the
   specs that name them)."""
   return next((f for f in INPUT_FORMATS.registered() if key in f.spec_keys), None)
+
+
+# Spec fields of the token formats that a format laying its tokenizer's own markers (Kimi-Audio's, MiMo-Audio's)
+# does not read.
+TOKEN_KEYS = ("start_token", "end_token", "placeholder_token", "unit_token", "unit_offset", "bos_id", "chat")
+
+
+def own_layout_problems(spec: Spec, options: tuple[str, ...], minimum: int) -> list[str]:
+  """What a spec of such a format lacks: exactly the integer `options` (each at least `minimum`), and none of the
+  TOKEN_KEYS."""
+  given = spec.options or {}
+  problems = []
+  if sorted(given) != sorted(options) or not all(isinstance(v, int) and v >= minimum for v in given.values()):
+    kind = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
+    problems.append(f"options needs exactly the {kind} integers {', '.join(options)} (found {given or 'none'})")
+  return problems + [f"no {key} (its markers are the tokenizer's own)" for key in TOKEN_KEYS
+                     if getattr(spec, key) is not None]

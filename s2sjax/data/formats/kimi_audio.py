@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from s2sjax.data.formats.format import InputFormat, register
+from s2sjax.data.formats.format import InputFormat, own_layout_problems, register
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.rows import Field, RowFormat
 
 NAME = "kimi_audio"
 OPTIONS = ("token_offset", "feature_width")
-# Spec fields of the token formats that Kimi's layout does not read: its markers are the tokenizer's own.
-TOKEN_KEYS = ("start_token", "end_token", "placeholder_token", "unit_token", "unit_offset", "bos_id", "chat")
 
 ROWS = RowFormat(
   NAME, marker="audio_ids",
@@ -41,15 +39,9 @@ ROWS = RowFormat(
 
 
 def _spec_problems(spec) -> list[str]:
-  options = spec.options or {}
-  problems = []
-  if sorted(options) != sorted(OPTIONS) or not all(isinstance(options[k], int) and options[k] >= 0 for k in options):
-    problems.append(f"options needs exactly the non-negative integers {', '.join(OPTIONS)} (found "
-                    f"{options or 'none'})")
+  problems = own_layout_problems(spec, OPTIONS, 0)
   if len(spec.codebook_sizes) != 1 or not spec.text_vocabulary:
     problems.append("one codebook (GLM-4-Voice's) and a text vocabulary")
-  problems += [f"no {key} (its markers are the tokenizer's own)" for key in TOKEN_KEYS
-               if getattr(spec, key) is not None]
   return [f"spec {spec.name}: {NAME} takes {p}" for p in problems]
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -30,7 +29,7 @@ from s2sjax.scoring.model.config import ConfigError
 from s2sjax.scoring.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
   sequence_log_probs, text_logits)
 from s2sjax.data.packing import RowShape
-from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks
+from s2sjax.scoring.scorer import ScoringError, StreamScorer, row_mask, text_head_scores, windowed_scorer
 from s2sjax.scoring.sequence_inputs import LogProbsError, check_range, sequence
 from s2sjax.data.spec import AudioIds, Spec
 
@@ -130,24 +129,11 @@ def score_batch(config: KimiAudioConfig, dtype, target_chunk: int, num_slots: in
   utils/sampler.py:138 reads it), per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.scorer.score_batch` for the
   decoder. Attention is the decoder's over segment / branch ids (a prefix shared by its candidates; item-local with
   a `window`). Rows of a written prefix carry a feature track of width 0. Pure; jitted by the scorer."""
-  if window:
-    mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
-  else:
-    mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   features = batch["features"] if batch["features"].shape[-1] else None
   text, _ = hidden_states(config, params, batch["audio_ids"], batch["text_ids"], features, batch["continuous"] > 0,
-                          batch["positions"], mask, batch["segment_ids"], batch["branch_ids"], dtype=dtype,
-                          attention=attention, window=window, audio_head=False)
-  gathered = jnp.take_along_axis(text, batch["target_pos"][..., None], axis=1)
-
-  def nll_of(h, ids):
-    logits = text_logits(params, h)
-    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-
-  nll = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"])
-  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
-  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
-          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
+                          batch["positions"], row_mask(batch, window), batch["segment_ids"], batch["branch_ids"],
+                          dtype=dtype, attention=attention, window=window, audio_head=False)
+  return text_head_scores(lambda h: text_logits(params, h), text, batch, target_chunk, num_slots)
 
 
 def check_ids(rows: Mapping[str, np.ndarray], config: KimiAudioConfig) -> None:
@@ -170,11 +156,8 @@ def scorer(config: KimiAudioConfig, shape: RowShape, mesh=None, batch_size: int 
            attention: str = "xla") -> StreamScorer:
   """The compiled step over `kimi_audio` rows of `shape` (item-local attention where the shape records its longest
   item), driven by the generic row scorer."""
-  window = layers.local_window(shape.max_item, shape.length)
-  step = lambda config, dtype, target_chunk, num_slots, params, batch: score_batch(
-    config, dtype, target_chunk, num_slots, params, batch, attention, window)
-  return StreamScorer(config, shape, step, check_ids, abstract_params(config), param_logical_axes(config), mesh=mesh,
-                      batch_size=batch_size, dtype=dtype, row_format=ROWS)
+  return windowed_scorer(config, shape, score_batch, check_ids, abstract_params(config), param_logical_axes(config),
+                         ROWS, mesh, batch_size, dtype, attention)
 
 
 # ---- a spec's ids against the checkpoint: the evaluator's fit check and the pre-flight's verdicts --------------------

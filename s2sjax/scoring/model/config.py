@@ -174,3 +174,19 @@ def _is_real(value: Any) -> bool:
 def _require(field: str, value: Any, holds: bool, requirement: str) -> None:
   if not holds:
     raise ConfigValueError(field, value, requirement)
+
+
+class AroundDecoder:
+  """For the config of a model built around a shared-decoder stack (`self.decoder`: Kimi-Audio's main stack,
+  MiMo-Audio's global one): its text table's rows, and the layers of its top-level `layers` stack, which the
+  checkpoint stores one at a time."""
+
+  decoder: ModelConfig
+
+  @property
+  def vocab_size(self) -> int:
+    return self.decoder.vocab_size
+
+  @property
+  def num_layers(self) -> int:
+    return self.decoder.num_layers

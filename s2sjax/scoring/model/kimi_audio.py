@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from s2sjax.scoring.model import decoder, layers
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.scoring.model.config import AroundDecoder, ConfigError, ModelConfig
 
 NAME = "kimi_audio"  # model_config.json's `family` (s2sjax/scoring/architectures/kimi_audio.py registers it)
 Params = dict[str, Any]
@@ -47,7 +47,7 @@ _ADAPTOR_AXES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class KimiAudioConfig:
+class KimiAudioConfig(AroundDecoder):
   """Kimi-Audio's architecture (hashable: a static argument of `jax.jit`). Parsed from a release's config.json by
   `s2sjax.scoring.architectures.kimi_audio.parse_config`; the id ranges come from that config, never from constants."""
 
@@ -75,15 +75,6 @@ class KimiAudioConfig:
                       f"{self.audio_codes} codes) run past the {d.vocab_size}-row embedding")
     if problems:
       raise ConfigError("Kimi-Audio config: " + "; ".join(problems))
-
-  @property
-  def vocab_size(self) -> int:
-    return self.decoder.vocab_size
-
-  @property
-  def num_layers(self) -> int:
-    """Layers of the top-level `layers` stack (the main stack), which the checkpoint stores one at a time."""
-    return self.decoder.num_layers
 
   def num_params(self) -> int:
     """Every parameter: the main stack with its head, the branch with its norm and head, the adaptor."""
