@@ -12,12 +12,10 @@ evaluate with the release folder as the tokenizer directory. Every key and shape
 from __future__ import annotations
 
 import os
-from typing import Iterator
-
 import jax.numpy as jnp
-import numpy as np
 
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
+from checkpoints_conversion.rule_leaves import iter_leaves, leaf_count
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
 from s2sjax.scoring import checkpoint
 from s2sjax.scoring.architectures import kimi_audio
@@ -44,24 +42,6 @@ def plan(source: TensorSource) -> tuple[KimiAudioConfig, list[keymap.Rule]]:
   return config, ruled
 
 
-def iter_leaves(config: KimiAudioConfig, ruled: list[keymap.Rule], source: TensorSource, dtype
-                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-  """(stored path, array) per leaf, reading only that leaf's tensors: the main stack's layers one at a time (as the
-  checkpoint stores `layers`), the branch's stacked."""
-  abstract = dict(checkpoint.flatten(abstract_params(config, param_dtype=dtype)))
-  for rule in ruled:
-    target = abstract[rule.target]
-    layer_shape = rule.per_layer_shape(target.shape)
-    arrays = (rule.to_target(source.read(piece.key), piece, layer_shape).astype(target.dtype) for piece in rule.pieces)
-    if rule.target[0] == "layers":
-      for i, array in enumerate(arrays):
-        yield ("layers", str(i)) + rule.target[1:], array
-    elif rule.stacked:
-      yield rule.target, np.stack(list(arrays))
-    else:
-      yield rule.target, next(arrays)
-
-
 def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False) -> dict:
   """A Kimi-Audio release folder -> a Kimi-Audio checkpoint; returns the manifest."""
   source = SafetensorsSource(source_path)
@@ -75,9 +55,8 @@ def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bo
     "tokenizer": {"note": "not copied (the release's tiktoken tokenizer is code): evaluate with the release folder "
                           "as --tokenizer_dir"},
   }
-  leaves = with_progress(iter_leaves(config, ruled, source, jnp.dtype(dtype)),
-                         sum(len(rule.pieces) if rule.target[0] == "layers" else 1 for rule in ruled),
-                         f"converting {os.path.basename(os.path.normpath(source_path))}")
+  leaves = with_progress(iter_leaves(abstract_params(config, param_dtype=jnp.dtype(dtype)), ruled, source),
+                         leaf_count(ruled), f"converting {os.path.basename(os.path.normpath(source_path))}")
   with interrupts_between_leaves() as between:
     checkpoint.write_checkpoint(output, config, between(leaves), manifest=manifest, overwrite=overwrite)
   return manifest
