@@ -13,6 +13,7 @@ The prefix is tokenized with the tokenizer's special tokens (a BOS where the mod
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
   StreamEncoder    parallel_streams: each side on streams of its own, by the spec's architecture's protocol
+  LaidFieldsEncoder  the base of formats laid field by field with a feature track (kimi_audio, step_audio2)
 A plugin's format names its own subclass (tests/plugins/toy_features.py).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import dataclasses
 import hashlib
 import os
 
@@ -31,7 +33,7 @@ from s2sjax.data.builds import PROTOCOLS, VariantError
 from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
   weigh_streams)
 from s2sjax.data.modalities import SPEECH, TEXT
-from s2sjax.data.packing import Item, PackingError, RowShape, check_item, pack
+from s2sjax.data.packing import Item, LaidItem, PackingError, RowShape, check_item, fit_laid, pack, pack_laid
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
 from s2sjax.data.rows import TOKEN_ROWS
@@ -443,6 +445,35 @@ class StreamEncoder(QuestionEncoder):
     """`pack_streams`, then the scored tokens weighted by the protocol."""
     rows, report = pack_streams(items, shape, self.layout, share_prefix)
     return weigh_streams(rows, self.weights), report
+
+
+class LaidFieldsEncoder(QuestionEncoder):
+  """Rows of a format of its own (`row_format`) laid field by field, a feature track of `width` among them (Kimi-Audio,
+  Step-Audio 2): a prefix and its candidates as dicts of per-position fields, each candidate's `target_ids` scored.
+  Its messages cannot lose their first ids, so an overlong item is an error."""
+
+  row_format = None  # the format's RowFormat
+  model = ""  # whose prompts these are, for messages
+  width = 0  # the feature track's width in these rows (0: a written prefix)
+
+  def scored(self, candidate: dict) -> int:
+    return len(candidate["target_ids"])
+
+  def item(self, prefix: dict, candidates: tuple[dict, ...], codes: None, name: str) -> LaidItem:
+    """Each candidate lays every position but its last, whose token is only predicted."""
+    laid = lambda side: ({k: v[:-1] for k, v in side.items() if k != "target_ids"}, {"target_ids": side["target_ids"]})
+    return LaidItem(prefix, tuple(laid(side) for side in candidates), share=True, name=name)
+
+  def check(self, item: LaidItem, shape: RowShape, share_prefix: bool, overlong: str) -> None:
+    if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
+      raise VariantError(f"spec {self.spec.name} lays {self.model}'s prompts, which cannot lose their first ids "
+                         f"(overlong={overlong}): give a longer --row_length")
+    fit_laid(0, item, shape, share_prefix)
+
+  def pack(self, items: list, shape: RowShape, share_prefix: bool, overlong: str):
+    laid = [dataclasses.replace(item, share=fit_laid(i, item, shape, share_prefix)) for i, item in enumerate(items)]
+    empty = lambda count: self.row_format.empty(count, shape, {"features": self.width})
+    return pack_laid(laid, shape, share_prefix, empty)
 
 
 def _targets_every(rows: dict[str, np.ndarray], every: int) -> dict[str, np.ndarray]:

@@ -13,16 +13,12 @@ Each candidate's tokens are scored by the text head; its last token is a target 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from s2sjax.data import packing
-from s2sjax.data.builds import VariantError
 from s2sjax.data.formats.kimi_audio import ROWS
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.spec import SpecError, resolve_audio_ids
-from tasks.encoders import QuestionEncoder
+from tasks.encoders import LaidFieldsEncoder
 from tasks.kimi_prompt import (TOKEN_NAMES, KimiSpecialIds, KimiStreams, Message, lay_features, lay_prompt,
                                lay_text_continuation)
 from tasks.release import Question
@@ -40,9 +36,11 @@ def special_ids(spec, tokenizer) -> KimiSpecialIds:
   return KimiSpecialIds.from_tokens(vocab.__getitem__)
 
 
-class KimiEncoder(QuestionEncoder):
+class KimiEncoder(LaidFieldsEncoder):
   """A question's prefix and candidates as Kimi-Audio rows: per position the two streams, the feature track (width
   0 for a written prefix) and the continuous mask; per target the candidate's text id."""
+
+  row_format, model = ROWS, "Kimi-Audio"
 
   def __init__(self, spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
@@ -77,23 +75,3 @@ class KimiEncoder(QuestionEncoder):
   def candidate(self, question: Question, c: int) -> tuple[dict, float]:
     text = self.text_ids(question.candidates[c], special=False)
     return dict(self._fields(lay_text_continuation(text, self.special)), target_ids=text), 0.0
-
-  def scored(self, candidate: dict) -> int:
-    return len(candidate["target_ids"])
-
-  def item(self, prefix: dict, candidates: tuple[dict, ...], codes: None, name: str) -> packing.LaidItem:
-    """Each candidate lays every position but its last, whose token is only predicted."""
-    laid = lambda side: ({k: v[:-1] for k, v in side.items() if k != "target_ids"}, {"target_ids": side["target_ids"]})
-    return packing.LaidItem(prefix, tuple(laid(side) for side in candidates), share=True, name=name)
-
-  def check(self, item: packing.LaidItem, shape: packing.RowShape, share_prefix: bool, overlong: str) -> None:
-    if overlong != "error":  # not a PackingError: no question could be built, so none is skipped for it
-      raise VariantError(f"spec {self.spec.name} lays Kimi-Audio's messages, which cannot lose their first ids "
-                         f"(overlong={overlong}): give a longer --row_length")
-    packing.fit_laid(0, item, shape, share_prefix)
-
-  def pack(self, items: list, shape: packing.RowShape, share_prefix: bool, overlong: str):
-    laid = [dataclasses.replace(item, share=packing.fit_laid(i, item, shape, share_prefix))
-            for i, item in enumerate(items)]
-    empty = lambda count: ROWS.empty(count, shape, {"features": self.width})
-    return packing.pack_laid(laid, shape, share_prefix, empty)

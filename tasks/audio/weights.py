@@ -77,6 +77,9 @@ class ReleaseWeights:
     if key not in self._where:
       raise WeightsError(f"{self.path}: tensor {self.prefix + key!r} is missing")
     with safe_open(self._where[key], framework="np") as f:
+      # numpy has no bfloat16: such a tensor (a release kept in bf16, Step-Audio 2's) is read through jax
+      framework = "flax" if f.get_slice(self.prefix + key).get_dtype() == "BF16" else "np"
+    with safe_open(self._where[key], framework=framework) as f:
       try:
         array = f.get_tensor(self.prefix + key)
       except Exception as e:  # a dtype numpy cannot hold (bf16) or a cut file

@@ -1,0 +1,81 @@
+"""S2SBench's questions in Step-Audio 2's own prompts (the `step_audio2` input format,
+s2sjax/data/formats/step_audio2.py), laid by tasks/step_audio2_prompt.py in the template the spec's `template` option
+names (`base`: Step-Audio-2-mini-Base's plain pieces; `chat`: Step-Audio-2-mini's turns):
+
+  S->T  S2SBench's instruction (the spec's `speech_instruction`; none when it is empty), then the prefix's audio (an
+        <audio_start> block per 25 s chunk, its placeholders overwritten by the adaptor rows of the `step_audio2`
+        audio tokenizer's feature track); chat: both in the user's turn, then the assistant's turn opened
+  T->T  the prefix's text; chat: in the user's turn, then the assistant's turn opened
+
+then the candidate's text, tokenised alone, scored over the full vocabulary; its last token is a target only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from s2sjax.data.formats.step_audio2 import ROWS
+from s2sjax.data.modalities import SPEECH
+from s2sjax.data.spec import SpecError, resolve_audio_ids
+from tasks.encoders import LaidFieldsEncoder
+from tasks.release import Question
+from tasks.step_audio2_prompt import TOKEN_NAMES, Audio, AudioIds, Laid, base_request, chat_request, lay
+
+
+def audio_ids(spec, tokenizer) -> AudioIds:
+  """The audio markers' ids, looked up by name in the release tokenizer; a token it lacks is named."""
+  vocab = tokenizer.get_vocab()
+  missing = [token for token in TOKEN_NAMES.values() if token not in vocab]
+  if missing:
+    raise SpecError(f"spec {spec.name}: Step-Audio 2's layout needs the tokens {', '.join(missing)}, which the text "
+                    "tokenizer lacks (give the release's own, --tokenizer_dir=RELEASE)")
+  return AudioIds.from_tokens(vocab.__getitem__)
+
+
+def chunk_rows(openings: np.ndarray) -> tuple[int, ...]:
+  """Rows per 25 s chunk from the `step_audio2` tokenizer's codes [N, 1] (1 where a chunk after the first opens)."""
+  starts = [0, *np.flatnonzero(openings[:, 0] > 0).tolist(), len(openings)]
+  return tuple(b - a for a, b in zip(starts[:-1], starts[1:]))
+
+
+class StepAudio2Encoder(LaidFieldsEncoder):
+  """A question's prefix and candidates as Step-Audio 2 rows: per position the id, the feature track (width 0 for a
+  written prefix) and the patch mask; per target the candidate's text id."""
+
+  row_format, model = ROWS, "Step-Audio 2"
+
+  def __init__(self, spec, *args, **kwargs):
+    super().__init__(spec, *args, **kwargs)
+    self.audio = audio_ids(spec, self.tokenizer)
+    self.template = spec.options["template"]
+    self.width = spec.input_format.widths(spec, self.modality)["features"]
+    if self.width and self.audio_tokenizer.feature_width != self.width:
+      raise SpecError(f"spec {spec.name} lays adaptor rows of width {self.width}; its audio tokenizer's track is "
+                      f"{self.audio_tokenizer.feature_width} wide")
+    self.ids = resolve_audio_ids(spec, self.tokenizer)  # none of the spec's: the markers are the tokenizer's
+
+  def _tokenize(self, text: str) -> np.ndarray:
+    return self.text_ids(text, special=False)
+
+  def _request(self, prefix: list) -> Laid:
+    pieces = base_request(prefix) if self.template == "base" else chat_request(prefix)
+    return lay(pieces, self._tokenize, self.audio)
+
+  def _fields(self, laid: Laid, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    track = np.zeros((len(laid), self.width), np.float32)
+    if rows is not None:
+      track[laid.continuous] = rows
+    return {"ids": laid.ids.astype(np.int32), "features": track, "continuous": laid.continuous.astype(np.int32)}
+
+  def prefix(self, question: Question, c: int) -> tuple[dict, None, float]:
+    if self.modality.prefix != SPEECH:
+      return self._fields(self._request([question.prefixes[c]])), None, 0.0
+    openings, seconds = self._prefix_codes(question, c)
+    instruction = self.spec.speech_instruction[self.language(question)]
+    laid = self._request(([instruction] if instruction else []) + [Audio(chunk_rows(openings))])
+    return self._fields(laid, self._prefix_features(question, c)), None, seconds
+
+  def candidate(self, question: Question, c: int) -> tuple[dict, float]:
+    text = self._tokenize(question.candidates[c])
+    laid = Laid(text.astype(np.int64), np.zeros(len(text), bool))
+    return dict(self._fields(laid), target_ids=text), 0.0

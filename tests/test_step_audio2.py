@@ -1,0 +1,299 @@
+"""Step-Audio 2 held to its own code: ../shared/upstream-oracles/step_audio2 is a tiny Step-Audio-2-mini(-Base) in
+the release's layout with what the release's `modeling_step_audio_2.py` and the Step-Audio2 wrapper computed from it
+(its PROVENANCE.txt). From the oracle's waves: the JAX log-mels, the encoder's and adaptor's outputs (alone and in
+one padded batch), the requests the wrapper lays (base and chat templates, text and speech out), and through the
+converted release the embeddings after the audio rows are written, every layer's output, the full-vocabulary
+log-softmax at every position and each candidate's NLL (full vocabulary, and over the 6,562 audio ids for speech
+out). Every expected number is read from the folder, so another seed of its generator passes the same way."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from checkpoints_conversion import convert, safetensors_io
+from s2sjax.scoring import checkpoint
+from s2sjax.scoring.architectures import step_audio2
+from s2sjax.scoring.model import decoder, layers
+from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring.model.step_audio2 import AUDIO_CODES, AUDIO_OFFSET, release_audio_tensors
+from tasks import step_audio2_prompt as prompt
+from tasks.audio import step_audio2 as audio
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = ROOT.parent / "shared" / "upstream-oracles" / "step_audio2"
+pytestmark = pytest.mark.skipif(not ORACLE.is_dir(), reason="the Step-Audio 2 oracle (../shared/upstream-oracles/"
+                                                            "step_audio2) is not beside this checkout")
+LOG_PROBS = 1e-4  # fp32 against upstream's fp32 run
+STAGES = 1e-5  # mels, encoder, adaptor, embeddings and hidden states: fp32 reduction order only
+
+
+def oracle(name: str) -> np.ndarray:
+  return np.load(ORACLE / f"{name}.npy")
+
+
+@pytest.fixture(scope="module")
+def meta():
+  return json.loads((ORACLE / "meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def nlls():
+  return json.loads((ORACLE / "outputs" / "nll_per_candidate.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def encoder():
+  return audio.StepAudio2Encoder(str(ORACLE / "model"))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+  """The release converted by the project's own command path, in bfloat16 as released."""
+  out = tmp_path_factory.mktemp("step_audio2") / "ckpt"
+  manifest = convert.convert(str(ORACLE / "model"), str(out), dtype="bfloat16")
+  return out, manifest
+
+
+class StandInTokenizer:
+  """The oracle's stand-in text tokenizer (PROVENANCE.txt, "Tokenizer"): its special tokens at the table's ids, every
+  other piece between them one seeded id per whitespace word, drawn as gen.py's stand-in draws them."""
+
+  def __init__(self, meta: dict):
+    self.seed, self.special = meta["seed"], meta["tokenizer_standin_table"]["special"]
+    self.split = re.compile("(" + "|".join(re.escape(t) for t in sorted(self.special, key=len, reverse=True)) + ")")
+
+  def __call__(self, text: str) -> list[int]:
+    ids = []
+    for part in filter(None, self.split.split(text)):
+      if part in self.special:
+        ids.append(self.special[part])
+      else:
+        rng = np.random.default_rng([self.seed, int(hashlib.sha256(part.encode()).hexdigest()[:8], 16)])
+        ids += rng.integers(0, 151643, max(1, len(part.split()))).tolist()
+    return ids
+
+
+def waves() -> dict[str, np.ndarray]:
+  return {path.stem: np.load(path) for path in sorted((ORACLE / "inputs").glob("wave*.npy"))}
+
+
+def pieces_of(item, wave_rows: dict[str, tuple[int, ...]]):
+  """A message item of meta.sequences as a layout piece: an audio dict as its chunks' rows, text as it is."""
+  if isinstance(item, dict) and item.get("type") == "audio":
+    return prompt.Audio(wave_rows[Path(item["audio"]).stem])
+  return item
+
+
+def request(sequence: str, meta: dict, wave_rows) -> list:
+  """The pieces of an oracle sequence's prompt, by its own template, from meta.sequences' messages."""
+  laid = meta["sequences"][sequence]
+  if laid["template"] == "base":
+    return prompt.base_request([pieces_of(item, wave_rows) for item in laid["messages"]])
+  return prompt.chat_pieces([
+    prompt.Message(m["role"], m["content"] if not isinstance(m["content"], list)
+                   else [pieces_of(item, wave_rows) for item in m["content"]], m.get("eot", True))
+    for m in laid["messages"]])
+
+
+@pytest.fixture(scope="module")
+def laid_requests(meta, nlls, encoder):
+  """Each oracle sequence laid by the project: (ids + continuation, patch rows, the adaptor rows of its audio)."""
+  tokenizer = StandInTokenizer(meta)
+  ids = prompt.AudioIds.from_tokens(meta["tokenizer_standin_table"]["special"].__getitem__)
+  rows = dict(zip(waves(), encoder.rows(list(waves().values()))))
+  wave_rows = {name: tuple(np.bincount(chunk).tolist()) for name, (_, chunk) in rows.items()}
+  out = {}
+  for sequence in meta["sequences"]:
+    laid = prompt.lay(request(sequence, meta, wave_rows), tokenizer, ids)
+    heard = [rows[Path(m["audio"]).stem][0] for m in _audio_items(meta["sequences"][sequence]["messages"])]
+    features = np.concatenate(heard) if heard else None
+    continuation = np.asarray(nlls[sequence]["continuation_ids"])
+    out[sequence] = (np.concatenate([laid.ids, continuation]), len(laid), features)
+  return out
+
+
+def _audio_items(messages):
+  for m in messages:
+    content = m.get("content") if isinstance(m, dict) and "role" in m else [m]
+    for item in content if isinstance(content, list) else []:
+      if isinstance(item, dict) and item.get("type") == "audio":
+        yield item
+
+
+def test_step_audio_release_config_is_read_by_name(meta):
+  """The nested config.json: sizes read, switches the forward does not implement and unknown keys refused; the LLM
+  rules and the encoder's / adaptor's tensors are exactly the release's keys and shapes."""
+  config = step_audio2.parse_config(meta["config_json"])
+  text = meta["config_json"]["text_config"]
+  assert (config.decoder.hidden_size, config.decoder.num_layers, config.vocab_size) == (
+    text["hidden_size"], text["num_hidden_layers"], text["vocab_size"])
+  assert config.decoder.num_kv_heads == text["num_key_value_heads"] and not config.decoder.tie_embeddings
+  for change, words in (({"model_type": "qwen2"}, "model_type 'qwen2' is not 'step_audio_2'"),
+                        ({"text_config": dict(text, rope_scaling={"type": "yarn"})}, "rope_scaling"),
+                        ({"text_config": dict(text, num_attention_groups=7)}, "differ"),
+                        ({"extra_switch": 1}, "unknown config.json key 'extra_switch'")):
+    with pytest.raises(ConfigError, match=words):
+      step_audio2.parse_config(dict(meta["config_json"], **change))
+  expected = {key: tuple(shape) for key, shape in meta["state_dict"].items()}
+  ours = {p.key: p.source_shape for r in step_audio2.rules(config) for p in r.pieces}
+  assert {**ours, **release_audio_tensors(config.encoder)} == expected
+
+
+def test_step_audio_conversion_keeps_the_release_bf16(converted):
+  """`checkpoints_conversion.convert` finds the release by its modeling class; a bfloat16 checkpoint holds the file's
+  values bit for bit."""
+  ckpt, manifest = converted
+  assert manifest["source_model_type"] == step_audio2.MODEL_TYPE
+  params = checkpoint.load_params(ckpt)
+  source = safetensors_io.SafetensorsFile(str(ORACLE / "model" / "model.safetensors"))
+  np.testing.assert_array_equal(np.asarray(params["embed"]["embedding"]), source.read("model.embed_tokens.weight"))
+  np.testing.assert_array_equal(np.asarray(params["lm_head"]["kernel"]), source.read("lm_head.weight").T)
+  assert np.asarray(params["lm_head"]["kernel"]).dtype == source.read("lm_head.weight").dtype
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, words", [
+  ("missing", "missing key encoder.blocks.1.attn.key.weight"),
+  ("misshaped", "shape mismatch at model.layers.0.self_attn.q_proj.weight"),
+  ("model_type", "model_type 'qwen2_audio' is not 'step_audio_2'"),
+])
+def test_step_audio_bad_release_folder_gets_one_line(tmp_path, damage, words):
+  """A release with a tensor gone, one of the wrong shape, or another model_type: the converter's command line says
+  what in its one error line (no traceback), exits non-zero and writes nothing."""
+  source = safetensors_io.SafetensorsFile(str(ORACLE / "model" / "model.safetensors"))
+  tensors = {key: source.read(key) for key in source.keys()}
+  config = json.loads((ORACLE / "model" / "config.json").read_text())
+  if damage == "missing":
+    del tensors["encoder.blocks.1.attn.key.weight"]
+  elif damage == "misshaped":
+    tensors["model.layers.0.self_attn.q_proj.weight"] = tensors["model.layers.0.self_attn.q_proj.weight"][:-1]
+  else:
+    config["model_type"] = "qwen2_audio"
+  release = tmp_path / "release"
+  release.mkdir()
+  (release / "config.json").write_text(json.dumps(config))
+  safetensors_io.write(str(release / "model.safetensors"), tensors)
+  done = subprocess.run([sys.executable, "-m", "checkpoints_conversion.convert", f"--source={release}",
+                         f"--output={tmp_path / 'out'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  first = done.stderr.strip().splitlines()[0]
+  assert done.returncode != 0 and first.startswith("error: ") and words in first, done.stderr
+  assert "Traceback" not in done.stderr
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_step_audio_mels_encoder_and_adaptor_are_upstreams(meta, encoder):
+  """Each wave's log-mel (padding 479), the lengths the forward is given (frames - 2, the encoder's x_len, the
+  placeholders laid), the encoder's output and the adaptor's rows, alone and with the other wave in one padded
+  batch."""
+  sequences = {Path(item["audio"]).stem: s for s in meta["sequences"] if s.endswith("_c0")
+               for item in _audio_items(meta["sequences"][s]["messages"])}
+  together = dict(zip(waves(), encoder.rows(list(waves().values()))))
+  for name, wave in waves().items():
+    mel = audio.log_mel(wave)
+    assert np.abs(mel.T - oracle(f"outputs/{name}_logmel")).max() < STAGES
+    sequence = sequences[name]
+    np.testing.assert_allclose(oracle(f"outputs/{sequence}_wavs")[0], oracle(f"outputs/{name}_logmel"), rtol=0, atol=0)
+    assert oracle(f"outputs/{sequence}_wav_lens")[0] == len(mel) - 2
+    assert oracle(f"outputs/{sequence}_encoder_len")[0] == audio.encoder_length(len(mel))
+    assert audio.patch_count(len(mel)) == meta["waves"][name]["n_audio_patches"]
+    rows, encoded = encoder.encoded([mel], with_stages=True)
+    expected = oracle(f"outputs/{sequence}_encoder_out")
+    assert np.abs(encoded[0, : len(expected)] - expected).max() < STAGES
+    n = audio.patch_count(len(mel))
+    adapted = oracle(f"outputs/{sequence}_adapter_out")[:n]
+    assert np.abs(rows[0, :n] - adapted).max() < STAGES
+    assert together[name][0].shape == adapted.shape and np.abs(together[name][0] - adapted).max() < STAGES
+
+
+def test_step_audio_requests_are_the_wrappers(meta, laid_requests):
+  """Every oracle sequence's ids as the wrapper laid them (base and chat templates, text and speech out), its
+  placeholders where the forward writes the adaptor rows."""
+  for sequence, (ids, prefix, features) in laid_requests.items():
+    np.testing.assert_array_equal(ids, oracle(f"outputs/{sequence}_input_ids"))
+    assert prefix == meta["seqs_detail"][sequence]["P"]
+    runs = step_audio2.patch_rows(ids)
+    assert sum(count for _, count in runs) == (0 if features is None else len(features))
+
+
+def _padded(ids: np.ndarray) -> np.ndarray:
+  """The ids followed by zeros to one length for all sequences (one compiled shape; causal, so the rows of the
+  sequence itself are unchanged)."""
+  return np.pad(ids, (0, PADDED - len(ids)))
+
+
+PADDED = 64  # longer than every oracle sequence
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _stack(config, params, x, mask):
+  """Each layer's output and the final norm's of inputs x [1, L, H]: the LLM run layer by layer."""
+  positions = np.arange(x.shape[1])[None]
+  cos, sin = layers.rotary_angles(positions, config.decoder.rotary_dim, config.decoder.rope_theta)
+  layer = decoder.DecoderLayer(config.decoder, np.float32, np.float32)
+  outputs = []
+  for i in range(config.num_layers):
+    x = layer.apply({"params": jax.tree.map(lambda leaf: leaf[i].astype(np.float32), params["layers"])}, x, cos, sin,
+                    mask, None, None)[0]
+    outputs.append(x[0])
+  return outputs, layers.rms_norm(x, params["final_norm"]["scale"].astype(np.float32), config.decoder.rms_norm_eps)[0]
+
+
+def _layer_outputs(config, params, ids, features):
+  """The first layer's input, each layer's output and the final norm's, at the sequence's own rows."""
+  length = len(ids)
+  ids = _padded(ids)
+  track, continuous = np.zeros((len(ids), config.decoder.hidden_size), np.float32), np.zeros(len(ids), bool)
+  for first, count in step_audio2.patch_rows(ids):
+    continuous[first : first + count] = True
+  if features is not None:
+    track[continuous] = features
+  x = np.where(continuous[:, None], track, np.asarray(params["embed"]["embedding"], np.float32)[ids])
+  outputs, final = _stack(config, params, x[None], layers.packed_attention_mask(np.ones((1, len(ids)), np.int32)))
+  return [x[:length]] + [np.asarray(o)[:length] for o in outputs] + [np.asarray(final)[:length]]
+
+
+@pytest.mark.slow
+def test_step_audio_forward_is_upstreams_at_every_stage(converted, laid_requests, meta, nlls):
+  """From the waves through the converted release: the embeddings after the audio rows are written, each layer's
+  output, the final hidden states, the full-vocabulary log-softmax at every position (the oracle's id subset, its
+  normaliser, the 6,562 audio ids' columns) and each candidate's NLL, full-vocabulary and renormalised over the
+  audio ids."""
+  ckpt, _ = converted
+  config, params = checkpoint.load_config(ckpt), checkpoint.load_params(ckpt)
+  subset = oracle("outputs/logprob_id_subset")
+  for sequence, (ids, prefix, features) in laid_requests.items():
+    if (ORACLE / "outputs" / f"{sequence}_inputs_embeds.npy").exists():
+      stages = _layer_outputs(config, params, ids, features)
+      assert np.abs(stages[0] - oracle(f"outputs/{sequence}_inputs_embeds")).max() < STAGES
+      for i in range(config.num_layers):
+        assert np.abs(stages[i + 1] - oracle(f"outputs/{sequence}_layer{i}_out")).max() < STAGES
+      assert np.abs(stages[-1] - oracle(f"outputs/{sequence}_final_hidden")).max() < STAGES
+    log_probs = step_audio2.log_probs(config, params, _padded(ids), features=features)[0][: len(ids)]
+    assert np.abs(log_probs[:, subset] - oracle(f"outputs/{sequence}_logprobs_subset")).max() < LOG_PROBS
+    normaliser = oracle(f"outputs/{sequence}_logsumexp")  # log p = logit - normaliser, so any column fixes it
+    logits = np.asarray(params["lm_head"]["kernel"], np.float32)
+    hidden = oracle(f"outputs/{sequence}_final_hidden") if (ORACLE / "outputs" / f"{sequence}_final_hidden.npy").exists() else None
+    if hidden is not None:
+      assert np.abs(hidden @ logits[:, subset[0]] - log_probs[:, subset[0]] - normaliser).max() < LOG_PROBS
+    record = nlls[sequence]
+    scored = log_probs[np.arange(prefix - 1, prefix - 1 + record["n_tokens"]), ids[prefix:]]
+    assert np.abs(scored - np.asarray(record["token_logprobs"])).max() < LOG_PROBS
+    assert abs(-scored.mean() - record["nll_mean"]) < LOG_PROBS
+    if record["kind"] == "audio":
+      window = log_probs[prefix - 1 : prefix + record["n_tokens"], AUDIO_OFFSET : AUDIO_OFFSET + AUDIO_CODES]
+      assert np.abs(window - oracle(f"outputs/{sequence}_audio_range_logprobs")).max() < LOG_PROBS
+      renormalised = window[:-1] - jax.nn.logsumexp(window[:-1], axis=-1, keepdims=True)
+      codes = np.asarray(record["audio_codes"])
+      assert abs(-renormalised[np.arange(len(codes)), codes].mean()
+                 - record["nll_mean_renormalized_over_audio_ids"]) < LOG_PROBS
