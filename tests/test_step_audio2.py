@@ -226,13 +226,10 @@ def test_step_audio_requests_are_the_wrappers(meta, laid_requests):
     assert sum(count for _, count in runs) == (0 if features is None else len(features))
 
 
-def _padded(ids: np.ndarray) -> np.ndarray:
-  """The ids followed by zeros to one length for all sequences (one compiled shape; causal, so the rows of the
-  sequence itself are unchanged)."""
-  return np.pad(ids, (0, PADDED - len(ids)))
-
-
-PADDED = 64  # longer than every oracle sequence
+def _padded(ids: np.ndarray, length: int = 64) -> np.ndarray:
+  """The ids followed by zeros to `length` (one compiled shape for all sequences: 64 holds every oracle sequence;
+  causal, so the rows of the sequence itself are unchanged)."""
+  return np.pad(ids, (0, length - len(ids)))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -297,3 +294,96 @@ def test_step_audio_forward_is_upstreams_at_every_stage(converted, laid_requests
       codes = np.asarray(record["audio_codes"])
       assert abs(-renormalised[np.arange(len(codes)), codes].mean()
                  - record["nll_mean_renormalized_over_audio_ids"]) < LOG_PROBS
+
+
+# ---- end to end: the bundled sample built and scored by the project's commands -------------------------------------
+
+
+def sample_tokenizer(folder: Path, meta: dict) -> str:
+  """A word-level tokenizer over the bundled sample's StoryCloze words, with the oracle's special tokens at its ids."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+
+  words = sorted({word for q in read_questions("sstorycloze", RELEASE_DIR) for text in (*q.prefixes, *q.candidates)
+                  for word in text.split()})
+  vocab = {"<unk>": 0, **{word: i + 1 for i, word in enumerate(words)}, **meta["tokenizer_standin_table"]["special"]}
+  core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>").save_pretrained(str(folder))
+  return str(folder)
+
+
+def tiny_spec(root: Path, config) -> str:
+  """The step_audio2 preset at the oracle's width."""
+  import yaml
+
+  from s2sjax.data.spec import SPECS_DIR
+
+  fields = yaml.safe_load(open(Path(SPECS_DIR) / "step_audio2.yaml"))
+  fields.update(name="step_audio2_tiny", options=dict(fields["options"], feature_width=config.decoder.hidden_size))
+  path = root / "step_audio2_tiny.yaml"
+  path.write_text(yaml.safe_dump(fields))
+  return str(path)
+
+
+@pytest.mark.slow
+def test_step_audio_sample_s2t_end_to_end_scores_each_item_as_its_own_forward(tmp_path, meta, encoder, converted):
+  """The oracle release converted (the converter's command path, `converted`), the bundled sample's S->T built by
+  `tasks.prepare` (mels, encoder and adaptor in JAX) and scored by `python -m s2sjax.eval`: every item's NLL is the
+  converted model's forward on that item alone, laid from its wave by the wrapper's base template."""
+  from s2sjax.data.spec import load_spec
+  from tasks.audio.base import load_audio
+  from tasks.preparation import prepare
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+  from transformers import AutoTokenizer
+
+  config = step_audio2.parse_config(meta["config_json"])
+  tokenizer, spec = sample_tokenizer(tmp_path / "tokenizer", meta), tiny_spec(tmp_path, config)
+  (ckpt, _), data, out = converted, tmp_path / "data", tmp_path / "out"
+  prepare("sstorycloze", spec, "s2t", None, str(data), tokenizer_dir=tokenizer, audio_tokenizer_dir=str(ORACLE / "model"))
+  done = subprocess.run([sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", "--modality=s2t", f"--spec={spec}",
+                         f"--checkpoint={ckpt}", f"--tokenizer_dir={tokenizer}", f"--data_dir={data}",
+                         f"--output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = [json.loads(line) for line in open(out / "ckpt" / "sstorycloze-s2t.scores.jsonl")]
+  questions = {q.id: q for q in read_questions("sstorycloze", RELEASE_DIR)}
+  assert {line["question"] for line in lines} == set(questions)
+  params = checkpoint.load_params(ckpt)
+  text = AutoTokenizer.from_pretrained(tokenizer)
+  ids = prompt.AudioIds.from_tokens(text.convert_tokens_to_ids)
+  instruction = load_spec(spec).speech_instruction["en"]
+  tokenize = lambda piece: text(piece, add_special_tokens=False)["input_ids"]
+  heard = {}  # each recording's adaptor rows, computed alone
+  for line in lines:
+    question, c = questions[line["question"]], line["candidate"]
+    path = question.audio_paths[c]
+    if path not in heard:
+      heard[path] = encoder.rows([load_audio(path, audio.SAMPLE_RATE)])[0]
+    rows, chunk = heard[path]
+    laid = prompt.lay(prompt.base_request(([instruction] if instruction else [])
+                                          + [prompt.Audio(tuple(np.bincount(chunk).tolist()))]), tokenize, ids)
+    candidate = np.asarray(tokenize(question.candidates[c]))
+    request = np.concatenate([laid.ids, candidate])
+    log_probs = step_audio2.log_probs(config, params, _padded(request, 128), features=rows)[0]
+    nll = -log_probs[np.arange(len(laid) - 1, len(request) - 1), candidate].sum()
+    assert line["n_tokens"] == len(candidate) and abs(line["nll_sum"] - nll) < LOG_PROBS * len(candidate), line
+
+
+def test_the_planner_sizes_step_audio_2_mini_through_its_architecture():
+  """The real release's sizes (hidden 3584, 28 layers; the encoder 1280 wide, 32 blocks) parsed by the architecture:
+  the LLM held and run by the step, the encoder's and adaptor's parameters its tensors' (run by the build)."""
+  from s2sjax.scoring import planner
+
+  config = planner.named_models()["step-audio-2-mini"]
+  assert (config.decoder.hidden_size, config.num_layers, config.encoder.n_state, config.encoder.n_layer) == (
+    3584, 28, 1280, 32)
+  assert config.num_params() == config.decoder.num_params()
+  assert config.encoder.num_params() == sum(np.prod(s) for s in release_audio_tensors(config.encoder).values())
+  p = planner.plan(config, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  assert p["fits"] and p["params_gib"] == pytest.approx(config.num_params() * 2 / 2 / 2**30)
+  decoder_plan = planner.plan(config.decoder, "v5e-8", 2048, 8, "bfloat16", 12.5, 0.4)
+  assert p["total_seconds"] == decoder_plan["total_seconds"] and p["mesh"] == decoder_plan["mesh"]

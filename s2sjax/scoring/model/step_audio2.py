@@ -85,9 +85,9 @@ class StepAudio2Config:
     return self.decoder.num_layers
 
   def num_params(self) -> int:
-    """The LLM's parameters (what the checkpoint holds and the scoring step loads) and the audio encoder's and
-    adaptor's, which the build runs over the recordings."""
-    return self.decoder.num_params() + self.encoder.num_params()
+    """The LLM's parameters: what the checkpoint holds and the scoring step loads (the encoder and adaptor,
+    `encoder.num_params()`, run at build time)."""
+    return self.decoder.num_params()
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
