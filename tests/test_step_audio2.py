@@ -357,20 +357,46 @@ def test_step_audio_sample_s2t_end_to_end_scores_each_item_as_its_own_forward(tm
   ids = prompt.AudioIds.from_tokens(text.convert_tokens_to_ids)
   instruction = load_spec(spec).speech_instruction["en"]
   tokenize = lambda piece: text(piece, add_special_tokens=False)["input_ids"]
-  heard = {}  # each recording's adaptor rows, computed alone
+  paths = sorted({questions[line["question"]].audio_paths[line["candidate"]] for line in lines})
+  # each recording's rows as if alone (the padded batch equals one wave at a time: the stages test)
+  heard = dict(zip(paths, encoder.rows([load_audio(path, audio.SAMPLE_RATE) for path in paths])))
+  requests, features, continuous, starts = [], [], [], []
   for line in lines:
     question, c = questions[line["question"]], line["candidate"]
-    path = question.audio_paths[c]
-    if path not in heard:
-      heard[path] = encoder.rows([load_audio(path, audio.SAMPLE_RATE)])[0]
-    rows, chunk = heard[path]
+    rows, chunk = heard[question.audio_paths[c]]
     laid = prompt.lay(prompt.base_request(([instruction] if instruction else [])
                                           + [prompt.Audio(tuple(np.bincount(chunk).tolist()))]), tokenize, ids)
     candidate = np.asarray(tokenize(question.candidates[c]))
-    request = np.concatenate([laid.ids, candidate])
-    log_probs = step_audio2.log_probs(config, params, _padded(request, 128), features=rows)[0]
-    nll = -log_probs[np.arange(len(laid) - 1, len(request) - 1), candidate].sum()
-    assert line["n_tokens"] == len(candidate) and abs(line["nll_sum"] - nll) < LOG_PROBS * len(candidate), line
+    assert line["n_tokens"] == len(candidate)
+    track = np.zeros((ITEM_LENGTH, config.decoder.hidden_size), np.float32)
+    track[np.flatnonzero(laid.continuous)] = rows
+    requests.append(_padded(np.concatenate([laid.ids, candidate]), ITEM_LENGTH))
+    features.append(track)
+    continuous.append(np.pad(laid.continuous, (0, ITEM_LENGTH - len(laid))))
+    starts.append(len(laid))
+  most = max(line["n_tokens"] for line in lines)
+  scored = np.stack([np.minimum(start - 1 + np.arange(most), ITEM_LENGTH - 2) for start in starts])
+  nll = np.asarray(_item_nlls(config, params, np.stack(requests), np.stack(features), np.stack(continuous), scored))
+  for line, row in zip(lines, nll):
+    assert abs(line["nll_sum"] - row[: line["n_tokens"]].sum()) < LOG_PROBS * line["n_tokens"], line
+
+
+ITEM_LENGTH = 128  # longer than every item of the bundled sample's S->T
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _item_nlls(config, params, ids, features, continuous, scored):
+  """[B, M]: the NLL of id scored[b, m] + 1 of each row under the model's plain causal forward of that row alone
+  (positions arange, no packing), the features written at the `continuous` rows."""
+  model = decoder.Decoder(config.decoder)
+  batch, length = ids.shape
+  positions = np.broadcast_to(np.arange(length), (batch, length))
+  mask = layers.packed_attention_mask(np.ones((batch, length), np.int32))
+  hidden = model.apply({"params": params}, ids, positions, mask, features=features, continuous=continuous)
+  rows = jax.numpy.take_along_axis(hidden, scored[..., None], axis=1)
+  logits = model.apply({"params": params}, rows, method=decoder.Decoder.logits)
+  targets = jax.numpy.take_along_axis(ids, scored + 1, axis=1)
+  return jax.nn.logsumexp(logits, axis=-1) - jax.numpy.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
 
 
 def test_the_planner_sizes_step_audio_2_mini_through_its_architecture():
