@@ -329,11 +329,31 @@ def tiny_spec(root: Path, config) -> str:
   return str(path)
 
 
+def sample_audio_dir(root: Path, seed: int) -> Path:
+  """The oracle release's config and weights (what the step_audio2 tokenizer reads) beside random s3tokenizer codes
+  of every spoken candidate of the bundled sample, as `s3tokenizer_codes/candidates/<name>.npy`."""
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+
+  folder = root / "release"
+  (folder / "s3tokenizer_codes" / "candidates").mkdir(parents=True)
+  for name in ("config.json", "model.safetensors"):
+    (folder / name).symlink_to(ORACLE / "model" / name)
+  rng = np.random.default_rng(seed)
+  for question in read_questions("sstorycloze", RELEASE_DIR):
+    for path in question.candidate_audio_paths:
+      codes = rng.integers(0, AUDIO_CODES - 1, int(rng.integers(5, 20)))
+      np.save(folder / "s3tokenizer_codes" / "candidates" / f"{Path(path).stem}.npy", codes)
+  return folder
+
+
 @pytest.mark.slow
-def test_step_audio_sample_s2t_end_to_end_scores_each_item_as_its_own_forward(tmp_path, meta, encoder, converted):
-  """The oracle release converted (the converter's command path, `converted`), the bundled sample's S->T built by
-  `tasks.prepare` (mels, encoder and adaptor in JAX) and scored by `python -m s2sjax.eval`: every item's NLL is the
-  converted model's forward on that item alone, laid from its wave by the wrapper's base template."""
+@pytest.mark.parametrize("modality", ["s2t", "t2s", "s2s"])
+def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_path, meta, encoder, converted, modality):
+  """The oracle release converted (the converter's command path, `converted`), the bundled sample built by
+  `tasks.prepare` (mels, encoder and adaptor in JAX; spoken candidates as precomputed s3tokenizer codes) and scored
+  by `python -m s2sjax.eval`: every item's NLL is the converted model's forward on that item alone, laid from its
+  wave, its text and its codes by the wrapper's base template (speech out after <tts_start>, ids 151696 + code)."""
   from s2sjax.data.spec import load_spec
   from tasks.audio.base import load_audio
   from tasks.preparation import prepare
@@ -343,13 +363,15 @@ def test_step_audio_sample_s2t_end_to_end_scores_each_item_as_its_own_forward(tm
 
   config = step_audio2.parse_config(meta["config_json"])
   tokenizer, spec = sample_tokenizer(tmp_path / "tokenizer", meta), tiny_spec(tmp_path, config)
+  release = sample_audio_dir(tmp_path, meta["seed"])
   (ckpt, _), data, out = converted, tmp_path / "data", tmp_path / "out"
-  prepare("sstorycloze", spec, "s2t", None, str(data), tokenizer_dir=tokenizer, audio_tokenizer_dir=str(ORACLE / "model"))
-  done = subprocess.run([sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", "--modality=s2t", f"--spec={spec}",
-                         f"--checkpoint={ckpt}", f"--tokenizer_dir={tokenizer}", f"--data_dir={data}",
-                         f"--output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  prepare("sstorycloze", spec, modality, None, str(data), tokenizer_dir=tokenizer, audio_tokenizer_dir=str(release))
+  done = subprocess.run([sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", f"--modality={modality}",
+                         f"--spec={spec}", f"--checkpoint={ckpt}", f"--tokenizer_dir={tokenizer}",
+                         f"--data_dir={data}", f"--output_dir={out}"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
-  lines = [json.loads(line) for line in open(out / "ckpt" / "sstorycloze-s2t.scores.jsonl")]
+  lines = [json.loads(line) for line in open(out / "ckpt" / f"sstorycloze-{modality}.scores.jsonl")]
   questions = {q.id: q for q in read_questions("sstorycloze", RELEASE_DIR)}
   assert {line["question"] for line in lines} == set(questions)
   params = checkpoint.load_params(ckpt)
@@ -357,16 +379,25 @@ def test_step_audio_sample_s2t_end_to_end_scores_each_item_as_its_own_forward(tm
   ids = prompt.AudioIds.from_tokens(text.convert_tokens_to_ids)
   instruction = load_spec(spec).speech_instruction["en"]
   tokenize = lambda piece: text(piece, add_special_tokens=False)["input_ids"]
-  paths = sorted({questions[line["question"]].audio_paths[line["candidate"]] for line in lines})
-  # each recording's rows as if alone (the padded batch equals one wave at a time: the stages test)
-  heard = dict(zip(paths, encoder.rows([load_audio(path, audio.SAMPLE_RATE) for path in paths])))
+  heard = {}
+  if modality.startswith("s"):  # each recording's rows as if alone (the padded batch equals one wave at a time)
+    paths = sorted({questions[line["question"]].audio_paths[line["candidate"]] for line in lines})
+    heard = dict(zip(paths, encoder.rows([load_audio(path, audio.SAMPLE_RATE) for path in paths])))
   requests, features, continuous, starts = [], [], [], []
   for line in lines:
     question, c = questions[line["question"]], line["candidate"]
-    rows, chunk = heard[question.audio_paths[c]]
-    laid = prompt.lay(prompt.base_request(([instruction] if instruction else [])
-                                          + [prompt.Audio(tuple(np.bincount(chunk).tolist()))]), tokenize, ids)
-    candidate = np.asarray(tokenize(question.candidates[c]))
+    if modality.startswith("s"):
+      rows, chunk = heard[question.audio_paths[c]]
+      pieces = ([instruction] if instruction else []) + [prompt.Audio(tuple(np.bincount(chunk).tolist()))]
+    else:
+      rows, pieces = np.zeros((0, config.decoder.hidden_size)), [question.prefixes[c]]
+    if modality.endswith("s"):
+      pieces.append(prompt.TTS_START)
+      codes = np.load(release / "s3tokenizer_codes" / "candidates" / f"{Path(question.candidate_audio_paths[c]).stem}.npy")
+      candidate = AUDIO_OFFSET + codes
+    else:
+      candidate = np.asarray(tokenize(question.candidates[c]))
+    laid = prompt.lay(prompt.base_request(pieces), tokenize, ids)
     assert line["n_tokens"] == len(candidate)
     track = np.zeros((ITEM_LENGTH, config.decoder.hidden_size), np.float32)
     track[np.flatnonzero(laid.continuous)] = rows

@@ -29,19 +29,24 @@ import os
 import numpy as np
 
 from s2sjax.runtime.progress import Progress
+from s2sjax.runtime.registry import load_object
 from s2sjax.scoring.model.config import ConfigError
 from s2sjax.scoring.model.step_audio2 import ADAPTOR_WIDTH, EncoderShape
 from tasks.audio import whisper
 from tasks.audio.base import AudioTokenizer, AudioTokenizerError
 from tasks.audio.jax_tokenizer import BATCH_FRAMES, bucket_length
 from tasks.audio.ops import conv1d, dense, matmul_precision
+from tasks.audio.precomputed import CANDIDATES
 from tasks.audio.weights import ReleaseWeights, read_json
 
 SAMPLE_RATE = 16000
 CHUNK_SAMPLES = 25 * SAMPLE_RATE  # stepaudio2.py:73
 MEL_PADDING = 479  # utils.py:44 (log_mel_spectrogram(..., padding=479), stepaudio2.py:74)
 N_FFT, HOP = 400, 160
-SETTINGS = ("type", "dtype", "codebook_sizes")
+SETTINGS = ("type", "dtype", "codebook_sizes", "speech_out")
+# Spoken candidates' codes: CosyVoice2's s3tokenizer (speech_tokenizer_v2_25hz), 6,561 codes, made elsewhere
+DEFAULT_SPEECH_OUT = {"type": "precomputed", "codes_dir": "s3tokenizer_codes"}
+SPEECH_CODES = 6561
 CHUNK_CODES = (2,)  # code 1 at the first row of each 25 s chunk after the first, 0 elsewhere
 
 
@@ -211,53 +216,95 @@ class StepAudio2Encoder:
 
 
 class StepAudio2Tokenizer(AudioTokenizer):
-  """Step-Audio 2's audio input as the build reads a tokenizer: per wave one code per adaptor row, 1 where a 25 s
-  chunk after the first begins and 0 elsewhere (the layout opens an <audio_start> block per chunk), and beside it
-  the row itself (`frame_features`, width llm_dim). Settings: `dtype` of the encoder (float32 by default)."""
+  """Step-Audio 2's audio as the build reads a tokenizer. A recording heard (a prefix): one code per adaptor row, 1
+  where a 25 s chunk after the first begins and 0 elsewhere (the layout opens an <audio_start> block per chunk), and
+  beside it the row itself (`frame_features`, width llm_dim). A spoken candidate (named `candidates/...`, as the
+  build names them): its CosyVoice2 s3tokenizer codes, read by the `speech_out` tokenizer (the release ships that
+  tokenizer as ONNX only: `precomputed` codes made elsewhere), beside zero rows the layout does not read.
+
+  Settings: `dtype` of the encoder (float32 by default); `speech_out`, the spoken candidates' code tokenizer
+  (DEFAULT_SPEECH_OUT: precomputed codes under `s3tokenizer_codes/` of --audio_tokenizer_dir), loaded where its
+  folder exists (a build with spoken candidates and no such folder is refused when it asks for one)."""
 
   sample_rate = SAMPLE_RATE
   num_codebooks = 1
   codebook_sizes = CHUNK_CODES
   reads_audio = True
 
-  def __init__(self, encoder: StepAudio2Encoder):
-    self.encoder = encoder
+  def __init__(self, encoder: StepAudio2Encoder, speech_out: AudioTokenizer | None = None,
+               speech_out_missing: str = ""):
+    self.encoder, self.speech_out, self._speech_out_missing = encoder, speech_out, speech_out_missing
     self.feature_width = encoder.shape.llm_dim
     self._last: tuple[list, list] | None = None
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> "StepAudio2Tokenizer":
+    from tasks.audio import TOKENIZERS  # the registry this type is one record of
+
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-      raise AudioTokenizerError(f"step_audio2 tokenizer settings: unknown keys {unknown} (known: dtype)")
-    return cls(StepAudio2Encoder(where(None), settings.get("dtype", "float32")))
+      raise AudioTokenizerError(f"step_audio2 tokenizer settings: unknown keys {unknown} (known: dtype, speech_out)")
+    out = dict(settings.get("speech_out") or DEFAULT_SPEECH_OUT)
+    out.setdefault("codebook_sizes", [SPEECH_CODES])
+    folder = where(out.get("codes_dir")) if out.get("type") == "precomputed" else None
+    speech_out, missing = None, ""
+    if folder is not None and not os.path.isdir(folder):
+      missing = f"its speech_out codes folder {folder} does not exist"
+    elif out.get("type") not in TOKENIZERS.names() or out["type"] == "step_audio2":
+      raise AudioTokenizerError(f"step_audio2 tokenizer: speech_out.type {out.get('type')!r} must be another "
+                                "registered audio tokenizer (precomputed: codes made elsewhere)")
+    else:
+      speech_out = load_object(TOKENIZERS.get(out["type"]).loader).from_settings(out, where)
+    return cls(StepAudio2Encoder(where(None), settings.get("dtype", "float32")), speech_out, missing)
 
-  def _of(self, waves: list[np.ndarray], progress=None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The encoder's rows of `waves`; the build asks for the codes and then the features of the same waves, which
-    are computed once."""
-    if self._last is None or len(self._last[0]) != len(waves) or any(
-        a is not b for a, b in zip(self._last[0], waves)):
-      self._last = (list(waves), self.encoder.rows(waves, progress))
-    elif progress:
-      progress.update(len(waves), sum(len(w) for w in waves) / SAMPLE_RATE)
-    return self._last[1]
+  def _spoken(self, name: str | None) -> bool:
+    return name is not None and name.split("/")[0] == CANDIDATES
+
+  def _candidate_codes(self, wave: np.ndarray, name: str) -> np.ndarray:
+    if self.speech_out is None:
+      raise AudioTokenizerError(f"{name}: a spoken candidate's s3tokenizer codes are read by the step_audio2 "
+                                f"tokenizer's speech_out, and {self._speech_out_missing}")
+    return self.speech_out.encode(wave if self.speech_out.reads_audio else None, name)
+
+  def _of(self, waves: list[np.ndarray], names: list[str] | None = None, progress=None) -> list[tuple]:
+    """(features, codes) per wave; the build asks for the codes and then the features of the same waves, which are
+    computed once."""
+    if self._last is not None and len(self._last[0]) == len(waves) and all(
+        a is b for a, b in zip(self._last[0], waves)):
+      if progress:
+        progress.update(len(waves), sum(len(w) for w in waves) / SAMPLE_RATE)
+      return self._last[1]
+    spoken = [self._spoken(names[i] if names else None) for i in range(len(waves))]
+    heard = iter(self.encoder.rows([w for w, s in zip(waves, spoken) if not s], progress))
+    out = []
+    for index, wave in enumerate(waves):
+      if spoken[index]:
+        codes = self._candidate_codes(wave, names[index])
+        out.append((np.zeros((len(codes), self.feature_width), np.float32), codes))
+        if progress:
+          progress.update(1, len(wave) / SAMPLE_RATE)
+      else:
+        rows, chunk = next(heard)
+        out.append((rows, self._openings(chunk)))
+    self._last = (list(waves), out)
+    return out
 
   @staticmethod
-  def _codes(chunk: np.ndarray) -> np.ndarray:
+  def _openings(chunk: np.ndarray) -> np.ndarray:
     opens = np.zeros((len(chunk), 1), np.int32)
     opens[1:, 0] = chunk[1:] != chunk[:-1]
     return opens
 
   def encode(self, wave: np.ndarray, uttid: str) -> np.ndarray:
-    return self._codes(self._of([wave])[0][1])
+    return self._of([wave], [uttid])[0][1]
 
   def encode_batch(self, waves: list[np.ndarray], names: list[str] | None = None, progress=None) -> list[np.ndarray]:
     meter = (Progress(len(waves), progress, unit="utterances", rate_unit="audio s") if isinstance(progress, str)
              else progress)
-    return [self._codes(chunk) for _, chunk in self._of(waves, meter)]
+    return [codes for _, codes in self._of(waves, names, meter)]
 
   def frame_features(self, waves: list[np.ndarray], progress=None) -> list[np.ndarray]:
-    return [rows for rows, _ in self._of(waves, progress)]
+    return [rows for rows, _ in self._of(waves, None, progress)]
 
   def identity(self) -> dict:
-    return self.encoder.identity()
+    return {**self.encoder.identity(), "speech_out": self.speech_out.identity() if self.speech_out else None}

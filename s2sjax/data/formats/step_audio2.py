@@ -8,11 +8,12 @@ architecture that scores them is s2sjax/scoring/architectures/step_audio2.py.
   features    [L, F]  float32 adaptor rows at the patch rows (zeros elsewhere); stored only for builds with a spoken
                       prefix (F = the LLM's hidden size, 3,584 for Step-Audio-2-mini)
   continuous  [L]     1 at the patch rows
-  target_ids  [M]     the candidate's text ids, scored over the full vocabulary
+  target_ids  [M]     the candidate's ids, scored over the full vocabulary: its text's, or for a spoken candidate
+                      151696 + its CosyVoice2 s3tokenizer codes (stepaudio2.py:56)
 
 Spec options: `template` (`base`: Step-Audio-2-mini-Base's plain concatenation; `chat`: Step-Audio-2-mini's
 `<|BOT|>role ... <|EOT|>` turns, stepaudio2.py:60-127) and `feature_width` (the adaptor's output, the LLM's hidden
-size), which the evaluator holds to the checkpoint. Spoken candidates are refused (`refuse` says why).
+size), which the evaluator holds to the checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from s2sjax.data.modalities import SPEECH
 from s2sjax.data.rows import Field, RowFormat
 
 NAME = "step_audio2"
+AUDIO_OFFSET = 151696  # speech out: code k is id AUDIO_OFFSET + k (Step-Audio2 stepaudio2.py:55-56)
+AUDIO_CODES = 6562  # CosyVoice2 s3tokenizer's 6,561 codes and the audio eos (6561)
 OPTIONS = ("template", "feature_width")
 TEMPLATES = ("base", "chat")
 # Spec fields of the token formats that Step-Audio 2's layout does not read: its markers are the tokenizer's own.
@@ -53,24 +56,18 @@ def _spec_problems(spec) -> list[str]:
   return [f"spec {spec.name}: {NAME} takes {p}" for p in problems]
 
 
-def _refuse(spec, modality) -> str | None:
-  if modality.candidate != SPEECH:
-    return None
-  return (f"spec {spec.name} lays Step-Audio 2's requests, whose speech out is CosyVoice2 s3tokenizer codes (ids "
-          "151696 + code); the release ships that tokenizer as ONNX only and no port of it is here, so "
-          f"{modality.name} ({modality.title}) is not built (score such requests with s2sjax.logprobs over codes "
-          "made elsewhere)")
-
-
 def _widths(spec, modality) -> dict[str, int]:
   return {"features": spec.options["feature_width"] if modality.prefix == SPEECH else 0}
 
 
 def _blank_audio(rows, metadata):
-  """The adaptor rows zeroed: what the model hears of the audio is gone."""
-  return dict(rows, features=np.zeros_like(rows["features"]))
+  """The adaptor rows zeroed and every speech id laid as code 0 (151696): what the model hears and has said of the
+  audio is gone."""
+  ids = rows["ids"]
+  return dict(rows, features=np.zeros_like(rows["features"]),
+              ids=np.where(ids >= AUDIO_OFFSET, AUDIO_OFFSET, ids).astype(ids.dtype))
 
 
 STEP_AUDIO2 = register(InputFormat(
-  NAME, ROWS, "tasks.step_audio2_encoder:StepAudio2Encoder", check_spec=_spec_problems, refuse=_refuse,
-  widths=_widths, blank_audio=_blank_audio))
+  NAME, ROWS, "tasks.step_audio2_encoder:StepAudio2Encoder", check_spec=_spec_problems, widths=_widths,
+  blank_audio=_blank_audio))

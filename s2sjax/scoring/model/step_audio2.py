@@ -20,13 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from s2sjax.data.formats.step_audio2 import AUDIO_CODES, AUDIO_OFFSET
 from s2sjax.scoring.model import decoder, layers
 from s2sjax.scoring.model.config import ConfigError, ModelConfig
 
 NAME = "step_audio2"  # model_config.json's `family` (s2sjax/scoring/architectures/step_audio2.py registers it)
 AUDIO_START = 151688  # <audio_start>: the adaptor rows start right after it (modeling_step_audio_2.py:353)
-AUDIO_OFFSET = 151696  # speech out: code k is id AUDIO_OFFSET + k (Step-Audio2 stepaudio2.py:55-56)
-AUDIO_CODES = 6562  # CosyVoice2 s3tokenizer's 6,561 codes and the audio eos (6561)
 ADAPTOR_WIDTH = 2048  # Adaptor.linear1's output, hard-coded (modeling_step_audio_2.py:279)
 
 
