@@ -191,6 +191,25 @@ def test_step_audio_bad_release_folder_gets_one_line(tmp_path, damage, words):
   assert not (tmp_path / "out").exists()
 
 
+def test_step_audio_check_names_a_refused_source_config(converted, tmp_path):
+  """`s2sjax.check`'s config verdict parses the converted checkpoint's source config.json again through the
+  architecture: as converted it passes; with another model_type it fails, naming it."""
+  import shutil
+
+  from s2sjax.scoring import preflight
+
+  ckpt, _ = converted
+  verdict = lambda folder: next(v for v in preflight.run(str(folder)) if v.check == "config")
+  assert verdict(ckpt).ok
+  changed = tmp_path / "ckpt"
+  shutil.copytree(ckpt, changed)
+  manifest = json.loads((changed / "manifest.json").read_text())
+  manifest["source_config"]["model_type"] = "qwen2_audio"
+  (changed / "manifest.json").write_text(json.dumps(manifest))
+  refused = verdict(changed)
+  assert not refused.ok and "model_type 'qwen2_audio' is not 'step_audio_2'" in refused.detail
+
+
 @pytest.mark.slow
 def test_step_audio_mels_encoder_and_adaptor_are_upstreams(meta, encoder):
   """Each wave's log-mel (padding 479), the lengths the forward is given (frames - 2, the encoder's x_len, the
@@ -226,9 +245,9 @@ def test_step_audio_requests_are_the_wrappers(meta, laid_requests):
     assert sum(count for _, count in runs) == (0 if features is None else len(features))
 
 
-def _padded(ids: np.ndarray, length: int = 64) -> np.ndarray:
-  """The ids followed by zeros to `length` (one compiled shape for all sequences: 64 holds every oracle sequence;
-  causal, so the rows of the sequence itself are unchanged)."""
+def _padded(ids: np.ndarray, length: int) -> np.ndarray:
+  """The ids followed by zeros to `length` (one compiled shape for all sequences; causal, so the rows of the sequence
+  itself are unchanged)."""
   return np.pad(ids, (0, length - len(ids)))
 
 
@@ -246,10 +265,10 @@ def _stack(config, params, x, mask):
   return outputs, layers.rms_norm(x, params["final_norm"]["scale"].astype(np.float32), config.decoder.rms_norm_eps)[0]
 
 
-def _layer_outputs(config, params, ids, features):
+def _layer_outputs(config, params, ids, features, padded):
   """The first layer's input, each layer's output and the final norm's, at the sequence's own rows."""
   length = len(ids)
-  ids = _padded(ids)
+  ids = _padded(ids, padded)
   track, continuous = np.zeros((len(ids), config.decoder.hidden_size), np.float32), np.zeros(len(ids), bool)
   for first, count in step_audio2.patch_rows(ids):
     continuous[first : first + count] = True
@@ -269,14 +288,15 @@ def test_step_audio_forward_is_upstreams_at_every_stage(converted, laid_requests
   ckpt, _ = converted
   config, params = checkpoint.load_config(ckpt), checkpoint.load_params(ckpt)
   subset = oracle("outputs/logprob_id_subset")
+  padded = max(len(ids) for ids, _, _ in laid_requests.values())
   for sequence, (ids, prefix, features) in laid_requests.items():
     if (ORACLE / "outputs" / f"{sequence}_inputs_embeds.npy").exists():
-      stages = _layer_outputs(config, params, ids, features)
+      stages = _layer_outputs(config, params, ids, features, padded)
       assert np.abs(stages[0] - oracle(f"outputs/{sequence}_inputs_embeds")).max() < STAGES
       for i in range(config.num_layers):
         assert np.abs(stages[i + 1] - oracle(f"outputs/{sequence}_layer{i}_out")).max() < STAGES
       assert np.abs(stages[-1] - oracle(f"outputs/{sequence}_final_hidden")).max() < STAGES
-    log_probs = step_audio2.log_probs(config, params, _padded(ids), features=features)[0][: len(ids)]
+    log_probs = step_audio2.log_probs(config, params, _padded(ids, padded), features=features)[0][: len(ids)]
     assert np.abs(log_probs[:, subset] - oracle(f"outputs/{sequence}_logprobs_subset")).max() < LOG_PROBS
     normaliser = oracle(f"outputs/{sequence}_logsumexp")  # log p = logit - normaliser, so any column fixes it
     logits = np.asarray(params["lm_head"]["kernel"], np.float32)

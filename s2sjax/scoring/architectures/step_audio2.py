@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,11 +23,12 @@ from s2sjax.data.spec import Spec
 from s2sjax.scoring import families
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
 from s2sjax.scoring.families import keymap
-from s2sjax.scoring.model import decoder, layers
+from s2sjax.scoring.model import layers
 from s2sjax.scoring.model.config import ConfigError
 from s2sjax.scoring.model.step_audio2 import (AUDIO_START, NAME, EncoderShape, StepAudio2Config, abstract_params,
   param_logical_axes, sequence_log_probs)
-from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks
+from s2sjax.scoring.scorer import ScoringError, StreamScorer
+from s2sjax.scoring.scorer import score_batch as decoder_step
 from s2sjax.scoring.sequence_inputs import LogProbsError, check_range, sequence
 
 MODEL_TYPE = "step_audio_2"  # StepAudio2Config.model_type
@@ -96,27 +96,14 @@ def rules(config: StepAudio2Config) -> list[keymap.Rule]:
 
 def score_batch(config: StepAudio2Config, dtype, target_chunk: int, num_slots: int, params, batch: dict,
                 attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
-  """Per target [B, M] `target_nll` (over the full vocabulary, as the release's forward gives logits), per slot
-  [B, C] `nll_sum` and `n_tokens`. The decoder's attention over segment / branch ids; rows of a written prefix
-  carry a feature track of width 0. Pure; jitted by the scorer."""
-  if window:
-    mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
-  else:
-    mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
-  model = decoder.Decoder(config.decoder, dtype=dtype, attention=attention, attention_window=window)
+  """The shared decoder's step (`s2sjax.scoring.scorer.score_batch`: per target NLL over the full vocabulary, as the
+  release's forward gives logits, and whether it is the argmax; per slot their sums) over the rows' ids, with the
+  adaptor rows written at the patch rows. Rows of a written prefix carry a feature track of width 0. Pure; jitted
+  by the scorer."""
   features = batch["features"] if batch["features"].shape[-1] else None
-  hidden = model.apply({"params": params}, batch["ids"], batch["positions"], mask, None, batch["segment_ids"],
-                       batch["branch_ids"], features, batch["continuous"] > 0)
-  gathered = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)
-
-  def nll_of(h, ids):
-    logits = model.apply({"params": params}, h, method=decoder.Decoder.logits)
-    return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-
-  nll = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"])
-  onehot = (batch["target_slot"][..., None] == jnp.arange(num_slots)).astype(jnp.float32)
-  return {"target_nll": nll, "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
-          "n_tokens": onehot.sum(axis=1).astype(jnp.int32)}
+  return decoder_step(config.decoder, dtype, target_chunk, num_slots, params,
+                      dict(batch, tokens=batch["ids"], audio_codes=None), attention, window, features,
+                      batch["continuous"] > 0 if features is not None else None)
 
 
 def check_ids(rows: Mapping[str, np.ndarray], config: StepAudio2Config) -> None:
