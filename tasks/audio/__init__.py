@@ -54,8 +54,9 @@ register(AudioTokenizerType(
   "Kimi-Audio's input: GLM-4-Voice codes and, beside each, the release's Whisper-large-v3 feature"))
 register(AudioTokenizerType(
   "step_audio2", "tasks.audio.step_audio2:StepAudio2Tokenizer", "a Step-Audio 2 release folder (config.json and "
-  "the encoder.* / adapter.* tensors of its safetensors)", 12.5,
-  "Step-Audio 2's input: its audio encoder's and adaptor's rows over 128-bin log-mels, one per <audio_patch>"))
+  "the encoder.* / adapter.* tensors of its safetensors; s3tokenizer_codes/ for spoken candidates)", 12.5,
+  "Step-Audio 2's input: its audio encoder's and adaptor's rows over 128-bin log-mels, one per <audio_patch>; "
+  "spoken candidates as precomputed CosyVoice2 s3tokenizer codes"))
 
 
 def resolver(kind: str, tokenizer_dir: str | None):
