@@ -336,15 +336,16 @@ def sample_tokenizer(folder: Path, meta: dict) -> str:
   return str(folder)
 
 
-def tiny_spec(root: Path, config) -> str:
-  """The step_audio2 preset at the oracle's width."""
+def tiny_spec(root: Path, config, template: str = "base") -> str:
+  """The step_audio2 preset (base) or step_audio2_chat at the oracle's width."""
   import yaml
 
   from s2sjax.data.spec import SPECS_DIR
 
-  fields = yaml.safe_load(open(Path(SPECS_DIR) / "step_audio2.yaml"))
-  fields.update(name="step_audio2_tiny", options=dict(fields["options"], feature_width=config.decoder.hidden_size))
-  path = root / "step_audio2_tiny.yaml"
+  preset = "step_audio2" if template == "base" else "step_audio2_chat"
+  fields = yaml.safe_load(open(Path(SPECS_DIR) / f"{preset}.yaml"))
+  fields.update(name=f"{preset}_tiny", options=dict(fields["options"], feature_width=config.decoder.hidden_size))
+  path = root / f"{preset}_tiny.yaml"
   path.write_text(yaml.safe_dump(fields))
   return str(path)
 
@@ -430,6 +431,49 @@ def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_pa
   nll = np.asarray(_item_nlls(config, params, np.stack(requests), np.stack(features), np.stack(continuous), scored))
   for line, row in zip(lines, nll):
     assert abs(line["nll_sum"] - row[: line["n_tokens"]].sum()) < LOG_PROBS * line["n_tokens"], line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("modality", ["t2t", "s2t", "t2s", "s2s"])
+def test_step_audio_chat_spec_lays_the_wrappers_chat_turns(tmp_path, meta, modality):
+  """`--spec=step_audio2_chat` lays a bundled sample question as StepAudio2.apply_chat_template lays the same
+  pieces (the template held to the oracle's chat requests above): the system prompt, the user's turn holding the
+  instruction and audio (or the text), the assistant's turn opened (with <tts_start> for speech out), then the
+  candidate; the adaptor rows at the placeholders."""
+  from s2sjax.data.spec import load_spec
+  from tasks.audio import from_spec
+  from tasks.audio.base import load_audio
+  from tasks.encoders import QuestionEncoder
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+  from transformers import AutoTokenizer
+
+  config = step_audio2.parse_config(meta["config_json"])
+  text = AutoTokenizer.from_pretrained(sample_tokenizer(tmp_path / "tokenizer", meta))
+  release = sample_audio_dir(tmp_path, meta["seed"])
+  spec = load_spec(tiny_spec(tmp_path, config, "chat"))
+  tokenizer = from_spec(spec.audio_tokenizer, spec.codebook_sizes, str(release))
+  encoder = QuestionEncoder(spec, modality, text, tokenizer)
+  question = read_questions("sstorycloze", RELEASE_DIR)[0]
+  prefix, _, _ = encoder.prefix(question, 0)
+  candidate, _ = encoder.candidate(question, 0)
+  tokenize = lambda piece: text(piece, add_special_tokens=False)["input_ids"]
+  if modality.startswith("s"):
+    rows, chunk = tokenizer.encoder.rows([load_audio(question.audio_paths[0], audio.SAMPLE_RATE)])[0]
+    pieces = [spec.speech_instruction["en"], prompt.Audio(tuple(np.bincount(chunk).tolist()))]
+  else:
+    rows, pieces = None, [question.prefixes[0]]
+  laid = prompt.lay(prompt.chat_request(pieces, prompt.TTS_START if modality.endswith("s") else None), tokenize,
+                    prompt.AudioIds.from_tokens(text.convert_tokens_to_ids))
+  np.testing.assert_array_equal(prefix["ids"], laid.ids)
+  np.testing.assert_array_equal(prefix["continuous"], laid.continuous)
+  if rows is not None:
+    np.testing.assert_array_equal(prefix["features"][laid.continuous], rows)
+  if modality.endswith("s"):
+    codes = np.load(release / "s3tokenizer_codes" / "candidates" / f"{Path(question.candidate_audio_paths[0]).stem}.npy")
+    np.testing.assert_array_equal(candidate["target_ids"], AUDIO_OFFSET + codes)
+  else:
+    np.testing.assert_array_equal(candidate["target_ids"], tokenize(question.candidates[0]))
 
 
 ITEM_LENGTH = 128  # longer than every item of the bundled sample's S->T
