@@ -300,8 +300,8 @@ def test_step_audio_forward_is_upstreams_at_every_stage(converted, laid_requests
     assert np.abs(log_probs[:, subset] - oracle(f"outputs/{sequence}_logprobs_subset")).max() < LOG_PROBS
     normaliser = oracle(f"outputs/{sequence}_logsumexp")  # log p = logit - normaliser, so any column fixes it
     logits = np.asarray(params["lm_head"]["kernel"], np.float32)
-    hidden = oracle(f"outputs/{sequence}_final_hidden") if (ORACLE / "outputs" / f"{sequence}_final_hidden.npy").exists() else None
-    if hidden is not None:
+    if (ORACLE / "outputs" / f"{sequence}_final_hidden.npy").exists():
+      hidden = oracle(f"outputs/{sequence}_final_hidden")
       assert np.abs(hidden @ logits[:, subset[0]] - log_probs[:, subset[0]] - normaliser).max() < LOG_PROBS
     record = nlls[sequence]
     scored = log_probs[np.arange(prefix - 1, prefix - 1 + record["n_tokens"]), ids[prefix:]]
@@ -368,6 +368,11 @@ def sample_audio_dir(root: Path, seed: int) -> Path:
   return folder
 
 
+def spoken_codes(release: Path, path: str) -> np.ndarray:
+  """The s3tokenizer codes `sample_audio_dir` wrote for the spoken candidate at `path`."""
+  return np.load(release / "s3tokenizer_codes" / "candidates" / f"{Path(path).stem}.npy")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("modality", ["s2t", "t2s", "s2s"])
 def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_path, meta, encoder, converted, modality):
@@ -414,7 +419,7 @@ def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_pa
       rows, pieces = np.zeros((0, config.decoder.hidden_size)), [question.prefixes[c]]
     if modality.endswith("s"):
       pieces.append(prompt.TTS_START)
-      codes = np.load(release / "s3tokenizer_codes" / "candidates" / f"{Path(question.candidate_audio_paths[c]).stem}.npy")
+      codes = spoken_codes(release, question.candidate_audio_paths[c])
       candidate = AUDIO_OFFSET + codes
     else:
       candidate = np.asarray(tokenize(question.candidates[c]))
@@ -470,7 +475,7 @@ def test_step_audio_chat_spec_lays_the_wrappers_chat_turns(tmp_path, meta, modal
   if rows is not None:
     np.testing.assert_array_equal(prefix["features"][laid.continuous], rows)
   if modality.endswith("s"):
-    codes = np.load(release / "s3tokenizer_codes" / "candidates" / f"{Path(question.candidate_audio_paths[0]).stem}.npy")
+    codes = spoken_codes(release, question.candidate_audio_paths[0])
     np.testing.assert_array_equal(candidate["target_ids"], AUDIO_OFFSET + codes)
   else:
     np.testing.assert_array_equal(candidate["target_ids"], tokenize(question.candidates[0]))

@@ -75,7 +75,8 @@ def read_params(weights: ReleaseWeights, shape: EncoderShape) -> dict:
                for i in range(shape.n_layer)],
     "after_norm": {"scale": weights.take("encoder.after_norm.weight", (d,)),
                    "bias": weights.take("encoder.after_norm.bias", (d,))},
-    "adaptor": {"conv": conv("adapter.conv", d, shape.kernel_size), "linear1": linear("adapter.linear1", d, ADAPTOR_WIDTH),
+    "adaptor": {"conv": conv("adapter.conv", d, shape.kernel_size),
+                "linear1": linear("adapter.linear1", d, ADAPTOR_WIDTH),
                 "linear2": linear("adapter.linear2", ADAPTOR_WIDTH, shape.llm_dim)},
   }
 

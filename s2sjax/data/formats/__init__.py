@@ -4,7 +4,7 @@ fields, its packer, its spec checks, its encoder and its pre-flight rule.
   none, extended_vocab, codebook_tables   the shared decoder's token rows (`tokens.py`)
   parallel_streams                        a text stream and codebook streams side by side (`streams.py`: Moshi)
   kimi_audio                              two id streams and a float Whisper feature track (`kimi_audio.py`)
-  step_audio2                             one id stream and the audio adaptor's rows as a feature track (`step_audio2.py`)
+  step_audio2                             one id stream, the audio adaptor's rows a feature track (`step_audio2.py`)
 
 Adding one is a module of your own that builds an `InputFormat` (a `rows.RowFormat` of its fields, an encoder
 class that lays a question and packs items with `packing.pack_laid`) and `register`s it, then a spec naming it as

@@ -67,8 +67,9 @@ class StepAudio2Config:
   def __post_init__(self):
     problems = [] if self.family == NAME else [f"family {self.family!r} is not {NAME!r}"]
     if self.decoder.vocab_size < AUDIO_OFFSET + AUDIO_CODES:
-      problems.append(f"vocab_size={self.decoder.vocab_size}: the speech ids {AUDIO_OFFSET}..{AUDIO_OFFSET + AUDIO_CODES - 1} "
-                      "(and <audio_start> 151688, which the forward hard-codes) must be rows of the table")
+      last = AUDIO_OFFSET + AUDIO_CODES - 1
+      problems.append(f"vocab_size={self.decoder.vocab_size}: the speech ids {AUDIO_OFFSET}..{last} (and "
+                      f"<audio_start> {AUDIO_START}, which the forward hard-codes) must be rows of the table")
     if self.encoder.llm_dim != self.decoder.hidden_size:
       problems.append(f"the adaptor writes rows of width llm_dim={self.encoder.llm_dim} into embeddings of width "
                       f"hidden_size={self.decoder.hidden_size}")
@@ -109,7 +110,10 @@ def param_logical_axes(config: StepAudio2Config):
 def release_audio_tensors(shape: EncoderShape) -> dict[str, tuple[int, ...]]:
   """The release's `encoder.*` and `adapter.*` tensors and their shapes (AudioEncoder :230-244, Adaptor :266-283)."""
   d, out = shape.n_state, {}
-  linear = lambda key, n_out, n_in, bias=True: {f"{key}.weight": (n_out, n_in), **({f"{key}.bias": (n_out,)} if bias else {})}
+
+  def linear(key: str, n_out: int, n_in: int, bias: bool = True) -> dict:
+    return {f"{key}.weight": (n_out, n_in), **({f"{key}.bias": (n_out,)} if bias else {})}
+
   norm = lambda key: {f"{key}.weight": (d,), f"{key}.bias": (d,)}
   out.update({"encoder.conv1.weight": (d, shape.n_mels, 3), "encoder.conv1.bias": (d,),
               "encoder.conv2.weight": (d, d, 3), "encoder.conv2.bias": (d,),
