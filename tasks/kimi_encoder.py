@@ -39,6 +39,8 @@ class KimiEncoder(LaidEncoder):
   """A question's prefix and candidates as Kimi-Audio rows: per position the two streams, the feature track (width
   0 for a written prefix) and the continuous mask; per target the candidate's text id."""
 
+  laid_as = "Kimi-Audio's messages"
+
   def __init__(self, spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
     self.special = special_ids(spec, self.tokenizer)

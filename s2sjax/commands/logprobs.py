@@ -24,6 +24,11 @@ output is the text head's `[T, vocab]` (lm_head on the whole stack); `--codebook
 `[T, vocab]` (mimo_output on the branch), each as `log_softmax` of the logits `MoonshotKimiaForCausalLM.forward`
 returns (modeling_kimia.py:905-909, the names swapped back as kimia.py:114 does).
 
+Step-Audio 2: `--input_ids` `[T]` as the wrapper lays them, and `--features` `[N, hidden]` float the adaptor rows of
+its audios in order (`tasks.audio.step_audio2`), written over the placeholders after each `<audio_start>` as
+`modeling_step_audio_2.py:353-357` writes them. The output is `[T, vocab]`, the full vocabulary (speech out: ids
+151696 + code).
+
 A MaxText checkpoint folder (s2sjax/scoring/stacks/maxtext.py) is read as MaxText wrote it, with `--maxtext_config`: the
 run config it was trained with (unless MaxText wrote its config.yml beside the run).
 
@@ -72,8 +77,8 @@ def define_flags() -> None:
                       "Kimi-Audio: [2, T], the audio stream over the text stream.")
   flags.DEFINE_string("audio_codes", None, ".npy of audio codes: [audio positions, codebooks] in placeholder order "
                       "(codebook-table models), or Moshi's codebook streams [T, K] time-aligned with --input_ids.")
-  flags.DEFINE_string("features", None, "Kimi-Audio only: .npy of its audio message's Whisper features [N, 4 x "
-                      "d_model] float.")
+  flags.DEFINE_string("features", None, "Kimi-Audio: .npy of its audio message's Whisper features [N, 4 x "
+                      "d_model] float; Step-Audio 2: its audios' adaptor rows [N, hidden] float.")
   flags.DEFINE_string("output", None, ".npy to write: the log-softmax at every position, [T, vocab] float32.")
   flags.DEFINE_string("codebook_output", None, ".npy for the audio head's log-probs: Moshi's depformer "
                       "[T, dep_q, card], Kimi-Audio's [T, vocab].")

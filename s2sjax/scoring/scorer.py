@@ -44,14 +44,15 @@ class ScoringError(UserError, ValueError):
 
 def score_batch(
   config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
-  window: layers.LocalWindow | None = None,
+  window: layers.LocalWindow | None = None, features: jax.Array | None = None, continuous: jax.Array | None = None,
 ) -> dict:
   """For one batch of packed rows, per target [B, M]: `target_nll` and `target_missed`, whether the target is not
   the argmax of the logits that predict it (lm-eval's is_greedy, `not_greedy`: compares beside the logsumexp's pass);
   and per slot [B, C] in fp32 (a training loop's loss; `Scorer` sums the targets itself, `slot_sums`): `nll_sum`,
   `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
   mask (and with `key_shift` in the batch, neighbour-free rows' shared roots, where each window's keys are read:
-  `layers.gathered_windows`) is built once for all layers, and no [L, L] mask."""
+  `layers.gathered_windows`) is built once for all layers, and no [L, L] mask. `features` [B, L, D] replace the
+  token embeddings where `continuous` [B, L] is set (`Decoder`'s audio encoder rows: Step-Audio 2's)."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
   if window and "key_shift" in batch:
     mask = layers.gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
@@ -60,7 +61,7 @@ def score_batch(
   else:
     mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
-                       batch["segment_ids"], batch["branch_ids"])
+                       batch["segment_ids"], batch["branch_ids"], features, continuous)
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
   def target_nll(h, ids):

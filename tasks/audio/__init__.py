@@ -52,6 +52,11 @@ register(AudioTokenizerType(
   "kimi_audio", "tasks.audio.kimi_audio:KimiAudioTokenizer", "a Kimi-Audio release folder: whisper-large-v3/ and "
   "the glm-4-voice-tokenizer folder beside it", 12.5,
   "Kimi-Audio's input: GLM-4-Voice codes and, beside each, the release's Whisper-large-v3 feature"))
+register(AudioTokenizerType(
+  "step_audio2", "tasks.audio.step_audio2:StepAudio2Tokenizer", "a Step-Audio 2 release folder (config.json and "
+  "the encoder.* / adapter.* tensors of its safetensors; s3tokenizer_codes/ for spoken candidates)", 12.5,
+  "Step-Audio 2's input: its audio encoder's and adaptor's rows over 128-bin log-mels, one per <audio_patch>; "
+  "spoken candidates as precomputed CosyVoice2 s3tokenizer codes"))
 
 register(AudioTokenizerType(
   "mimo_audio", "tasks.audio.mimo_audio:MimoAudioTokenizer", "a MiMo-Audio-Tokenizer folder (config.json, "

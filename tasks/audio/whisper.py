@@ -57,9 +57,18 @@ def whisper_log_mel(wave: np.ndarray, n_mels: int = 128, n_fft: int = 400, hop: 
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: neither release sets another
 
 
-def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
-  """One encoder layer's tensors under `key` (`layers.3`), in Whisper's names: pre-norm attention whose key
-  projection has no bias, then a pre-norm gelu MLP. Kernels [in, out]."""
+# A layer's tensors as transformers' WhisperEncoderLayer names them; openai-whisper's ResidualAttentionBlock (the
+# encoder Step-Audio 2 ships) names the same tensors otherwise.
+HF_LAYER_NAMES = {"attention_norm": "self_attn_layer_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+                  "v": "self_attn.v_proj", "out": "self_attn.out_proj", "mlp_norm": "final_layer_norm", "fc1": "fc1",
+                  "fc2": "fc2"}
+OPENAI_LAYER_NAMES = {"attention_norm": "attn_ln", "q": "attn.query", "k": "attn.key", "v": "attn.value",
+                      "out": "attn.out", "mlp_norm": "mlp_ln", "fc1": "mlp.0", "fc2": "mlp.2"}
+
+
+def read_layer(weights, key: str, d_model: int, ffn: int, names: dict[str, str] = HF_LAYER_NAMES) -> dict:
+  """One encoder layer's tensors under `key` (`layers.3`), in `names`: pre-norm attention whose key projection has
+  no bias, then a pre-norm gelu MLP. Kernels [in, out]."""
   from tasks.audio.jax_tokenizer import aligned
 
   norm = lambda name: {"scale": weights.take(f"{key}.{name}.weight", (d_model,)),
@@ -71,10 +80,10 @@ def read_layer(weights, key: str, d_model: int, ffn: int) -> dict:
       out["bias"] = weights.take(f"{key}.{name}.bias", (n_out,))
     return out
 
-  return {"attention_norm": norm("self_attn_layer_norm"), "q": linear("self_attn.q_proj", d_model, d_model),
-          "k": linear("self_attn.k_proj", d_model, d_model, bias=False),
-          "v": linear("self_attn.v_proj", d_model, d_model), "out": linear("self_attn.out_proj", d_model, d_model),
-          "mlp_norm": norm("final_layer_norm"), "fc1": linear("fc1", d_model, ffn), "fc2": linear("fc2", ffn, d_model)}
+  return {"attention_norm": norm(names["attention_norm"]), "q": linear(names["q"], d_model, d_model),
+          "k": linear(names["k"], d_model, d_model, bias=False), "v": linear(names["v"], d_model, d_model),
+          "out": linear(names["out"], d_model, d_model), "mlp_norm": norm(names["mlp_norm"]),
+          "fc1": linear(names["fc1"], d_model, ffn), "fc2": linear(names["fc2"], ffn, d_model)}
 
 
 def encoder_layer(x, params: dict, visible, heads: int, precision, rotary=None):

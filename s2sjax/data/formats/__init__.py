@@ -5,6 +5,7 @@ fields, its packer, its spec checks, its encoder and its pre-flight rule.
   parallel_streams                        a text stream and codebook streams side by side (`streams.py`: Moshi)
   kimi_audio                              two id streams and a float Whisper feature track (`kimi_audio.py`)
   mimo_audio                              a text id and a patch of RVQ frames per position (`mimo_audio.py`)
+  step_audio2                             one id stream, the audio adaptor's rows a feature track (`step_audio2.py`)
 
 Adding one is a module of your own that builds an `InputFormat` (a `rows.RowFormat` of its fields, an encoder
 class that lays a question and packs items with `packing.pack_laid`) and `register`s it, then a spec naming it as
@@ -18,5 +19,6 @@ from s2sjax.data.formats.format import INPUT_FORMATS, InputFormat, get, owner_of
 # The built-ins register on import.
 from s2sjax.data.formats import tokens, streams, kimi_audio  # noqa: E402,F401,I001
 from s2sjax.data.formats import mimo_audio  # noqa: E402,F401
+from s2sjax.data.formats import step_audio2  # noqa: E402,F401
 
 __all__ = ["INPUT_FORMATS", "InputFormat", "get", "owner_of_key", "register"]

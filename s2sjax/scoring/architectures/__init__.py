@@ -17,6 +17,7 @@ from s2sjax.scoring.architectures import decoder  # noqa: E402,F401,I001
 from s2sjax.scoring.architectures import moshi  # noqa: E402,F401
 from s2sjax.scoring.architectures import kimi_audio  # noqa: E402,F401
 from s2sjax.scoring.architectures import mimo_audio  # noqa: E402,F401
+from s2sjax.scoring.architectures import step_audio2  # noqa: E402,F401
 
 __all__ = ["ARCHITECTURES", "DECODER", "Architecture", "FitError", "StreamProtocol", "for_config", "for_family",
            "for_release", "for_spec", "get", "planner_shapes", "register"]

@@ -234,14 +234,20 @@ class Decoder(nn.Module):
     audio_codes: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     branch_ids: jax.Array | None = None,
+    features: jax.Array | None = None,
+    continuous: jax.Array | None = None,
   ) -> jax.Array:
     """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool, or with an
     `attention_window` its window mask (`layers.local_window_mask`); audio_codes [batch, length, K] int (-1 where none);
-    segment_ids, branch_ids [batch, length] (the flash kernel's and item-local attention's mask).
+    segment_ids, branch_ids [batch, length] (the flash kernel's and item-local attention's mask); features
+    [batch, length, embed_dim] float, read where continuous [batch, length] bool is set in place of those tokens'
+    embeddings (an audio encoder's rows: Step-Audio 2's adaptor output).
     Returns the hidden states the head reads [batch, length, embed_dim]: after the final norm and `project_out`,
     where the model has them."""
     c = self.config
     x = self.embed_inputs(tokens, audio_codes)
+    if features is not None:
+      x = jnp.where(continuous[..., None], features.astype(x.dtype), x)
     if c.projects_embeddings:
       x = self.project_in(x)
     cos = sin = None
