@@ -197,7 +197,8 @@ def test_the_cycle_check_sees_a_package_init(tmp_path):
 # stage uses comes first; a task's arithmetic, `metrics`, is part of the benchmark's contract that the data stage
 # defines). The entry points, their aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above
 # every stage.
-STAGES = (("runtime plumbing", "s2sjax.runtime"), ("data contract and formats", "s2sjax.data"),
+STAGES = (("runtime plumbing", "s2sjax.runtime"), ("shared numerics", "s2sjax.numerics"),
+          ("data contract and formats", "s2sjax.data"),
           ("scoring", "s2sjax.scoring"), ("results and reports", "s2sjax.results"))
 
 

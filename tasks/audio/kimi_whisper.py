@@ -135,7 +135,7 @@ def encode(params: dict, shape: EncoderShape, mel, with_intermediates: bool = Fa
   import jax
   import jax.numpy as jnp
 
-  from s2sjax.scoring.model.layers import layer_norm
+  from s2sjax.numerics.norms import layer_norm
 
   precision = matmul_precision(mel.dtype)
   x = jax.nn.gelu(conv1d(mel, params["conv1"], 1, ((1, 1),), precision=precision), approximate=False)

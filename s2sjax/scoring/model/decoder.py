@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from s2sjax.numerics import norms
 from s2sjax.scoring.model import layers
 from s2sjax.scoring.model.config import ModelConfig
 
@@ -41,7 +42,7 @@ class RMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     scale = self.param("scale", _param_init(("norm",), nn.initializers.ones), (x.shape[-1],), jnp.float32)
-    return layers.rms_norm(x, scale.astype(self.dtype), self.eps)
+    return norms.rms_norm(x, scale.astype(self.dtype), self.eps)
 
 
 class LayerNorm(nn.Module):
@@ -52,7 +53,7 @@ class LayerNorm(nn.Module):
   def __call__(self, x):
     scale = self.param("scale", _param_init(("norm",), nn.initializers.ones), (x.shape[-1],), jnp.float32)
     bias = self.param("bias", _param_init(("norm",), nn.initializers.zeros), (x.shape[-1],), jnp.float32)
-    return layers.layer_norm(x, scale.astype(self.dtype), bias.astype(self.dtype), self.eps)
+    return norms.layer_norm(x, scale.astype(self.dtype), bias.astype(self.dtype), self.eps)
 
 
 def _norm(config: ModelConfig, dtype, name: str | None = None) -> nn.Module:

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from s2sjax.numerics import norms
 from s2sjax.scoring.model import decoder, layers
 from s2sjax.scoring.model.config import ConfigError, ModelConfig
 
@@ -153,7 +154,7 @@ def adaptor(config: KimiAudioConfig, params: Params, features: jax.Array, dtype=
   """VQAdaptor (:519-531): Linear(4d, H), SiLU, Linear(H, H), LayerNorm(H, eps=rms_norm_eps) over [..., 4d]."""
   p = params["vq_adaptor"]
   h = _dense(jax.nn.silu(_dense(features.astype(dtype), p["in"], dtype)), p["out"], dtype)
-  return layers.layer_norm(h, p["norm"]["scale"].astype(dtype), p["norm"]["bias"].astype(dtype),
+  return norms.layer_norm(h, p["norm"]["scale"].astype(dtype), p["norm"]["bias"].astype(dtype),
                            config.decoder.rms_norm_eps)
 
 
@@ -205,11 +206,11 @@ def hidden_states(config: KimiAudioConfig, params: Params, audio_ids: jax.Array,
   x = embed_inputs(config, params, audio_ids, text_ids, features, continuous, dtype)
   tap = _run_layers(layer, params["layers"], 0, config.mimo_from_layer + 1, x, *args)
   main = _run_layers(layer, params["layers"], config.mimo_from_layer + 1, c.num_layers, tap, *args)
-  text = layers.rms_norm(main, params["final_norm"]["scale"].astype(dtype), c.rms_norm_eps)
+  text = norms.rms_norm(main, params["final_norm"]["scale"].astype(dtype), c.rms_norm_eps)
   if not audio_head:
     return text, None
   branch = _run_layers(layer, params["mimo_layers"], 0, config.mimo_layers, tap, *args)
-  return text, layers.rms_norm(branch, params["mimo_norm"]["scale"].astype(dtype), c.rms_norm_eps)
+  return text, norms.rms_norm(branch, params["mimo_norm"]["scale"].astype(dtype), c.rms_norm_eps)
 
 
 def _head(hidden: jax.Array, kernel: jax.Array) -> jax.Array:

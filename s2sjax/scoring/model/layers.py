@@ -1,8 +1,8 @@
-"""Pure functions for the decoder's math: RMSNorm and LayerNorm, rotary embeddings. Masked grouped-query attention
-(its kernels, their masks and the `auto` rule) is s2sjax/scoring/model/attention/; its names are read here too.
+"""Pure functions for the decoder's math: rotary embeddings (the norms, which the audio tokenizers run too, are
+s2sjax/numerics/norms.py). Masked grouped-query attention (its kernels, their masks and the `auto` rule) is
+s2sjax/scoring/model/attention/; its names are read here too.
 
-Precision rules (docs/architecture.md, "Numbers"): the norms' statistics and the rotary angles are computed in fp32
-whatever the compute dtype.
+Precision rule (docs/architecture.md, "Numbers"): the rotary angles are computed in fp32 whatever the compute dtype.
 """
 
 from __future__ import annotations
@@ -14,22 +14,6 @@ import jax.numpy as jnp
 from s2sjax.scoring.model.attention import (ATTENTION_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS, FUSED_IMPLEMENTATIONS,
   LOCAL_BLOCK, MASKED_SCORE, LocalWindow, attention, auto_implementation, gathered_windows, local_attention,
   local_window, local_window_mask, packed_attention_mask)
-
-
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """HF's RMSNorm: variance in fp32, normalised value cast back to the input dtype, then scaled."""
-  x32 = x.astype(jnp.float32)
-  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return scale.astype(x.dtype) * normed.astype(x.dtype)
-
-
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
-  """torch's LayerNorm (OPT): mean and variance in fp32, normalised value cast back to the input dtype, then scaled
-  and shifted."""
-  x32 = x.astype(jnp.float32)
-  centered = x32 - jnp.mean(x32, axis=-1, keepdims=True)
-  normed = centered * jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + eps)
-  return scale.astype(x.dtype) * normed.astype(x.dtype) + bias.astype(x.dtype)
 
 
 def rotary_angles(positions: jax.Array, rotary_dim: int, theta: float,

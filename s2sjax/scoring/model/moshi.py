@@ -150,7 +150,7 @@ class MoshiConfig:
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   """Moshi's RMSNorm (`_rms_norm`): variance, scale and product in fp32, then cast to the input dtype (HF's
-  `layers.rms_norm` casts before scaling, which rounds differently in bf16)."""
+  `norms.rms_norm` casts before scaling, which rounds differently in bf16)."""
   x32 = x.astype(jnp.float32)
   var = eps + jnp.mean(x32 * x32, axis=-1, keepdims=True)
   return (x32 * (scale.astype(jnp.float32) * jax.lax.rsqrt(var))).astype(x.dtype)
