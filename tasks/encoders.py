@@ -25,7 +25,6 @@ import os
 
 import numpy as np
 
-from s2sjax.scoring import architectures
 from s2sjax.data import modalities
 from s2sjax.data.builds import PROTOCOLS, VariantError
 from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
@@ -54,7 +53,7 @@ class QuestionEncoder(abc.ABC):
   and the candidate's as one recording, tokenized as `<bos> units <eos>` (slamkit/tokeniser/unit_tokeniser.py's
   template; bos = eos = 1 for unit LMs, the audio start / end tokens otherwise) and every token after the first
   scored, the closing eos included. For stream rows that recording is every frame after the model's initial
-  step, with no closing token (the S->S protocol of the stream architecture, its `stream_protocol`).
+  step, with no closing token (the S->S protocol of the spec's stream protocol).
 
   Called by this name it builds the subclass that lays the spec's audio mode (`encoder_class`): each subclass
   says how a `prefix` and a `candidate` are laid; this class holds what they share, and lays token rows."""
@@ -397,8 +396,8 @@ class CodebookEncoder(AudioTokenEncoder):
 
 
 class StreamEncoder(QuestionEncoder):
-  """Stream rows: each side on streams of its own, by the protocol of the architecture that reads the spec's
-  streams (`architectures.for_spec`): the text ids on the text stream, or the audio codes on the codebook streams,
+  """Stream rows: each side on streams of its own, by the protocol of the architecture the spec names
+  (`Spec.stream_protocol`): the text ids on the text stream, or the audio codes on the codebook streams,
   one step each. The rows are packed by `pack_streams`, which applies the spec's delays, and each scored token
   carries its stream's weight."""
 
@@ -407,7 +406,7 @@ class StreamEncoder(QuestionEncoder):
   def __init__(self, spec: Spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
     self.layout = StreamLayout(spec.stream_delays, spec.stream_initial_ids, predicted=spec.num_streams)
-    self.stream_protocol = architectures.for_spec(spec).stream_protocol
+    self.stream_protocol = spec.stream_protocol()
     self.weights = self.stream_protocol.weights(self.modality.name, len(spec.codebook_sizes))  # per stream
 
   def _streams(self, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:

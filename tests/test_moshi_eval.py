@@ -53,7 +53,8 @@ ROW = 256
 
 def _spec(path: str, codebooks: int = OWN, delays=None) -> str:
   with open(path, "w") as f:
-    yaml.safe_dump({"name": "tiny_moshi", "audio_mode": "parallel_streams", "audio_tokenizer": {"type": "precomputed"},
+    yaml.safe_dump({"name": "tiny_moshi", "audio_mode": "parallel_streams", "architecture": "moshi",
+                    "audio_tokenizer": {"type": "precomputed"},
                     "codebook_sizes": [CONFIG["card"]] * codebooks,
                     "stream_delays": delays or CONFIG["delays"][: 1 + codebooks], "text_initial_id": TEXT_CARD}, f)
   return path

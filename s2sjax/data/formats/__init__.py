@@ -2,7 +2,8 @@
 fields, its packer, its spec checks, its encoder and its pre-flight rule.
 
   none, extended_vocab, codebook_tables   the shared decoder's token rows (`tokens.py`)
-  parallel_streams                        a text stream and codebook streams side by side (`streams.py`: Moshi)
+  parallel_streams                        a text stream and codebook streams side by side (`streams.py`), laid by
+                                          the protocol its spec's architecture names (`moshi_protocol.py`)
   kimi_audio                              two id streams and a float Whisper feature track (`kimi_audio.py`)
 
 Adding one is a module of your own that builds an `InputFormat` (a `rows.RowFormat` of its fields, an encoder
@@ -15,6 +16,6 @@ streams and a float feature track).
 from s2sjax.data.formats.format import INPUT_FORMATS, InputFormat, get, owner_of_key, register
 
 # The built-ins register on import.
-from s2sjax.data.formats import tokens, streams, kimi_audio  # noqa: E402,F401,I001
+from s2sjax.data.formats import tokens, streams, kimi_audio, moshi_protocol  # noqa: E402,F401,I001
 
 __all__ = ["INPUT_FORMATS", "InputFormat", "get", "owner_of_key", "register"]

@@ -17,12 +17,16 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from s2sjax.runtime import plugins
-from s2sjax.runtime.errors import UnknownNameError
+from s2sjax.runtime.errors import UnknownNameError, UserError
 from s2sjax.data.modalities import Modality
 from s2sjax.runtime.registry import Registry
 from s2sjax.data.rows import RowFormat
 
 Spec = Any  # s2sjax.data.spec.Spec (which looks formats up: typed loosely here to keep the import one way)
+
+
+class SpecError(UserError, ValueError):
+  """A spec that is malformed or does not fit the tokenizer (defined with the formats, whose rules raise it too)."""
 
 
 def _nothing(*args) -> None:

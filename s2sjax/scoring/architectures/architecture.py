@@ -3,7 +3,7 @@
 
 An architecture is one parameter tree and the rows it scores: the shared decoder (every family of
 `s2sjax.scoring.families`, token rows) is one, a model of its own reading parallel streams is another. The checkpoint
-reader and writer, the scorer, the evaluator's fit checks, the build's stream protocol and the converter look the
+reader and writer, the scorer, the evaluator's fit checks and the converter look the
 architecture up here, by its config's type, by model_config.json's `family`, or by a spec, and never name one.
 """
 
@@ -17,23 +17,13 @@ import numpy as np
 from s2sjax.runtime import plugins
 from s2sjax.runtime.errors import UnknownNameError, UserError
 from s2sjax.runtime.registry import Registry
-from s2sjax.data.rows import STREAM_ROWS, RowFormat
+from s2sjax.data.rows import RowFormat
 
 DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.scoring.families is
 
 
 class FitError(UserError, ValueError):
   """A checkpoint and built data that do not fit together; the message names both and says what to run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamProtocol:
-  """How a question is laid on stream rows for an architecture that reads them (the build's side)."""
-
-  # (modality name, codebooks) -> per stream (0 = text, k = codebook k - 1) its tokens' weight; 0 = not scored
-  weights: Callable[[str, int], tuple[int, ...]]
-  # (codebooks, text ids [T] or audio codes [T, codebooks]) -> time-aligned streams [T, 1 + codebooks]
-  lay: Callable[..., np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +57,6 @@ class Architecture:
   check_ids: Callable[[Mapping[str, np.ndarray], Any], None] | None = None  # None: its scorer checks ids alone
   parse_config: Callable[[Mapping[str, Any]], Any] | None = None  # None: it reads no release config.json
   spec_checks: Callable[[Any, Any, Any], list[tuple[str, bool, str]]] = lambda config, spec, ids: []
-  stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
   converter: str | None = None
   verifier: str | None = None
   release_classes: tuple[str, ...] = ()
@@ -85,9 +74,6 @@ def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list
                new.planner_shapes if name in a.planner_shapes]
   if (new.release_classes or new.planner_shapes) and new.parse_config is None:
     problems.append("release classes and planner shapes are read by its parse_config, which it lacks")
-  if (new.stream_protocol is not None) != (new.row_format is STREAM_ROWS):
-    problems.append(f"an architecture reading {new.row_format.name} rows "
-                    f"{'needs' if new.row_format is STREAM_ROWS else 'takes no'} stream_protocol")
   return problems
 
 
