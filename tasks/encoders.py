@@ -7,19 +7,21 @@ the candidate string carries its own leading separator (`" " + last` in English 
 special tokens. So the scored tokens are exactly the candidate's tokens, and no token straddles the boundary.
 The prefix is tokenized with the tokenizer's special tokens (a BOS where the model uses one).
 
-`QuestionEncoder(spec, modality, ...)` builds the encoder the spec's input format names for the modality
-(s2sjax/data/formats, `encoder_class`); the built-in formats name these:
+`QuestionEncoder(spec, modality, ...)` builds the encoder registered for the spec's input format (`ENCODERS`, keyed
+by the format's name, s2sjax/data/formats) and the modality (`encoder_class`); the built-in formats' are these:
   TextEncoder      text on both sides (t2t) in token rows, whatever the spec's audio mode
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
   StreamEncoder    parallel_streams: each side on streams of its own, by the spec's architecture's protocol
-A plugin's format names its own subclass (tests/plugins/toy_features.py).
+  KimiEncoder      kimi_audio: Kimi-Audio's message layout (tasks/kimi_encoder.py)
+A plugin's format registers its own subclass (tests/plugins/toy_features.py).
 """
 
 from __future__ import annotations
 
 import abc
 import collections
+import dataclasses
 import hashlib
 import os
 
@@ -32,7 +34,7 @@ from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_
 from s2sjax.data.modalities import SPEECH, TEXT
 from s2sjax.data.packing import Item, PackingError, RowShape, check_item, pack
 from s2sjax.runtime.progress import Progress
-from s2sjax.runtime.registry import load_object
+from s2sjax.runtime.registry import Registry, load_object
 from s2sjax.data.rows import TOKEN_ROWS
 from s2sjax.data.spec import AudioIds, Spec, SpecError, resolve_audio_ids
 from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, load_audio
@@ -462,10 +464,34 @@ def _targets_every(rows: dict[str, np.ndarray], every: int) -> dict[str, np.ndar
   return {**rows, **out}
 
 
+@dataclasses.dataclass(frozen=True)
+class FormatEncoders:
+  """The encoders that lay an input format's rows (s2sjax/data/formats), registered under the format's name:
+  `encoder` lays every modality asked of it ("module:Class", a `QuestionEncoder` subclass whose `prefix`,
+  `candidate`, `item`, `check` and `pack` lay a question and pack the items with the format's packer, imported when
+  a build asks), `text_encoder`, when given, the modalities without speech instead."""
+
+  input_format: str
+  encoder: str
+  text_encoder: str | None = None
+
+
+ENCODERS: Registry[FormatEncoders] = Registry("input format encoder", name_of=lambda e: e.input_format)
+register = ENCODERS.register
+TEXT_ENCODER = "tasks.encoders:TextEncoder"
+register(FormatEncoders("none", TEXT_ENCODER))
+register(FormatEncoders("extended_vocab", "tasks.encoders:UnitEncoder", TEXT_ENCODER))
+register(FormatEncoders("codebook_tables", "tasks.encoders:CodebookEncoder", TEXT_ENCODER))
+register(FormatEncoders("parallel_streams", "tasks.encoders:StreamEncoder"))
+register(FormatEncoders("kimi_audio", "tasks.kimi_encoder:KimiEncoder"))
+
+
 def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
-  """Which encoder lays `modality` for `spec`: the one its input format names (s2sjax/data/formats). A text-only spec
-  asked for audio gets the text encoder, which refuses it by name (`Spec.check_modality`)."""
-  return load_object(spec.input_format.encoder_for(modalities.get(modality)))
+  """Which encoder lays `modality` for `spec`: the one registered for its input format. A text-only spec asked for
+  audio gets the text encoder, which refuses it by name (`Spec.check_modality`)."""
+  encoders = ENCODERS.get(spec.audio_mode)
+  speaks = modalities.get(modality).speaks
+  return load_object(encoders.text_encoder if encoders.text_encoder and not speaks else encoders.encoder)
 
 
 def _joined(*parts) -> np.ndarray:

@@ -223,6 +223,6 @@ def _blank_codes(rows, metadata):
 
 
 PARALLEL_STREAMS = register(InputFormat(
-  NAME, STREAM_ROWS, "tasks.encoders:StreamEncoder", spec_keys=SPEC_KEYS, check_spec=_problems, refuse=_refuse,
+  NAME, STREAM_ROWS, spec_keys=SPEC_KEYS, check_spec=_problems, refuse=_refuse,
   num_codebooks=lambda spec, modality: len(spec.codebook_sizes),
   widths=lambda spec, modality: {"streams": 1 + len(spec.codebook_sizes)}, blank_audio=_blank_codes))
