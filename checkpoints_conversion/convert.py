@@ -13,10 +13,10 @@ read, transformed and written one leaf at a time. Modules a layout knows scoring
 audio tokenizer, vision towers) are left out without flags, listed in the manifest and named in the report the
 command prints, with what each is and where a user gets it instead (`report`).
 
-An architecture of its own (s2sjax/scoring/architectures) with a converter hook reads its releases itself: `--family=NAME`
-names it (its registration says which module converts them). A release whose config.json `architectures` names a
-modeling class an architecture lists (its `release_classes`) goes to that architecture's converter with no flags,
-whatever family its model_type names (Kimi-Audio's says qwen2).
+An architecture of its own (s2sjax/scoring/architectures) whose releases a converter of their own reads
+(`own_converters.CONVERTERS`): `--family=NAME` names it. A release whose config.json `architectures` names a
+modeling class that converter lists (its `release_classes`) goes to it with no flags, whatever family its
+model_type names (Kimi-Audio's says qwen2).
 
 A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/scoring/stacks/maxtext.py) is read
 as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
@@ -47,9 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from checkpoints_conversion import verify
+from checkpoints_conversion import own_converters, verify
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax.scoring import architectures, checkpoint, families
+from s2sjax.scoring import checkpoint, families
 from s2sjax.runtime import cli
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
@@ -86,8 +86,8 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.runtime.cli turns in
 
 
 def converted_architectures() -> tuple[str, ...]:
-  """Architectures whose releases their own converter hook reads (their own parameter tree and source layout)."""
-  return tuple(a.name for a in architectures.ARCHITECTURES if a.converter)
+  """Architectures whose releases a converter of their own reads (their own parameter tree and source layout)."""
+  return tuple(own_converters.CONVERTERS.names())
 
 
 def family_choices() -> tuple[str, ...]:
@@ -97,15 +97,15 @@ def family_choices() -> tuple[str, ...]:
 
 
 def release_converter(source_path: str) -> str | None:
-  """The converter ("module:function") of a release folder whose config.json names a modeling class an
-  architecture's `release_classes` list, or None."""
+  """The converter ("module:function") of a release folder whose config.json names a modeling class an own
+  converter's `release_classes` list, or None."""
   try:
     with open(os.path.join(source_path, "config.json")) as f:
       config = json.load(f)
   except (OSError, ValueError):
     return None  # not such a release: the readers of every other layout say what is wrong with it
-  architecture = architectures.for_release(config) if isinstance(config, dict) else None
-  return architecture.converter if architecture else None
+  own = own_converters.for_release(config) if isinstance(config, dict) else None
+  return own.convert if own else None
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
@@ -265,7 +265,7 @@ def convert(
   """Converts and writes; returns the manifest (what was read, kept, skipped). `maxtext_run_config`: a MaxText
   source's run config (--maxtext_config)."""
   if family in converted_architectures():
-    return load_object(architectures.get(family).converter)(source_path, output, dtype, overwrite)
+    return load_object(own_converters.CONVERTERS.get(family).convert)(source_path, output, dtype, overwrite)
   if family == "auto" and (own := release_converter(source_path)):
     return load_object(own)(source_path, output, dtype, overwrite)
   if maxtext.is_step_folder(source_path):

@@ -34,12 +34,8 @@ class Architecture:
   `check_ids(rows, config)` raises a ScoringError for ids beyond the model's tables (the scorer's own check, which
   the pre-flight runs too); `parse_config(config_json)` reads a release's config.json into its config, refusing by
   name what it does not implement; `spec_checks(config, spec, audio_ids)` are the pre-flight's verdicts on how a
-  spec's ids and streams meet the model, as (check, ok, detail);
-  `converter` and `verifier` ('module:function', imported when asked for: s2sjax.runtime.registry.load_object) convert
-  and check a release folder of this architecture: `converter(source, output, dtype, overwrite) -> manifest`,
-  `verifier(source, ckpt_dir, length, seed) -> comparison`. None: its checkpoints come through the families'
-  layouts (the shared decoder). `release_classes` are the modeling classes a release's config.json `architectures`
-  names that this converter reads with no --family (whatever family its `model_type` names).
+  spec's ids and streams meet the model, as (check, ok, detail) (how its releases are converted is
+  checkpoints_conversion's: own_converters.py).
   `log_probs(config, params, input_ids, audio_codes, features) -> (text [T, vocab], audio head or None)` is the fp32
   log-softmax of one sequence that `s2sjax.logprobs` writes, inputs checked (`s2sjax.scoring.sequence_inputs`); None: the
   architecture has no such command. `planned(config)` is the shared-decoder shape whose FLOPs and activations its
@@ -57,9 +53,6 @@ class Architecture:
   check_ids: Callable[[Mapping[str, np.ndarray], Any], None] | None = None  # None: its scorer checks ids alone
   parse_config: Callable[[Mapping[str, Any]], Any] | None = None  # None: it reads no release config.json
   spec_checks: Callable[[Any, Any, Any], list[tuple[str, bool, str]]] = lambda config, spec, ids: []
-  converter: str | None = None
-  verifier: str | None = None
-  release_classes: tuple[str, ...] = ()
   log_probs: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = None
   planned: Callable[[Any], Any] | None = None
   planner_shapes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
@@ -68,12 +61,10 @@ class Architecture:
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
   problems = [f"its config class {new.config_class.__name__} is {a.name}'s already" for a in registered.values()
               if a.config_class is new.config_class]
-  problems += [f"release class {name} is {a.name}'s already" for a in registered.values()
-               for name in new.release_classes if name in a.release_classes]
   problems += [f"planner shape {name!r} is {a.name}'s already" for a in registered.values() for name in
                new.planner_shapes if name in a.planner_shapes]
-  if (new.release_classes or new.planner_shapes) and new.parse_config is None:
-    problems.append("release classes and planner shapes are read by its parse_config, which it lacks")
+  if new.planner_shapes and new.parse_config is None:
+    problems.append("planner shapes are read by its parse_config, which it lacks")
   return problems
 
 
@@ -100,13 +91,6 @@ def for_family(family: str | None) -> Architecture:
   """The architecture of a model_config.json's `family`: one registered under that name, else the shared decoder
   (whose families are s2sjax.scoring.families')."""
   return get(family) if family in ARCHITECTURES.names() and family != DECODER else get(DECODER)
-
-
-def for_release(source_config: Mapping[str, Any]) -> Architecture | None:
-  """The architecture whose converter reads a release whose config.json names one of its `release_classes`, or
-  None."""
-  names = source_config.get("architectures") or ()
-  return next((a for a in ARCHITECTURES for name in names if name in a.release_classes), None)
 
 
 def planner_shapes() -> dict[str, Any]:

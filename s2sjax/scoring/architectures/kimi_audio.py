@@ -286,6 +286,5 @@ KIMI_AUDIO_7B = {
 ARCHITECTURE = register(Architecture(
   NAME, KimiAudioConfig, ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.text_output_vocab, check_fit=check_fit, check_ids=check_ids,
-  parse_config=parse_config, spec_checks=spec_checks, converter="checkpoints_conversion.kimi_release:convert",
-  release_classes=("MoonshotKimiaForCausalLM",), log_probs=log_probs, planned=lambda config: config.decoder,
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config.decoder,
   planner_shapes={"kimi-audio-7b": KIMI_AUDIO_7B}))

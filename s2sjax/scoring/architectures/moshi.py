@@ -542,6 +542,4 @@ def spec_checks(config: MoshiConfig, spec, ids) -> list[tuple[str, bool, str]]:
 ARCHITECTURE = register(Architecture(
   NAME, MoshiConfig, STREAM_ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.text_card, check_fit=check_fit, check_ids=check_stream_ids,
-  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs,
-  converter="checkpoints_conversion.moshi_release:convert",
-  verifier="checkpoints_conversion.moshi_release:compare_with_torch"))
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs))
