@@ -1,4 +1,4 @@
-"""Issue 38: checkpoints that are not what they claim, refused by the converter naming the file and the key (a
+"""Checkpoints that are not what they claim, refused by the converter naming the file and the key (a
 safetensors header naming a tensor twice or leaving bytes to no tensor, a config.json value no decoder has, a
 GGUF relabelled as another architecture), and a clean legacy `.bin` read as transformers reads it."""
 

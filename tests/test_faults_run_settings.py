@@ -1,4 +1,4 @@
-"""Issue 38, round three: untrusted text in reports, and configs, meshes, caches, plugins and checkpoint globs
+"""Untrusted text in reports, and configs, meshes, caches, plugins and checkpoint globs
 refused by name (the audio faults: tests/test_faults_audio.py; the converter's: tests/test_faults_conversion.py;
 launch.tpu's arguments: tests/test_launch.py)."""
 
