@@ -175,8 +175,8 @@ class SpecFile:
   path: str
 
 
-def _no_spec(name: str, presets: list[str]) -> SpecError:
-  return SpecError(f"no spec {name!r}: presets are {', '.join(presets)}, or give a .yaml path")
+def _no_spec(name: str, presets: list[str]) -> str:
+  return f"no spec {name!r}: presets are {', '.join(presets)}, or give a .yaml path"
 
 
 def _preset_problems(preset: Spec | SpecFile, registered: Mapping[str, Spec | SpecFile]) -> list[str]:
@@ -191,7 +191,8 @@ def _preset_problems(preset: Spec | SpecFile, registered: Mapping[str, Spec | Sp
 
 # A plugin adds a preset with `register(SpecFile(name, yaml_path))` or `register(Spec(...))`; `--spec=NAME` then
 # finds it.
-SPECS: Registry[Spec | SpecFile] = Registry("spec", check=_preset_problems, unknown=_no_spec)
+SPECS: Registry[Spec | SpecFile] = Registry("spec", check=_preset_problems, unknown=_no_spec,
+                                            error=SpecError)
 register = SPECS.register
 # The package's presets, one per YAML file, named after it.
 PRESETS = tuple(sorted(f[: -len(".yaml")] for f in os.listdir(SPECS_DIR) if f.endswith(".yaml")))

@@ -15,8 +15,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from s2sjax.runtime import plugins
-from s2sjax.runtime.errors import UnknownNameError, UserError
+from s2sjax.runtime.errors import UserError
 from s2sjax.data.modalities import Modality
 from s2sjax.runtime.registry import Registry
 from s2sjax.data.rows import RowFormat
@@ -73,12 +72,8 @@ def _problems(new: InputFormat, registered: Mapping[str, InputFormat]) -> list[s
   return [f"spec key {key!r} is {owned[key]}'s already" for key in new.spec_keys if key in owned]
 
 
-def _unknown(name: str, known: list[str]) -> UnknownNameError:
-  return UnknownNameError(f"audio_mode {name!r} is not one of {', '.join(known)} (an input format of your own "
-                          f"registers when its module is imported: name it in ${plugins.ENV})")
-
-
-INPUT_FORMATS: Registry[InputFormat] = Registry("input format", check=_problems, unknown=_unknown)
+INPUT_FORMATS: Registry[InputFormat] = Registry(
+  "input format", check=_problems, unknown=lambda name, known: f"audio_mode {name!r} is not one of {', '.join(known)}")
 register = INPUT_FORMATS.register
 get = INPUT_FORMATS.get
 

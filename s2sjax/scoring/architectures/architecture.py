@@ -68,12 +68,9 @@ def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list
   return problems
 
 
-def _unknown(name: str, known: list[str]) -> UnknownNameError:
-  return UnknownNameError(f"unknown architecture {name!r}; registered: {', '.join(known)}. An architecture of your "
-                          f"own registers when its module is imported: name that module in ${plugins.ENV}")
-
-
-ARCHITECTURES: Registry[Architecture] = Registry("architecture", check=_problems, unknown=_unknown)
+ARCHITECTURES: Registry[Architecture] = Registry(
+  "architecture", check=_problems, unknown=lambda name, known: f"unknown architecture {name!r}; registered: "
+                                                                f"{', '.join(known)}")
 register = ARCHITECTURES.register
 get = ARCHITECTURES.get
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from s2sjax.data import formats
-from s2sjax.runtime import plugins
 from s2sjax.scoring.families.family import HF, Family, GgufLayout, Layout
 from s2sjax.scoring.model.config import ConfigError, ModelConfig
 from s2sjax.runtime.registry import Registry
@@ -41,12 +40,9 @@ def _clashes(new: Family, registered: Mapping[str, Family]) -> list[str]:
   return problems
 
 
-def _unknown(name: str, known: list[str]) -> ConfigError:
-  return ConfigError(f"unknown model family {name!r}; registered: {', '.join(known)}. A family of your own "
-                     f"registers when its module is imported: name that module in ${plugins.ENV}")
-
-
-FAMILIES: Registry[Family] = Registry("family", check=_clashes, unknown=_unknown)
+FAMILIES: Registry[Family] = Registry(
+  "family", check=_clashes, unknown=lambda name, known: f"unknown model family {name!r}; registered: {', '.join(known)}",
+  error=ConfigError)
 # Adds a family; refuses one whose name, model_types, layout names, GGUF architecture or planner shapes clash with
 # a registered family's, since every lookup must have one answer.
 register = FAMILIES.register
