@@ -519,7 +519,7 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
 
 # ---- Rows of an architecture's own format ---------------------------------------------------------------------------
 #
-# The same driver for rows of another format: parallel streams (s2sjax/formats/streams.py, where a target is one
+# The same driver for rows of another format: parallel streams (s2sjax/data/formats/streams.py, where a target is one
 # predicted step, its tokens weighted per stream by `target_weight`, so `n_tokens` counts a candidate's steps) or a
 # plugin's (tests/plugins/toy_features.py). The step itself is the architecture's (its model, its heads):
 # `score_batch(config, dtype, target_chunk, num_slots, params, batch)` returns per target `target_nll` and per slot
