@@ -27,9 +27,10 @@ A spoken candidate is scored on its units only, as a text one on its tokens; no 
 `utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
 
 Specs of `parallel_streams` have no templates: the streams of prefix and candidate are laid by the protocol of the
-architecture the spec names (`architecture`: its protocol, s2sjax/data/formats/streams.py's `STREAM_PROTOCOLS`), audio on the codebook streams, text on the text stream, -1 where a stream is silent,
-delayed per stream by `stream_delays` when rows are built; a delayed stream opens with its initial token
-(`text_initial_id` for text, codebook k's size for codebook k, as Kyutai's `LMModel._get_initial_token`).
+architecture the spec names (`architecture`: its protocol, s2sjax/data/formats/streams.py's `STREAM_PROTOCOLS`), audio
+on the codebook streams, text on the text stream, -1 where a stream is silent, delayed per stream by `stream_delays`
+when rows are built; a delayed stream opens with its initial token (`text_initial_id` for text, codebook k's size for
+codebook k, as Kyutai's `LMModel._get_initial_token`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The task registry: one record per benchmark, read by everything that needs to know a task, and the release
 layouts its records name.
 
-The release reader and the TFDS builders (`tasks`: one builder class per task, made from its record), the metrics
-(the decision rule), the result tables (titles), the planner (sizes), the command lines (`--task` choices) and the
-sample maker all look a task up here; none of them lists tasks. Adding a benchmark is one `register(Task(...))`
+The release reader and the TFDS builders (`tasks`: one builder class per task, made from its record), the metrics (the
+decision rule), the result tables (titles), the planner (sizes), the command lines (`--task` choices) and the sample
+maker all look a task up here; none of them lists tasks. Adding a benchmark is one `register(Task(...))`
 (docs/architecture.md, "Adding a task"); a release laid out in a new way is one `RELEASE_FORMATS.register(
-ReleaseFormat(...))`, its reader registered by the build stage (tasks/release.py, `READERS`). A module of your own that registers them is found through `S2SJAX_PLUGINS`
-(s2sjax/runtime/plugins.py).
+ReleaseFormat(...))`, its reader registered by the build stage (tasks/release.py, `READERS`). A module of your own
+that registers them is found through `S2SJAX_PLUGINS` (s2sjax/runtime/plugins.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ class ReleaseFormat:
   """How a release lays a task's questions out (a record's `release_format`).
 
   The build stage registers, under its name, the reader that turns the release into questions (tasks/release.py,
-  `READERS`). `modalities` are what its questions can be asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names,
-  and so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
-  recordings). `lines_per_question` of the index (a sample of the release keeps whole questions)."""
+  `READERS`). `modalities` are what its questions can be asked and `protocols` how they can be scored (None: any).
+  `index` is what the record's `release_jsonl` names, and so what a build's fingerprint hashes besides the recordings
+  it decodes: a `file` (its bytes) or a `folder` (its recordings). `lines_per_question` of the index (a sample of the
+  release keeps whole questions)."""
 
   name: str
   summary: str  # what its questions are, in messages

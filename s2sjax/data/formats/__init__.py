@@ -7,11 +7,11 @@ tasks/encoders.py, `ENCODERS`).
                                           the protocol its spec's architecture names (`moshi_protocol.py`)
   kimi_audio                              two id streams and a float Whisper feature track (`kimi_audio.py`)
 
-Adding one is a module of your own that builds an `InputFormat` (a `rows.RowFormat` of its fields) and `register`s
-it, registers with tasks.encoders the encoder class that lays a question and packs items with `packing.pack_laid`,
-then a spec naming it as its `audio_mode` and an architecture that scores its rows (s2sjax/scoring/architectures); name the module in
-$S2SJAX_PLUGINS so every command line imports it before its first lookup (tests/plugins/toy_features.py: two id
-streams and a float feature track).
+Adding one is a module of your own that builds an `InputFormat` (a `rows.RowFormat` of its fields) and `register`s it,
+registers with tasks.encoders the encoder class that lays a question and packs items with `packing.pack_laid`, then a
+spec naming it as its `audio_mode` and an architecture that scores its rows (s2sjax/scoring/architectures); name the
+module in $S2SJAX_PLUGINS so every command line imports it before its first lookup (tests/plugins/toy_features.py: two
+id streams and a float feature track).
 """
 
 from s2sjax.data.formats.format import INPUT_FORMATS, InputFormat, get, owner_of_key, register

@@ -1,11 +1,12 @@
 """What a way of taking audio declares, and where the ways are found: `InputFormat` records in `INPUT_FORMATS`, a
 `s2sjax.runtime.registry.Registry` keyed by the spec's `audio_mode`, as families, tasks and architectures are.
 
-An input format is everything that differs between the ways a model reads a question (seqio's feature converter
-with its features): the rows it lays (a `rows.RowFormat`, typed fields), what it asks of a spec and which
-modalities it cannot be asked, the widths of its rows, and how the pre-flight (`s2sjax.check`) makes a row's audio
-uninformative; the build stage registers the encoder that lays its rows under its name (tasks/encoders.py). The
-spec (s2sjax/data/spec.py), the builder, the TFDS features, the task data and the pre-flight look a format up here and never branch on an audio mode.
+An input format is everything that differs between the ways a model reads a question (seqio's feature converter with
+its features): the rows it lays (a `rows.RowFormat`, typed fields), what it asks of a spec and which modalities it
+cannot be asked, the widths of its rows, and how the pre-flight (`s2sjax.check`) makes a row's audio uninformative;
+the build stage registers the encoder that lays its rows under its name (tasks/encoders.py). The spec
+(s2sjax/data/spec.py), the builder, the TFDS features, the task data and the pre-flight look a format up here and
+never branch on an audio mode.
 """
 
 from __future__ import annotations

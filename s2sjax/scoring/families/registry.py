@@ -41,8 +41,8 @@ def _clashes(new: Family, registered: Mapping[str, Family]) -> list[str]:
 
 
 FAMILIES: Registry[Family] = Registry(
-  "family", check=_clashes, unknown=lambda name, known: f"unknown model family {name!r}; registered: {', '.join(known)}",
-  error=ConfigError)
+  "family", check=_clashes, error=ConfigError,
+  unknown=lambda name, known: f"unknown model family {name!r}; registered: {', '.join(known)}")
 # Adds a family; refuses one whose name, model_types, layout names, GGUF architecture or planner shapes clash with
 # a registered family's, since every lookup must have one answer.
 register = FAMILIES.register
