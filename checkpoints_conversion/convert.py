@@ -3,7 +3,7 @@ r"""Converts a PyTorch / GGUF checkpoint into an s2sjax (orbax) checkpoint.
   python -m checkpoints_conversion.convert --source=DIR_OR_GGUF --output=DIR \
       [--family=auto|FAMILY|LAYOUT] [--dtype=float32|bfloat16] [--trust_remote_code] [--verify]
 
-The source's config.json `model_type` picks the family layout that reads it (`s2sjax.scoring.families`). `--family`
+The source's config.json `model_type` picks the family layout that reads it (`s2sjax.model.families`). `--family`
 only checks that choice: `auto` takes any; a family name (qwen2, llama, glm4) any of that family's layouts; a
 vendor layout name (baichuan_audio, chatglm) that layout only. The values are the registry's, so a family
 registered through $S2SJAX_PLUGINS is accepted too.
@@ -49,13 +49,14 @@ from absl import flags, logging
 
 from checkpoints_conversion import own_converters, verify
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax.scoring import checkpoint, families
+from s2sjax.scoring import checkpoint
+from s2sjax.model import families
 from s2sjax.runtime import cli
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.families.keymap import Rule, check_rules
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import abstract_params
+from s2sjax.model.families.keymap import Rule, check_rules
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import abstract_params
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
 from s2sjax.scoring.stacks import maxtext, maxtext_config

@@ -1,4 +1,4 @@
-"""Moshi's release tensors -> its parameter tree (s2sjax/scoring/model/moshi.py): the key map from Kyutai's `LMModel`
+"""Moshi's release tensors -> its parameter tree (s2sjax/model/moshi.py): the key map from Kyutai's `LMModel`
 module names to the tree's leaves (`rules`), the state dict's spellings read as those names (`LMStateDict`: fused or
 per-weight-set attention, LoRA factors merged), the check of a state dict against the map (`plan`) and the leaves it
 makes (`convert_leaves`). moshi_release.py converts and verifies a release with them.
@@ -13,8 +13,8 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 from flax import traverse_util
 
-from s2sjax.scoring.families.keymap import check_rules
-from s2sjax.scoring.model.moshi import MoshiConfig, TransformerConfig, abstract_params
+from s2sjax.model.families.keymap import check_rules
+from s2sjax.model.moshi import MoshiConfig, TransformerConfig, abstract_params
 
 MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
 LORA_SCALING = 2.0  # get_moshi_lm's default when config.json gives no lora_scaling (loaders.py l.401)

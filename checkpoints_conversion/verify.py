@@ -1,5 +1,5 @@
 """`--verify`: the converted model against the PyTorch (transformers) model on the same tokens, for source layouts
-whose family declares them `verifiable` (s2sjax.scoring.families); a checkpoint of an architecture of its own by that
+whose family declares them `verifiable` (s2sjax.model.families); a checkpoint of an architecture of its own by that
 architecture's verifier hook (s2sjax/scoring/architectures)."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import os
 import numpy as np
 
 from checkpoints_conversion import own_converters
-from s2sjax.scoring import architectures, checkpoint, families
+from s2sjax.scoring import architectures, checkpoint
+from s2sjax.model import families
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.model.decoder import sequence_log_probs
 from s2sjax.runtime.registry import load_object
 
 

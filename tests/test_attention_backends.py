@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.attention import xla as xla_kernels
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model import layers
+from s2sjax.model.attention import xla as xla_kernels
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit, pack
 from s2sjax.scoring.scorer import Scorer, _has_shared_prefixes, collect
 from tests.scoring_cases import random_items

@@ -44,7 +44,7 @@ def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
   import jax
 
   from s2sjax.scoring import bench_accelerator
-  from s2sjax.scoring.model.decoder import init_params, param_count
+  from s2sjax.model.decoder import init_params, param_count
   from s2sjax.data.packing import Item, RowShape, pack
 
   config = bench_accelerator.sizes()["tiny"]

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 
 from checkpoints_conversion.convert import convert
 from s2sjax.scoring import checkpoint
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.decoder import Decoder, sequence_log_probs
+from s2sjax.model import layers
+from s2sjax.model.decoder import Decoder, sequence_log_probs
 from tests.hf_models import save_hf, tiny_model, torch_log_probs
 
 LENGTH = 600  # rope errors hide on short inputs

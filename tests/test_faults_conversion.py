@@ -12,8 +12,8 @@ import torch
 
 from checkpoints_conversion import safetensors_io, sources
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import families
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.model import families
+from s2sjax.model.config import ConfigError, ModelConfig
 from tests.hf_models import save_hf, state_numpy, tiny_model
 
 

@@ -132,7 +132,7 @@ def test_a_plugin_that_fails_to_import_is_one_line_naming_it(tmp_path, monkeypat
 
 
 def _config(layers=2, hidden=64, heads=4, vocab=512):
-  from s2sjax.scoring.model.config import ModelConfig
+  from s2sjax.model.config import ModelConfig
 
   return ModelConfig("qwen2", vocab, hidden, 4 * hidden, layers, heads, heads, hidden // heads, 1e4, hidden // heads,
                      False, 1e-6, True, False, False, False)

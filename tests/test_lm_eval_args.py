@@ -13,7 +13,7 @@ import pytest
 
 from s2sjax.commands import lm_eval as backend
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 from s2sjax.data.packing import RowShape
 
 

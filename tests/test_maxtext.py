@@ -18,7 +18,7 @@ import pytest
 from checkpoints_conversion import convert
 from s2sjax.scoring import checkpoint, checksums, log_probs, own_forward
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model import decoder
+from s2sjax.model import decoder
 from s2sjax.scoring.stacks import maxtext, maxtext_config
 from s2sjax.scoring.stacks.maxtext_config import MaxTextConfigError, RunConfig
 from tests.stack_fixtures import (CONFIGS, KINDS, LENGTHS, MAXTEXT, folder, needs_maxtext_oracle,

@@ -28,8 +28,8 @@ from s2sjax.data.formats import streams  # noqa: E402
 from s2sjax.scoring.architectures import moshi as moshi_family  # noqa: E402
 from s2sjax.data.formats import moshi_protocol  # noqa: E402
 from s2sjax.data.spec import SpecError  # noqa: E402
-from s2sjax.scoring.model import moshi  # noqa: E402
-from s2sjax.scoring.model.config import ConfigError  # noqa: E402
+from s2sjax.model import moshi  # noqa: E402
+from s2sjax.model.config import ConfigError  # noqa: E402
 
 # A tiny Moshi: rope, rms_norm_f32, silu gating, 4 codebooks read of which the first 3 are predicted (as Moshi reads
 # the user's stream without predicting it), acoustic delays, a depformer with per-step weights and input linears.

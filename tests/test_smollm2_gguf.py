@@ -7,7 +7,7 @@ import pytest
 
 from s2sjax.scoring import checkpoint
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import torch_log_probs
 
 pytestmark = pytest.mark.slow  # the real SmolLM2-135M

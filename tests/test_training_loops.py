@@ -15,8 +15,8 @@ import pytest
 from s2sjax.scoring import checkpoint
 from s2sjax.runtime import sharding
 from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
-from s2sjax.scoring.model import decoder
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model import decoder
+from s2sjax.model.config import ModelConfig
 from s2sjax.scoring.stacks import levanter, maxtext, maxtext_config
 from s2sjax.results.levanter_hook import s2sbench_hook
 from s2sjax.data.task_data import load_task_data

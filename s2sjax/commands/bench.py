@@ -57,8 +57,8 @@ from s2sjax.runtime import cli
 from s2sjax.scoring.bench_accelerator import BenchError
 from s2sjax.scoring.bench_items import PROTOCOLS, WORKLOADS, make_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
 from s2sjax.data.packing import Item, RowShape, auto_row_length, fit, pack
 from s2sjax.scoring.scorer import Scorer, collect
 from s2sjax.data.spec import load_spec

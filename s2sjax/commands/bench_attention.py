@@ -24,7 +24,7 @@ from absl import flags
 
 from s2sjax.commands.bench import cpu_machine, machine_line
 from s2sjax.runtime import cli
-from s2sjax.scoring.model.attention import LOCAL_BLOCK, LocalWindow, local_window_mask, xla
+from s2sjax.model.attention import LOCAL_BLOCK, LocalWindow, local_window_mask, xla
 
 FLAGS = flags.FLAGS
 

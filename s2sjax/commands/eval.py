@@ -46,7 +46,7 @@ from s2sjax.results.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
 from s2sjax.data.metrics import summarize
-from s2sjax.scoring.model import layers
+from s2sjax.model import layers
 from s2sjax.runtime.output_dir import OutputError, RunLock
 from s2sjax.data.questions import QuestionScores
 from s2sjax.runtime.progress import Progress

@@ -40,9 +40,9 @@ from s2sjax.scoring import planner
 from s2sjax.runtime import sharding
 from s2sjax.scoring.bench_items import PROTOCOLS, make_items
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit, longest_item, pack
 from s2sjax.scoring.scorer import Scorer
 

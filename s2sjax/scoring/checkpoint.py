@@ -48,8 +48,8 @@ from s2sjax.scoring import architectures, checksums, stacks
 from s2sjax.runtime import sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Params
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Params
 from s2sjax.runtime.output_dir import DamagedFileError, fsync_path, read_json, strict_json
 from s2sjax.runtime.staging import REPLACED, owner_tag, remove_dead, swap_into_place
 

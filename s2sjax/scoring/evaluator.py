@@ -13,7 +13,7 @@ import numpy as np
 from s2sjax.scoring import architectures
 from s2sjax.data import metrics, modalities
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.decoder import Params
+from s2sjax.model.decoder import Params
 from s2sjax.data.packing import RowShape, spanning
 from s2sjax.data.rows import STREAM_ROWS
 from s2sjax.data.questions import QuestionScores

@@ -32,9 +32,9 @@ from jax.sharding import Mesh
 
 from s2sjax.scoring import architectures
 from s2sjax.data import modalities
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Decoder
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Decoder
 from s2sjax.data.packing import Item, RowShape, empty_rows, pack
 from s2sjax.data.rows import TOKEN_ROWS
 from s2sjax.scoring.scorer import ScoringError, _RowScorer, by_target_chunks, nll_and_missed

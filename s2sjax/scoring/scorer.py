@@ -30,9 +30,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax.runtime import cli, sharding
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Decoder, Params, abstract_params, param_logical_axes
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
 from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, longest_item, neighbour_free_bound
 from s2sjax.runtime.progress import Progress
 from s2sjax.data.rows import STREAM_ROWS, TOKEN_ROWS, RowFormat

@@ -10,7 +10,7 @@ import numpy as np
 from s2sjax.data.formats.streams import StreamProtocol, register_protocol
 from s2sjax.data.formats.format import SpecError
 
-ARCHITECTURE = "moshi"  # s2sjax.scoring.model.moshi.FAMILY: the architecture this protocol lays rows for
+ARCHITECTURE = "moshi"  # s2sjax.model.moshi.FAMILY: the architecture this protocol lays rows for
 
 # Moshi's streams: 0 = the text stream (its Inner Monologue: time-aligned text of *its own* speech), 1..dep_q = its
 # own speech's Mimi codebooks (1 = the semantic codebook), dep_q+1..n_q = the user's speech (read, never predicted).

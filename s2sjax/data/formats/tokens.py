@@ -1,5 +1,5 @@
 """The input formats of the shared decoder: token rows (s2sjax/data/rows.py's TOKEN_ROWS, packed by `packing.pack`),
-one id per position, audio entering as the model's family accepts it (s2sjax/scoring/families: a family lists these names
+one id per position, audio entering as the model's family accepts it (s2sjax/model/families: a family lists these names
 among its `audio_inputs`).
 
   none             text only: nothing spoken can be asked of the spec

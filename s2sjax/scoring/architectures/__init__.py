@@ -1,5 +1,5 @@
 """Model kinds, one registered `Architecture` each (see `architecture.py`), found by config type, by
-model_config.json's `family` or by spec: the shared decoder (`decoder.py`: every family of `s2sjax.scoring.families`,
+model_config.json's `family` or by spec: the shared decoder (`decoder.py`: every family of `s2sjax.model.families`,
 token rows), Moshi (`moshi.py`, parallel streams) and Kimi-Audio (`kimi_audio.py`, two id streams and a Whisper
 feature track). The checkpoint reader and writer, the evaluator and the converter look architectures up here and never
 list them.

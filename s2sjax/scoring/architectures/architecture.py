@@ -2,7 +2,7 @@
 `s2sjax.runtime.registry.Registry` as families, tasks, specs and audio tokenizers are.
 
 An architecture is one parameter tree and the rows it scores: the shared decoder (every family of
-`s2sjax.scoring.families`, token rows) is one, a model of its own reading parallel streams is another. The checkpoint
+`s2sjax.model.families`, token rows) is one, a model of its own reading parallel streams is another. The checkpoint
 reader and writer, the scorer, the evaluator's fit checks and the converter look the
 architecture up here, by its config's type, by model_config.json's `family`, or by a spec, and never name one.
 """
@@ -19,7 +19,7 @@ from s2sjax.runtime.errors import UnknownNameError, UserError
 from s2sjax.runtime.registry import Registry
 from s2sjax.data.rows import RowFormat
 
-DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.scoring.families is
+DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.model.families is
 
 
 class FitError(UserError, ValueError):
@@ -86,7 +86,7 @@ def for_config(config) -> Architecture:
 
 def for_family(family: str | None) -> Architecture:
   """The architecture of a model_config.json's `family`: one registered under that name, else the shared decoder
-  (whose families are s2sjax.scoring.families')."""
+  (whose families are s2sjax.model.families')."""
   return get(family) if family in ARCHITECTURES.names() and family != DECODER else get(DECODER)
 
 

@@ -2,7 +2,7 @@
 `KimiAudioConfig` (every switch read or refused by name), the release's tensor keys, its scoring step over the
 `kimi_audio` input format's rows (s2sjax/data/formats/kimi_audio.py: two id streams and a Whisper feature track), the
 evaluator's and the pre-flight's checks of a spec against a checkpoint, its log-probs hook, and its registration.
-The network is `s2sjax.scoring.model.kimi_audio`; the converter `checkpoints_conversion/kimi_release.py`, which
+The network is `s2sjax.model.kimi_audio`; the converter `checkpoints_conversion/kimi_release.py`, which
 `checkpoints_conversion.convert` runs for a release naming `MoonshotKimiaForCausalLM`, with no flags.
 
 Why not a family of the shared decoder: Kimi reads two id streams through one table, mixes continuous Whisper
@@ -20,14 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.data import modalities
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
-from s2sjax.scoring.families import keymap
+from s2sjax.model.families import keymap
 from s2sjax.data.formats.kimi_audio import ROWS
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
+from s2sjax.model import layers
+from s2sjax.model.config import ConfigError
+from s2sjax.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
   sequence_log_probs, text_logits)
 from s2sjax.data.packing import RowShape
 from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks

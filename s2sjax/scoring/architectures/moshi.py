@@ -1,5 +1,5 @@
 """Moshi (Kyutai's `LMModel`): a text stream and Mimi codebook streams read in parallel, a depth transformer per
-step (`s2sjax.scoring.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
+step (`s2sjax.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
 `LMModel` keyword arguments (plus the loader's file names) and `model.safetensors` in upstream's state-dict keys.
 Attention comes in either of the spellings Kyutai's loader reads (`LMStateDict`): the releases' fused
 `in_proj_weight` / `out_proj.weight` (the depformer's per-step weight sets stacked in them), or today's
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params,
+from s2sjax.model.config import ConfigError
+from s2sjax.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params,
   attention_mask, param_logical_axes, stream_log_probs)
 from s2sjax.data.rows import STREAM_ROWS
 from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks

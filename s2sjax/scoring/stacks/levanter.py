@@ -1,5 +1,5 @@
 """levanter's Llama and Qwen2 parameters on this project's decoder: the map from levanter's model tree (live, as
-`StepInfo.eval_model` holds it, or as its checkpoints store it) onto `s2sjax.scoring.model.decoder`'s, and a reader of its
+`StepInfo.eval_model` holds it, or as its checkpoints store it) onto `s2sjax.model.decoder`'s, and a reader of its
 checkpoint folders. Untested against levanter-written files: levanter does not install here (its PyPI release
 pins pydantic<2 and fsspec 2023); the tests write checkpoints with the call levanter makes (below) at the paths its
 key-path rule gives.
@@ -37,11 +37,11 @@ import jax.numpy as jnp
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.runtime import sharding
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Params, abstract_params, param_logical_axes
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Params, abstract_params, param_logical_axes
 
 STEP_METADATA = "metadata.json"  # checkpoint.py:396
 MODEL = "model"  # the TrainerState field the model is saved under

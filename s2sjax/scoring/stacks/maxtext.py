@@ -1,5 +1,5 @@
 """MaxText's parameters on this project's decoder: the map from MaxText's tree (as its checkpoints hold it and its
-training loop holds it live) onto `s2sjax.scoring.model.decoder`'s, and the reader of its checkpoint folders.
+training loop holds it live) onto `s2sjax.model.decoder`'s, and the reader of its checkpoint folders.
 
 MaxText's tree (maxtext 0.2.5; ../upstream-oracles/maxtext/PROVENANCE.txt, section 6, lists every leaf):
 `token_embedder/embedding [vocab, emb]`, `decoder/decoder_norm/scale`, `decoder/logits_dense/kernel [emb, vocab]`
@@ -47,8 +47,8 @@ from s2sjax.scoring import checksums
 from s2sjax.runtime import sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Params, abstract_params, param_logical_axes
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Params, abstract_params, param_logical_axes
 from s2sjax.scoring.stacks.maxtext_config import MaxTextModel, RunConfig, describe, model_keys, run_config_for
 
 Path = tuple[str, ...]

@@ -37,7 +37,7 @@ import yaml
 from etils import epath
 
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 
 RUN_CONFIG_FILE = "config.yml"  # what MaxText's save_config_to_gcs writes at <base_output_directory>/<run_name>/
 FLAG = "--maxtext_config"

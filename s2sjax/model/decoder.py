@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from s2sjax.numerics import norms
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model import layers
+from s2sjax.model.config import ModelConfig
 
 Params = dict[str, Any]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Mapping
 
-from s2sjax.scoring.model.config import ConfigError, ConfigValueError, ModelConfig
+from s2sjax.model.config import ConfigError, ConfigValueError, ModelConfig
 
 # ModelConfig field -> transformers' config.json key (a layout with other spellings names its own)
 HF_KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 
 LeafPath = tuple[str, ...]
 

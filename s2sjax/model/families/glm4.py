@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from s2sjax.scoring.families import hf_config, keymap
-from s2sjax.scoring.families.family import HF, Family, Layout
-from s2sjax.scoring.families.registry import register
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.model.families import hf_config, keymap
+from s2sjax.model.families.family import HF, Family, Layout
+from s2sjax.model.families.registry import register
+from s2sjax.model.config import ConfigError, ModelConfig
 
 NAME = "glm4"
 

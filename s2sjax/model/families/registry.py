@@ -1,5 +1,5 @@
 """Where families are found: `FAMILIES`, a `s2sjax.runtime.registry.Registry` as tasks, spec presets and audio tokenizers
-are. A family module calls `register` when imported (the built-ins are imported by `s2sjax.scoring.families`, a user's own
+are. A family module calls `register` when imported (the built-ins are imported by `s2sjax.model.families`, a user's own
 through $S2SJAX_PLUGINS); the config parser, converter, GGUF reader, exporter, verifier and planner look families
 and layouts up here, by name, by config.json `model_type` or by GGUF architecture, and never list them themselves.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from s2sjax.data import formats
-from s2sjax.scoring.families.family import HF, Family, GgufLayout, Layout
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.model.families.family import HF, Family, GgufLayout, Layout
+from s2sjax.model.config import ConfigError, ModelConfig
 from s2sjax.runtime.registry import Registry
 from s2sjax.data.rows import TOKEN_ROWS
 

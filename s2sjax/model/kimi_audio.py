@@ -33,8 +33,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from s2sjax.numerics import norms
-from s2sjax.scoring.model import decoder, layers
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.model import decoder, layers
+from s2sjax.model.config import ConfigError, ModelConfig
 
 NAME = "kimi_audio"  # model_config.json's `family` (s2sjax/scoring/architectures/kimi_audio.py registers it)
 Params = dict[str, Any]

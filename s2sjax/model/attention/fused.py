@@ -7,7 +7,7 @@ import contextlib
 
 import jax
 
-from s2sjax.scoring.model.attention.masks import LocalWindow, key_windows
+from s2sjax.model.attention.masks import LocalWindow, key_windows
 
 # Our names -> the `implementation` jax.nn.dot_product_attention is asked for (None: jax picks XLA).
 FUSED_IMPLEMENTATIONS = {"dot_product": None, "cudnn": "cudnn"}

@@ -4,7 +4,7 @@ Every switch (biases, rope theta and layout, norm kind and eps, positions, MLP k
 checkpoint; nothing is defaulted silently. The switches added for decoders unlike Llama (OPT's LayerNorm, post-norm
 residuals, ReLU MLP, learned positions, embedding projections) default to the Llama-style decoder, so configs
 written before they existed read as they did. How each config.json spelling is read is its family's business
-(`s2sjax.scoring.families.from_hf_config` finds the family by the config's `model_type`); which families exist is the
+(`s2sjax.model.families.from_hf_config` finds the family by the config's `model_type`); which families exist is the
 family registry's to say, which every ModelConfig asks, named lazily (`FAMILY_LOOKUP`): model/ imports nothing
 above it.
 """
@@ -27,7 +27,7 @@ class ConfigError(UserError, ValueError):
 
 class ConfigValueError(ConfigError):
   """A ModelConfig field holding a value no decoder has: `field`, `value` and the `requirement` it fails (a family's
-  parser names the field by its config.json key: `s2sjax.scoring.families.hf_config.model_config`)."""
+  parser names the field by its config.json key: `s2sjax.model.families.hf_config.model_config`)."""
 
   def __init__(self, field: str, value: Any, requirement: str):
     super().__init__(f"{field}={value!r}: {requirement}")
@@ -39,7 +39,7 @@ MLPS = ("swiglu", "relu")
 POSITION_EMBEDDINGS = ("rope", "learned")
 
 # The family registry's lookup: a ConfigError naming the registered families for an unknown name.
-FAMILY_LOOKUP = "s2sjax.scoring.families:get"
+FAMILY_LOOKUP = "s2sjax.model.families:get"
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

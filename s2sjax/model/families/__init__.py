@@ -10,12 +10,12 @@ Adding a family is one module of your own: build a `Family` from `keymap` and `h
 in $S2SJAX_PLUGINS (comma-separated) so every command line imports it before its first lookup.
 """
 
-from s2sjax.scoring.families.family import HF, Family, GgufLayout, HfExport, Layout
-from s2sjax.scoring.families.registry import (FAMILIES, all_layouts, describe, from_hf_config, get, gguf_layout,
+from s2sjax.model.families.family import HF, Family, GgufLayout, HfExport, Layout
+from s2sjax.model.families.registry import (FAMILIES, all_layouts, describe, from_hf_config, get, gguf_layout,
   layout_choices, layout_for_model_type, model_types, names, planner_shapes, register)
 
 # The built-in families register on import, in the order their names are listed to users.
-from s2sjax.scoring.families import qwen2, llama, glm4, opt  # noqa: E402,F401,I001
+from s2sjax.model.families import qwen2, llama, glm4, opt  # noqa: E402,F401,I001
 
 __all__ = [
   "FAMILIES", "HF", "Family", "GgufLayout", "HfExport", "Layout", "all_layouts",

@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from s2sjax.scoring.families.keymap import Rule
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.families.keymap import Rule
+from s2sjax.model.config import ModelConfig
 
 HF = "hf"  # the name of a family's transformers layout; every other layout name is the converter's to pick
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from s2sjax.scoring.model.attention import flash, fused, xla
-from s2sjax.scoring.model.attention.flash import FLASH_IMPLEMENTATIONS
-from s2sjax.scoring.model.attention.fused import FUSED_IMPLEMENTATIONS
-from s2sjax.scoring.model.attention.masks import (LOCAL_BLOCK, GatheredWindows, LocalWindow, gathered_windows,
+from s2sjax.model.attention import flash, fused, xla
+from s2sjax.model.attention.flash import FLASH_IMPLEMENTATIONS
+from s2sjax.model.attention.fused import FUSED_IMPLEMENTATIONS
+from s2sjax.model.attention.masks import (LOCAL_BLOCK, GatheredWindows, LocalWindow, gathered_windows,
   local_window, local_window_mask, packed_attention_mask)
-from s2sjax.scoring.model.attention.xla import MASKED_SCORE
+from s2sjax.model.attention.xla import MASKED_SCORE
 
 ATTENTION_IMPLEMENTATIONS = ("xla",) + tuple(FUSED_IMPLEMENTATIONS) + FLASH_IMPLEMENTATIONS
 

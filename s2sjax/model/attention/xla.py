@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from s2sjax.scoring.model.attention.masks import LocalWindow, key_windows
+from s2sjax.model.attention.masks import LocalWindow, key_windows
 
 # A finite "minus infinity": a row whose every key is masked (padding) gets a uniform softmax instead of NaNs.
 MASKED_SCORE = -1e30

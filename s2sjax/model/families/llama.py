@@ -7,10 +7,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from s2sjax.scoring.families import hf_config, keymap
-from s2sjax.scoring.families.family import HF, Family, GgufLayout, HfExport, Layout
-from s2sjax.scoring.families.registry import register
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.families import hf_config, keymap
+from s2sjax.model.families.family import HF, Family, GgufLayout, HfExport, Layout
+from s2sjax.model.families.registry import register
+from s2sjax.model.config import ModelConfig
 
 NAME = "llama"
 

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.model import layers
+from s2sjax.model.config import ConfigError
 from s2sjax.data.formats.streams import delay_streams
 
 Params = dict[str, Any]
