@@ -127,7 +127,7 @@ def test_register_refuses_what_would_make_a_lookup_ambiguous(family, message):
 LOOKING_UP = [
   "checkpoints_conversion/convert.py", "checkpoints_conversion/sources.py", "checkpoints_conversion/export_hf.py",
   "checkpoints_conversion/verify.py", "s2sjax/scoring/planner.py", "s2sjax/model/config.py", "s2sjax/model/decoder.py",
-  "s2sjax/scoring/bench_accelerator.py",
+  "s2sjax/benchmarks/accelerator.py",
 ]
 # Fragments of vendor and llama.cpp key spellings, and of transformers' architecture names.
 KEY_SPELLINGS = ("W_pack", "query_key_value", "dense_h_to_4h", "gate_up_proj", "audio_embed_layers", "audio_head",

@@ -17,7 +17,8 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENTRY_POINTS = ("s2sjax.commands", "s2sjax.examples")  # nothing imports them: they import everything
+# Nothing imports them (but a command a bench): they import everything.
+ENTRY_POINTS = ("s2sjax.commands", "s2sjax.examples", "s2sjax.benchmarks")
 PROJECT = ("s2sjax", "tasks", "checkpoints_conversion", "launch")
 LAZY_NAME = re.compile(r"([A-Za-z_]\w*(?:\.\w+)*):[A-Za-z_]\w*")
 FORBIDDEN = {"s2sjax": ("tasks", "checkpoints_conversion", *ENTRY_POINTS),

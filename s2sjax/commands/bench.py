@@ -3,7 +3,7 @@ r"""Benchmark: the PyTorch reference protocol against s2sjax without and with pr
   python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=auto,L,...]
   python -m s2sjax.bench --workload=storycloze --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
       --items=1871 --protocols=shared,local --row_length=auto,1024   (the real StoryCloze test stories, T->T)
-  python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
+  python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see s2sjax/benchmarks/accelerator.py)
 
 For the same model and items it prints, side by side: tokens computed and wall time of
   * reference: S2SBench's `generate_batch_response` protocol in transformers — every prefix + candidate its own
@@ -52,10 +52,11 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion.verify import load_torch_model
-from s2sjax.scoring import bench_accelerator, checkpoint, planner
+from s2sjax.scoring import checkpoint, planner
+from s2sjax.benchmarks import accelerator as bench_accelerator
 from s2sjax.runtime import cli
-from s2sjax.scoring.bench_accelerator import BenchError
-from s2sjax.scoring.bench_items import PROTOCOLS, WORKLOADS, make_items
+from s2sjax.benchmarks.accelerator import BenchError
+from s2sjax.benchmarks.workloads import PROTOCOLS, WORKLOADS, make_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig

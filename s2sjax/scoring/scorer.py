@@ -88,7 +88,7 @@ def not_greedy(logits: jax.Array, ids: jax.Array, picked: jax.Array) -> jax.Arra
   """[...]: whether each target id is not the argmax of its logits [..., V] (the first of equal ones, as
   jnp.argmax on finite logits): a logit above the target's `picked`, or an equal one before it. XLA:CPU fuses
   these compares into one pass beside the logsumexp's, where its argmax is a two-operand reduce of its own:
-  `python -m s2sjax.commands.bench_head` measured the head 1.03x (Qwen2.5-0.5B) to 1.6x (hidden 32 over Qwen2.5's
+  `python -m s2sjax.benchmarks.head` measured the head 1.03x (Qwen2.5-0.5B) to 1.6x (hidden 32 over Qwen2.5's
   vocabulary) faster."""
   index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
   above = logits > picked[..., None]

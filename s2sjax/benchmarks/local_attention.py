@@ -1,7 +1,7 @@
 r"""Item-local attention on this machine: the query blocks one after another (`looped`, what a CPU runs) against
 every block in one batched matmul (what an accelerator runs), same inputs, same process.
 
-  python -m s2sjax.commands.bench_attention [--rows=12] [--row_length=1024] [--reaches=128,256,768] \
+  python -m s2sjax.benchmarks.local_attention [--rows=12] [--row_length=1024] [--reaches=128,256,768] \
       [--heads=9] [--kv_heads=3] [--head_dim=64] [--dtype=float32] [--repeats=3] [--output=FILE.json]
 
 The defaults are one SmolLM2-135M layer (9 query heads over 3 kv heads of 64) over 12 rows of 1,024 tokens, as

@@ -1,5 +1,5 @@
 """The synthetic workloads both benchmarks score (`s2sjax.bench` beside the PyTorch reference,
-`s2sjax.scoring.bench_accelerator` on one chip) and the s2sjax protocols they lay them with."""
+`s2sjax.benchmarks.accelerator` on one chip) and the s2sjax protocols they lay them with."""
 
 from __future__ import annotations
 

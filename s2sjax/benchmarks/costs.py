@@ -2,7 +2,7 @@ r"""How the cost of a run grows: wall time and peak memory of the build (`tasks.
 (`s2sjax.eval`) against the number of questions and against the row length, and the planner's line for larger models
 on a TPU slice beside them.
 
-  python -m s2sjax.commands.bench_costs --storycloze_csv=CSV --cmmlu_dir=CMMLU/data/test --output=FOLDER \
+  python -m s2sjax.benchmarks.costs --storycloze_csv=CSV --cmmlu_dir=CMMLU/data/test --output=FOLDER \
       [--stories=100,250,500,1000,1871] [--cmmlu=100,1000,4000,all] [--row_lengths=512,1024,2048,4096,8192] \
       [--planned=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b] [--topology=v5e-8]
 

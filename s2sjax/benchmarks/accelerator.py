@@ -38,7 +38,7 @@ import numpy as np
 
 from s2sjax.scoring import planner
 from s2sjax.runtime import sharding
-from s2sjax.scoring.bench_items import PROTOCOLS, make_items
+from s2sjax.benchmarks.workloads import PROTOCOLS, make_items
 from s2sjax.runtime.errors import UserError
 from s2sjax.model import layers
 from s2sjax.model.config import ModelConfig

@@ -1,6 +1,6 @@
 r"""Benchmark: peak memory of converting a multi-shard checkpoint, next to the checkpoint's size.
 
-  python -m checkpoints_conversion.bench_memory [--layers=12] [--hidden=2048] [--workdir=/tmp/x]
+  python -m s2sjax.benchmarks.conversion_memory [--layers=12] [--hidden=2048] [--workdir=/tmp/x]
 
 Writes a random Qwen2-shaped HF checkpoint (fp32, several safetensors shards + index), converts it in a child
 process, and prints the child's peak RSS beside the checkpoint bytes and the largest tensor / stacked leaf. The

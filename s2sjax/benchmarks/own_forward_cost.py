@@ -1,10 +1,10 @@
 r"""What scoring through a model's own forward costs against the shared-prefix step, on the same rows and model.
 
-  python -m s2sjax.commands.bench_own_forward [--workload=sample|stories|storycloze] [--items=N] \
+  python -m s2sjax.benchmarks.own_forward_cost [--workload=sample|stories|storycloze] [--items=N] \
       [--storycloze_csv=CSV] [--checkpoint=DIR] [--batch_size=2] [--own_batch_size=2] [--output=FILE.json]
 
 `sample`: the bundled sample's StoryCloze T->T build (demo spec; built on first use, as `s2sjax.eval` builds it);
-`stories`: N synthetic StoryCloze-like items (s2sjax/scoring/bench_items.py); `storycloze`: the first N stories of the
+`stories`: N synthetic StoryCloze-like items (s2sjax/benchmarks/workloads.py); `storycloze`: the first N stories of the
 StoryCloze 2016 test CSV. The model is the checkpoint's (default: the embedded SmolLM2-135M). Both paths score
 the same built rows: the shared-prefix step (`Scorer`, item-local attention as `s2sjax.eval --attention=auto`
 runs it on a CPU) and the decoder as its own forward (`own_forward.decoder_forward`: the rows laid again one
@@ -26,7 +26,7 @@ from absl import flags
 
 from s2sjax.scoring import checkpoint, default_model
 from s2sjax.runtime import cli
-from s2sjax.scoring.bench_items import make_items
+from s2sjax.benchmarks.workloads import make_items
 from s2sjax.commands.bench import cpu_machine, machine_line, row_shape, storycloze_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.scoring.own_forward import OwnForwardScorer, decoder_forward

@@ -2,7 +2,7 @@ r"""The step's head on this machine: each target's fp32 logsumexp, its logit and
 argmax test the step makes (`scorer.nll_and_missed`'s `not_greedy`) against `jnp.argmax(logits) != id`, same
 inputs, same process.
 
-  python -m s2sjax.commands.bench_head [--shapes=576x49152,896x151936,32x151680] [--targets=128] \
+  python -m s2sjax.benchmarks.head [--shapes=576x49152,896x151936,32x151680] [--targets=128] \
       [--repeats=5] [--output=FILE.json]
 
 A shape is hidden x vocabulary: SmolLM2-135M's, Qwen2.5-0.5B's, and the tests' tiny Qwen2.5-vocabulary model's.
@@ -22,7 +22,7 @@ import numpy as np
 from absl import flags
 
 from s2sjax.commands.bench import cpu_machine, machine_line
-from s2sjax.commands.bench_attention import timed
+from s2sjax.benchmarks.local_attention import timed
 from s2sjax.runtime import cli
 from s2sjax.scoring.scorer import CPU_HEAD_ROWS, nll_and_missed
 

@@ -1,7 +1,7 @@
 r"""Audio seconds tokenized per wall second: each JAX tokenizer at its release's real shapes (random weights) beside
 a PyTorch forward of the same shapes and weights, each side in its own process, on the same machine.
 
-  python -m tasks.audio.bench [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans,kimi_whisper] \
+  python -m s2sjax.benchmarks.audio_tokenizers [--tokenizers=glm4_voice,baichuan_audio,mimi,hubert_kmeans,kimi_whisper] \
       [--audio_seconds=60] [--output=bench_audio.json]
 
 The references: transformers' `WhisperEncoderLayer`s under the causal convolutions, block mask, pooling and
@@ -559,7 +559,7 @@ def run_side(side: str, kind: str, folder: str, audio_seconds: float) -> dict:
 
 
 def _in_subprocess(side: str, kind: str, folder: str, audio_seconds: float) -> dict:
-  command = [sys.executable, "-m", "tasks.audio.bench", f"--side={side}", f"--tokenizers={kind}",
+  command = [sys.executable, "-m", "s2sjax.benchmarks.audio_tokenizers", f"--side={side}", f"--tokenizers={kind}",
              f"--folder={folder}", f"--audio_seconds={audio_seconds}"]
   subprocess.run(command, check=True)
   if side == "write":
