@@ -18,7 +18,7 @@ An architecture of its own (s2sjax/scoring/architectures) whose releases a conve
 modeling class that converter lists (its `release_classes`) goes to it with no flags, whatever family its
 model_type names (Kimi-Audio's says qwen2).
 
-A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/scoring/stacks/maxtext.py) is read
+A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/scoring/checkpoints/stacks/maxtext.py) is read
 as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
 config.yml beside the run); the manifest records the run config and the checksum of every MaxText leaf read, and
 the tokenizer is the run's `tokenizer_path` when that is a folder here.
@@ -49,7 +49,7 @@ from absl import flags, logging
 
 from checkpoints_conversion import own_converters, verify
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import families
 from s2sjax.runtime import cli
 from s2sjax.data import text_tokenizer
@@ -59,7 +59,7 @@ from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import abstract_params
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
-from s2sjax.scoring.stacks import maxtext, maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
 
 TOKENIZER_FILES = (
   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",

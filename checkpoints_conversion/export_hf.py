@@ -16,7 +16,7 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion import safetensors_io
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import families
 from s2sjax.runtime import cli
 from s2sjax.runtime.errors import UserError

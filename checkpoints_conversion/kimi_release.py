@@ -19,7 +19,7 @@ import numpy as np
 
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import kimi_audio
 from s2sjax.model.families import keymap
 from s2sjax.model.config import ConfigError

@@ -19,7 +19,7 @@ from absl import logging
 
 from checkpoints_conversion import moshi_keymap, safetensors_io
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import moshi as moshi_family
 from s2sjax.model.moshi import stream_log_probs
 

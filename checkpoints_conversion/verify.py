@@ -9,7 +9,8 @@ import os
 import numpy as np
 
 from checkpoints_conversion import own_converters
-from s2sjax.scoring import architectures, checkpoint
+from s2sjax.scoring import architectures
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import families
 from s2sjax.runtime.errors import UserError
 from s2sjax.model.decoder import sequence_log_probs

@@ -11,7 +11,7 @@ import pytest
 
 from checkpoints_conversion import safetensors_io, sources
 from checkpoints_conversion.convert import ConversionError, convert
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model.config import ConfigError
 from tests.hf_models import save_hf, tiny_model, write_raw_checkpoint
 

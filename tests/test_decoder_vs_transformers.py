@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import layers
 from s2sjax.model.decoder import Decoder, sequence_log_probs
 from tests.hf_models import save_hf, tiny_model, torch_log_probs

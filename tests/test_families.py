@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import families
 from s2sjax.runtime import plugins
 from s2sjax.model.families import from_hf_config

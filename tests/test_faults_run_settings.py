@@ -46,7 +46,7 @@ def _record(path, step, accuracy):
 def test_two_runs_under_one_glob_are_two_curves_not_one_that_jumps(tmp_path):
   """`--checkpoint=ckpts/*/step_*` over runA and runB, both with step_100 and step_200: each run keeps its own
   line, named by its folder; checkpoints of one folder sharing a step are still refused."""
-  from s2sjax.scoring import checkpoint_paths
+  from s2sjax.scoring.checkpoints import paths as checkpoint_paths
   from s2sjax.results import reports
 
   for run in ("runA", "runB"):

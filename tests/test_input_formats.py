@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data import formats
 from s2sjax.runtime import plugins
 from s2sjax.data.rows import STREAM_ROWS, TOKEN_ROWS, Field

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.scoring import log_probs
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data.spec import SPECS_DIR
 from s2sjax.scoring.architectures import kimi_audio
 from s2sjax.model import kimi_audio as network

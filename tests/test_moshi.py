@@ -20,7 +20,7 @@ from moshi.modules.lora import replace_all_linear_with_lora
 from safetensors.torch import save_file
 
 from checkpoints_conversion import convert, moshi_release, safetensors_io, verify  # noqa: E402
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.scorer import collect
 from s2sjax.data import packing
 from s2sjax.runtime import sharding  # noqa: E402

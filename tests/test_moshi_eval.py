@@ -33,7 +33,7 @@ import sentencepiece as spm
 import torch
 
 from checkpoints_conversion import convert  # noqa: E402
-from s2sjax.scoring import checkpoint  # noqa: E402
+from s2sjax.scoring.checkpoints import checkpoint  # noqa: E402
 from s2sjax.commands.eval import EvalConfig, run  # noqa: E402
 from s2sjax.scoring.evaluator import EvalError, ScoringOptions, check_fit  # noqa: E402
 from s2sjax.data.spec import SpecError, load_spec  # noqa: E402

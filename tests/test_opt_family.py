@@ -15,7 +15,7 @@ from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.convert import convert
 from checkpoints_conversion.export_hf import export
 from checkpoints_conversion.sources import SourceError, open_source
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import families
 from s2sjax.runtime import sharding
 from s2sjax.model.families import from_hf_config

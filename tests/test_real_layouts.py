@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert, report
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model.families import from_hf_config
 from s2sjax.model.config import ConfigError
 from s2sjax.model.decoder import sequence_log_probs

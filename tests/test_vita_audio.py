@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from checkpoints_conversion import convert
-from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.scoring import log_probs
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.model import families
 from s2sjax.model.config import ConfigError
 from s2sjax.data.spec import load_spec

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from s2sjax.scoring import checkpoint, default_model
+from s2sjax.scoring import default_model
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import cli
 from s2sjax.benchmarks.workloads import make_items
 from s2sjax.commands.bench import cpu_machine, machine_line, row_shape, storycloze_items

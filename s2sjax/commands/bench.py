@@ -52,7 +52,8 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion.verify import load_torch_model
-from s2sjax.scoring import checkpoint, planner
+from s2sjax.scoring import planner
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.benchmarks import accelerator as bench_accelerator
 from s2sjax.runtime import cli
 from s2sjax.benchmarks.accelerator import BenchError

@@ -11,7 +11,7 @@ embedded default: the bundled sample (built on first use) and SmolLM2-135M-Instr
 first use; both cached in $S2SJAX_CACHE, default ~/.cache/s2sjax) with an untrained audio table, so its S->T shows
 what a text LM that never learned audio does (its spoken candidates are units it never learned either). Several
 checkpoints of one run (a glob or a list) give curves over steps, each step read from its folder's name
-(s2sjax/scoring/checkpoint_paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
+(s2sjax/scoring/checkpoints/paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
 is missing, and refuses chunks another checkpoint, dtype, chunking or data made; SIGINT (Ctrl-C) or SIGTERM stops a
 run within seconds, keeping its finished chunks, writing the summaries of what is complete and releasing the lock,
 so a rerun goes on. What is read is held to what wrote it: the checkpoint's parameters and config
@@ -38,7 +38,9 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from s2sjax.scoring import architectures, checkpoint, checkpoint_paths, default_model, planner
+from s2sjax.scoring import architectures, default_model, planner
+from s2sjax.scoring.checkpoints import paths as checkpoint_paths
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data import task_registry, builds, metrics, modalities, text_tokenizer
 from s2sjax.runtime import cache, cli, peers, sharding
 from s2sjax.results import flips, reports
@@ -50,7 +52,7 @@ from s2sjax.model import layers
 from s2sjax.runtime.output_dir import OutputError, RunLock
 from s2sjax.data.questions import QuestionScores
 from s2sjax.runtime.progress import Progress
-from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext_config
 from s2sjax.data.task_data import MissingDataError, TaskData, load_build
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
@@ -389,7 +391,7 @@ def main(argv):
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
   config = config_from_flags()
-  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/stacks)
+  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/checkpoints/stacks)
     runs = run(config)
   if jax.process_index() != 0:
     return

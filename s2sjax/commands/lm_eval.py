@@ -67,7 +67,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from s2sjax.runtime import cache, cli, progress, sharding
 from s2sjax.scoring import planner
-from s2sjax.scoring import checkpoint as ckpt
+from s2sjax.scoring.checkpoints import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.runtime.errors import UserError
 from s2sjax.data.packing import (NEIGHBOUR_FREE_ALIGN, ONE_LEAF_REACH, REDUCTION_PERIOD, Item, PackingError,

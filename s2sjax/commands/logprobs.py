@@ -24,10 +24,10 @@ output is the text head's `[T, vocab]` (lm_head on the whole stack); `--codebook
 `[T, vocab]` (mimo_output on the branch), each as `log_softmax` of the logits `MoonshotKimiaForCausalLM.forward`
 returns (modeling_kimia.py:905-909, the names swapped back as kimia.py:114 does).
 
-A MaxText checkpoint folder (s2sjax/scoring/stacks/maxtext.py) is read as MaxText wrote it, with `--maxtext_config`: the
+A MaxText checkpoint folder (s2sjax/scoring/checkpoints/stacks/maxtext.py) is read as MaxText wrote it, with `--maxtext_config`: the
 run config it was trained with (unless MaxText wrote its config.yml beside the run).
 
-Everything runs in fp32, on the project's own loader (`s2sjax.scoring.checkpoint`) and model code.
+Everything runs in fp32, on the project's own loader (`s2sjax.scoring.checkpoints.checkpoint`) and model code.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from absl import flags
 from s2sjax.runtime import cli
 from s2sjax.scoring import log_probs
 from s2sjax.scoring.sequence_inputs import LogProbsError
-from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext_config
 
 
 def _load(path: str, flag: str) -> np.ndarray:

@@ -8,7 +8,8 @@ import dataclasses
 
 import numpy as np
 
-from s2sjax.scoring import architectures, checkpoint, default_model
+from s2sjax.scoring import architectures, default_model
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data import modalities, text_tokenizer
 from s2sjax.scoring.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError

@@ -14,7 +14,7 @@ its registration, at the end of this module, carries what the pipeline asks of i
 its scoring step over stream rows (`score_stream_batch`, driven by `s2sjax.scoring.scorer.StreamScorer`), its fit check
 (`check_spec`); its converter is checkpoints_conversion's (moshi_release.py, over `parse_config` here and the key
 map of moshi_keymap.py). Its checkpoints are
-the same directory format (`model_config.json` says `family: moshi`), written and read by `s2sjax.scoring.checkpoint`.
+the same directory format (`model_config.json` says `family: moshi`), written and read by `s2sjax.scoring.checkpoints.checkpoint`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ devices. A folder without orbax's `commit_success.txt` is still being written (o
 MaxText writes no checksums. What this reader holds instead: a folder's content id hashes its run config's model
 keys, its `_CHECKPOINT_METADATA` (the commit timestamp orbax writes) and the name and size of every file (OCDBT
 data files are named afresh by every write), so a step rewritten at the same path is told apart; and `load`
-returns every restored leaf's checksum (`s2sjax.scoring.checksums`, computed on the devices), which the converter writes
+returns every restored leaf's checksum (`s2sjax.scoring.checkpoints.checksums`, computed on the devices), which the converter writes
 into the converted checkpoint's manifest (`source_checksums`), so the converted checkpoint holds exactly the bits
 read.
 """
@@ -43,13 +43,13 @@ from absl import logging
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax.scoring import checksums
+from s2sjax.scoring.checkpoints import checksums
 from s2sjax.runtime import sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params, abstract_params, param_logical_axes
-from s2sjax.scoring.stacks.maxtext_config import MaxTextModel, RunConfig, describe, model_keys, run_config_for
+from s2sjax.scoring.checkpoints.stacks.maxtext_config import MaxTextModel, RunConfig, describe, model_keys, run_config_for
 
 Path = tuple[str, ...]
 COMMIT_MARKER = "commit_success.txt"  # orbax's, written last (atomicity.py COMMIT_SUCCESS_FILE)
@@ -195,7 +195,7 @@ def is_committed(path: str | epath.Path) -> bool:
 class Loaded:
   config: ModelConfig
   params: Params
-  checksums: dict[str, str]  # MaxText path -> checksum of the leaf as restored (s2sjax.scoring.checksums)
+  checksums: dict[str, str]  # MaxText path -> checksum of the leaf as restored (s2sjax.scoring.checkpoints.checksums)
 
 
 class StepFolder:
@@ -321,7 +321,7 @@ class StepFolder:
     return digest.hexdigest()[:16]
 
   def manifest(self) -> dict:
-    """What `s2sjax.scoring.checkpoint.load_manifest` gives for this folder: its source and layout, in the project's keys."""
+    """What `s2sjax.scoring.checkpoints.checkpoint.load_manifest` gives for this folder: its source and layout, in the project's keys."""
     kind = "training state" if "opt_state" in self._top_level() else "params only"
     return {"source": str(self.path), "source_description": f"MaxText {self.model.model_name} checkpoint ({kind})",
             "source_model_type": f"maxtext:{self.model.model_name}", "source_config": None,

@@ -24,7 +24,7 @@ from absl import logging
 from etils import epath
 
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.stacks import maxtext
+from s2sjax.scoring.checkpoints.stacks import maxtext
 
 # The whole folder name: an optional word the checkpoint managers put before the step, then the step.
 STEP_NAME = re.compile(r"(?:(?:global_step|step|checkpoint|ckpt|iter|iteration)[-_]?)?(\d+)", re.IGNORECASE)

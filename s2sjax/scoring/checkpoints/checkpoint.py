@@ -8,7 +8,7 @@
     DIR/extras/             orbax PyTree of tensors kept from the source but not used by the decoder (audio heads)
     DIR/tokenizer/          the tokenizer files, when the source had them
     DIR/manifest.json       provenance (source, dtype, kept and skipped keys), every leaf's checksum
-                            (s2sjax/scoring/checksums.py), the size of every file under params/ and extras/, and hashes of
+                            (s2sjax/scoring/checkpoints/checksums.py), the size of every file under params/ and extras/, and hashes of
                             model_config.json and of the tokenizer files, all verified on load; written last
 
 Leaves are written one at a time (orbax partial saves) and layers unstacked, so writing needs memory for about
@@ -19,7 +19,7 @@ the leftovers of writers that died. `overwrite` replaces only a finished checkpo
 only once the new one is complete: the old one is renamed aside, the new one into place, then the old one removed
 (a failed write leaves the old checkpoint as it was).
 
-A folder another training stack wrote (a MaxText step folder: s2sjax/scoring/stacks) is read as it is: every function
+A folder another training stack wrote (a MaxText step folder: s2sjax/scoring/checkpoints/stacks) is read as it is: every function
 below that takes a checkpoint directory asks `stacks.open_checkpoint` first, so every command reads it.
 
 The config is part of a checkpoint's identity: a model_config.json (or tokenizer file) changed after it was
@@ -44,7 +44,9 @@ from etils import epath
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from s2sjax.scoring import architectures, checksums, stacks
+from s2sjax.scoring import architectures
+from s2sjax.scoring.checkpoints import stacks
+from s2sjax.scoring.checkpoints import checksums
 from s2sjax.runtime import sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
@@ -332,7 +334,7 @@ def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
   the parameters), and a leaf that differs is refused by name; a deleted or truncated file is refused by name
-  before orbax reads anything. Another stack's checkpoint is restored by its reader (s2sjax/scoring/stacks): there are no
+  before orbax reads anything. Another stack's checkpoint is restored by its reader (s2sjax/scoring/checkpoints/stacks): there are no
   written checksums to hold it to."""
   from orbax.checkpoint.experimental import v1 as ocp
 

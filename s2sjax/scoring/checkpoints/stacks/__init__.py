@@ -1,13 +1,13 @@
 """Other training stacks' checkpoints and parameters, read as they wrote them: MaxText (`maxtext`, with its run
 config in `maxtext_config`) and levanter (`levanter`, and its trainer's hook in `levanter_hook`).
-`s2sjax.scoring.checkpoint` asks `open_checkpoint` first, so every command that reads a checkpoint reads a MaxText folder;
+`s2sjax.scoring.checkpoints.checkpoint` asks `open_checkpoint` first, so every command that reads a checkpoint reads a MaxText folder;
 levanter's are read in Python (`levanter.load`), with the model's config.json."""
 
 from __future__ import annotations
 
 from etils import epath
 
-from s2sjax.scoring.stacks import maxtext
+from s2sjax.scoring.checkpoints.stacks import maxtext
 
 
 def open_checkpoint(path: str | epath.Path):
