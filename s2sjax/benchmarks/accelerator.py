@@ -12,7 +12,7 @@ weights, attention over the keys each token may see, the head at scored tokens) 
 that computes masked keys pays for them in MFU. Peak bf16 TFLOP/s is looked up from the device kind (TPU
 v4/v5e/v5p/v6e, H100, H200) unless given. The last column is the largest difference in a candidate's mean NLL from
 the size's first configuration: every layout and kernel scores the same items with the same weights.
-`--attention=auto` measures what `s2sjax.eval --attention=auto` runs on each layout (`layers.auto_implementation`).
+`--attention=auto` measures what `s2sjax.eval --attention=auto` runs on each layout (`auto_implementation`).
 
 Each configuration prints its line as soon as it is done (and `--output` is rewritten), so a long run shows
 progress, and one that runs out of memory or fails is reported as such (with the error's first line) while the
@@ -40,7 +40,8 @@ from s2sjax.scoring import planner
 from s2sjax.runtime import sharding
 from s2sjax.benchmarks.workloads import PROTOCOLS, make_items
 from s2sjax.runtime.errors import UserError
-from s2sjax.model import layers
+from s2sjax.model.attention import (ATTENTION_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS, auto_implementation,
+  packed_attention_mask)
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit, longest_item, pack
@@ -81,7 +82,7 @@ def peak_tflops(device_kind: str) -> float | None:
 def attended_keys(rows: dict[str, np.ndarray]) -> int:
   """Query-key pairs the packed rows need: each token over the earlier tokens of its item it may see (its prefix
   and its own branch), as the dense step's mask allows them."""
-  return sum(int(layers.packed_attention_mask(rows["segment_ids"][r : r + 1], rows["branch_ids"][r : r + 1]).sum())
+  return sum(int(packed_attention_mask(rows["segment_ids"][r : r + 1], rows["branch_ids"][r : r + 1]).sum())
              for r in range(len(rows["segment_ids"])))  # a row at a time: an [R, L, L] mask need not fit at once
 
 
@@ -106,14 +107,14 @@ def unpaired(attention: str, protocol: str) -> str | None:
   """Why a kernel cannot read rows laid this way anywhere (None: it can)."""
   if attention == "flash" and protocol != "noshare":
     return "flash reads no branch ids: rows without sharing only"
-  if attention in layers.FLASH_IMPLEMENTATIONS and protocol == "local":
+  if attention in FLASH_IMPLEMENTATIONS and protocol == "local":
     return "the flash kernels have no item-local path"
   return None
 
 
 def not_measured_here(attention: str) -> str | None:
   """Why a kernel is not timed on this backend (None: it is)."""
-  if attention in layers.FLASH_IMPLEMENTATIONS and jax.default_backend() != "tpu":
+  if attention in FLASH_IMPLEMENTATIONS and jax.default_backend() != "tpu":
     return "flash is a TPU kernel (interpreted elsewhere: a numbers check, not a speed)"
   if attention == "cudnn" and jax.default_backend() != "gpu":
     return "cudnn is a GPU kernel"
@@ -204,7 +205,7 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
   """Measures every size x attention x protocol that goes together, printing each line when it is done."""
   for size in sizes:  # a typo should fail now, not after an hour of measurements
     model_config(size)
-  choices = {"protocol": (protocols, PROTOCOLS), "attention": (attentions, ("auto", *layers.ATTENTION_IMPLEMENTATIONS))}
+  choices = {"protocol": (protocols, PROTOCOLS), "attention": (attentions, ("auto", *ATTENTION_IMPLEMENTATIONS))}
   for what, (given, known) in choices.items():
     unknown = sorted(set(given) - set(known))
     if unknown:
@@ -216,7 +217,7 @@ def run(sizes: list[str], attentions: list[str], length: int, rows_per_step: int
     for choice in attentions:
       for protocol in protocols:
         _, share, local = PROTOCOLS[protocol]
-        attention = layers.auto_implementation(share, local, dtype) if choice == "auto" else choice
+        attention = auto_implementation(share, local, dtype) if choice == "auto" else choice
         if unpaired(attention, protocol):  # a pairing that cannot exist anywhere: not a line of the table
           continue
         result = measure(size, length, rows_per_step, attention, dtype, mesh_spec, peak=peak,

@@ -48,7 +48,7 @@ from s2sjax.results.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
 from s2sjax.data.metrics import summarize
-from s2sjax.model import layers
+from s2sjax.model.attention import ATTENTION_IMPLEMENTATIONS, auto_implementation
 from s2sjax.runtime.output_dir import OutputError, RunLock
 from s2sjax.data.questions import QuestionScores
 from s2sjax.runtime.progress import Progress
@@ -137,11 +137,11 @@ def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
-  """--attention, with `auto` resolved for all the data one run scores (`layers.auto_implementation`): shared if
+  """--attention, with `auto` resolved for all the data one run scores (`auto_implementation`): shared if
   any build shares prefixes, windowed only if every build records its longest item (one step may be dense)."""
   if choice != "auto":
     return choice
-  return layers.auto_implementation(any(td.metadata.variants.share_prefix for td in data),
+  return auto_implementation(any(td.metadata.variants.share_prefix for td in data),
                                     all(td.shape.max_item > 0 for td in data), dtype)
 
 
@@ -316,10 +316,10 @@ def define_flags() -> None:
   flags.DEFINE_integer("batch_size", 8, "Rows per step (rounded up to the data-parallel devices).", lower_bound=1)
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.", lower_bound=1)
-  flags.DEFINE_enum("attention", "auto", ["auto", *layers.ATTENTION_IMPLEMENTATIONS],
+  flags.DEFINE_enum("attention", "auto", ["auto", *ATTENTION_IMPLEMENTATIONS],
                     "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in "
                     "bf16, else xla over item-local windows and dot_product over whole rows "
-                    "(layers.auto_implementation).")
+                    "(auto_implementation).")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "

@@ -19,6 +19,7 @@ import numpy as np
 
 from s2sjax.numerics import norms
 from s2sjax.model import layers
+from s2sjax.model.attention import local_window, local_window_mask, LocalWindow, masked_attention, packed_attention_mask
 from s2sjax.model.config import ModelConfig
 
 Params = dict[str, Any]
@@ -88,7 +89,7 @@ class Attention(nn.Module):
   dtype: Any
   param_dtype: Any
   implementation: str = "xla"
-  window: layers.LocalWindow | None = None
+  window: LocalWindow | None = None
 
   @nn.compact
   def __call__(self, x, cos, sin, mask, segment_ids, branch_ids):
@@ -106,7 +107,7 @@ class Attention(nn.Module):
       q = layers.apply_rotary(q, cos, sin, c.rope_interleaved)
       k = layers.apply_rotary(k, cos, sin, c.rope_interleaved)
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
-    out = layers.attention(q, k, v, mask, precision=_precision(self.dtype), implementation=self.implementation,
+    out = masked_attention(q, k, v, mask, precision=_precision(self.dtype), implementation=self.implementation,
                            segment_ids=segment_ids, branch_ids=branch_ids, window=self.window)
     shape, axes = (c.num_heads, c.head_dim, c.hidden_size), ("heads", "head_dim", "embed")
     return HeadProjection("blhk,hkd->bld", shape, axes, 1 if c.o_bias else 0, self.dtype, self.param_dtype,
@@ -148,7 +149,7 @@ class DecoderLayer(nn.Module):
   dtype: Any
   param_dtype: Any
   attention: str = "xla"
-  window: layers.LocalWindow | None = None
+  window: LocalWindow | None = None
 
   @nn.compact
   def __call__(self, x, cos, sin, mask, segment_ids, branch_ids):
@@ -171,8 +172,8 @@ class Decoder(nn.Module):
   config: ModelConfig
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  attention: str = "xla"  # see layers.attention: xla | dot_product | cudnn | flash | flash_shared
-  attention_window: layers.LocalWindow | None = None  # item-local attention (layers.local_window); None: dense
+  attention: str = "xla"  # see masked_attention: xla | dot_product | cudnn | flash | flash_shared
+  attention_window: LocalWindow | None = None  # item-local attention (local_window); None: dense
 
   def setup(self):
     c = self.config
@@ -237,7 +238,7 @@ class Decoder(nn.Module):
     branch_ids: jax.Array | None = None,
   ) -> jax.Array:
     """tokens, positions [batch, length] int; attention_mask [batch, length, length] bool, or with an
-    `attention_window` its window mask (`layers.local_window_mask`); audio_codes [batch, length, K] int (-1 where none);
+    `attention_window` its window mask (`local_window_mask`); audio_codes [batch, length, K] int (-1 where none);
     segment_ids, branch_ids [batch, length] (the flash kernel's and item-local attention's mask).
     Returns the hidden states the head reads [batch, length, embed_dim]: after the final norm and `project_out`,
     where the model has them."""
@@ -319,6 +320,6 @@ def sequence_log_probs(config: ModelConfig, params: Params, tokens: jax.Array, a
   model = Decoder(config, dtype=dtype)
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  mask = layers.packed_attention_mask(jnp.ones((batch, length), jnp.int32))
+  mask = packed_attention_mask(jnp.ones((batch, length), jnp.int32))
   hidden = model.apply({"params": params}, tokens, positions, mask, audio_codes)
   return jax.nn.log_softmax(model.apply({"params": params}, hidden, method=Decoder.logits), axis=-1)

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec
 
 from s2sjax.numerics import norms
 from s2sjax.model import decoder, layers
+from s2sjax.model.attention import LocalWindow, local_window_mask, packed_attention_mask
 from s2sjax.model.config import ConfigError, ModelConfig
 
 NAME = "kimi_audio"  # model_config.json's `family` (s2sjax/scoring/architectures/kimi_audio.py registers it)
@@ -191,13 +192,13 @@ def _run_layers(layer: decoder.DecoderLayer, stacked: Params, first: int, stop: 
 def hidden_states(config: KimiAudioConfig, params: Params, audio_ids: jax.Array, text_ids: jax.Array,
                   features: jax.Array | None, continuous: jax.Array, positions: jax.Array, mask: jax.Array,
                   segment_ids: jax.Array | None = None, branch_ids: jax.Array | None = None, *, dtype=jnp.float32,
-                  attention: str = "xla", window: layers.LocalWindow | None = None,
+                  attention: str = "xla", window: LocalWindow | None = None,
                   audio_head: bool = True) -> tuple[jax.Array, jax.Array | None]:
   """(text hidden, audio hidden) [B, L, H], each after its head's norm: what `text_logits` / `audio_logits` read.
 
   audio_ids, text_ids, positions [B, L] int; features [B, L, 4d] float and continuous [B, L] bool
   (`embed_inputs`); mask the decoder's ([B, L, L] bool, or with a `window` its window mask,
-  `layers.local_window_mask`) with segment_ids / branch_ids [B, L] for the kernels that read them. Without
+  `local_window_mask`) with segment_ids / branch_ids [B, L] for the kernels that read them. Without
   `audio_head` the branch is not run and its hidden states are None."""
   c = config.decoder
   layer = decoder.DecoderLayer(c, dtype, dtype, attention, window)
@@ -232,7 +233,7 @@ def audio_logits(params: Params, audio_hidden: jax.Array) -> jax.Array:
 def _causal_log_probs(config: KimiAudioConfig, params: Params, audio_ids, text_ids, features, continuous):
   batch, length = audio_ids.shape
   positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  mask = layers.packed_attention_mask(jnp.ones((batch, length), jnp.int32))
+  mask = packed_attention_mask(jnp.ones((batch, length), jnp.int32))
   text, audio = hidden_states(config, params, audio_ids, text_ids, features, continuous, positions, mask)
   return jax.nn.log_softmax(text_logits(params, text), -1), jax.nn.log_softmax(audio_logits(params, audio), -1)
 

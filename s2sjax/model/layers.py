@@ -1,6 +1,5 @@
 """Pure functions for the decoder's math: rotary embeddings (the norms, which the audio tokenizers run too, are
-s2sjax/numerics/norms.py). Masked grouped-query attention (its kernels, their masks and the `auto` rule) is
-s2sjax/model/attention/; its names are read here too.
+s2sjax/numerics/norms.py; masked grouped-query attention, its kernels, masks and `auto` rule, s2sjax/model/attention/).
 
 Precision rule (docs/architecture.md, "Numbers"): the rotary angles are computed in fp32 whatever the compute dtype.
 """
@@ -9,11 +8,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-# The decoder, the scorer, the packer and the benchmarks read attention as `layers.<name>`.
-from s2sjax.model.attention import (ATTENTION_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS, FUSED_IMPLEMENTATIONS,
-  LOCAL_BLOCK, MASKED_SCORE, LocalWindow, attention, auto_implementation, gathered_windows, local_attention,
-  local_window, local_window_mask, packed_attention_mask)
 
 
 def rotary_angles(positions: jax.Array, rotary_dim: int, theta: float,

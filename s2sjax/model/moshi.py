@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from s2sjax.model import layers
+from s2sjax.model.attention import masked_attention, packed_attention_mask
 from s2sjax.model.config import ConfigError
 from s2sjax.data.formats.streams import delay_streams
 
@@ -207,7 +208,7 @@ class StreamLayer(nn.Module):
     if cos is not None:
       interleaved = c.positional_embedding != "rope_concat"
       q, k = layers.apply_rotary(q, cos, sin, interleaved), layers.apply_rotary(k, cos, sin, interleaved)
-    out = layers.attention(q, k, v, mask, precision=_precision(self.dtype))
+    out = masked_attention(q, k, v, mask, precision=_precision(self.dtype))
     o = self.kernel("o", (h, hd, d), ("heads", "head_dim", "embed"))
     out = self.project("blhk,hkd->bld", "blhk,lhkd->bld", out, o)
     if c.layer_scale:
@@ -367,8 +368,8 @@ class MoshiLM(nn.Module):
 
 
 def attention_mask(segment_ids, branch_ids, positions, context: int | None) -> jax.Array:
-  """Packed rows' mask (`layers.packed_attention_mask`), limited to keys fewer than `context` steps back."""
-  mask = layers.packed_attention_mask(segment_ids, branch_ids)
+  """Packed rows' mask (`packed_attention_mask`), limited to keys fewer than `context` steps back."""
+  mask = packed_attention_mask(segment_ids, branch_ids)
   if context is not None:
     mask &= (positions[:, :, None] - positions[:, None, :]) < context
   return mask

@@ -32,7 +32,7 @@ class ScoringOptions:
 
   batch_size: int = 8  # rows per step (rounded up to the data-parallel devices)
   dtype: str = "float32"  # compute and parameter dtype
-  attention: str = "xla"  # xla | dot_product | cudnn | flash | flash_shared (model/layers.attention); the CLI resolves "auto"
+  attention: str = "xla"  # xla | dot_product | cudnn | flash | flash_shared (model/attention); the CLI resolves "auto"
 
   @property
   def jnp_dtype(self):

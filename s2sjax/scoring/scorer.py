@@ -30,7 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax.runtime import cli, sharding
 from s2sjax.runtime.errors import UserError
-from s2sjax.model import layers
+from s2sjax.model.attention import (FLASH_IMPLEMENTATIONS, LOCAL_BLOCK, LocalWindow, gathered_windows, local_window,
+  local_window_mask, packed_attention_mask)
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
 from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, longest_item, neighbour_free_bound
@@ -44,21 +45,21 @@ class ScoringError(UserError, ValueError):
 
 def score_batch(
   config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
-  window: layers.LocalWindow | None = None,
+  window: LocalWindow | None = None,
 ) -> dict:
   """For one batch of packed rows, per target [B, M]: `target_nll` and `target_missed`, whether the target is not
   the argmax of the logits that predict it (lm-eval's is_greedy, `not_greedy`: compares beside the logsumexp's pass);
   and per slot [B, C] in fp32 (a training loop's loss; `Scorer` sums the targets itself, `slot_sums`): `nll_sum`,
   `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
   mask (and with `key_shift` in the batch, neighbour-free rows' shared roots, where each window's keys are read:
-  `layers.gathered_windows`) is built once for all layers, and no [L, L] mask."""
+  `gathered_windows`) is built once for all layers, and no [L, L] mask."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
   if window and "key_shift" in batch:
-    mask = layers.gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
+    mask = gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
   elif window:
-    mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
+    mask = local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
   else:
-    mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+    mask = packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
                        batch["segment_ids"], batch["branch_ids"])
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
@@ -394,24 +395,24 @@ class Scorer(_RowScorer):
     local_attention: bool = True,
     neighbour_free: bool = False,
   ):
-    """attention: xla | dot_product | cudnn | flash | flash_shared (see model/layers.attention); flash needs rows without
-    sharing, flash_shared takes any.
+    """attention: xla | dot_product | cudnn | flash | flash_shared (see model/attention.masked_attention); flash needs
+    rows without sharing, flash_shared takes any.
     local_attention: with xla, dot_product or cudnn and a shape that records its longest item (`RowShape.max_item`),
-    each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
+    each query block attends over its item's key window only (model/attention.local_attention); False, or a shape
     without the record, keeps the dense [L, L] mask (the reference).
     neighbour_free: rows packed with `align=packing.NEIGHBOUR_FREE_ALIGN` score every candidate to the same bits
     whatever shares its row and whatever the run's longest item: item-local windows always (as wide as the row if
     need be), on `packing.neighbour_free_bound`'s ladder of reaches, and rows with shared roots (their `key_shift`,
     packing.SharedRoot) as if each item were laid alone; xla attention only."""
     self.attention = attention
-    local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
-    self.window = layers.local_window(shape.max_item, shape.length) if local else None
+    local = local_attention and attention not in FLASH_IMPLEMENTATIONS
+    self.window = local_window(shape.max_item, shape.length) if local else None
     self.neighbour_free = neighbour_free
     if neighbour_free:
       if not (local and shape.max_item > 0 and shape.length % NEIGHBOUR_FREE_ALIGN == 0):
         raise ValueError(f"neighbour_free scoring needs item-local attention (xla, dot_product or cudnn) and a shape "
                          f"that records its longest item in rows of a multiple of {NEIGHBOUR_FREE_ALIGN}, not {shape}")
-      self.window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(shape.max_item) - 1)
+      self.window = LocalWindow(LOCAL_BLOCK, neighbour_free_bound(shape.max_item) - 1)
     score = lambda chunk, params, batch: score_batch(config, dtype, chunk, shape.max_slots, params, batch, attention,
                                                      self.window)
     # neighbour-free steps read where shared roots' items lie (`key_shift`, 0 in rows without them)

@@ -1,4 +1,4 @@
-"""Masked grouped-query attention: one entry point (`attention`) over the kernels, one module per kernel family,
+"""Masked grouped-query attention: one entry point (`masked_attention`) over the kernels, one module per kernel family,
 and the one rule for which kernel `--attention=auto` runs (`auto_implementation`).
 
   masks   which keys a query sees: the packed rows' dense mask, item-local windows (`LocalWindow`) and their mask
@@ -26,8 +26,8 @@ ATTENTION_IMPLEMENTATIONS = ("xla",) + tuple(FUSED_IMPLEMENTATIONS) + FLASH_IMPL
 
 __all__ = [
   "ATTENTION_IMPLEMENTATIONS", "FLASH_IMPLEMENTATIONS", "FUSED_IMPLEMENTATIONS", "LOCAL_BLOCK", "MASKED_SCORE",
-  "GatheredWindows", "LocalWindow", "attention", "auto_implementation", "gathered_windows", "local_attention",
-  "local_window", "local_window_mask", "packed_attention_mask",
+  "GatheredWindows", "LocalWindow", "auto_implementation", "gathered_windows", "local_attention",
+  "local_window", "local_window_mask", "masked_attention", "packed_attention_mask",
 ]
 
 
@@ -45,7 +45,7 @@ def auto_implementation(shared: bool, windowed: bool, dtype) -> str:
   return "xla" if windowed else "dot_product"
 
 
-def attention(
+def masked_attention(
   q: jax.Array,
   k: jax.Array,
   v: jax.Array,

@@ -25,7 +25,7 @@ from s2sjax.data import modalities
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
 from s2sjax.model.families import keymap
 from s2sjax.data.formats.kimi_audio import ROWS
-from s2sjax.model import layers
+from s2sjax.model.attention import local_window, local_window_mask, LocalWindow, packed_attention_mask
 from s2sjax.model.config import ConfigError
 from s2sjax.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
   sequence_log_probs, text_logits)
@@ -125,15 +125,15 @@ def rules(config: KimiAudioConfig) -> list[keymap.Rule]:
 
 
 def score_batch(config: KimiAudioConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict,
-                attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
+                attention: str = "xla", window: LocalWindow | None = None) -> dict:
   """Per target [B, M] `target_nll` (the token's NLL under the text head, over the full vocabulary as
   utils/sampler.py:138 reads it), per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.scorer.score_batch` for the
   decoder. Attention is the decoder's over segment / branch ids (a prefix shared by its candidates; item-local with
   a `window`). Rows of a written prefix carry a feature track of width 0. Pure; jitted by the scorer."""
   if window:
-    mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
+    mask = local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
   else:
-    mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+    mask = packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   features = batch["features"] if batch["features"].shape[-1] else None
   text, _ = hidden_states(config, params, batch["audio_ids"], batch["text_ids"], features, batch["continuous"] > 0,
                           batch["positions"], mask, batch["segment_ids"], batch["branch_ids"], dtype=dtype,
@@ -170,7 +170,7 @@ def scorer(config: KimiAudioConfig, shape: RowShape, mesh=None, batch_size: int 
            attention: str = "xla") -> StreamScorer:
   """The compiled step over `kimi_audio` rows of `shape` (item-local attention where the shape records its longest
   item), driven by the generic row scorer."""
-  window = layers.local_window(shape.max_item, shape.length)
+  window = local_window(shape.max_item, shape.length)
   step = lambda config, dtype, target_chunk, num_slots, params, batch: score_batch(
     config, dtype, target_chunk, num_slots, params, batch, attention, window)
   return StreamScorer(config, shape, step, check_ids, abstract_params(config), param_logical_axes(config), mesh=mesh,
