@@ -3,7 +3,7 @@ r"""Converts a PyTorch / GGUF checkpoint into an s2sjax (orbax) checkpoint.
   python -m checkpoints_conversion.convert --source=DIR_OR_GGUF --output=DIR \
       [--family=auto|FAMILY|LAYOUT] [--dtype=float32|bfloat16] [--trust_remote_code] [--verify]
 
-The source's config.json `model_type` picks the family layout that reads it (`s2sjax.scoring.families`). `--family`
+The source's config.json `model_type` picks the family layout that reads it (`s2sjax.model.families`). `--family`
 only checks that choice: `auto` takes any; a family name (qwen2, llama, glm4) any of that family's layouts; a
 vendor layout name (baichuan_audio, chatglm) that layout only. The values are the registry's, so a family
 registered through $S2SJAX_PLUGINS is accepted too.
@@ -13,12 +13,12 @@ read, transformed and written one leaf at a time. Modules a layout knows scoring
 audio tokenizer, vision towers) are left out without flags, listed in the manifest and named in the report the
 command prints, with what each is and where a user gets it instead (`report`).
 
-An architecture of its own (s2sjax/scoring/architectures) with a converter hook reads its releases itself: `--family=NAME`
-names it (its registration says which module converts them). A release whose config.json `architectures` names a
-modeling class an architecture lists (its `release_classes`) goes to that architecture's converter with no flags,
-whatever family its model_type names (Kimi-Audio's says qwen2).
+An architecture of its own (s2sjax/scoring/architectures) whose releases a converter of their own reads
+(`own_converters.CONVERTERS`): `--family=NAME` names it. A release whose config.json `architectures` names a
+modeling class that converter lists (its `release_classes`) goes to it with no flags, whatever family its
+model_type names (Kimi-Audio's says qwen2).
 
-A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/scoring/stacks/maxtext.py) is read
+A MaxText checkpoint folder (`<run>/checkpoints/<step>`, or a params-only one: s2sjax/scoring/checkpoints/stacks/maxtext.py) is read
 as MaxText wrote it, with `--maxtext_config` (the run config it was trained with, unless MaxText saved its
 config.yml beside the run); the manifest records the run config and the checksum of every MaxText leaf read, and
 the tokenizer is the run's `tokenizer_path` when that is a folder here.
@@ -47,18 +47,19 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from checkpoints_conversion import verify
+from checkpoints_conversion import own_converters, verify
 from checkpoints_conversion.sources import TensorSource, open_source
-from s2sjax.scoring import architectures, checkpoint, families
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model import families
 from s2sjax.runtime import cli
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.families.keymap import Rule, check_rules
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import abstract_params
+from s2sjax.model.families.keymap import Rule, check_rules
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import abstract_params
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
-from s2sjax.scoring.stacks import maxtext, maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
 
 TOKENIZER_FILES = (
   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -86,8 +87,8 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # what s2sjax.runtime.cli turns in
 
 
 def converted_architectures() -> tuple[str, ...]:
-  """Architectures whose releases their own converter hook reads (their own parameter tree and source layout)."""
-  return tuple(a.name for a in architectures.ARCHITECTURES if a.converter)
+  """Architectures whose releases a converter of their own reads (their own parameter tree and source layout)."""
+  return tuple(own_converters.CONVERTERS.names())
 
 
 def family_choices() -> tuple[str, ...]:
@@ -97,15 +98,15 @@ def family_choices() -> tuple[str, ...]:
 
 
 def release_converter(source_path: str) -> str | None:
-  """The converter ("module:function") of a release folder whose config.json names a modeling class an
-  architecture's `release_classes` list, or None."""
+  """The converter ("module:function") of a release folder whose config.json names a modeling class an own
+  converter's `release_classes` list, or None."""
   try:
     with open(os.path.join(source_path, "config.json")) as f:
       config = json.load(f)
   except (OSError, ValueError):
     return None  # not such a release: the readers of every other layout say what is wrong with it
-  architecture = architectures.for_release(config) if isinstance(config, dict) else None
-  return architecture.converter if architecture else None
+  own = own_converters.for_release(config) if isinstance(config, dict) else None
+  return own.convert if own else None
 
 
 def _source_layout(source: TensorSource, family: str) -> tuple[str, families.Layout]:
@@ -265,7 +266,7 @@ def convert(
   """Converts and writes; returns the manifest (what was read, kept, skipped). `maxtext_run_config`: a MaxText
   source's run config (--maxtext_config)."""
   if family in converted_architectures():
-    return load_object(architectures.get(family).converter)(source_path, output, dtype, overwrite)
+    return load_object(own_converters.CONVERTERS.get(family).convert)(source_path, output, dtype, overwrite)
   if family == "auto" and (own := release_converter(source_path)):
     return load_object(own)(source_path, output, dtype, overwrite)
   if maxtext.is_step_folder(source_path):

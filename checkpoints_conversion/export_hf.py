@@ -1,5 +1,5 @@
 r"""s2sjax checkpoint -> Hugging Face safetensors, so a model trained in JAX can be published (families that declare
-an `export`: s2sjax.scoring.families).
+an `export`: s2sjax.model.families).
 
   python -m checkpoints_conversion.export_hf --checkpoint=DIR --output=HF_DIR [--max_shard_gb=4]
 
@@ -16,10 +16,11 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion import safetensors_io
-from s2sjax.scoring import checkpoint, families
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model import families
 from s2sjax.runtime import cli
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 
 
 class ExportError(UserError, ValueError):

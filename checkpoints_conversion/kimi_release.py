@@ -18,11 +18,11 @@ import jax.numpy as jnp
 from checkpoints_conversion import own_release
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import kimi_audio
-from s2sjax.scoring.families import keymap
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.kimi_audio import KimiAudioConfig, abstract_params
+from s2sjax.model.families import keymap
+from s2sjax.model.config import ConfigError
+from s2sjax.model.kimi_audio import KimiAudioConfig, abstract_params
 
 
 def plan(source: TensorSource) -> tuple[KimiAudioConfig, list[keymap.Rule]]:

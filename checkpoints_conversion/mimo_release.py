@@ -21,11 +21,11 @@ from checkpoints_conversion import own_release
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import mimo_audio
-from s2sjax.scoring.families import keymap
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.mimo_audio import MimoAudioConfig, abstract_params
+from s2sjax.model.families import keymap
+from s2sjax.model.config import ConfigError
+from s2sjax.model.mimo_audio import MimoAudioConfig, abstract_params
 
 # The text tokenizer's files a release folder may hold (transformers' fast and slow spellings).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

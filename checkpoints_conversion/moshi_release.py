@@ -1,9 +1,9 @@
 """Moshi releases (Kyutai's PyTorch `LMModel` folders) -> s2sjax checkpoints, and `--verify` against upstream's own
-model: the converter and verifier hooks of Moshi's architecture (s2sjax/scoring/architectures/moshi.py registers them), called by
+model: Moshi's own converter and verifier (registered in own_converters.py), called by
 `checkpoints_conversion.convert --family=moshi` and its `--verify`.
 
 A release is read in its fused attention keys or today's `LMModel.state_dict()` names, LoRA factors merged into the
-weights they adapt (`s2sjax.scoring.architectures.moshi.LMStateDict`); every key and shape is checked before any tensor is read.
+weights they adapt (`moshi_keymap.LMStateDict`); every key and shape is checked before any tensor is read.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from checkpoints_conversion import safetensors_io
+from checkpoints_conversion import moshi_keymap, safetensors_io
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import moshi as moshi_family
-from s2sjax.scoring.model.moshi import stream_log_probs
+from s2sjax.model.moshi import stream_log_probs
 
 
 def _release_files(source_path: str, source_config: dict) -> list[str]:
   """The release's LM weights (config.json's `moshi_name`), then, with `lora: true`, its LoRA factors (`lora_name`,
   as Kyutai's loader reads them on top: moshi/models/loaders.py l.229, l.260)."""
-  files = [os.path.join(source_path, source_config.get("moshi_name", moshi_family.MOSHI_NAME))]
+  files = [os.path.join(source_path, source_config.get("moshi_name", moshi_keymap.MOSHI_NAME))]
   if source_config.get("lora") and source_config.get("lora_name"):
     files.append(os.path.join(source_path, source_config["lora_name"]))
   for path, key in zip(files, ("moshi_name", "lora_name")):
@@ -59,9 +59,9 @@ def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bo
       if key in files:
         problems.append(f"{key} is in both {files[key].path} and {path}")
       files.setdefault(key, source)
-  state = moshi_family.LMStateDict(config, {k: f.shape(k) for k, f in files.items()}, lambda k: files[k].read(k),
-                                   source_config.get("lora_scaling", moshi_family.LORA_SCALING))
-  ruled, found, skipped = moshi_family.plan(config, state)
+  state = moshi_keymap.LMStateDict(config, {k: f.shape(k) for k, f in files.items()}, lambda k: files[k].read(k),
+                                   source_config.get("lora_scaling", moshi_keymap.LORA_SCALING))
+  ruled, found, skipped = moshi_keymap.plan(config, state)
   problems += found
   if source_config.get("lora") and not state.lora:
     problems.append(f"config.json says lora=true, but {' and '.join(paths)} hold no LoRA factors (Kyutai's loader "
@@ -77,7 +77,7 @@ def convert(source_path: str, output: str, dtype: str = "float32", overwrite: bo
                 "skipped": skipped, "tokenizer": tokenizer_record}
     if state.lora:
       manifest["lora_merged"] = {"scaling": state.lora_scaling, "weights": sorted(state.lora)}
-    leaves = with_progress(moshi_family.convert_leaves(config, ruled, state.read, jnp.dtype(dtype)), len(ruled),
+    leaves = with_progress(moshi_keymap.convert_leaves(config, ruled, state.read, jnp.dtype(dtype)), len(ruled),
                            f"converting {os.path.basename(os.path.normpath(source_path))}")
     with interrupts_between_leaves() as between:
       checkpoint.write_checkpoint(output, config, between(leaves), tokenizer_dir=tokenizer_dir, manifest=manifest,
@@ -128,7 +128,7 @@ def load_lm(source_path: str):
 
   with open(os.path.join(source_path, "config.json")) as f:
     config = json.load(f)
-  weights = os.path.join(source_path, config.get("moshi_name", moshi_family.MOSHI_NAME))
+  weights = os.path.join(source_path, config.get("moshi_name", moshi_keymap.MOSHI_NAME))
   lm_kwargs = {k: v for k, v in config.items() if k not in moshi_family.LOADER_KEYS}
   lora_name = config.get("lora_name") if config.get("lora") else None
   lora_weights = os.path.join(source_path, lora_name) if lora_name else None
@@ -141,7 +141,7 @@ def load_lm(source_path: str):
 
   model = loaders.get_moshi_lm(None, lm_kwargs={k: v for k, v in lm_kwargs.items() if k not in moshi_family.LORA_KEYS},
                                device="cpu", dtype=torch.float32)
-  replace_all_linear_with_lora(model, ranks[0], float(config.get("lora_scaling", moshi_family.LORA_SCALING)))
+  replace_all_linear_with_lora(model, ranks[0], float(config.get("lora_scaling", moshi_keymap.LORA_SCALING)))
   model.load_state_dict(load_file(weights))
   return model.eval()
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from checkpoints_conversion.convert import ConversionError
 from checkpoints_conversion.sources import TensorSource
-from s2sjax.scoring import checkpoint
-from s2sjax.scoring.families import keymap
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model.families import keymap
 
 
 def check_release(source: TensorSource, abstract: Any, ruled: list[keymap.Rule], model: str) -> None:

@@ -19,9 +19,9 @@ from typing import Protocol
 import numpy as np
 
 from checkpoints_conversion import safetensors_io
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.model.config import ConfigError
 from s2sjax.runtime.registry import Registry
 
 
@@ -145,7 +145,7 @@ class TorchBinSource:
 class GgufSource:
   """A GGUF file, de-quantized tensor by tensor to fp32, under Hugging Face names and config.json keys.
 
-  The file's `general.architecture` picks the family that reads it (`s2sjax.scoring.families.gguf_layout`): it names
+  The file's `general.architecture` picks the family that reads it (`s2sjax.model.families.gguf_layout`): it names
   the tensors in HF spelling and undoes any reordering llama.cpp applied (llama's permuted q/k rows)."""
 
   def __init__(self, path: str):
@@ -233,7 +233,7 @@ class Wrapper:
   outer_keys: tuple[str, ...]  # config.json keys that override the LM's config: the wrapper changes them
 
 
-# A plugin registers a wrapper of its own here, as families register in s2sjax.scoring.families.
+# A plugin registers a wrapper of its own here, as families register in s2sjax.model.families.
 WRAPPERS: Registry[Wrapper] = Registry("checkpoint wrapper", name_of=lambda wrapper: wrapper.model_type)
 # SlamKit (github.com/slp-rl/slamkit, slamkit/model/unit_lm.py): UnitLMConfig's model_type (line 33) keeps the LM's
 # config as `base_config` (lines 63-73); UnitLM keeps the LM as `self.lm` (line 94) and resizes its embeddings to

@@ -20,11 +20,11 @@ import jax.numpy as jnp
 from checkpoints_conversion import own_release
 from checkpoints_conversion.convert import ConversionError, interrupts_between_leaves, with_progress
 from checkpoints_conversion.sources import SafetensorsSource, TensorSource
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import step_audio2
-from s2sjax.scoring.families import keymap
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.step_audio2 import StepAudio2Config, abstract_params, release_audio_tensors
+from s2sjax.model.families import keymap
+from s2sjax.model.config import ConfigError
+from s2sjax.model.step_audio2 import StepAudio2Config, abstract_params, release_audio_tensors
 
 
 def plan(source: TensorSource) -> tuple[StepAudio2Config, list[keymap.Rule]]:

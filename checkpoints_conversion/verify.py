@@ -1,5 +1,5 @@
 """`--verify`: the converted model against the PyTorch (transformers) model on the same tokens, for source layouts
-whose family declares them `verifiable` (s2sjax.scoring.families); a checkpoint of an architecture of its own by that
+whose family declares them `verifiable` (s2sjax.model.families); a checkpoint of an architecture of its own by that
 architecture's verifier hook (s2sjax/scoring/architectures)."""
 
 from __future__ import annotations
@@ -8,9 +8,12 @@ import os
 
 import numpy as np
 
-from s2sjax.scoring import architectures, checkpoint, families
+from checkpoints_conversion import own_converters
+from s2sjax.scoring import architectures
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model import families
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.model.decoder import sequence_log_probs
 from s2sjax.runtime.registry import load_object
 
 
@@ -35,9 +38,10 @@ def compare_with_torch(source_path: str, ckpt_dir: str, length: int = 512, seed:
   """Max and mean |log p_torch - log p_jax| over every vocabulary entry at `length` random token positions, fp32."""
   import torch
 
-  verifier = architectures.for_config(checkpoint.load_config(ckpt_dir)).verifier
-  if verifier:
-    return load_object(verifier)(source_path, ckpt_dir, length, seed)
+  architecture = architectures.for_config(checkpoint.load_config(ckpt_dir)).name
+  own = own_converters.CONVERTERS.get(architecture) if architecture in own_converters.CONVERTERS.names() else None
+  if own and own.verify:
+    return load_object(own.verify)(source_path, ckpt_dir, length, seed)
   model_type = checkpoint.load_manifest(ckpt_dir)["source_model_type"]
   if not families.layout_for_model_type(model_type).verifiable:
     verifiable = [t for _, layout in families.all_layouts() if layout.verifiable for t in layout.model_types]

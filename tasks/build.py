@@ -26,7 +26,7 @@ from s2sjax.data.packing import Item, PackingError, PackReport, RowShape, auto_r
 from s2sjax.runtime.progress import Progress
 from s2sjax.data.questions import QuestionTable
 from s2sjax.data.text_tokenizer import json_object
-from s2sjax.scoring.checkpoint import CONFIG as CHECKPOINT_CONFIG
+from s2sjax.data.checkpoint_files import CONFIG as CHECKPOINT_CONFIG
 from tasks.audio.base import AudioError, resamplings
 from tasks.encoders import QuestionEncoder
 from tasks.release import Problems, Question

@@ -7,14 +7,15 @@ the candidate string carries its own leading separator (`" " + last` in English 
 special tokens. So the scored tokens are exactly the candidate's tokens, and no token straddles the boundary.
 The prefix is tokenized with the tokenizer's special tokens (a BOS where the model uses one).
 
-`QuestionEncoder(spec, modality, ...)` builds the encoder the spec's input format names for the modality
-(s2sjax/data/formats, `encoder_class`); the built-in formats name these:
+`QuestionEncoder(spec, modality, ...)` builds the encoder registered for the spec's input format (`ENCODERS`, keyed
+by the format's name, s2sjax/data/formats) and the modality (`encoder_class`); the built-in formats' are these:
   TextEncoder      text on both sides (t2t) in token rows, whatever the spec's audio mode
   UnitEncoder      extended_vocab: each audio frame's unit is a token id
   CodebookEncoder  codebook_tables: a frame's K codes ride on a placeholder id (S->T only)
   StreamEncoder    parallel_streams: each side on streams of its own, by the spec's architecture's protocol
-  LaidEncoder      the base of an own row format's encoder (tasks/kimi_encoder.py, tasks/mimo_encoder.py)
-A plugin's format names its own subclass (tests/plugins/toy_features.py).
+  LaidEncoder      the base of an own row format's encoder (tasks/kimi_encoder.py, tasks/mimo_encoder.py,
+                   tasks/step_audio2_encoder.py)
+A plugin's format registers its own subclass (tests/plugins/toy_features.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 
 import numpy as np
 
-from s2sjax.scoring import architectures
 from s2sjax.data import modalities
 from s2sjax.data.builds import PROTOCOLS, VariantError
 from s2sjax.data.formats.streams import (StreamItem, StreamLayout, check_stream_item, pack_streams, scored_streams,
@@ -36,7 +36,7 @@ from s2sjax.data.modalities import SPEECH, TEXT
 from s2sjax.data.packing import (Item, LaidItem, PackingError, RowShape, check_item, fit_laid, item_positions, pack,
   pack_laid)
 from s2sjax.runtime.progress import Progress
-from s2sjax.runtime.registry import load_object
+from s2sjax.runtime.registry import Registry, load_object
 from s2sjax.data.rows import TOKEN_ROWS
 from s2sjax.data.spec import AudioIds, Spec, SpecError, resolve_audio_ids
 from tasks.audio.base import AudioError, AudioTokenizer, AudioTokenizerError, load_audio
@@ -57,7 +57,7 @@ class QuestionEncoder(abc.ABC):
   and the candidate's as one recording, tokenized as `<bos> units <eos>` (slamkit/tokeniser/unit_tokeniser.py's
   template; bos = eos = 1 for unit LMs, the audio start / end tokens otherwise) and every token after the first
   scored, the closing eos included. For stream rows that recording is every frame after the model's initial
-  step, with no closing token (the S->S protocol of the stream architecture, its `stream_protocol`).
+  step, with no closing token (the S->S protocol of the spec's stream protocol).
 
   Called by this name it builds the subclass that lays the spec's audio mode (`encoder_class`): each subclass
   says how a `prefix` and a `candidate` are laid; this class holds what they share, and lays token rows."""
@@ -404,8 +404,8 @@ class CodebookEncoder(AudioTokenEncoder):
 
 
 class StreamEncoder(QuestionEncoder):
-  """Stream rows: each side on streams of its own, by the protocol of the architecture that reads the spec's
-  streams (`architectures.for_spec`): the text ids on the text stream, or the audio codes on the codebook streams,
+  """Stream rows: each side on streams of its own, by the protocol of the architecture the spec names
+  (`Spec.stream_protocol`): the text ids on the text stream, or the audio codes on the codebook streams,
   one step each. The rows are packed by `pack_streams`, which applies the spec's delays, and each scored token
   carries its stream's weight."""
 
@@ -414,7 +414,7 @@ class StreamEncoder(QuestionEncoder):
   def __init__(self, spec: Spec, *args, **kwargs):
     super().__init__(spec, *args, **kwargs)
     self.layout = StreamLayout(spec.stream_delays, spec.stream_initial_ids, predicted=spec.num_streams)
-    self.stream_protocol = architectures.for_spec(spec).stream_protocol
+    self.stream_protocol = spec.stream_protocol()
     self.weights = self.stream_protocol.weights(self.modality.name, len(spec.codebook_sizes))  # per stream
 
   def _streams(self, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
@@ -474,10 +474,36 @@ def _targets_every(rows: dict[str, np.ndarray], every: int) -> dict[str, np.ndar
   return {**rows, **out}
 
 
+@dataclasses.dataclass(frozen=True)
+class FormatEncoders:
+  """The encoders that lay an input format's rows (s2sjax/data/formats), registered under the format's name:
+  `encoder` lays every modality asked of it ("module:Class", a `QuestionEncoder` subclass whose `prefix`,
+  `candidate`, `item`, `check` and `pack` lay a question and pack the items with the format's packer, imported when
+  a build asks), `text_encoder`, when given, the modalities without speech instead."""
+
+  input_format: str
+  encoder: str
+  text_encoder: str | None = None
+
+
+ENCODERS: Registry[FormatEncoders] = Registry("input format encoder", name_of=lambda e: e.input_format)
+register = ENCODERS.register
+TEXT_ENCODER = "tasks.encoders:TextEncoder"
+register(FormatEncoders("none", TEXT_ENCODER))
+register(FormatEncoders("extended_vocab", "tasks.encoders:UnitEncoder", TEXT_ENCODER))
+register(FormatEncoders("codebook_tables", "tasks.encoders:CodebookEncoder", TEXT_ENCODER))
+register(FormatEncoders("parallel_streams", "tasks.encoders:StreamEncoder"))
+register(FormatEncoders("kimi_audio", "tasks.kimi_encoder:KimiEncoder"))
+register(FormatEncoders("mimo_audio", "tasks.mimo_encoder:MimoEncoder"))
+register(FormatEncoders("step_audio2", "tasks.step_audio2_encoder:StepAudio2Encoder"))
+
+
 def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
-  """Which encoder lays `modality` for `spec`: the one its input format names (s2sjax/data/formats). A text-only spec
-  asked for audio gets the text encoder, which refuses it by name (`Spec.check_modality`)."""
-  return load_object(spec.input_format.encoder_for(modalities.get(modality)))
+  """Which encoder lays `modality` for `spec`: the one registered for its input format. A text-only spec asked for
+  audio gets the text encoder, which refuses it by name (`Spec.check_modality`)."""
+  encoders = ENCODERS.get(spec.audio_mode)
+  speaks = modalities.get(modality).speaks
+  return load_object(encoders.text_encoder if encoders.text_encoder and not speaks else encoders.encoder)
 
 
 def _joined(*parts) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Reads a release (as users download it) into benchmark questions, checking everything.
 
 Where each task's files are and which layout they hold is its record in `s2sjax.data.task_registry` (its
-`release_format`, a registered `ReleaseFormat` whose reader is one of the functions here, or a plugin's);
+`release_format`, a registered `ReleaseFormat`); the reader of each format, keyed by its name, is registered
+here (`READERS`: this module's, or a plugin's);
 S2SBench's own:
 
     StoryCloze/sStory_s2t.jsonl   + StoryCloze/s-story-firstspeech/<uttid>.wav     sstorycloze     (en)
@@ -31,10 +32,11 @@ import hashlib
 import json
 import os
 import unicodedata
+from typing import Callable
 
 from s2sjax.data import task_registry, modalities
 from s2sjax.runtime.errors import UserError
-from s2sjax.runtime.registry import load_object
+from s2sjax.runtime.registry import Registry
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -160,8 +162,8 @@ def candidate_audio_dir(task: str, release_dir: str) -> str:
 def spoken_candidates(task: str, line: dict) -> dict[str, str]:
   """{wav name without .wav: text} of a release line's spoken candidates, named as its format's reader looks for
   them (none for a format without written lines)."""
-  names = task_registry.get(task).release.spoken_names
-  return load_object(names)(line) if names else {}
+  names = READERS.get(task_registry.get(task).release_format).spoken_names
+  return names(line) if names else {}
 
 
 def story_spoken_names(line: dict) -> dict[str, str]:
@@ -393,12 +395,33 @@ def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: 
   return questions
 
 
+@dataclasses.dataclass(frozen=True)
+class ReleaseReader:
+  """How the build reads a release format (s2sjax.data.task_registry.RELEASE_FORMATS), registered under the format's
+  name: `read(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
+  `paths` (`ReleasePaths`), every bad line a problem naming it; `spoken_names(line) -> {its spoken candidates' wav
+  names: their texts}` for the tools that write a release's recordings (tasks.importer, the bundled sample), None
+  for a format without written lines."""
+
+  release_format: str
+  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]
+  spoken_names: Callable[[dict], dict[str, str]] | None = None
+
+
+READERS: Registry[ReleaseReader] = Registry("release reader", name_of=lambda r: r.release_format)
+register = READERS.register
+register(ReleaseReader("story_pairs", read_story_pairs, story_spoken_names))
+register(ReleaseReader("multiple_choice", read_multiple_choice, option_spoken_names))
+register(ReleaseReader("spoken_pairs", read_spoken_pairs))
+
+
 def read_questions(task: str, release_dir: str, problems: Problems | None = None) -> list[Question]:
   """Questions of one task, read by its release format's reader and held to `Question`'s types (`check_questions`).
   Problems go to `problems` when given (the caller decides), else raise at once."""
   paths = release_paths(task, release_dir)
   collect = problems if problems is not None else Problems()
-  questions = check_questions(load_object(paths.record.release.reader)(paths.record, paths, collect), paths.record)
+  read = READERS.get(paths.record.release_format).read
+  questions = check_questions(read(paths.record, paths, collect), paths.record, read)
   if problems is None and collect:
     raise ReleaseError(f"{paths.index} has {len(collect)} problem(s):\n  {collect.text()}")
   return questions
@@ -430,11 +453,11 @@ def _question_problem(question, record: task_registry.Task) -> str | None:
   return None
 
 
-def check_questions(questions, record: task_registry.Task) -> list[Question]:
+def check_questions(questions, record: task_registry.Task, read: Callable) -> list[Question]:
   """The questions a release format's reader gave, refused (one line naming the format, its reader, the first
   record that is wrong and why, and how many are) unless each is a `Question` of the types its fields say: a
   plugin's reader is held to them where its records enter, before any is tokenized."""
-  reader = f"release format {record.release_format}'s reader {record.release.reader}"
+  reader = f"release format {record.release_format}'s reader {read.__module__}:{read.__qualname__}"
   if not isinstance(questions, list):
     raise ReaderError(f"{reader} gave a {type(questions).__name__}, not a list of questions (task {record.name})")
   wrong = [(i, why) for i, question in enumerate(questions) if (why := _question_problem(question, record))]

@@ -21,7 +21,7 @@ import numpy as np
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.spec import SpecError, resolve_audio_ids
 from s2sjax.data.builds import VariantError
-from s2sjax.scoring.model.step_audio2 import AUDIO_CODES, AUDIO_OFFSET
+from s2sjax.data.formats.step_audio2 import AUDIO_CODES, AUDIO_OFFSET
 from tasks.audio.base import AudioError
 from tasks.encoders import LaidEncoder
 from tasks.release import Question

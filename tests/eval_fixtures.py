@@ -8,7 +8,7 @@ import shutil
 import jax
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from tasks.preparation import prepare
 from tests.hf_models import save_hf, tiny_model
 

@@ -20,8 +20,8 @@ if int(num_processes) > 1:
   jax.distributed.initialize(f"127.0.0.1:{port}", int(num_processes), int(process_id))
 
 from s2sjax.runtime import sharding  # noqa: E402
-from s2sjax.scoring.model.config import ModelConfig  # noqa: E402
-from s2sjax.scoring.model.decoder import init_params  # noqa: E402
+from s2sjax.model.config import ModelConfig  # noqa: E402
+from s2sjax.model.decoder import init_params  # noqa: E402
 from s2sjax.data.packing import RowShape, pack  # noqa: E402
 from s2sjax.scoring.scorer import Scorer, collect  # noqa: E402
 from tests.scoring_cases import random_items  # noqa: E402

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.attention import xla as xla_kernels
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model.attention import (LOCAL_BLOCK, LocalWindow, gathered_windows, local_window, local_window_mask,
+  masked_attention, packed_attention_mask)
+from s2sjax.model.attention import xla as xla_kernels
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit, pack
 from s2sjax.scoring.scorer import Scorer, _has_shared_prefixes, collect
 from tests.scoring_cases import random_items
@@ -26,14 +27,14 @@ CONFIG = ModelConfig(
 @pytest.mark.slow
 def test_dot_product_attention_equals_xla_on_a_prefix_shared_mask():
   rows, _ = pack(random_items(4, 512, seed=1), RowShape(256, 128, 16))
-  mask = layers.packed_attention_mask(jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"]))
+  mask = packed_attention_mask(jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"]))
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
   batch = len(rows["tokens"])
   q = jax.random.normal(keys[0], (batch, 256, 4, 16))
   k, v = (jax.random.normal(key, (batch, 256, 2, 16)) for key in keys[1:])
   real = rows["segment_ids"] > 0
-  xla = np.asarray(layers.attention(q, k, v, mask, jax.lax.Precision.HIGHEST))[real]
-  fused = np.asarray(layers.attention(q, k, v, mask, implementation="dot_product"))[real]
+  xla = np.asarray(masked_attention(q, k, v, mask, jax.lax.Precision.HIGHEST))[real]
+  fused = np.asarray(masked_attention(q, k, v, mask, implementation="dot_product"))[real]
   np.testing.assert_allclose(fused, xla, atol=1e-5)
 
 
@@ -54,8 +55,8 @@ def test_flash_shared_equals_xla_on_prefix_shared_rows():
   # several items per row, each with 2 or 4 candidates branching from its prefix, and padding at the ends
   assert _has_shared_prefixes(rows) and (rows["segment_ids"] == 0).any() and rows["segment_ids"].max() >= 2
   q, k, v = _random_qkv(len(rows["tokens"]), length)  # GQA: 4 heads over 2 kv heads
-  dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
-  cascade = np.asarray(layers.attention(q, k, v, None, implementation="flash_shared", segment_ids=segments,
+  dense = masked_attention(q, k, v, packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
+  cascade = np.asarray(masked_attention(q, k, v, None, implementation="flash_shared", segment_ids=segments,
                                         branch_ids=branches))
   real = rows["segment_ids"] > 0
   assert np.isfinite(cascade).all()  # padding queries see nothing in either pass: zeros, not NaNs
@@ -75,14 +76,14 @@ def test_flash_shared_equals_xla_on_hand_laid_rows():
   segments[1, :50], segments[1, 50:128] = 1, 2
   q, k, v = _random_qkv(2, 128, seed=3)
   segments, branches = jnp.asarray(segments), jnp.asarray(branches)
-  dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
-  cascade = np.asarray(layers.attention(q, k, v, None, implementation="flash_shared", segment_ids=segments,
+  dense = masked_attention(q, k, v, packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
+  cascade = np.asarray(masked_attention(q, k, v, None, implementation="flash_shared", segment_ids=segments,
                                         branch_ids=branches))
   real = np.asarray(segments) > 0
   assert np.isfinite(cascade).all()
   np.testing.assert_allclose(cascade[real], np.asarray(dense)[real], atol=1e-5)
   # without sharing it is the one-pass kernel's attention
-  flash = layers.attention(q, k, v, None, implementation="flash", segment_ids=segments)
+  flash = masked_attention(q, k, v, None, implementation="flash", segment_ids=segments)
   np.testing.assert_allclose(cascade[1], np.asarray(flash)[1], atol=1e-5)
 
 
@@ -155,7 +156,7 @@ def test_the_flash_step_lowers_for_tpu_on_a_mesh(mesh, attention, monkeypatch):
 @pytest.mark.parametrize("implementation", ["xla", "dot_product"])
 def test_item_local_attention_equals_the_dense_mask(implementation, share):
   rows, report = pack(random_items(12, 512, seed=1), RowShape(512, 256, 32), share_prefix=share)
-  window = layers.local_window(fit(rows, RowShape(512, 256, 32), report.longest_item)[1].max_item, 512)
+  window = local_window(fit(rows, RowShape(512, 256, 32), report.longest_item)[1].max_item, 512)
   assert window is not None and window.reach >= report.longest_item - 1 and window.span < 512
   segments, branches = jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"])
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -163,9 +164,9 @@ def test_item_local_attention_equals_the_dense_mask(implementation, share):
   q = jax.random.normal(keys[0], (batch, 512, 4, 16))
   k, v = (jax.random.normal(key, (batch, 512, 2, 16)) for key in keys[1:])
   real = rows["segment_ids"] > 0  # padding queries see nothing either way; no real token reads them
-  dense = layers.attention(q, k, v, layers.packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
-  mask = layers.local_window_mask(segments, branches, window)
-  local = layers.attention(q, k, v, mask, jax.lax.Precision.HIGHEST, implementation, segments, branches, window)
+  dense = masked_attention(q, k, v, packed_attention_mask(segments, branches), jax.lax.Precision.HIGHEST)
+  mask = local_window_mask(segments, branches, window)
+  local = masked_attention(q, k, v, mask, jax.lax.Precision.HIGHEST, implementation, segments, branches, window)
   np.testing.assert_allclose(np.asarray(local)[real], np.asarray(dense)[real], atol=1e-5)
 
 
@@ -176,10 +177,10 @@ def test_item_local_blocks_looped_equal_all_at_once_on_a_mesh_too(dtype):
   the same bits, rows sharded over data and heads over model too; in bf16, where XLA:CPU rounds a batched matmul's
   bf16 products by the shape, within bf16's rounding of the values summed (magnitude ~1)."""
   rows, report = pack(random_items(16, 256, seed=2), RowShape(256, 128, 16))
-  window = layers.local_window(fit(rows, RowShape(256, 128, 16), report.longest_item)[1].max_item, 256)
+  window = local_window(fit(rows, RowShape(256, 128, 16), report.longest_item)[1].max_item, 256)
   assert window is not None and window.span < 256
   eight_rows = lambda x: jnp.asarray(np.resize(x, (8, 256)))  # as many rows as the mesh's data shards
-  mask = layers.local_window_mask(eight_rows(rows["segment_ids"]), eight_rows(rows["branch_ids"]), window)
+  mask = local_window_mask(eight_rows(rows["segment_ids"]), eight_rows(rows["branch_ids"]), window)
   keys = jax.random.split(jax.random.PRNGKey(1), 3)
   q = jax.random.normal(keys[0], (8, 256, 8, 16), dtype)
   k, v = (jax.random.normal(key, (8, 256, 4, 16), dtype) for key in keys[1:])
@@ -211,9 +212,9 @@ def test_an_items_attention_is_the_same_bits_whatever_the_runs_longest_item(item
   k, v = (jax.random.normal(key, (item, kv_heads, head_dim)) for key in keys[1:])
 
   def attention(longest: int, start: int) -> np.ndarray:
-    window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(longest) - 1)
+    window = LocalWindow(LOCAL_BLOCK, neighbour_free_bound(longest) - 1)
     segment_ids = jnp.zeros((1, length), jnp.int32).at[0, start:start + item].set(1)
-    mask = layers.local_window_mask(segment_ids, jnp.zeros_like(segment_ids), window)
+    mask = local_window_mask(segment_ids, jnp.zeros_like(segment_ids), window)
     lay = lambda x: jnp.zeros((1, length, *x.shape[1:])).at[0, start:start + item].set(x)
     out = jax.jit(lambda q, k, v, mask: xla_kernels.local_attention(q, k, v, mask, window, looped=True))(
       lay(q), lay(k), lay(v), mask)
@@ -238,9 +239,9 @@ def test_gathered_windows_over_shared_roots_equal_the_dense_mask_looped_or_all_a
            for n in (5, 40, 17, 0, 29)] + random_items(3, 256, seed=8)
   rows, report = pack(items, RowShape(256, 128, 32), align=32, roots=[SharedRoot(64, (0, 1, 2, 3, 4))])
   assert report.shared_roots >= 1 and rows["key_shift"].any()
-  window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(report.longest_item) - 1)
+  window = LocalWindow(LOCAL_BLOCK, neighbour_free_bound(report.longest_item) - 1)
   segment_ids, branch_ids = jnp.asarray(rows["segment_ids"]), jnp.asarray(rows["branch_ids"])
-  gathered = layers.gathered_windows(segment_ids, branch_ids, jnp.asarray(rows["key_shift"]), window)
+  gathered = gathered_windows(segment_ids, branch_ids, jnp.asarray(rows["key_shift"]), window)
   keys = jax.random.split(jax.random.PRNGKey(2), 3)
   batch, length = rows["segment_ids"].shape
   q = jax.random.normal(keys[0], (batch, length, 8, 16))
@@ -249,16 +250,16 @@ def test_gathered_windows_over_shared_roots_equal_the_dense_mask_looped_or_all_a
     q, k, v, g.mask, window, looped=looped, keys=g.keys))(q, k, v, gathered))
   looped, at_once = local(True), local(False)
   np.testing.assert_array_equal(looped, at_once)
-  dense = np.asarray(xla_kernels.dense_attention(q, k, v, layers.packed_attention_mask(segment_ids, branch_ids)))
+  dense = np.asarray(xla_kernels.dense_attention(q, k, v, packed_attention_mask(segment_ids, branch_ids)))
   real = rows["segment_ids"] > 0
   np.testing.assert_allclose(looped[real], dense[real], atol=1e-5)
 
 
 def test_the_window_is_the_narrowest_exact_one_or_none():
-  assert layers.local_window(0, 1024) is None  # no recorded longest item: dense
-  assert layers.local_window(150, 1024) == layers.LocalWindow(block=32, reach=160)  # keys back to 149 before
-  assert layers.local_window(65, 1024) == layers.LocalWindow(block=32, reach=64)
-  assert layers.local_window(500, 512) is None and layers.local_window(100, 1000) is None  # no narrower; no block
+  assert local_window(0, 1024) is None  # no recorded longest item: dense
+  assert local_window(150, 1024) == LocalWindow(block=32, reach=160)  # keys back to 149 before
+  assert local_window(65, 1024) == LocalWindow(block=32, reach=64)
+  assert local_window(500, 512) is None and local_window(100, 1000) is None  # no narrower; no block
 
 
 @pytest.mark.slow

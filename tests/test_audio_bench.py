@@ -5,7 +5,8 @@ from the same waves, and the FLOPs the bench counts per 30 s window are the enco
 import numpy as np
 import torch
 
-from tasks.audio import bench, kimi_whisper
+from tasks.audio import kimi_whisper
+from s2sjax.benchmarks import audio_tokenizers as bench
 
 TINY = kimi_whisper.EncoderShape(d_model=64, heads=4, ffn=256, layers=2, positions=1500)
 

@@ -44,7 +44,7 @@ def test_wav_to_candidate_nll_equals_upstream_omni_forward(tmp_path):
   import jax.numpy as jnp
 
   from checkpoints_conversion import convert
-  from s2sjax.scoring import checkpoint
+  from s2sjax.scoring.checkpoints import checkpoint
   from s2sjax.data.packing import RowShape
   from s2sjax.scoring.scorer import Scorer, collect
   from s2sjax.data.spec import load_spec, spec_from_dict

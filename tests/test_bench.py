@@ -10,7 +10,7 @@ import torch  # noqa: F401 - the reference side
 import jax.numpy as jnp  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax.scoring import bench_items  # noqa: E402
+from s2sjax.benchmarks import workloads as bench_items  # noqa: E402
 from s2sjax.commands import bench  # noqa: E402
 from tests.hf_models import save_hf, tiny_model  # noqa: E402
 
@@ -43,8 +43,8 @@ def test_protocols_agree_and_sharing_computes_fewer_tokens(tmp_path):
 def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
   import jax
 
-  from s2sjax.scoring import bench_accelerator
-  from s2sjax.scoring.model.decoder import init_params, param_count
+  from s2sjax.benchmarks import accelerator as bench_accelerator
+  from s2sjax.model.decoder import init_params, param_count
   from s2sjax.data.packing import Item, RowShape, pack
 
   config = bench_accelerator.sizes()["tiny"]
@@ -69,7 +69,7 @@ def test_accelerator_mode_counts_useful_flops_and_reports_mfu():
 
 @pytest.mark.slow
 def test_accelerator_layouts_score_the_same_candidates_alike(capsys):
-  from s2sjax.scoring import bench_accelerator
+  from s2sjax.benchmarks import accelerator as bench_accelerator
 
   results = bench_accelerator.run(["tiny"], ["xla", "flash"], 512, 1, jnp.float32, "data:-1", None, False, None,
                                   ["noshare", "shared", "local"])
@@ -84,7 +84,8 @@ def test_accelerator_layouts_score_the_same_candidates_alike(capsys):
 
 
 def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_abstractly(tmp_path, capsys):
-  from s2sjax.scoring import bench_accelerator, planner
+  from s2sjax.scoring import planner
+  from s2sjax.benchmarks import accelerator as bench_accelerator
 
   with pytest.raises(ValueError, match="unknown model size 'qwen2.5-3b'"):
     bench_accelerator.run(["tiny", "qwen2.5-3b"], ["xla"], 512, 2, jnp.float32, "data:-1", None, False, None)
@@ -105,7 +106,7 @@ def test_accelerator_mode_streams_rows_skips_what_cannot_run_here_and_compiles_a
 
 @pytest.mark.slow
 def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypatch, capsys):
-  from s2sjax.scoring import bench_accelerator
+  from s2sjax.benchmarks import accelerator as bench_accelerator
 
   real = bench_accelerator.benchmark_rows
   def rows_or_oom(config, length, count, share_prefix):
@@ -234,14 +235,14 @@ def test_encoded_pairs_are_the_backends_and_a_request_of_several_windows_is_refu
 
 @pytest.mark.slow
 def test_the_attention_bench_times_both_schedules_on_rows_of_items_as_wide_as_the_window():
-  from s2sjax.commands.bench_attention import measure
+  from s2sjax.benchmarks.local_attention import measure
 
   result = measure(rows=2, length=128, reach=32, heads=4, kv_heads=2, head_dim=8, dtype=jnp.float32, repeats=1)
   assert result["same_bits"] and result["all_at_once_s"] > 0 and result["looped_s"] > 0
 
 
 def test_the_head_bench_gives_both_argmax_tests_the_same_inputs_and_counts_the_targets_made_greedy():
-  from s2sjax.commands.bench_head import measure
+  from s2sjax.benchmarks.head import measure
 
   result = measure(hidden_size=8, vocab=1000, targets=16, repeats=1)
   # a quarter of the targets are made their row's argmax; random others in 1,000 are almost never it

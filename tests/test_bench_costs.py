@@ -1,11 +1,11 @@
-"""The cost curves' arithmetic and measurement (s2sjax/commands/bench_costs.py): the fitted line and its knee on
+"""The cost curves' arithmetic and measurement (s2sjax/benchmarks/costs.py): the fitted line and its knee on
 hand-computed points, and a child process's own peak memory."""
 
 import sys
 
 import pytest
 
-from s2sjax.commands.bench_costs import linear_fit, timed_process
+from s2sjax.benchmarks.costs import linear_fit, timed_process
 
 
 def test_a_line_is_fitted_exactly_and_called_linear():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import preflight, checkpoint
+from s2sjax.scoring import preflight
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data.builds import BuildMetadata
 from s2sjax.scoring.evaluator import EvalError, check_fit
 from s2sjax.data.packing import Item, RowShape, pack

@@ -49,7 +49,8 @@ def test_two_first_runs_on_one_fresh_cache_convert_the_default_model_once(tmp_pa
   """Two first runs of the embedded default on one fresh $S2SJAX_CACHE: the second waits for the first's
   conversion (the lock beside the checkpoint names the holder) and reuses it; without the lock the second's
   `overwrite` would delete the checkpoint the first is writing."""
-  from s2sjax.scoring import checkpoint, default_model
+  from s2sjax.scoring import default_model
+  from s2sjax.scoring.checkpoints import checkpoint
 
   cache = tmp_path / "cache"
   env = dict(os.environ, S2SJAX_CACHE=str(cache))

@@ -11,8 +11,8 @@ import pytest
 
 from checkpoints_conversion import safetensors_io, sources
 from checkpoints_conversion.convert import ConversionError, convert
-from s2sjax.scoring import checkpoint
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model.config import ConfigError
 from tests.hf_models import save_hf, tiny_model, write_raw_checkpoint
 
 
@@ -59,7 +59,7 @@ def test_unknown_architecture_lists_supported_ones(tmp_path, hf_dir):
   with pytest.raises(ConversionError, match=r"'gpt2'.*supported families.*qwen2.*llama.*glm4.*baichuan_audio"):
     convert(hf_dir, str(tmp_path / "out"))
   with pytest.raises(ConfigError, match="rope_type 'yarn' is not supported"):
-    from s2sjax.scoring.families import from_hf_config
+    from s2sjax.model.families import from_hf_config
 
     from_hf_config({**tiny_model("llama").config.to_dict(), "rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}})
 
@@ -112,8 +112,8 @@ def test_corrupt_or_incomplete_sources_name_the_file(tmp_path, hf_dir):
 def test_saving_params_that_do_not_fit_the_config(tmp_path):
   import jax
 
-  from s2sjax.scoring.families import from_hf_config
-  from s2sjax.scoring.model.decoder import init_params
+  from s2sjax.model.families import from_hf_config
+  from s2sjax.model.decoder import init_params
 
   config = from_hf_config(tiny_model("qwen2").config.to_dict())
   params = init_params(config, jax.random.PRNGKey(0))

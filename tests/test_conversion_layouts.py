@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import (
   baichuan_audio_checkpoint, baichuan_reference_log_probs, chatglm_checkpoint, save_hf, spoken_prefix, tiny_model,
   torch_log_probs)

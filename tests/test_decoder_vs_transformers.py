@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.decoder import Decoder, sequence_log_probs
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model.attention import packed_attention_mask
+from s2sjax.model.decoder import Decoder, sequence_log_probs
 from tests.hf_models import save_hf, tiny_model, torch_log_probs
 
 LENGTH = 600  # rope errors hide on short inputs
@@ -57,7 +57,7 @@ def test_packed_segments_equal_separate_sequences(tmp_path):
   segments = np.array([[1] * 70 + [2] * 50 + [0] * 8])
   positions = np.array([list(range(70)) + list(range(50)) + [0] * 8])
   decoder = Decoder(config)
-  hidden = decoder.apply({"params": params}, tokens, positions, layers.packed_attention_mask(jnp.asarray(segments)))
+  hidden = decoder.apply({"params": params}, tokens, positions, packed_attention_mask(jnp.asarray(segments)))
   packed = np.asarray(jax.nn.log_softmax(decoder.apply({"params": params}, hidden, method=Decoder.logits), -1))
   np.testing.assert_allclose(packed[0, :70], torch_log_probs(model, first[None])[0], atol=1e-4)
   np.testing.assert_allclose(packed[0, 70:120], torch_log_probs(model, second[None])[0], atol=1e-4)

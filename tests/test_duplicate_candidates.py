@@ -6,8 +6,8 @@ import jax
 from transformers import AutoTokenizer
 
 from s2sjax.data import metrics
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit
 from s2sjax.scoring.scorer import Scorer, collect
 from s2sjax.data.spec import load_spec

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from s2sjax.data import task_registry
-from s2sjax.scoring import checkpoint, checkpoint_paths
+from s2sjax.scoring.checkpoints import paths as checkpoint_paths
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.commands import eval as s2s_eval
 from s2sjax.commands.eval import EvalConfig
 from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions

@@ -6,9 +6,9 @@ import torch
 
 from checkpoints_conversion.convert import convert
 from checkpoints_conversion.export_hf import export
-from s2sjax.scoring import checkpoint
-from s2sjax.scoring.model.decoder import init_params, sequence_log_probs
-from s2sjax.scoring.families import from_hf_config
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model.decoder import init_params, sequence_log_probs
+from s2sjax.model.families import from_hf_config
 from tests.hf_models import tiny_model, torch_log_probs
 
 

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint, families
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model import families
 from s2sjax.runtime import plugins
-from s2sjax.scoring.families import from_hf_config
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.model.families import from_hf_config
+from s2sjax.model.config import ConfigError
+from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import tiny_model, toy_family_checkpoint, torch_log_probs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -125,8 +126,8 @@ def test_register_refuses_what_would_make_a_lookup_ambiguous(family, message):
 # conversion memory benchmark writes a Qwen2 checkpoint on purpose: an input, not a lookup.)
 LOOKING_UP = [
   "checkpoints_conversion/convert.py", "checkpoints_conversion/sources.py", "checkpoints_conversion/export_hf.py",
-  "checkpoints_conversion/verify.py", "s2sjax/scoring/planner.py", "s2sjax/scoring/model/config.py", "s2sjax/scoring/model/decoder.py",
-  "s2sjax/scoring/bench_accelerator.py",
+  "checkpoints_conversion/verify.py", "s2sjax/scoring/planner.py", "s2sjax/model/config.py", "s2sjax/model/decoder.py",
+  "s2sjax/benchmarks/accelerator.py",
 ]
 # Fragments of vendor and llama.cpp key spellings, and of transformers' architecture names.
 KEY_SPELLINGS = ("W_pack", "query_key_value", "dense_h_to_4h", "gate_up_proj", "audio_embed_layers", "audio_head",

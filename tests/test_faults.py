@@ -14,9 +14,9 @@ import time
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.commands import eval as s2s_eval
-from s2sjax.scoring.checkpoint import CheckpointError
+from s2sjax.scoring.checkpoints.checkpoint import CheckpointError
 from s2sjax.commands.eval import EvalConfig
 from s2sjax.scoring.evaluator import EvalError, ScoringOptions
 from s2sjax.runtime.output_dir import LOCK_NAME, OutputError
@@ -77,7 +77,7 @@ def test_device_checksums_equal_the_host_ones_however_the_leaf_is_placed():
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from s2sjax.scoring import checksums
+  from s2sjax.scoring.checkpoints import checksums
   from s2sjax.runtime import sharding
 
   mesh = sharding.make_mesh("data:4,model:2")
@@ -412,7 +412,7 @@ def test_a_non_finite_weight_is_an_error_naming_the_candidates_and_no_nan_reache
 
 
 def test_steps_are_read_as_checkpoint_managers_write_them_and_ambiguous_names_are_refused(tmp_path):
-  from s2sjax.scoring.checkpoint_paths import CheckpointListError, expand, step_of, steps
+  from s2sjax.scoring.checkpoints.paths import CheckpointListError, expand, step_of, steps
 
   names = {"step_300": 300, "checkpoint-500": 500, "ckpt-100": 100, "ckpt_7": 7, "1200": 1200, "global_step_9": 9,
            "params_40": 40, "latest": None}

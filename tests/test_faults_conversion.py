@@ -1,4 +1,4 @@
-"""Issue 38: checkpoints that are not what they claim, refused by the converter naming the file and the key (a
+"""Checkpoints that are not what they claim, refused by the converter naming the file and the key (a
 safetensors header naming a tensor twice or leaving bytes to no tensor, a config.json value no decoder has, a
 GGUF relabelled as another architecture), and a clean legacy `.bin` read as transformers reads it."""
 
@@ -12,8 +12,8 @@ import torch
 
 from checkpoints_conversion import safetensors_io, sources
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import families
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
+from s2sjax.model import families
+from s2sjax.model.config import ConfigError, ModelConfig
 from tests.hf_models import save_hf, state_numpy, tiny_model
 
 

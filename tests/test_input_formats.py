@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data import formats
 from s2sjax.runtime import plugins
 from s2sjax.data.rows import STREAM_ROWS, TOKEN_ROWS, Field
@@ -31,6 +31,21 @@ def test_every_built_in_spec_names_a_registered_format():
                            ("qwen2.5", "none", TOKEN_ROWS), ("moshi", "parallel_streams", STREAM_ROWS)):
     spec = load_spec(name)
     assert spec.input_format is formats.get(mode) and spec.row_format is rows
+
+
+def test_a_stream_spec_names_the_architecture_whose_protocol_lays_it():
+  """Stream rows are laid by the protocol of the architecture the spec names (s2sjax/data/formats/streams.py): a
+  stream spec naming none is refused when read, one naming an architecture no protocol is registered for when its
+  protocol is asked, each naming the spec."""
+  moshi = {"name": "x", "audio_mode": "parallel_streams", "audio_tokenizer": {"type": "precomputed"},
+           "codebook_sizes": [8, 8], "stream_delays": [0, 0, 1], "text_initial_id": 16}
+  with pytest.raises(SpecError, match=r"spec x: parallel_streams names the architecture whose protocol lays its "
+                                      r"streams \(`architecture`\)"):
+    spec_from_dict(moshi)
+  assert spec_from_dict(dict(moshi, architecture="moshi")).stream_protocol().weights("s2s", 2) == (0, 100, 1)
+  with pytest.raises(SpecError, match=r"spec x: unknown stream protocol 'morse'; stream protocols: moshi.*"
+                                      r"S2SJAX_PLUGINS"):
+    spec_from_dict(dict(moshi, architecture="morse")).stream_protocol()
 
 
 def test_an_unknown_audio_mode_lists_the_registered_formats():

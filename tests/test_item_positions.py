@@ -24,10 +24,10 @@ import pytest
 
 from s2sjax.data import task_registry
 from s2sjax.data.task_data import load_task_data
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.evaluator import EvalError, Evaluator
-from s2sjax.scoring.model import decoder
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model import decoder
+from s2sjax.model.config import ModelConfig
 from tasks.build import BuildError, PositionLimit, position_limit, trained_positions
 from tasks.preparation import prepare
 

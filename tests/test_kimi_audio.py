@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.scoring import log_probs
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data.spec import SPECS_DIR
 from s2sjax.scoring.architectures import kimi_audio
-from s2sjax.scoring.model import kimi_audio as network
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.model import kimi_audio as network
+from s2sjax.model.config import ConfigError
 from s2sjax.scoring.sequence_inputs import LogProbsError
 from tasks import kimi_prompt
 from tasks.audio import kimi_whisper

@@ -1,4 +1,4 @@
-"""levanter checkpoints read from their TensorStore layout (s2sjax/scoring/stacks/levanter.py). Untested against
+"""levanter checkpoints read from their TensorStore layout (s2sjax/scoring/checkpoints/stacks/levanter.py). Untested against
 levanter-written files (levanter does not install here): the checkpoints below are written by the call levanter
 makes, jax's `GlobalAsyncCheckpointManager.serialize_with_paths` (levanter tensorstore_serialization.py:84), at
 the paths its key-path rule gives, with the arrays levanter's state-dict rule makes of a transformers model (a
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import sharding
-from s2sjax.scoring.stacks import levanter
+from s2sjax.scoring.checkpoints.stacks import levanter
 from tests.hf_models import save_hf, state_numpy, tiny_model
 
 

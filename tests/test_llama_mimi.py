@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from checkpoints_conversion import convert
-from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.scoring import log_probs
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data.spec import SPECS_DIR, SpecError, load_spec, spec_from_dict
 from tests.hf_models import save_hf, tiny_model
 from tests.test_mimi_tokenizer import kyutai_release, release as mimi_release  # noqa: F401 (fixtures)

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from s2sjax.commands import lm_eval as backend
+from s2sjax.scoring import lm_eval_steps as steps
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 from s2sjax.data.packing import RowShape
 
 
@@ -28,8 +29,8 @@ def test_lm_evals_device_names_the_jax_devices():
 
 
 def test_a_calls_rows_are_spread_evenly_over_the_steps_they_need():
-  assert [backend.even_steps(rows, 8) for rows in (1, 8, 9, 11, 16, 17)] == [1, 8, 5, 6, 8, 6]
-  assert backend.even_steps(11, 64) == 11
+  assert [steps.even_steps(rows, 8) for rows in (1, 8, 9, 11, 16, 17)] == [1, 8, 5, 6, 8, 6]
+  assert steps.even_steps(11, 64) == 11
 
 
 def test_auto_batch_size_takes_what_fits_and_what_the_call_needs():
@@ -38,9 +39,9 @@ def test_auto_batch_size_takes_what_fits_and_what_the_call_needs():
                        rms_norm_eps=1e-5, qkv_bias=False, o_bias=False, mlp_bias=False, tie_embeddings=True)
   shape = RowShape(1024, 512, 256)
   mesh = sharding.make_mesh("data:4,model:2")  # 4 data-parallel devices (conftest's 8 host devices)
-  step = lambda rows, memory, most=64: backend.rows_per_step(config, shape, rows, mesh, "float32", most, memory)
+  step = lambda rows, memory, most=64: steps.rows_per_step(config, shape, rows, mesh, "float32", most, memory)
   assert step(3, 2**40) == 4  # the call's 3 rows, one a device: a multiple of the data-parallel devices
-  assert step(1000, 2**40) == 4 * backend.CPU_ROWS_PER_DEVICE == 8  # a CPU's smaller steps
+  assert step(1000, 2**40) == 4 * steps.CPU_ROWS_PER_DEVICE == 8  # a CPU's smaller steps
   assert step(1000, 2**40, most=4) == 4  # max_batch_size
   # per device: half the 538 MB of fp32 weights (256.6 MiB) and 71.5 MiB a row (3 buffers of fp32 scores over 5 of
   # the 9 heads, 1024^2 each, and the rest), in 90% of its memory
@@ -124,13 +125,13 @@ def test_calls_share_compiled_steps_on_a_ladder_of_windows_and_tables():
   from s2sjax.data.packing import neighbour_free_bound
 
   fitted = RowShape(1024, 40, 7, max_item=96)
-  reaches = {n: backend.step_shape(fitted, n).max_item - 1
+  reaches = {n: steps.step_shape(fitted, n).max_item - 1
              for n in (2, 64, 65, 129, 150, 193, 250, 300, 400, 600, 1000)}
   # 64 x 1, 2, 3, 4, 6, 7, then 960, 1,984: on the neighbour-free ladder (the same bits), never short of the item
   assert reaches == {2: 64, 64: 64, 65: 64, 129: 128, 150: 192, 193: 192, 250: 256, 300: 384, 400: 448, 600: 960,
                      1000: 1984}
   assert all(neighbour_free_bound(reach + 1) == reach + 1 and reach >= n - 1 for n, reach in reaches.items())
-  shape = backend.step_shape(fitted, 80)
+  shape = steps.step_shape(fitted, 80)
   assert (shape.length, shape.max_targets, shape.max_slots) == (1024, 64, 32)  # tables to a power of two, >= 32
 
 
@@ -140,14 +141,14 @@ def test_a_calls_rows_step_at_the_window_their_own_longest_item_needs():
   for row, length in enumerate((40, 300, 100, 300, 20)):
     segment_ids[row, :length] = 1
     segment_ids[row, 320:340] = 2  # a shorter item beside it
-  runs = backend.steps_by_window({"segment_ids": segment_ids}, batch=2)
+  runs = steps.steps_by_window({"segment_ids": segment_ids}, batch=2)
   # widest first, in steps of two rows, each step at its widest row's window (row 0 rides with row 2, at 128 keys)
   assert [(run.tolist(), longest) for run, longest in runs] == [([1, 3], 300), ([2, 0], 100), ([4], 20)]
-  assert [backend.window_reach(longest) for _, longest in runs] == [384, 128, 64]
+  assert [steps.window_reach(longest) for _, longest in runs] == [384, 128, 64]
   # a rest of a shared root counts where its item alone lays it: 30 tokens moved 200 on are 30 tokens, not 230
   shift = np.zeros_like(segment_ids)
   segment_ids[4, 224:254], shift[4, 224:254] = 1, 204
-  assert backend.steps_by_window({"segment_ids": segment_ids[4:], "key_shift": shift[4:]}, batch=2)[0][1] == 50
+  assert steps.steps_by_window({"segment_ids": segment_ids[4:], "key_shift": shift[4:]}, batch=2)[0][1] == 50
 
 
 @pytest.mark.parametrize("model_args, refusal", [

@@ -13,7 +13,7 @@ import pytest
 
 from checkpoints_conversion.convert import convert
 from s2sjax.scoring.architectures import decoder as decoder_architecture
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 from s2sjax.scoring.sequence_inputs import LogProbsError
 from tests.hf_models import save_hf, tiny_model, torch_log_probs
 

@@ -1,4 +1,4 @@
-"""MaxText checkpoints read as MaxText wrote them (s2sjax/scoring/stacks), held to ../shared/upstream-oracles/maxtext:
+"""MaxText checkpoints read as MaxText wrote them (s2sjax/scoring/checkpoints/stacks), held to ../shared/upstream-oracles/maxtext:
 checkpoints written by MaxText's own training code (qwen2.5-7b and llama3.1-8b shrunk, scanned and not, a full
 training state and a params-only folder each) and the log-softmax MaxText's own forward computed from them. The run
 config given is the oracle's train.py command line, nothing else."""
@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert
-from s2sjax.scoring import checkpoint, checksums, log_probs, own_forward
+from s2sjax.scoring import log_probs, own_forward
+from s2sjax.scoring.checkpoints import checksums
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model import decoder
-from s2sjax.scoring.stacks import maxtext, maxtext_config
-from s2sjax.scoring.stacks.maxtext_config import MaxTextConfigError, RunConfig
+from s2sjax.model import decoder
+from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
+from s2sjax.scoring.checkpoints.stacks.maxtext_config import MaxTextConfigError, RunConfig
 from tests.stack_fixtures import (CONFIGS, KINDS, LENGTHS, MAXTEXT, folder, needs_maxtext_oracle,
                                   run_config)
 
@@ -148,7 +150,7 @@ def test_a_folder_orbax_has_not_committed_is_refused(tmp_path):
 
 
 def test_a_glob_over_a_training_run_leaves_out_the_steps_orbax_is_still_writing(tmp_path):
-  from s2sjax.scoring import checkpoint_paths
+  from s2sjax.scoring.checkpoints import paths as checkpoint_paths
 
   steps = tmp_path / "run" / "checkpoints"
   for name in ("1", "2"):

@@ -46,7 +46,7 @@ def converted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(converted):
-  from s2sjax.scoring import checkpoint
+  from s2sjax.scoring.checkpoints import checkpoint
 
   output, _ = converted
   return checkpoint.load_config(output), checkpoint.load_params(output, dtype=np.float32)
@@ -78,7 +78,7 @@ def test_mimo_conversion_keeps_every_released_number(converted, model, meta):
 def test_mimo_requests_are_laid_as_upstreams_get_input_ids(converted, model, meta):
   """S->T: the prefix text segment, the audio segment between <|sosp|> and <|eosp|>, the candidate's text segment;
   the continuation: a <|sosp|> text segment and an unwrapped audio segment, id for id upstream's input_ids."""
-  from s2sjax.scoring import checkpoint
+  from s2sjax.scoring.checkpoints import checkpoint
   from tasks.mimo_prompt import MimoLayout, input_ids, join
 
   config, _ = model
@@ -97,7 +97,7 @@ def test_mimo_requests_are_laid_as_upstreams_get_input_ids(converted, model, met
 
 @pytest.fixture(scope="module")
 def outputs(model):
-  from s2sjax.scoring.model.mimo_audio import sequence_outputs, split_input_ids
+  from s2sjax.model.mimo_audio import sequence_outputs, split_input_ids
 
   config, params = model
   return {name: sequence_outputs(config, params, *split_input_ids(config, oracle(f"{name}_input_ids")))
@@ -135,7 +135,7 @@ def test_mimo_patch_decoder_log_probs_match_upstream_teacher_forcing(outputs, mo
   """The patch decoder of each scored continuation patch, read from the previous patch's global state, teacher
   forced with the 0-1-...-7 delay: every channel's log-softmax (its empty id included) per [patch, frame] within
   1e-4, its hidden states, the step table, and the NLL sum of the 96 scored codes."""
-  from s2sjax.scoring.model.mimo_audio import local_schedule
+  from s2sjax.model.mimo_audio import local_schedule
 
   config, _ = model
   np.testing.assert_array_equal(local_schedule(config), oracle("cont_local_step_of_frame")[0])
@@ -265,7 +265,7 @@ def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_
   from s2sjax.commands.eval import EvalConfig, run
   from s2sjax.data.task_data import load_task_data
   from s2sjax.scoring.evaluator import ScoringOptions
-  from s2sjax.scoring.model.mimo_audio import sequence_outputs
+  from s2sjax.model.mimo_audio import sequence_outputs
   from tasks.audio.base import load_audio
   from tasks.audio.mimo_audio import MimoAudioTokenizer
   from tasks.mimo_prompt import MimoLayout

@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from s2sjax.scoring.families import from_hf_config
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
-from s2sjax.scoring.model.decoder import abstract_params, param_count
+from s2sjax.model.families import from_hf_config
+from s2sjax.model.config import ConfigError, ModelConfig
+from s2sjax.model.decoder import abstract_params, param_count
 
 import transformers
 

@@ -20,14 +20,16 @@ from moshi.modules.lora import replace_all_linear_with_lora
 from safetensors.torch import save_file
 
 from checkpoints_conversion import convert, moshi_release, safetensors_io, verify  # noqa: E402
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.scorer import collect
 from s2sjax.data import packing
 from s2sjax.runtime import sharding  # noqa: E402
 from s2sjax.data.formats import streams  # noqa: E402
 from s2sjax.scoring.architectures import moshi as moshi_family  # noqa: E402
-from s2sjax.scoring.model import moshi  # noqa: E402
-from s2sjax.scoring.model.config import ConfigError  # noqa: E402
+from s2sjax.data.formats import moshi_protocol  # noqa: E402
+from s2sjax.data.spec import SpecError  # noqa: E402
+from s2sjax.model import moshi  # noqa: E402
+from s2sjax.model.config import ConfigError  # noqa: E402
 
 # A tiny Moshi: rope, rms_norm_f32, silu gating, 4 codebooks read of which the first 3 are predicted (as Moshi reads
 # the user's stream without predicting it), acoustic delays, a depformer with per-step weights and input linears.
@@ -406,19 +408,19 @@ def test_protocols_say_which_streams_count():
   """s2s: every own codebook, the semantic one (stream 1) weighing 100 and each acoustic one 1, the text stream
   silent and unscored (the Moshi paper, §5.4); s2t and t2t: the text stream; t2s refused by name. A side is laid
   from its audio (on Moshi's own codebooks) or its text, never both."""
-  assert moshi_family.stream_weights("s2s", 3) == (0, 100, 1, 1)
-  assert moshi_family.stream_weights("s2s", 8) == (0, 100, 1, 1, 1, 1, 1, 1, 1)  # moshiko's 8 own codebooks
-  assert moshi_family.stream_weights("s2t", 3) == moshi_family.stream_weights("t2t", 3) == (1, 0, 0, 0)
+  assert moshi_protocol.stream_weights("s2s", 3) == (0, 100, 1, 1)
+  assert moshi_protocol.stream_weights("s2s", 8) == (0, 100, 1, 1, 1, 1, 1, 1, 1)  # moshiko's 8 own codebooks
+  assert moshi_protocol.stream_weights("s2t", 3) == moshi_protocol.stream_weights("t2t", 3) == (1, 0, 0, 0)
   assert streams.scored_streams((0, 100, 1, 1)) == (1, 2, 3)
-  with pytest.raises(ConfigError, match="t2s is refused for Moshi"):
-    moshi_family.stream_weights("t2s", 3)
+  with pytest.raises(SpecError, match="t2s is refused for Moshi"):
+    moshi_protocol.stream_weights("t2s", 3)
   text, audio = np.arange(4), np.arange(12).reshape(4, 3)
-  spoken = moshi_family.lay_streams(3, audio=audio)
+  spoken = moshi_protocol.lay_streams(3, audio=audio)
   assert spoken.shape == (4, 4) and (spoken[:, 0] == -1).all() and (spoken[:, 1:] == audio).all()
-  written = moshi_family.lay_streams(3, text=text)
+  written = moshi_protocol.lay_streams(3, text=text)
   assert (written[:, 0] == text).all() and (written[:, 1:] == -1).all()
-  with pytest.raises(ConfigError, match=r"audio codes must be \[T, 3\]"):
-    moshi_family.lay_streams(3, audio=np.zeros((4, 8)))
+  with pytest.raises(SpecError, match=r"audio codes must be \[T, 3\]"):
+    moshi_protocol.lay_streams(3, audio=np.zeros((4, 8)))
 
 
 @pytest.mark.slow

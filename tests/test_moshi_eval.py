@@ -33,7 +33,7 @@ import sentencepiece as spm
 import torch
 
 from checkpoints_conversion import convert  # noqa: E402
-from s2sjax.scoring import checkpoint  # noqa: E402
+from s2sjax.scoring.checkpoints import checkpoint  # noqa: E402
 from s2sjax.commands.eval import EvalConfig, run  # noqa: E402
 from s2sjax.scoring.evaluator import EvalError, ScoringOptions, check_fit  # noqa: E402
 from s2sjax.data.spec import SpecError, load_spec  # noqa: E402
@@ -53,7 +53,8 @@ ROW = 256
 
 def _spec(path: str, codebooks: int = OWN, delays=None) -> str:
   with open(path, "w") as f:
-    yaml.safe_dump({"name": "tiny_moshi", "audio_mode": "parallel_streams", "audio_tokenizer": {"type": "precomputed"},
+    yaml.safe_dump({"name": "tiny_moshi", "audio_mode": "parallel_streams", "architecture": "moshi",
+                    "audio_tokenizer": {"type": "precomputed"},
                     "codebook_sizes": [CONFIG["card"]] * codebooks,
                     "stream_delays": delays or CONFIG["delays"][: 1 + codebooks], "text_initial_id": TEXT_CARD}, f)
   return path

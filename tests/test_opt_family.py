@@ -15,11 +15,12 @@ from checkpoints_conversion import safetensors_io
 from checkpoints_conversion.convert import convert
 from checkpoints_conversion.export_hf import export
 from checkpoints_conversion.sources import SourceError, open_source
-from s2sjax.scoring import checkpoint, families
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model import families
 from s2sjax.runtime import sharding
-from s2sjax.scoring.families import from_hf_config
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.decoder import abstract_params, param_count, sequence_log_probs
+from s2sjax.model.families import from_hf_config
+from s2sjax.model.config import ConfigError
+from s2sjax.model.decoder import abstract_params, param_count, sequence_log_probs
 from s2sjax.data.packing import RowShape, fit, pack
 from s2sjax.scoring.scorer import Scorer, collect
 from tests.hf_models import save_hf, tiny_model, torch_log_probs, write_raw_checkpoint

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
 from s2sjax.scoring.own_forward import OwnForward, decoder_forward, unshared_rows
 from s2sjax.data.task_data import load_task_data
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from s2sjax.scoring.model.layers import packed_attention_mask
+from s2sjax.model.attention import packed_attention_mask
 from s2sjax.data.packing import Item, PackingError, RowShape, fit, pack, spanning
 
 
@@ -89,7 +89,7 @@ def test_aligned_items_start_at_multiples_of_the_alignment_and_pack_the_rest_ali
 
 
 def test_the_neighbour_free_bound_reaches_back_a_multiple_of_the_reduction_period_then_whole_leaves():
-  from s2sjax.scoring.model.layers import LOCAL_BLOCK, local_window
+  from s2sjax.model.attention import LOCAL_BLOCK, local_window
   from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, REDUCTION_LEAF, REDUCTION_PERIOD, neighbour_free_bound
 
   assert NEIGHBOUR_FREE_ALIGN == LOCAL_BLOCK  # items aligned to the query blocks of item-local attention

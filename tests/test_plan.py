@@ -10,7 +10,7 @@ import pytest
 from s2sjax.data import task_registry
 from s2sjax.scoring import planner
 from s2sjax.runtime import sharding
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 from s2sjax.data.packing import RowShape
 from s2sjax.scoring.scorer import Scorer
 

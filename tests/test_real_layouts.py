@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion.convert import convert, report
-from s2sjax.scoring import checkpoint
-from s2sjax.scoring.families import from_hf_config
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model.families import from_hf_config
+from s2sjax.model.config import ConfigError
+from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import (
   BAICHUAN_RELEASE_KEPT, BAICHUAN_RELEASE_SKIPPED, SMALL_HEADS, baichuan_audio_checkpoint, baichuan_reference_log_probs,
   baichuan_release_config, chatglm_checkpoint, spoken_prefix, tiny_model, torch_log_probs)

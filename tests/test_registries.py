@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from s2sjax.data import task_registry, spec
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.runtime import plugins
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.model.config import ConfigError
 from s2sjax.runtime.registry import Registry, RegistryError
 from s2sjax.data.spec import Spec, SpecError, SpecFile
 from tasks import audio
@@ -42,7 +42,7 @@ def _with_plugin(*command: str) -> subprocess.CompletedProcess:
 LOOKUPS = """
 import json
 from s2sjax.data import task_registry, spec
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.runtime.registry import Registry
 from tasks import audio
 

@@ -251,16 +251,16 @@ def _good(**fields):
   ({"correct": True}, "correct True is not the index of a candidate"),
 ])
 def test_every_field_of_a_readers_record_is_held_to_its_type(given, says):
-  from tasks.release import ReaderError, check_questions
+  from tasks.release import ReaderError, check_questions, read_story_pairs
 
   record = task_registry.get("sstorycloze")
-  assert check_questions([_good(), _good(id="9")], record)  # as the built-in readers give them
+  assert check_questions([_good(), _good(id="9")], record, read_story_pairs)  # as the built-in readers give them
   with pytest.raises(ReaderError, match=r"^release format story_pairs's reader tasks\.release:read_story_pairs gave 1 "
                                         r"malformed question\(s\) of task sstorycloze; first question .* \(record 2 "
                                         r"of 2\): " + re.escape(says)):
-    check_questions([_good(id="9"), _good(**given)], record)
+    check_questions([_good(id="9"), _good(**given)], record, read_story_pairs)
   with pytest.raises(ReaderError, match=r"gave a tuple, not a list of questions"):
-    check_questions((_good(),), record)
+    check_questions((_good(),), record, read_story_pairs)
   with pytest.raises(ReaderError, match=r"first the record \(record 1 of 1\): is a dict, not a "
                                         r"tasks\.release\.Question"):
-    check_questions([{"id": "7"}], record)
+    check_questions([{"id": "7"}], record, read_story_pairs)

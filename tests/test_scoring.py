@@ -9,7 +9,7 @@ import torch
 import jax  # noqa: E402
 
 from checkpoints_conversion.convert import convert  # noqa: E402
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import sharding  # noqa: E402
 from s2sjax.data.packing import RowShape, fit, pack  # noqa: E402
 from s2sjax.scoring.scorer import Scorer, collect  # noqa: E402

@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.scoring.model.decoder import sequence_log_probs
+from s2sjax.model.decoder import sequence_log_probs
 from tests.hf_models import torch_log_probs
 
 pytestmark = pytest.mark.slow  # the real SmolLM2-135M

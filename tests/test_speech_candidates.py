@@ -27,7 +27,7 @@ import yaml
 
 from checkpoints_conversion.convert import convert
 from s2sjax.data import task_registry
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions
 from s2sjax.data.spec import SpecError, load_spec, resolve_audio_ids
 from s2sjax.data.builds import Variants

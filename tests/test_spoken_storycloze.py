@@ -90,7 +90,7 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
   import torch
 
   from s2sjax.data import task_registry, metrics
-  from s2sjax.scoring import checkpoint
+  from s2sjax.scoring.checkpoints import checkpoint
   from s2sjax.data.builds import Variants
   from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
   from s2sjax.data.metrics import summarize

@@ -21,11 +21,14 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.architectures import step_audio2
-from s2sjax.scoring.model import decoder, layers
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.step_audio2 import AUDIO_CODES, AUDIO_OFFSET, release_audio_tensors
+from s2sjax.model import decoder
+from s2sjax.numerics import rotary
+from s2sjax.numerics import norms
+from s2sjax.model.attention import packed_attention_mask
+from s2sjax.model.config import ConfigError
+from s2sjax.model.step_audio2 import AUDIO_CODES, AUDIO_OFFSET, release_audio_tensors
 from tasks import step_audio2_prompt as prompt
 from tasks.audio import step_audio2 as audio
 
@@ -255,14 +258,14 @@ def _padded(ids: np.ndarray, length: int) -> np.ndarray:
 def _stack(config, params, x, mask):
   """Each layer's output and the final norm's of inputs x [1, L, H]: the LLM run layer by layer."""
   positions = np.arange(x.shape[1])[None]
-  cos, sin = layers.rotary_angles(positions, config.decoder.rotary_dim, config.decoder.rope_theta)
+  cos, sin = rotary.rotary_angles(positions, config.decoder.rotary_dim, config.decoder.rope_theta)
   layer = decoder.DecoderLayer(config.decoder, np.float32, np.float32)
   outputs = []
   for i in range(config.num_layers):
     x = layer.apply({"params": jax.tree.map(lambda leaf: leaf[i].astype(np.float32), params["layers"])}, x, cos, sin,
                     mask, None, None)[0]
     outputs.append(x[0])
-  return outputs, layers.rms_norm(x, params["final_norm"]["scale"].astype(np.float32), config.decoder.rms_norm_eps)[0]
+  return outputs, norms.rms_norm(x, params["final_norm"]["scale"].astype(np.float32), config.decoder.rms_norm_eps)[0]
 
 
 def _layer_outputs(config, params, ids, features, padded):
@@ -275,7 +278,7 @@ def _layer_outputs(config, params, ids, features, padded):
   if features is not None:
     track[continuous] = features
   x = np.where(continuous[:, None], track, np.asarray(params["embed"]["embedding"], np.float32)[ids])
-  outputs, final = _stack(config, params, x[None], layers.packed_attention_mask(np.ones((1, len(ids)), np.int32)))
+  outputs, final = _stack(config, params, x[None], packed_attention_mask(np.ones((1, len(ids)), np.int32)))
   return [x[:length]] + [np.asarray(o)[:length] for o in outputs] + [np.asarray(final)[:length]]
 
 
@@ -491,7 +494,7 @@ def _item_nlls(config, params, ids, features, continuous, scored):
   model = decoder.Decoder(config.decoder)
   batch, length = ids.shape
   positions = np.broadcast_to(np.arange(length), (batch, length))
-  mask = layers.packed_attention_mask(np.ones((batch, length), np.int32))
+  mask = packed_attention_mask(np.ones((batch, length), np.int32))
   hidden = model.apply({"params": params}, ids, positions, mask, features=features, continuous=continuous)
   rows = jax.numpy.take_along_axis(hidden, scored[..., None], axis=1)
   logits = model.apply({"params": params}, rows, method=decoder.Decoder.logits)

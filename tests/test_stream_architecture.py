@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import plugins
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR

@@ -1,16 +1,26 @@
-"""The packages depend one way. The core (`s2sjax`: a folder per stage, runtime -> data -> scoring -> results) imports
-nothing from `tasks` or `checkpoints_conversion`; those two import the core and not each other. The entry points
+"""The packages depend one way. The core (`s2sjax`: a folder per stage, runtime -> numerics -> data -> scoring ->
+results) imports nothing from `tasks` or `checkpoints_conversion`; those two import the core and not each other, and
+`tasks`, the build, is a stage between data and scoring: it imports the core's runtime, numerics and data only. A
+`"module:attr"` string that names a project module (imported when asked for: `s2sjax.runtime.registry.load_object`)
+is a dependency as an import is, held to the same rules. The entry points
 (`s2sjax/commands/`: command lines; `s2sjax/examples/`) wire the three together and nothing imports them, but the
 one-import aliases that keep a command at its name (`s2sjax/eval.py` runs `s2sjax/commands/eval.py`), whose shape is
 checked: they import a command and define nothing (docs/architecture.md, "Packages")."""
 
 import ast
+import functools
 import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENTRY_POINTS = ("s2sjax.commands", "s2sjax.examples")  # nothing imports them: they import everything
+# Nothing imports them (but a command a bench): they import everything.
+ENTRY_POINTS = ("s2sjax.commands", "s2sjax.examples", "s2sjax.benchmarks")
+PROJECT = ("s2sjax", "tasks", "checkpoints_conversion", "launch")
+LAZY_NAME = re.compile(r"([A-Za-z_]\w*(?:\.\w+)*):[A-Za-z_]\w*")
 FORBIDDEN = {"s2sjax": ("tasks", "checkpoints_conversion", *ENTRY_POINTS),
              "tasks": ("checkpoints_conversion", *ENTRY_POINTS),
              "checkpoints_conversion": ("tasks", *ENTRY_POINTS)}
@@ -25,10 +35,19 @@ def within(module: str, packages) -> bool:
   return any(module == package or module.startswith(package + ".") for package in packages)
 
 
+def lazy_names(tree: ast.AST) -> set[str]:
+  """The project modules that `"module:attr"` strings name (a record's encoder, reader or converter, imported when
+  asked for)."""
+  return {match.group(1) for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and (match := LAZY_NAME.fullmatch(node.value)) and within(match.group(1), PROJECT)}
+
+
 def imported_modules(path: pathlib.Path) -> set[str]:
-  """Every module an `import` or `from ... import` names, at any depth (function-level imports included)."""
-  names = set()
-  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+  """Every module an `import` or `from ... import` names, at any depth (function-level imports included), and every
+  project module a `"module:attr"` string names."""
+  tree = ast.parse(path.read_text(encoding="utf-8"))
+  names = lazy_names(tree)
+  for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       names.update(alias.name for alias in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -57,22 +76,22 @@ def is_command_alias(path: pathlib.Path) -> bool:
   return True
 
 
-def _project_files(package: str):
-  for path in sorted((ROOT / package).rglob("*.py")):
-    if not within(module_name(path), ENTRY_POINTS):
+def _project_files(package: str, root: pathlib.Path = ROOT):
+  for path in sorted((root / package).rglob("*.py")):
+    if not within(module_name(path, root), ENTRY_POINTS):
       yield path
+
+
+def wrong_way_imports(package: str, root: pathlib.Path = ROOT) -> list[str]:
+  """Every import (or `"module:attr"` string) of a module of a package `package` may not import."""
+  return sorted(f"{path.relative_to(root).as_posix()} imports {module}" for path in _project_files(package, root)
+                if not is_command_alias(path) for module in imported_modules(path)
+                if within(module, FORBIDDEN[package]))
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_packages_import_one_way(package):
-  offenders = []
-  for path in _project_files(package):
-    if is_command_alias(path):
-      continue
-    for module in imported_modules(path):
-      if within(module, FORBIDDEN[package]):
-        offenders.append(f"{path.relative_to(ROOT).as_posix()} imports {module}")
-  assert offenders == []
+  assert wrong_way_imports(package) == []
 
 
 def test_the_commands_keep_their_names_through_aliases_only():
@@ -96,11 +115,13 @@ def test_the_check_reads_real_imports(tmp_path):
   assert imported_modules(sample) == {"os", "tasks.build", "checkpoints_conversion.convert"}
 
 
-def _module_graph(root: pathlib.Path = ROOT,
-                  packages: tuple[str, ...] = ("s2sjax", "tasks", "checkpoints_conversion", "launch")
+@functools.cache  # read once a session: several tests ask for the same graph
+def _module_graph(root: pathlib.Path = ROOT, packages: tuple[str, ...] = PROJECT, lazy: bool = False
                   ) -> dict[str, set[str]]:
   """Every project module under `root` (package `__init__`s as their package) -> the project modules it imports,
-  at any depth (function-level imports included: one that dodges a cycle at import time is still a cycle).
+  at any depth (function-level imports included: one that dodges a cycle at import time is still a cycle), and
+  with `lazy` the ones its `"module:attr"` strings name (for the stages; a cycle through a name looked up when
+  asked for is none at import time).
   Importing `a.b.m` runs `a/__init__.py` and `a/b/__init__.py` first, so it is an edge to each of those packages
   too, but for the importer's own packages, which Python has entered before the importer runs: a package whose
   `__init__` imports a module that imports back into that package is a cycle (the module reads a half-initialised
@@ -124,8 +145,9 @@ def _module_graph(root: pathlib.Path = ROOT,
   graph = {}
   for module, path in paths.items():
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = lazy_names(tree) if lazy else set()
+    for node in ast.walk(tree):
       if isinstance(node, ast.Import):
         names.update(alias.name for alias in node.names)
       elif isinstance(node, ast.ImportFrom):
@@ -192,12 +214,14 @@ def test_the_cycle_check_sees_a_package_init(tmp_path):
   assert import_cycles(graph) == [["arch", "fam.moshi"]]
 
 
-# The core's stages, in the order data flows through them (docs/architecture.md, "Stages"), each a folder of the
-# package: a module imports its own stage and the stages before it, never one after (the run-time plumbing every
-# stage uses comes first; a task's arithmetic, `metrics`, is part of the benchmark's contract that the data stage
-# defines). The entry points, their aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above
-# every stage.
-STAGES = (("runtime plumbing", "s2sjax.runtime"), ("data contract and formats", "s2sjax.data"),
+# The stages, in the order data flows through them (docs/architecture.md, "Stages"), each a folder of the core but
+# the build, the `tasks` package: a module imports (or names in a `"module:attr"` string) its own stage and the
+# stages before it, never one after. The run-time plumbing every stage uses comes first, then the numerics both the
+# build's audio tokenizers and the model run; a task's arithmetic, `metrics`, is part of the benchmark's contract
+# that the data stage defines; the build lays that contract's rows and knows no model. The entry points, their
+# aliases and the package's own `__init__` (a lazy `s2sjax.Evaluator`) stand above every stage.
+STAGES = (("runtime plumbing", "s2sjax.runtime"), ("shared numerics", "s2sjax.numerics"),
+          ("data contract and formats", "s2sjax.data"), ("build", "tasks"), ("model", "s2sjax.model"),
           ("scoring", "s2sjax.scoring"), ("results and reports", "s2sjax.results"))
 
 
@@ -224,7 +248,7 @@ def test_every_core_module_is_in_one_stage():
 def test_a_module_sits_in_its_stage_folder():
   """The package's top level is its `__init__`, the stages' folders, the entry points' folders and the aliases:
   no core module lies outside the folder of its stage."""
-  stages = {package.rpartition(".")[2] for _, package in STAGES}
+  stages = {package.rpartition(".")[2] for _, package in STAGES if within(package, ("s2sjax",))}
   entry_points = {package.rpartition(".")[2] for package in ENTRY_POINTS}
   loose = sorted(path.name for path in (ROOT / "s2sjax").iterdir()
                  if path.name not in ("__init__.py", "__pycache__") and path.name not in stages | entry_points
@@ -233,7 +257,62 @@ def test_a_module_sits_in_its_stage_folder():
 
 
 def test_no_stage_imports_a_later_one():
-  assert reverse_imports(_module_graph()) == []
+  assert reverse_imports(_module_graph(lazy=True)) == []
+
+
+def test_the_checks_read_module_attr_strings():
+  graph = _module_graph(lazy=True)
+  assert {"checkpoints_conversion.moshi_release", "checkpoints_conversion.kimi_release"} <= graph[
+    "checkpoints_conversion.own_converters"]
+  assert "tasks.kimi_encoder" in graph["tasks.encoders"]
+
+
+def test_the_checks_find_a_planted_build_to_scoring_import_and_wrong_way_strings(tmp_path):
+  """A tree with one of each: a build module importing the scoring stage, a data module naming a build module in a
+  string, a scoring module naming the converter package in one; strings that name no project module are no
+  dependency, and a build module may name its own stage."""
+  files = {"s2sjax/__init__.py": "", "s2sjax/data/__init__.py": "", "s2sjax/scoring/__init__.py": "",
+           "s2sjax/data/formats.py": 'ENCODER = "tasks.encoders:TextEncoder"\nTIME = "12:30"\n',
+           "s2sjax/scoring/architectures.py": 'CONVERTER = "checkpoints_conversion.convert:convert"\n',
+           "tasks/__init__.py": "", "tasks/release.py": "",
+           "tasks/encoders.py": 'from s2sjax.scoring import architectures\nREADER = "tasks.release:read"\n',
+           "checkpoints_conversion/__init__.py": "", "checkpoints_conversion/convert.py": 'SOURCE = "json:loads"\n'}
+  for path, text in files.items():
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text(text)
+  assert reverse_imports(_module_graph(tmp_path, ("s2sjax", "tasks", "checkpoints_conversion"), lazy=True)) == [
+    "s2sjax.data.formats (data contract and formats) imports tasks (build)",
+    "s2sjax.data.formats (data contract and formats) imports tasks.encoders (build)",
+    "tasks.encoders (build) imports s2sjax.scoring (scoring)",
+    "tasks.encoders (build) imports s2sjax.scoring.architectures (scoring)"]
+  assert wrong_way_imports("s2sjax", tmp_path) == [
+    "s2sjax/data/formats.py imports tasks.encoders",
+    "s2sjax/scoring/architectures.py imports checkpoints_conversion.convert"]
+  assert wrong_way_imports("tasks", tmp_path) == wrong_way_imports("checkpoints_conversion", tmp_path) == []
+
+
+# Model code: what a build must not import (the model, its families and attention kernels, its architectures).
+MODEL_CODE = ("flax", "s2sjax.model", "s2sjax.scoring.architectures")
+
+
+def imported_by_build(*args: str) -> list[str]:
+  """The modules `python -X importtime -m tasks.prepare ARGS` imports (the lines it writes to stderr)."""
+  run = subprocess.run([sys.executable, "-X", "importtime", "-m", "tasks.prepare", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-2000:]
+  return [line.rpartition("|")[2].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
+
+
+def test_the_build_command_line_imports_no_model_code():
+  imported = imported_by_build("--help")
+  assert "tasks.build" in imported and [m for m in imported if within(m, MODEL_CODE)] == []
+
+
+@pytest.mark.slow
+def test_a_text_build_imports_no_model_code(tmp_path, qwen_tokenizer_dir):
+  imported = imported_by_build("--task=sstorycloze", "--spec=demo", "--modality=t2t",
+                               f"--tokenizer_dir={qwen_tokenizer_dir}", f"--data_dir={tmp_path}")
+  assert "tasks.encoders" in imported and [m for m in imported if within(m, MODEL_CODE)] == []
 
 
 def test_the_stage_check_finds_an_import_of_a_later_stage():

@@ -12,12 +12,12 @@ import numpy as np
 import optax
 import pytest
 
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import sharding
 from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
-from s2sjax.scoring.model import decoder
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.stacks import levanter, maxtext, maxtext_config
+from s2sjax.model import decoder
+from s2sjax.model.config import ModelConfig
+from s2sjax.scoring.checkpoints.stacks import levanter, maxtext, maxtext_config
 from s2sjax.results.levanter_hook import s2sbench_hook
 from s2sjax.data.task_data import load_task_data
 from tests.stack_fixtures import folder, needs_maxtext_oracle, run_config
@@ -79,7 +79,7 @@ class StandInTrainer:
 
 
 def levanter_tree(params) -> dict:
-  """The decoder's parameters as levanter's LlamaLMHeadModel holds them (s2sjax/scoring/stacks/levanter.py's layout, built
+  """The decoder's parameters as levanter's LlamaLMHeadModel holds them (s2sjax/scoring/checkpoints/stacks/levanter.py's layout, built
   here from the layout's description: Linear weights out axes first, the layers Stacked)."""
   c, layers = CONFIG, params["layers"]
   q = layers["attn"]["q"]["kernel"].reshape(c.num_layers, c.hidden_size, c.num_kv_heads, -1, c.head_dim)

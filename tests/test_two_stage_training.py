@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from s2sjax.examples.two_stage_training import train
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model.decoder import init_params
 
 pytestmark = pytest.mark.slow  # trains and evaluates a model
 

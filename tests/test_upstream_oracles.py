@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from checkpoints_conversion import convert, safetensors_io
-from s2sjax.scoring import checkpoint, log_probs
+from s2sjax.scoring import log_probs
+from s2sjax.scoring.checkpoints import checkpoint
 
 ORACLES = Path(__file__).resolve().parents[1].parent / "shared" / "upstream-oracles"
 pytestmark = pytest.mark.skipif(not ORACLES.is_dir(), reason="the upstream oracles (../shared/upstream-oracles) are "

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from checkpoints_conversion import convert
-from s2sjax.scoring import checkpoint, families, log_probs
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.scoring import log_probs
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.model import families
+from s2sjax.model.config import ConfigError
 from s2sjax.data.spec import load_spec
 from tests.hf_models import state_numpy, tiny_model, torch_log_probs, write_raw_checkpoint
 from tests.test_audio_builds import needs_oracles

@@ -17,7 +17,7 @@ import pytest
 from s2sjax.runtime import sharding
 from s2sjax.commands import eval as eval_command
 from s2sjax.commands.watch import STATE, committed_steps, watch
-from s2sjax.scoring.stacks import maxtext, maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
 from tests.stack_fixtures import MAXTEXT, folder, needs_maxtext_oracle, run_config
 
 pytestmark = [needs_maxtext_oracle, pytest.mark.slow]

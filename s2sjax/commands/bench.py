@@ -3,7 +3,7 @@ r"""Benchmark: the PyTorch reference protocol against s2sjax without and with pr
   python -m s2sjax.bench [--checkpoint=DIR] [--workload=stories,speech] [--items=48] [--row_length=auto,L,...]
   python -m s2sjax.bench --workload=storycloze --storycloze_csv="cloze_test_test__spring2016 - cloze_test_ALL_test.csv" \
       --items=1871 --protocols=shared,local --row_length=auto,1024   (the real StoryCloze test stories, T->T)
-  python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see bench_accelerator.py)
+  python -m s2sjax.bench --mode=accelerator --row_length=2048 --dtype=bfloat16   (see s2sjax/benchmarks/accelerator.py)
 
 For the same model and items it prints, side by side: tokens computed and wall time of
   * reference: S2SBench's `generate_batch_response` protocol in transformers — every prefix + candidate its own
@@ -52,13 +52,15 @@ import numpy as np
 from absl import flags
 
 from checkpoints_conversion.verify import load_torch_model
-from s2sjax.scoring import bench_accelerator, checkpoint, planner
+from s2sjax.scoring import planner
+from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.benchmarks import accelerator as bench_accelerator
 from s2sjax.runtime import cli
-from s2sjax.scoring.bench_accelerator import BenchError
-from s2sjax.scoring.bench_items import PROTOCOLS, WORKLOADS, make_items
+from s2sjax.benchmarks.accelerator import BenchError
+from s2sjax.benchmarks.workloads import PROTOCOLS, WORKLOADS, make_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.attention import auto_implementation
+from s2sjax.model.config import ModelConfig
 from s2sjax.data.packing import Item, RowShape, auto_row_length, fit, pack
 from s2sjax.scoring.scorer import Scorer, collect
 from s2sjax.data.spec import load_spec
@@ -140,7 +142,7 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   rows, report = pack(items, shape, share_prefix=share)
   rows, shape = fit(rows, shape, report.longest_item)  # as the builder records them
   if attention == "auto":  # what `s2sjax.eval --attention=auto` runs on rows laid this way
-    attention = layers.auto_implementation(share, local, dtype)
+    attention = auto_implementation(share, local, dtype)
   scorer = Scorer(config, shape, batch_size=batch_size, dtype=dtype, attention=attention, local_attention=local)
   start = time.time()
   scorer.score(params, {k: v[: scorer.batch_size] for k, v in rows.items()}, progress=False)  # compile + warm up
@@ -539,7 +541,7 @@ def define_flags() -> None:
   flags.DEFINE_list("sizes", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"], "accelerator mode: model shapes.")
   flags.DEFINE_list("attention", ["auto"],
                     "Attention implementation(s), or auto: what s2sjax.eval's auto runs on each protocol's rows "
-                    "(model/layers.auto_implementation). Reference mode uses the first; accelerator mode measures "
+                    "(model/attention.auto_implementation). Reference mode uses the first; accelerator mode measures "
                     "each.")
   flags.DEFINE_integer("rows", 8, "accelerator mode: rows per step.")
   flags.DEFINE_string("mesh", "data:-1", "accelerator mode: mesh axes, e.g. data:-1,model:2 for a 7B on v5e.")

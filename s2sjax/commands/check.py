@@ -35,7 +35,7 @@ from s2sjax.data.task_data import load_task_data
 from s2sjax.runtime import cli
 from s2sjax.runtime.errors import UserError
 from s2sjax.scoring import default_model, preflight
-from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext_config
 
 
 class UsageError(UserError, ValueError):
@@ -70,7 +70,7 @@ def main(argv) -> None:
       raise UsageError("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
     data = load_task_data(local(f.data_dir), f.task, modalities.get(f.modality).name, spec, f.row_length,
                           verify=f.verify_data)
-  with maxtext_config.given(f.maxtext_config):  # a MaxText checkpoint's run config (s2sjax/scoring/stacks)
+  with maxtext_config.given(f.maxtext_config):  # a MaxText checkpoint's run config (s2sjax/scoring/checkpoints/stacks)
     verdicts = preflight.run(ckpt_dir, f.trust_remote_code, spec, data, accept_config_change=f.accept_config_change)
   print(f"checked {ckpt_dir}" + ("" if f.checkpoint else " (the embedded default)"))
   print(preflight.table(verdicts))

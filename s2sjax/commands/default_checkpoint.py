@@ -14,7 +14,7 @@ from absl import flags
 from checkpoints_conversion.convert import convert
 from checkpoints_conversion.verify import compare_with_torch
 from s2sjax.runtime import cache, cli
-from s2sjax.scoring import checkpoint
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.default_model import CHECKPOINT_NAME, default_gguf
 from s2sjax.runtime.output_dir import LOCK_NAME, waiting_lock
 

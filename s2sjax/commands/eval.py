@@ -11,7 +11,7 @@ embedded default: the bundled sample (built on first use) and SmolLM2-135M-Instr
 first use; both cached in $S2SJAX_CACHE, default ~/.cache/s2sjax) with an untrained audio table, so its S->T shows
 what a text LM that never learned audio does (its spoken candidates are units it never learned either). Several
 checkpoints of one run (a glob or a list) give curves over steps, each step read from its folder's name
-(s2sjax/scoring/checkpoint_paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
+(s2sjax/scoring/checkpoints/paths.py; --step_pattern for other names). Rerunning into the same --output_dir scores only what
 is missing, and refuses chunks another checkpoint, dtype, chunking or data made; SIGINT (Ctrl-C) or SIGTERM stops a
 run within seconds, keeping its finished chunks, writing the summaries of what is complete and releasing the lock,
 so a rerun goes on. What is read is held to what wrote it: the checkpoint's parameters and config
@@ -38,7 +38,9 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from s2sjax.scoring import architectures, checkpoint, checkpoint_paths, default_model, planner
+from s2sjax.scoring import architectures, default_model, planner
+from s2sjax.scoring.checkpoints import paths as checkpoint_paths
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data import task_registry, builds, metrics, modalities, text_tokenizer
 from s2sjax.runtime import cache, cli, peers, sharding
 from s2sjax.results import flips, reports
@@ -46,11 +48,11 @@ from s2sjax.results.chunk_store import ChunkStore, score_resumable
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.scoring.evaluator import EvalError, Evaluator, ScoringOptions, check_fit
 from s2sjax.data.metrics import summarize
-from s2sjax.scoring.model import layers
+from s2sjax.model.attention import ATTENTION_IMPLEMENTATIONS, auto_implementation
 from s2sjax.runtime.output_dir import OutputError, RunLock
 from s2sjax.data.questions import QuestionScores
 from s2sjax.runtime.progress import Progress
-from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext_config
 from s2sjax.data.task_data import MissingDataError, TaskData, load_build
 from tasks import preparation
 from tasks.sample.smoke import write_smoke_release
@@ -135,11 +137,11 @@ def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
-  """--attention, with `auto` resolved for all the data one run scores (`layers.auto_implementation`): shared if
+  """--attention, with `auto` resolved for all the data one run scores (`auto_implementation`): shared if
   any build shares prefixes, windowed only if every build records its longest item (one step may be dense)."""
   if choice != "auto":
     return choice
-  return layers.auto_implementation(any(td.metadata.variants.share_prefix for td in data),
+  return auto_implementation(any(td.metadata.variants.share_prefix for td in data),
                                     all(td.shape.max_item > 0 for td in data), dtype)
 
 
@@ -314,10 +316,10 @@ def define_flags() -> None:
   flags.DEFINE_integer("batch_size", 8, "Rows per step (rounded up to the data-parallel devices).", lower_bound=1)
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
   flags.DEFINE_integer("chunk_rows", 32, "Rows per resumable chunk.", lower_bound=1)
-  flags.DEFINE_enum("attention", "auto", ["auto", *layers.ATTENTION_IMPLEMENTATIONS],
+  flags.DEFINE_enum("attention", "auto", ["auto", *ATTENTION_IMPLEMENTATIONS],
                     "Attention kernel: auto = flash on TPU (flash_shared for prefix-shared data), cudnn on a GPU in "
                     "bf16, else xla over item-local windows and dot_product over whole rows "
-                    "(layers.auto_implementation).")
+                    "(auto_implementation).")
   flags.DEFINE_bool("tensorboard", False, "Also write TensorBoard scalars to OUTPUT/tensorboard (tensorboardX).")
   flags.DEFINE_string("tokenizer_dir", None, "The model's text tokenizer, for a checkpoint without tokenizer/.")
   flags.DEFINE_bool("verify_checkpoint", True, "Hold every parameter leaf against its checksum (one device pass; "
@@ -389,7 +391,7 @@ def main(argv):
                                heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
     peers.PeerWatch(FLAGS.peer_timeout_s).start()
   config = config_from_flags()
-  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/stacks)
+  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/checkpoints/stacks)
     runs = run(config)
   if jax.process_index() != 0:
     return

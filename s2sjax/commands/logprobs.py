@@ -29,10 +29,10 @@ its audios in order (`tasks.audio.step_audio2`), written over the placeholders a
 `modeling_step_audio_2.py:353-357` writes them. The output is `[T, vocab]`, the full vocabulary (speech out: ids
 151696 + code).
 
-A MaxText checkpoint folder (s2sjax/scoring/stacks/maxtext.py) is read as MaxText wrote it, with `--maxtext_config`: the
+A MaxText checkpoint folder (s2sjax/scoring/checkpoints/stacks/maxtext.py) is read as MaxText wrote it, with `--maxtext_config`: the
 run config it was trained with (unless MaxText wrote its config.yml beside the run).
 
-Everything runs in fp32, on the project's own loader (`s2sjax.scoring.checkpoint`) and model code.
+Everything runs in fp32, on the project's own loader (`s2sjax.scoring.checkpoints.checkpoint`) and model code.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from absl import flags
 from s2sjax.runtime import cli
 from s2sjax.scoring import log_probs
 from s2sjax.scoring.sequence_inputs import LogProbsError
-from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext_config
 
 
 def _load(path: str, flag: str) -> np.ndarray:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from absl import flags
 
 from s2sjax.runtime import cli
-from s2sjax.scoring import checkpoint, planner
+from s2sjax.scoring import planner
+from s2sjax.scoring.checkpoints import checkpoint
 
 
 def format_plan(name: str, p: dict) -> str:

@@ -28,7 +28,6 @@ from absl import flags
 
 from s2sjax.data import task_registry, builds
 from s2sjax.runtime import cli
-from s2sjax.commands.default_checkpoint import default_checkpoint
 from tasks.preparation import default_data_dir, prepare_build
 from tasks.release import task_paths
 from tasks.tfds_builder import resolve_manual_dir
@@ -64,6 +63,8 @@ def main(argv):
   selected = builds.from_flags(tasks)
   tokenizer_dir = FLAGS.tokenizer_dir
   if tokenizer_dir is None and FLAGS.spec == "demo":  # the embedded default model's (converted on first use)
+    # Imported here: converting the default model is the only model code a build runs, and only without a tokenizer
+    from s2sjax.commands.default_checkpoint import default_checkpoint
     tokenizer_dir = os.path.join(default_checkpoint(), "tokenizer")
   complete, current = [], None  # "task/config" of the builds done (built or reused), and of the one under way
   try:

@@ -9,7 +9,7 @@ the loss only, `trainers/pre_train/train.py:869-898`), so this watches the run's
 order, each once orbax has committed it (`commit_success.txt`, written last: a step still being written, or an
 orbax `<step>.orbax-checkpoint-tmp-*` folder, is left until it is). Each step is one `s2sjax.eval` run into the
 same `--output_dir`: per-step result folders, metrics.json over all steps, the curves and TensorBoard scalars (on by
-default here). What was scored is recorded in `watch.json` there, by each step's content id (s2sjax/scoring/stacks/maxtext.py),
+default here). What was scored is recorded in `watch.json` there, by each step's content id (s2sjax/scoring/checkpoints/stacks/maxtext.py),
 so a restarted watcher goes on where it stopped (a step half scored resumes from its chunks) and a step rewritten
 at the same path is scored again. It polls every `--poll_seconds` until `--stop_after_step` is scored (or, with
 `--once`, stops after one pass). One process; a pod's evaluation is `s2sjax.eval` over the finished run.
@@ -25,13 +25,14 @@ from absl import flags
 from etils import epath
 
 from s2sjax.data import builds
-from s2sjax.scoring import checkpoint, checkpoint_paths
+from s2sjax.scoring.checkpoints import paths as checkpoint_paths
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import cli
 from s2sjax.results import reports
 from s2sjax.commands import eval as eval_command
 from s2sjax.runtime.errors import UserError
 from s2sjax.runtime.output_dir import read_json
-from s2sjax.scoring.stacks import maxtext, maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
 
 FLAGS = flags.FLAGS
 STATE = "watch.json"

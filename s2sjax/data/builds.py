@@ -53,11 +53,8 @@ class Protocol:
   summary: str
 
 
-def _no_protocol(name: str, known: list[str]) -> VariantError:
-  return VariantError(f"protocol must be one of {tuple(known)}, not {name!r}")
-
-
-PROTOCOLS: Registry[Protocol] = Registry("protocol", unknown=_no_protocol)
+PROTOCOLS: Registry[Protocol] = Registry(
+  "protocol", unknown=lambda name, known: f"protocol must be one of {tuple(known)}, not {name!r}", error=VariantError)
 PROTOCOLS.register(Protocol(modalities.DEFAULT_PROTOCOL, None, "", "prefix + candidate, the candidate's tokens scored"))
 PROTOCOLS.register(Protocol("utterance", ("s2s",), "-utterance", "TWIST / SlamKit: the whole spoken story as one "
                             "recording, every unit after bos scored"))

@@ -61,7 +61,7 @@ class Item:
 
 # Item bounds are rounded up to this, and fitted target and slot tables (`fit`) to TABLE_BUCKET, so that tasks
 # with similar items share one compiled step. The item bound sets the item-local window, which grows in blocks of
-# 32 queries (model/layers.LOCAL_BLOCK): a coarser bucket only widens it. StoryCloze items (at most 86 tokens laid)
+# 32 queries (model/attention.LOCAL_BLOCK): a coarser bucket only widens it. StoryCloze items (at most 86 tokens laid)
 # get 128 keys a query block, not the 160 of a bucket of 64 (attention over 30 SmolLM2 layers, 2 rows of 1024 on a
 # 2-core CPU: 547 ms against 649).
 ITEM_BUCKET = 32
@@ -473,7 +473,7 @@ def fit(rows: dict[str, np.ndarray], shape: RowShape, longest_item: int) -> tupl
   slots (C) cut to what the fullest row uses, rounded up to TABLE_BUCKET, and `max_item` set from the longest item
   laid, rounded up to ITEM_BUCKET. The head then runs over the targets the rows hold, not over the capacity the
   packer was given (half the row for text: about twice what StoryCloze rows use), and item-local attention
-  knows its window (model/layers.local_window)."""
+  knows its window (model/attention.local_window)."""
   bucket = lambda n, size, cap: min(max(-(-n // size) * size, size), cap)
   last_used = lambda used: int(np.where(used.any(0))[0].max(initial=-1)) + 1  # the table's highest column in use
   targets = bucket(last_used(rows["target_slot"] >= 0), TABLE_BUCKET, shape.max_targets)

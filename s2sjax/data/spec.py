@@ -27,10 +27,10 @@ A spoken candidate is scored on its units only, as a text one on its tokens; no 
 `utterance` protocol (TWIST / SlamKit) scores the whole spoken story instead: [bos] | units(first + candidate).
 
 Specs of `parallel_streams` have no templates: the streams of prefix and candidate are laid by the protocol of the
-architecture that reads them (`architecture`, by default the first registered one that reads stream rows:
-s2sjax/scoring/architectures), audio on the codebook streams, text on the text stream, -1 where a stream is silent,
-delayed per stream by `stream_delays` when rows are built; a delayed stream opens with its initial token
-(`text_initial_id` for text, codebook k's size for codebook k, as Kyutai's `LMModel._get_initial_token`).
+architecture the spec names (`architecture`: its protocol, s2sjax/data/formats/streams.py's `STREAM_PROTOCOLS`), audio
+on the codebook streams, text on the text stream, -1 where a stream is silent, delayed per stream by `stream_delays`
+when rows are built; a delayed stream opens with its initial token (`text_initial_id` for text, codebook k's size for
+codebook k, as Kyutai's `LMModel._get_initial_token`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any, Mapping
 import yaml
 
 from s2sjax.data import formats
+from s2sjax.data.formats.format import SpecError
 from s2sjax.runtime.errors import UnknownNameError, UserError
 from s2sjax.data.modalities import Modality
 from s2sjax.runtime.registry import Registry
@@ -65,10 +66,6 @@ SPEECH_INSTRUCTION = {
 TEXT_SEPARATOR = {"en": " ", "zh": ""}
 
 
-class SpecError(UserError, ValueError):
-  """A spec that is malformed or does not fit the tokenizer."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Spec:
   name: str
@@ -87,8 +84,8 @@ class Spec:
   bos_id: int | None = None  # without a text vocabulary: the id that opens every sequence (SlamKit's 1)
   stream_delays: tuple[int, ...] | None = None  # streams: per stream (text, then each codebook) its delay
   text_initial_id: int | None = None  # streams: the text stream's initial token (the model's text vocabulary size)
-  # The registered architecture that scores its rows and whose protocol lays stream rows (s2sjax/scoring/architectures);
-  # None: the first that reads the format's rows.
+  # The registered architecture that scores its rows (s2sjax/scoring/architectures), by name; a stream spec names one
+  # (its protocol lays the streams: s2sjax/data/formats/streams.py); None: the first that reads the format's rows.
   architecture: str | None = None
   speech_instruction: dict[str, str] = dataclasses.field(default_factory=lambda: dict(SPEECH_INSTRUCTION))
   text_separator: dict[str, str] = dataclasses.field(default_factory=lambda: dict(TEXT_SEPARATOR))
@@ -135,6 +132,13 @@ class Spec:
     if refused:
       raise SpecError(refused)
 
+  def stream_protocol(self) -> formats.streams.StreamProtocol:
+    """How a question is laid on this stream spec's streams: the protocol of the architecture it names."""
+    try:
+      return formats.streams.STREAM_PROTOCOLS.get(self.architecture)
+    except UnknownNameError as e:
+      raise SpecError(f"spec {self.name}: {e.args[0]}") from None
+
   @property
   def row_format(self) -> RowFormat:
     """The rows a build of this spec packs: its input format's."""
@@ -172,8 +176,8 @@ class SpecFile:
   path: str
 
 
-def _no_spec(name: str, presets: list[str]) -> SpecError:
-  return SpecError(f"no spec {name!r}: presets are {', '.join(presets)}, or give a .yaml path")
+def _no_spec(name: str, presets: list[str]) -> str:
+  return f"no spec {name!r}: presets are {', '.join(presets)}, or give a .yaml path"
 
 
 def _preset_problems(preset: Spec | SpecFile, registered: Mapping[str, Spec | SpecFile]) -> list[str]:
@@ -188,7 +192,8 @@ def _preset_problems(preset: Spec | SpecFile, registered: Mapping[str, Spec | Sp
 
 # A plugin adds a preset with `register(SpecFile(name, yaml_path))` or `register(Spec(...))`; `--spec=NAME` then
 # finds it.
-SPECS: Registry[Spec | SpecFile] = Registry("spec", check=_preset_problems, unknown=_no_spec)
+SPECS: Registry[Spec | SpecFile] = Registry("spec", check=_preset_problems, unknown=_no_spec,
+                                            error=SpecError)
 register = SPECS.register
 # The package's presets, one per YAML file, named after it.
 PRESETS = tuple(sorted(f[: -len(".yaml")] for f in os.listdir(SPECS_DIR) if f.endswith(".yaml")))

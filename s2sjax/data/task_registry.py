@@ -1,12 +1,12 @@
 """The task registry: one record per benchmark, read by everything that needs to know a task, and the release
 layouts its records name.
 
-The release reader and the TFDS builders (`tasks`: one builder class per task, made from its record), the metrics
-(the decision rule), the result tables (titles), the planner (sizes), the command lines (`--task` choices) and the
-sample maker all look a task up here; none of them lists tasks. Adding a benchmark is one `register(Task(...))`
+The release reader and the TFDS builders (`tasks`: one builder class per task, made from its record), the metrics (the
+decision rule), the result tables (titles), the planner (sizes), the command lines (`--task` choices) and the sample
+maker all look a task up here; none of them lists tasks. Adding a benchmark is one `register(Task(...))`
 (docs/architecture.md, "Adding a task"); a release laid out in a new way is one `RELEASE_FORMATS.register(
-ReleaseFormat(...))` with its reader. A module of your own that registers them is found through `S2SJAX_PLUGINS`
-(s2sjax/runtime/plugins.py).
+ReleaseFormat(...))`, its reader registered by the build stage (tasks/release.py, `READERS`). A module of your own
+that registers them is found through `S2SJAX_PLUGINS` (s2sjax/runtime/plugins.py).
 """
 
 from __future__ import annotations
@@ -22,24 +22,19 @@ from s2sjax.runtime.registry import Registry
 class ReleaseFormat:
   """How a release lays a task's questions out (a record's `release_format`).
 
-  `reader` ("module:function", imported when a build asks: tasks/release.py's, or a plugin's) turns the release into
-  questions: `reader(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
-  `paths` (tasks.release.ReleasePaths), every bad line a problem naming it; what it gives is held to `Question`'s
-  field types and the record's candidate count (tasks.release.check_questions), naming the format and the record. `modalities` are what its questions can
-  be asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names,
-  and so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
-  recordings). `lines_per_question` of the index (a sample of the release keeps whole questions), and `spoken_names`
-  ("module:function": a line -> {its spoken candidates' wav names: their texts}) for the tools that write a
-  release's recordings (tasks.importer, the bundled sample)."""
+  The build stage registers, under its name, the reader that turns the release into questions (tasks/release.py,
+  `READERS`); what it gives is held to `Question`'s field types and the record's candidate count
+  (tasks.release.check_questions), naming the format and the record. `modalities` are what its questions can be
+  asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names, and
+  so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
+  recordings). `lines_per_question` of the index (a sample of the release keeps whole questions)."""
 
   name: str
-  reader: str
   summary: str  # what its questions are, in messages
   modalities: tuple[str, ...] = modalities.NAMES
   protocols: tuple[str, ...] | None = None
   index: str = "file"
   lines_per_question: int | None = None
-  spoken_names: str | None = None
 
   def __post_init__(self):
     if self.index not in ("file", "folder") or not set(self.modalities) <= set(modalities.NAMES):
@@ -54,16 +49,15 @@ class ReleaseFormat:
 
 RELEASE_FORMATS: Registry[ReleaseFormat] = Registry("release format")
 # S2SBench's jsonl layouts, and slp-rl/SpokenStoryCloze's folders of whole spoken stories, read as SlamKit reads
-# them: each read by its function in tasks/release.py.
+# them: each read by its reader in tasks/release.py.
 RELEASE_FORMATS.register(ReleaseFormat(
-  "story_pairs", "tasks.release:read_story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, "
-  "2k+1 the wrong one of the same story", lines_per_question=2, spoken_names="tasks.release:story_spoken_names"))
+  "story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, 2k+1 the wrong one of the same "
+  "story", lines_per_question=2))
 RELEASE_FORMATS.register(ReleaseFormat(
-  "multiple_choice", "tasks.release:read_multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, "
-  "answer`", lines_per_question=1, spoken_names="tasks.release:option_spoken_names"))
+  "multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, answer`", lines_per_question=1))
 RELEASE_FORMATS.register(ReleaseFormat(
-  "spoken_pairs", "tasks.release:read_spoken_pairs", "whole spoken stories, no text and no separate prefix",
-  modalities=("s2s",), protocols=("utterance",), index="folder"))
+  "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
+  protocols=("utterance",), index="folder"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,8 @@ from s2sjax.runtime import cli
 from s2sjax.results import reports
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.scoring.evaluator import Evaluator, ScoringOptions
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import init_params
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import Item, RowShape, fit, longest_item, pack
 from s2sjax.scoring.scorer import TARGET_CHUNK, score_batch
 from s2sjax.data.spec import load_spec

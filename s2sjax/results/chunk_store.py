@@ -28,7 +28,7 @@ from etils import epath
 
 from s2sjax.runtime import sharding
 from s2sjax.scoring.evaluator import EvalError, Evaluator, check_finite
-from s2sjax.scoring.model.decoder import Params
+from s2sjax.model.decoder import Params
 from s2sjax.runtime.output_dir import DamagedFileError, OutputError, strict_json, write_atomic
 from s2sjax.data.questions import QuestionScores, QuestionTable
 from s2sjax.runtime.progress import Progress, say

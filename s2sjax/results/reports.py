@@ -31,7 +31,7 @@ import numpy as np
 from etils import epath
 
 from s2sjax.data import task_registry, modalities
-from s2sjax.scoring import checkpoint_paths
+from s2sjax.scoring.checkpoints import paths as checkpoint_paths
 from s2sjax.results.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
 from s2sjax.data.metrics import summarize
 from s2sjax.runtime.output_dir import DamagedFileError, read_json, strict_json, write_atomic

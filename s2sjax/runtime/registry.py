@@ -21,12 +21,13 @@ class RegistryError(UserError, ValueError):
 class Registry(Generic[T]):
   def __init__(self, kind: str, name_of: Callable[[T], str] = lambda record: record.name,
                check: Callable[[T, Mapping[str, T]], list[str]] | None = None,
-               unknown: Callable[[str, list[str]], Exception] | None = None):
+               unknown: Callable[[str, list[str]], str] | None = None,
+               error: type[Exception] = UnknownNameError):
     """`kind` names what it holds in messages ("task", "audio tokenizer"); `name_of` reads a record's name.
     `check(record, registered)` lists the problems a new record would make besides its name (e.g. a model_type
-    two families would read); `unknown(name, known names)` is the error a lookup of an unknown name raises
-    (default: an `UnknownNameError`, a KeyError, listing the known names)."""
-    self.kind, self._name_of, self._check, self._unknown = kind, name_of, check, unknown
+    two families would read). A lookup of an unknown name raises `error` (a UserError) saying `unknown(name, known
+    names)` (default: "unknown <kind> <name>; <kind>s: <known>") and how a record of the user's own is added."""
+    self.kind, self._name_of, self._check, self._unknown, self._error = kind, name_of, check, unknown, error
     self._records: dict[str, T] = {}
 
   def register(self, record: T) -> T:
@@ -64,10 +65,10 @@ class Registry(Generic[T]):
       return self._records[name]
     records = self._loaded()
     if name not in records:
-      if self._unknown:
-        raise self._unknown(name, list(records))
-      raise UnknownNameError(f"unknown {self.kind} {name!r}; {self.kind}s: {', '.join(records)} "
-                             f"(your own: see {plugins.ENV})")
+      said = (self._unknown(name, list(records)) if self._unknown
+              else f"unknown {self.kind} {name!r}; {self.kind}s: {', '.join(records)}")
+      raise self._error(f"{said} (one of your own registers when its module is imported: name that module in "
+                        f"${plugins.ENV})")
     return records[name]
 
   def __iter__(self) -> Iterator[T]:

@@ -1,4 +1,5 @@
-"""Scoring: the models (`model`), their families and architectures, other stacks' checkpoints (`stacks`),
-checkpoints, the scorer and the evaluator, and the libraries of the pre-flight (`preflight`), the
-planner (`planner`), one sequence's log-probs (`log_probs`) and the performance benches. It imports
-the plumbing and the data stage (docs/architecture.md, "Stages")."""
+"""Scoring: the model kinds the scorer drives (`architectures`: each pairs a network of s2sjax/model with its scoring
+step and checks), checkpoint I/O (`checkpoints`: this project's format, other stacks', `--checkpoint` globs), the
+jitted, sharded step (`scorer`), the evaluator, the default model, and the libraries of the pre-flight (`preflight`),
+the planner (`planner`) and one sequence's log-probs (`log_probs`). It imports the plumbing, the numerics, the data
+stage and the model (docs/architecture.md, "Stages")."""

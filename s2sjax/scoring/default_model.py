@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from s2sjax.runtime.errors import MissingFileError
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Params
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Params
 from s2sjax.data.spec import Spec
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

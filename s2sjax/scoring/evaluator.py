@@ -13,8 +13,9 @@ import numpy as np
 from s2sjax.scoring import architectures
 from s2sjax.data import metrics, modalities
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.decoder import Params
+from s2sjax.model.decoder import Params
 from s2sjax.data.packing import RowShape, spanning
+from s2sjax.data.rows import STREAM_ROWS
 from s2sjax.data.questions import QuestionScores
 from s2sjax.scoring.scorer import collect
 from s2sjax.data.spec import SpecError
@@ -31,7 +32,7 @@ class ScoringOptions:
 
   batch_size: int = 8  # rows per step (rounded up to the data-parallel devices)
   dtype: str = "float32"  # compute and parameter dtype
-  attention: str = "xla"  # xla | dot_product | cudnn | flash | flash_shared (model/layers.attention); the CLI resolves "auto"
+  attention: str = "xla"  # xla | dot_product | cudnn | flash | flash_shared (model/attention); the CLI resolves "auto"
 
   @property
   def jnp_dtype(self):
@@ -76,7 +77,7 @@ def _check_rows_fit(architecture: architectures.Architecture, config, data: Task
     raise EvalError(f"{where} holds {data.row_format.name} rows, which {' or '.join(readers)} checkpoints read; this "
                     f"checkpoint is {kind(architecture)}, which reads {architecture.row_format.name} rows: build the "
                     f"data with a spec whose audio_mode lays those (its own spec)")
-  if architecture.stream_protocol is not None and architectures.for_spec(spec) is not architecture:
+  if architecture.row_format is STREAM_ROWS and architectures.for_spec(spec) is not architecture:
     raise EvalError(f"{where} is laid by the {architectures.for_spec(spec).name} protocol; this checkpoint is "
                     f"{kind(architecture)}: build the data with a spec of architecture {architecture.name}")
 

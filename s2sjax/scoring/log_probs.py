@@ -9,9 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from s2sjax.scoring import architectures, checkpoint
+from s2sjax.scoring import architectures
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.sequence_inputs import LogProbsError
-from s2sjax.scoring.stacks import maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext_config
 
 
 @dataclasses.dataclass(frozen=True)

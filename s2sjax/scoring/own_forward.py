@@ -32,9 +32,9 @@ from jax.sharding import Mesh
 
 from s2sjax.scoring import architectures
 from s2sjax.data import modalities
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Decoder
+from s2sjax.model.attention import packed_attention_mask
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Decoder
 from s2sjax.data.packing import Item, RowShape, empty_rows, pack
 from s2sjax.data.rows import TOKEN_ROWS
 from s2sjax.scoring.scorer import ScoringError, _RowScorer, by_target_chunks, nll_and_missed
@@ -58,7 +58,7 @@ def decoder_forward(config: ModelConfig, dtype=jnp.float32) -> OwnForward:
   model = Decoder(config, dtype=dtype)
 
   def apply(params, tokens, positions, segment_ids):
-    hidden = model.apply({"params": params}, tokens, positions, layers.packed_attention_mask(segment_ids))
+    hidden = model.apply({"params": params}, tokens, positions, packed_attention_mask(segment_ids))
     return model.apply({"params": params}, hidden, method=Decoder.logits)
 
   return OwnForward(apply, config.vocab_size, f"{config.family} decoder")

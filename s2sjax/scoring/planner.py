@@ -11,10 +11,11 @@ import os
 from typing import TYPE_CHECKING
 
 
-from s2sjax.scoring import architectures, families
+from s2sjax.scoring import architectures
+from s2sjax.model import families
 from s2sjax.data import task_registry
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model.config import ModelConfig
 from s2sjax.scoring.scorer import TARGET_CHUNK  # the accelerators' head chunk, the slices planned here
 
 if TYPE_CHECKING:
@@ -89,22 +90,21 @@ def activation_bytes(config: ModelConfig, rows: int, length: int, dtype: str, mo
 def attention_keys(shape: RowShape, attention: str) -> int:
   """Keys per query whose scores the step holds in memory: none for the fused kernels (flash, cudnn: scores live
   in on-chip blocks), the item-local window where the shape records its longest item, else the whole row."""
-  from s2sjax.scoring.model import layers
+  from s2sjax.model.attention import FLASH_IMPLEMENTATIONS, FUSED_IMPLEMENTATIONS, LOCAL_BLOCK, local_window
 
-  if attention in layers.FLASH_IMPLEMENTATIONS or layers.FUSED_IMPLEMENTATIONS.get(attention):
+  if attention in FLASH_IMPLEMENTATIONS or FUSED_IMPLEMENTATIONS.get(attention):
     return 0
-  window = layers.local_window(shape.max_item, shape.length)
+  window = local_window(shape.max_item, shape.length)
   return window.span if window else shape.length
 
 
 def attention_queries(shape: RowShape, attention: str, platform: str) -> int:
   """Queries of a row whose scores the step holds at once on `platform`: one block where our item-local einsums
   compute the blocks one after another (`xla.loops_over_blocks`: a CPU), else the whole row."""
-  from s2sjax.scoring.model import layers
-  from s2sjax.scoring.model.attention import xla
+  from s2sjax.model.attention import LOCAL_BLOCK, local_window, xla
 
-  windowed = layers.local_window(shape.max_item, shape.length) is not None
-  return layers.LOCAL_BLOCK if attention == "xla" and windowed and xla.loops_over_blocks(platform) else shape.length
+  windowed = local_window(shape.max_item, shape.length) is not None
+  return LOCAL_BLOCK if attention == "xla" and windowed and xla.loops_over_blocks(platform) else shape.length
 
 
 def device_memory(device) -> int:

@@ -8,10 +8,11 @@ import dataclasses
 
 import numpy as np
 
-from s2sjax.scoring import architectures, checkpoint, default_model
+from s2sjax.scoring import architectures, default_model
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.data import modalities, text_tokenizer
 from s2sjax.scoring.evaluator import EvalError, check_fit
-from s2sjax.scoring.model.config import ConfigError
+from s2sjax.model.config import ConfigError
 from s2sjax.scoring.scorer import ScoringError
 from s2sjax.data.spec import AudioIds, Spec, SpecError, id_ranges, load_spec, resolve_audio_ids
 from s2sjax.data.task_data import TaskData

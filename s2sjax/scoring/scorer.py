@@ -30,9 +30,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax.runtime import cli, sharding
 from s2sjax.runtime.errors import UserError
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ModelConfig
-from s2sjax.scoring.model.decoder import Decoder, Params, abstract_params, param_logical_axes
+from s2sjax.model.attention import (FLASH_IMPLEMENTATIONS, LOCAL_BLOCK, LocalWindow, gathered_windows, local_window,
+  local_window_mask, packed_attention_mask)
+from s2sjax.model.config import ModelConfig
+from s2sjax.model.decoder import Decoder, Params, abstract_params, param_logical_axes
 from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, RowShape, empty_rows, longest_item, neighbour_free_bound
 from s2sjax.runtime.progress import Progress
 from s2sjax.data.rows import STREAM_ROWS, TOKEN_ROWS, RowFormat
@@ -44,22 +45,22 @@ class ScoringError(UserError, ValueError):
 
 def score_batch(
   config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
-  window: layers.LocalWindow | None = None, features: jax.Array | None = None, continuous: jax.Array | None = None,
+  window: LocalWindow | None = None, features: jax.Array | None = None, continuous: jax.Array | None = None,
 ) -> dict:
   """For one batch of packed rows, per target [B, M]: `target_nll` and `target_missed`, whether the target is not
   the argmax of the logits that predict it (lm-eval's is_greedy, `not_greedy`: compares beside the logsumexp's pass);
   and per slot [B, C] in fp32 (a training loop's loss; `Scorer` sums the targets itself, `slot_sums`): `nll_sum`,
   `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
   mask (and with `key_shift` in the batch, neighbour-free rows' shared roots, where each window's keys are read:
-  `layers.gathered_windows`) is built once for all layers, and no [L, L] mask. `features` [B, L, D] replace the
+  `gathered_windows`) is built once for all layers, and no [L, L] mask. `features` [B, L, D] replace the
   token embeddings where `continuous` [B, L] is set (`Decoder`'s audio encoder rows: Step-Audio 2's)."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
   if window and "key_shift" in batch:
-    mask = layers.gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
+    mask = gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
   elif window:
-    mask = layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
+    mask = local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
   else:
-    mask = layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+    mask = packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
   hidden = model.apply({"params": params}, batch["tokens"], batch["positions"], mask, batch["audio_codes"],
                        batch["segment_ids"], batch["branch_ids"], features, continuous)
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
@@ -89,7 +90,7 @@ def not_greedy(logits: jax.Array, ids: jax.Array, picked: jax.Array) -> jax.Arra
   """[...]: whether each target id is not the argmax of its logits [..., V] (the first of equal ones, as
   jnp.argmax on finite logits): a logit above the target's `picked`, or an equal one before it. XLA:CPU fuses
   these compares into one pass beside the logsumexp's, where its argmax is a two-operand reduce of its own:
-  `python -m s2sjax.commands.bench_head` measured the head 1.03x (Qwen2.5-0.5B) to 1.6x (hidden 32 over Qwen2.5's
+  `python -m s2sjax.benchmarks.head` measured the head 1.03x (Qwen2.5-0.5B) to 1.6x (hidden 32 over Qwen2.5's
   vocabulary) faster."""
   index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
   above = logits > picked[..., None]
@@ -395,24 +396,24 @@ class Scorer(_RowScorer):
     local_attention: bool = True,
     neighbour_free: bool = False,
   ):
-    """attention: xla | dot_product | cudnn | flash | flash_shared (see model/layers.attention); flash needs rows without
-    sharing, flash_shared takes any.
+    """attention: xla | dot_product | cudnn | flash | flash_shared (see model/attention.masked_attention); flash needs
+    rows without sharing, flash_shared takes any.
     local_attention: with xla, dot_product or cudnn and a shape that records its longest item (`RowShape.max_item`),
-    each query block attends over its item's key window only (model/layers.local_attention); False, or a shape
+    each query block attends over its item's key window only (model/attention.local_attention); False, or a shape
     without the record, keeps the dense [L, L] mask (the reference).
     neighbour_free: rows packed with `align=packing.NEIGHBOUR_FREE_ALIGN` score every candidate to the same bits
     whatever shares its row and whatever the run's longest item: item-local windows always (as wide as the row if
     need be), on `packing.neighbour_free_bound`'s ladder of reaches, and rows with shared roots (their `key_shift`,
     packing.SharedRoot) as if each item were laid alone; xla attention only."""
     self.attention = attention
-    local = local_attention and attention not in layers.FLASH_IMPLEMENTATIONS
-    self.window = layers.local_window(shape.max_item, shape.length) if local else None
+    local = local_attention and attention not in FLASH_IMPLEMENTATIONS
+    self.window = local_window(shape.max_item, shape.length) if local else None
     self.neighbour_free = neighbour_free
     if neighbour_free:
       if not (local and shape.max_item > 0 and shape.length % NEIGHBOUR_FREE_ALIGN == 0):
         raise ValueError(f"neighbour_free scoring needs item-local attention (xla, dot_product or cudnn) and a shape "
                          f"that records its longest item in rows of a multiple of {NEIGHBOUR_FREE_ALIGN}, not {shape}")
-      self.window = layers.LocalWindow(layers.LOCAL_BLOCK, neighbour_free_bound(shape.max_item) - 1)
+      self.window = LocalWindow(LOCAL_BLOCK, neighbour_free_bound(shape.max_item) - 1)
     score = lambda chunk, params, batch: score_batch(config, dtype, chunk, shape.max_slots, params, batch, attention,
                                                      self.window)
     # neighbour-free steps read where shared roots' items lie (`key_shift`, 0 in rows without them)
@@ -520,7 +521,7 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
 
 # ---- Rows of an architecture's own format ---------------------------------------------------------------------------
 #
-# The same driver for rows of another format: parallel streams (s2sjax/formats/streams.py, where a target is one
+# The same driver for rows of another format: parallel streams (s2sjax/data/formats/streams.py, where a target is one
 # predicted step, its tokens weighted per stream by `target_weight`, so `n_tokens` counts a candidate's steps) or a
 # plugin's (tests/plugins/toy_features.py). The step itself is the architecture's (its model, its heads):
 # `score_batch(config, dtype, target_chunk, num_slots, params, batch)` returns per target `target_nll` and per slot
@@ -548,11 +549,11 @@ class StreamScorer(_RowScorer):
     return slots["nll_sum"], slots["n_tokens"]
 
 
-def row_mask(batch: dict, window: layers.LocalWindow | None):
+def row_mask(batch: dict, window: LocalWindow | None):
   """The decoder's mask of packed rows over their segment and branch ids: item-local with a `window`, else dense."""
   if window:
-    return layers.local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
-  return layers.packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
+    return local_window_mask(batch["segment_ids"], batch["branch_ids"], window)
+  return packed_attention_mask(batch["segment_ids"], batch["branch_ids"])
 
 
 def text_head_scores(logits: Callable, hidden: jax.Array, batch: dict, target_chunk: int, num_slots: int) -> dict:
@@ -581,7 +582,7 @@ def windowed_scorer(config, shape: RowShape, score_batch: Callable, check_ids: C
                     dtype=jnp.float32, attention: str = "xla") -> StreamScorer:
   """A `StreamScorer` over an architecture's own rows whose step, `score_batch(config, dtype, target_chunk,
   num_slots, params, batch, attention, window)`, attends item-locally where the shape records its longest item."""
-  window = layers.local_window(shape.max_item, shape.length)
+  window = local_window(shape.max_item, shape.length)
   step = lambda config, dtype, target_chunk, num_slots, params, batch: score_batch(
     config, dtype, target_chunk, num_slots, params, batch, attention, window)
   return StreamScorer(config, shape, step, check_ids, abstract, param_axes, mesh=mesh, batch_size=batch_size,

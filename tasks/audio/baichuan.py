@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from s2sjax.runtime.errors import MissingFileError, UserError
-from s2sjax.scoring.model.layers import layer_norm
+from s2sjax.numerics.norms import layer_norm
 from tasks.audio import whisper
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import conv1d, dense, first_argmin, squared_distances

@@ -2,7 +2,7 @@
 GLM-4-Voice code frame (12.5 Hz), as Kimi-Audio's own code computes them (MoonshotAI/Kimi-Audio 349251e,
 `kimia_infer/models/tokenizer/whisper_Lv3/whisper.py` WhisperEncoder.forward 178-222, reshaped by
 `kimia_infer/api/prompt_manager.py:71-75`). The model mixes them into the embeddings of the code rows
-(`s2sjax.scoring.model.kimi_audio.embed_inputs`).
+(`s2sjax.model.kimi_audio.embed_inputs`).
 
 Per 30 s piece of the wave (whisper.py:184-188): zero-padded to 30 s (480,000 samples, pad_or_trim 73-96), the
 128-bin log-mel of the whole padded piece (log_mel_spectrogram 117-164: `tasks.audio.whisper.whisper_log_mel`,
@@ -135,7 +135,7 @@ def encode(params: dict, shape: EncoderShape, mel, with_intermediates: bool = Fa
   import jax
   import jax.numpy as jnp
 
-  from s2sjax.scoring.model.layers import layer_norm
+  from s2sjax.numerics.norms import layer_norm
 
   precision = matmul_precision(mel.dtype)
   x = jax.nn.gelu(conv1d(mel, params["conv1"], 1, ((1, 1),), precision=precision), approximate=False)

@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from s2sjax.runtime.errors import MissingFileError, UserError
-from s2sjax.scoring.model.layers import layer_norm
+from s2sjax.numerics.norms import layer_norm
 from tasks.audio.jax_tokenizer import JaxAudioTokenizer
 from tasks.audio.ops import attention, conv1d, nearest
 from tasks.audio.weights import ReleaseWeights, WeightsError, read_json

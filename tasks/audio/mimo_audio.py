@@ -182,7 +182,8 @@ def forward(params: dict, features, lengths, config: MimoTokenizerConfig) -> dic
   import jax
   import jax.numpy as jnp
 
-  from s2sjax.scoring.model.layers import layer_norm, rotary_angles
+  from s2sjax.numerics.norms import layer_norm
+  from s2sjax.numerics.rotary import rotary_angles
 
   dtype = params["conv1"]["kernel"].dtype
   precision = jax.lax.Precision.HIGHEST

@@ -30,8 +30,7 @@ import numpy as np
 
 from s2sjax.runtime.progress import Progress
 from s2sjax.runtime.registry import load_object
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.step_audio2 import ADAPTOR_WIDTH, EncoderShape
+from s2sjax.data.formats.step_audio2 import ADAPTOR_WIDTH, EncoderConfigError, EncoderShape, encoder_shape
 from tasks.audio import whisper
 from tasks.audio.base import AudioTokenizer, AudioTokenizerError
 from tasks.audio.jax_tokenizer import BATCH_FRAMES, bucket_length
@@ -51,13 +50,14 @@ CHUNK_CODES = (2,)  # code 1 at the first row of each 25 s chunk after the first
 
 
 def read_shape(folder: str) -> EncoderShape:
-  """The encoder's sizes from the release's config.json, read as the converter reads it."""
-  from s2sjax.scoring.architectures.step_audio2 import parse_config
-
+  """The encoder's sizes from the release's config.json (`audio_encoder_config`), read as the converter reads them."""
   path = os.path.join(folder, "config.json")
+  audio = read_json(path, AudioTokenizerError).get("audio_encoder_config")
+  if not isinstance(audio, dict):
+    raise AudioTokenizerError(f"{path}: needs the audio_encoder_config object")
   try:
-    return parse_config(read_json(path, AudioTokenizerError)).encoder
-  except ConfigError as e:
+    return encoder_shape(audio)
+  except EncoderConfigError as e:
     raise AudioTokenizerError(f"{path}: {e}") from None
 
 
@@ -121,7 +121,7 @@ def encode(params: dict, shape: EncoderShape, mel, frames, with_stages: bool = F
   import jax
   import jax.numpy as jnp
 
-  from s2sjax.scoring.model.layers import layer_norm
+  from s2sjax.numerics.norms import layer_norm
 
   precision = matmul_precision(mel.dtype)
   gelu = functools.partial(jax.nn.gelu, approximate=False)

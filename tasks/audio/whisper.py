@@ -93,7 +93,8 @@ def encoder_layer(x, params: dict, visible, heads: int, precision, rotary=None):
   # jax loads here, not at import: the log-mel features above are numpy alone
   import jax
 
-  from s2sjax.scoring.model.layers import apply_rotary, layer_norm
+  from s2sjax.numerics.rotary import apply_rotary
+  from s2sjax.numerics.norms import layer_norm
   from tasks.audio.ops import attention, dense
 
   batch, frames, width = x.shape

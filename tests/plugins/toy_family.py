@@ -1,10 +1,10 @@
 """A model family only the tests define, in one plugin module (S2SJAX_PLUGINS): a Llama decoder whose config.json
 says `model_type: "toyllama"` with its own key spelling, and whose checkpoints use their own tensor names."""
 
-from s2sjax.scoring import families
-from s2sjax.scoring.families import keymap
-from s2sjax.scoring.families.hf_config import require
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model import families
+from s2sjax.model.families import keymap
+from s2sjax.model.families.hf_config import require
+from s2sjax.model.config import ModelConfig
 
 NAME = "toyllama"
 

@@ -26,6 +26,7 @@ from s2sjax.data import formats, packing, spec
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.rows import Field, RowFormat
 from s2sjax.scoring.scorer import ScoringError, StreamScorer
+from tasks import encoders
 from tasks.encoders import QuestionEncoder
 
 NAME = "toy_features"
@@ -76,7 +77,7 @@ def _blank_audio(rows, metadata):
 
 
 FORMAT = formats.register(formats.InputFormat(
-  NAME, ROWS, encoder=f"{__name__}:Encoder", check_spec=_spec_problems,
+  NAME, ROWS, check_spec=_spec_problems,
   widths=lambda laid, modality: {"features": laid.options["feature_width"]}, blank_audio=_blank_audio))
 
 
@@ -131,6 +132,9 @@ class Encoder(QuestionEncoder):
     laid = [dataclasses.replace(item, share=packing.fit_laid(i, item, shape, share_prefix))
             for i, item in enumerate(items)]
     return packing.pack_laid(laid, shape, share_prefix, lambda count: ROWS.empty(count, shape, widths))
+
+
+ENCODERS = encoders.register(encoders.FormatEncoders(NAME, f"{__name__}:Encoder"))
 
 
 SPEC = spec.register(spec.Spec(

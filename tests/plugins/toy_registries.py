@@ -5,7 +5,7 @@ built here), an audio tokenizer type and a model family."""
 import os
 
 from s2sjax.data import task_registry, spec
-from s2sjax.scoring import families
+from s2sjax.model import families
 from tasks import audio
 
 TASK = task_registry.register(task_registry.Task(

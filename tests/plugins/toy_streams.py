@@ -100,7 +100,9 @@ def lay(codebooks: int, text=None, audio=None) -> np.ndarray:
 ARCHITECTURE = architectures.register(architectures.Architecture(
   NAME, ToyStreamsConfig, rows.STREAM_ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.text_vocab, check_fit=check_fit, check_ids=check_ids,
-  parse_config=lambda fields: ToyStreamsConfig(**fields), stream_protocol=architectures.StreamProtocol(weights, lay)))
+  parse_config=lambda fields: ToyStreamsConfig(**fields)))
+
+PROTOCOL = streams.register_protocol(streams.StreamProtocol(NAME, weights, lay))
 
 SPEC = spec.register(spec.Spec(
   name=NAME, audio_mode=streams.NAME, audio_tokenizer={"type": "precomputed"},

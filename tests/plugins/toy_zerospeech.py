@@ -2,8 +2,8 @@
 pairing randomly named recordings, a word and a non-word (zerospeech/zerospeech2021 zerospeech2021/lexical.py,
 `load_data`: gold.csv's columns id, filename, voice, frequency, word, phones, length, correct; the recordings
 `<filename>.wav` beside it; a pair is the two lines of one id and voice, `correct` 1 the word; `evaluate_by_pair`
-counts a tie half). One registration each, in this plugin module (S2SJAX_PLUGINS): its release format, whose
-reader is below, and a task that names it; no project file knows either. Each recording is scored whole (S->S, the
+counts a tie half). One registration each, in this plugin module (S2SJAX_PLUGINS): its release format, its
+reader (below), and a task that names it; no project file knows any. Each recording is scored whole (S->S, the
 utterance protocol), as spoken-LM benchmarks score them.
 """
 
@@ -14,13 +14,14 @@ import csv
 import os
 
 from s2sjax.data import task_registry
+from tasks import release
 from tasks.release import OutsideReleaseError, Problems, Question, ReleaseError
 
 COLUMNS = ("id", "filename", "voice", "word", "correct")
 
 RELEASE = task_registry.RELEASE_FORMATS.register(task_registry.ReleaseFormat(
-  "zerospeech_gold", f"{__name__}:read_gold", "words and non-words as recordings paired by a gold file, no text",
-  modalities=("s2s",), protocols=("utterance",)))
+  "zerospeech_gold", "words and non-words as recordings paired by a gold file, no text", modalities=("s2s",),
+  protocols=("utterance",)))
 
 TASK = task_registry.register(task_registry.Task(
   "toy_swuggy", "ToySWUGGY", "en", "zerospeech_gold", "lexical/dev/gold.csv", "lexical/dev", "lexical/dev",
@@ -63,3 +64,6 @@ def read_gold(record: task_registry.Task, paths, collect: Problems) -> list[Ques
       prefixes=("", ""), audio_paths=("", ""), candidates=tuple(line["word"] for _, line in words + others),
       correct=0, candidate_audio_paths=recordings))
   return questions
+
+
+READER = release.register(release.ReleaseReader(RELEASE.name, read_gold))

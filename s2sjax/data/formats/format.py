@@ -1,12 +1,12 @@
 """What a way of taking audio declares, and where the ways are found: `InputFormat` records in `INPUT_FORMATS`, a
 `s2sjax.runtime.registry.Registry` keyed by the spec's `audio_mode`, as families, tasks and architectures are.
 
-An input format is everything that differs between the ways a model reads a question (seqio's feature converter
-with its features): the rows it lays (a `rows.RowFormat`, typed fields), the question encoder that lays and packs
-them (tasks/, named "module:Class" and imported when a build asks, so the core imports nothing of `tasks`), what it
-asks of a spec and which modalities it cannot be asked, the widths of its rows, and how the pre-flight
-(`s2sjax.check`) makes a row's audio uninformative. The spec (s2sjax/data/spec.py), the builder, the TFDS features, the
-task data and the pre-flight look a format up here and never branch on an audio mode.
+An input format is everything that differs between the ways a model reads a question (seqio's feature converter with
+its features): the rows it lays (a `rows.RowFormat`, typed fields), what it asks of a spec and which modalities it
+cannot be asked, the widths of its rows, and how the pre-flight (`s2sjax.check`) makes a row's audio uninformative;
+the build stage registers the encoder that lays its rows under its name (tasks/encoders.py). The spec
+(s2sjax/data/spec.py), the builder, the TFDS features, the task data and the pre-flight look a format up here and
+never branch on an audio mode.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from s2sjax.runtime import plugins
-from s2sjax.runtime.errors import UnknownNameError
+from s2sjax.runtime.errors import UserError
 from s2sjax.data.modalities import Modality
 from s2sjax.runtime.registry import Registry
 from s2sjax.data.rows import RowFormat
 
 Spec = Any  # s2sjax.data.spec.Spec (which looks formats up: typed loosely here to keep the import one way)
+
+
+class SpecError(UserError, ValueError):
+  """A spec that is malformed or does not fit the tokenizer (defined with the formats, whose rules raise it too)."""
 
 
 def _nothing(*args) -> None:
@@ -45,9 +48,8 @@ def _no_widths(spec: Spec, modality: Modality) -> dict[str, int]:
 class InputFormat:
   """One way a model takes a question, named by the spec's `audio_mode`.
 
-  `encoder` lays every modality asked of it ("module:Class", a `tasks.encoders.QuestionEncoder` subclass: its
-  `prefix`, `candidate`, `item`, `check` and `pack` lay a question and pack the items with this format's packer);
-  `text_encoder`, when given, lays the modalities without speech instead. `spec_keys` are `Spec` fields only specs
+  The build's encoders that lay its rows are registered under its name by the build stage (tasks/encoders.py,
+  `ENCODERS`). `spec_keys` are `Spec` fields only specs
   of this format set (refused on any other); `check_spec(spec)` lists what the format asks of a spec that it lacks;
   `refuse(spec, modality)` says why a spec of this format cannot be asked a modality (None: it can).
   `num_codebooks(spec, modality)` is the K of the rows' `packing.RowShape`; `widths(spec, modality)` the size of
@@ -56,8 +58,6 @@ class InputFormat:
 
   name: str
   row_format: RowFormat
-  encoder: str
-  text_encoder: str | None = None
   takes_audio: bool = True  # False: a text-only spec, which no spoken modality can be asked of
   chat: bool = False  # its encoder lays a spec's `chat` turns (an instruct model's prompt)
   spec_keys: tuple[str, ...] = ()
@@ -67,22 +67,14 @@ class InputFormat:
   widths: Callable[[Spec, Modality], dict[str, int]] = _no_widths
   blank_audio: Callable[[Mapping[str, np.ndarray], Any], dict[str, np.ndarray] | None] = _nothing
 
-  def encoder_for(self, modality: Modality) -> str:
-    """The "module:Class" of the encoder that lays `modality`."""
-    return self.text_encoder if self.text_encoder and not modality.speaks else self.encoder
-
 
 def _problems(new: InputFormat, registered: Mapping[str, InputFormat]) -> list[str]:
   owned = {key: f.name for f in registered.values() for key in f.spec_keys}
   return [f"spec key {key!r} is {owned[key]}'s already" for key in new.spec_keys if key in owned]
 
 
-def _unknown(name: str, known: list[str]) -> UnknownNameError:
-  return UnknownNameError(f"audio_mode {name!r} is not one of {', '.join(known)} (an input format of your own "
-                          f"registers when its module is imported: name it in ${plugins.ENV})")
-
-
-INPUT_FORMATS: Registry[InputFormat] = Registry("input format", check=_problems, unknown=_unknown)
+INPUT_FORMATS: Registry[InputFormat] = Registry(
+  "input format", check=_problems, unknown=lambda name, known: f"audio_mode {name!r} is not one of {', '.join(known)}")
 register = INPUT_FORMATS.register
 get = INPUT_FORMATS.get
 

@@ -68,5 +68,5 @@ def _blank_audio(rows, metadata):
 
 
 KIMI_AUDIO = register(InputFormat(
-  NAME, ROWS, "tasks.kimi_encoder:KimiEncoder", check_spec=_spec_problems, refuse=_refuse, widths=_widths,
+  NAME, ROWS, check_spec=_spec_problems, refuse=_refuse, widths=_widths,
   blank_audio=_blank_audio))

@@ -55,5 +55,5 @@ def _blank_audio(rows, metadata):
 
 
 MIMO_AUDIO = register(InputFormat(
-  NAME, ROWS, "tasks.mimo_encoder:MimoEncoder", check_spec=_spec_problems, widths=_widths,
+  NAME, ROWS, check_spec=_spec_problems, widths=_widths,
   blank_audio=_blank_audio))

@@ -1,6 +1,8 @@
 """The parallel-stream input format (`parallel_streams`) and its packer: a text stream and K codebook streams read
 side by side, one step per audio frame, in stream rows (s2sjax/data/rows.py's STREAM_ROWS), laid by the protocol of the
-architecture that reads them (s2sjax/scoring/architectures: Moshi's, or a plugin's).
+architecture a stream spec names (`STREAM_PROTOCOLS`, keyed by that name: Moshi's, `moshi_protocol.py`, or a
+plugin's). The protocol is the data's side of the model: which streams a modality scores and how a side of a
+question is laid, so the build reads it here and imports no model code.
 
 Per position S = 1 + K stream ids (text first) in delayed step space, positions being step indices; per target the
 position whose temporal output predicts a step, that predicted step's tokens [M, S] (`target_frame`: a depth model
@@ -17,11 +19,12 @@ reads the streams past them as silence.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from s2sjax.data.formats.format import InputFormat, register
+from s2sjax.runtime.registry import Registry
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.packing import LaidItem, PackingError, PackReport, RowShape, fits_shared, item_name, pack_laid
 from s2sjax.data.rows import STREAM_ROWS
@@ -157,6 +160,22 @@ def empty_stream_rows(count: int, shape: RowShape, num_streams: int) -> dict[str
   return STREAM_ROWS.empty(count, shape, {"streams": num_streams})
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamProtocol:
+  """How a question is laid on stream rows for the architecture named `architecture` (what a stream spec's
+  `architecture` names)."""
+
+  architecture: str
+  # (modality name, codebooks) -> per stream (0 = text, k = codebook k - 1) its tokens' weight; 0 = not scored
+  weights: Callable[[str, int], tuple[int, ...]]
+  # (codebooks, text ids [T] or audio codes [T, codebooks]) -> time-aligned streams [T, 1 + codebooks]
+  lay: Callable[..., np.ndarray]
+
+
+STREAM_PROTOCOLS: Registry[StreamProtocol] = Registry("stream protocol", name_of=lambda p: p.architecture)
+register_protocol = STREAM_PROTOCOLS.register
+
+
 def scored_streams(weights: Sequence[int]) -> tuple[int, ...]:
   """The streams a protocol's per-stream weights score (`StreamItem.scored`): those of positive weight."""
   return tuple(k for k, w in enumerate(weights) if w > 0)
@@ -174,6 +193,8 @@ def weigh_streams(rows: dict[str, np.ndarray], weights: Sequence[int]) -> dict[s
 def _problems(spec) -> list[str]:
   if spec.stream_delays is None or spec.text_initial_id is None:
     return [f"spec {spec.name}: {' and '.join(SPEC_KEYS)} are set exactly when audio_mode is {NAME}"]
+  if spec.architecture is None:
+    return [f"spec {spec.name}: {NAME} names the architecture whose protocol lays its streams (`architecture`)"]
   if not spec.codebook_sizes or len(spec.stream_delays) != 1 + len(spec.codebook_sizes) or min(spec.stream_delays) < 0:
     return [f"spec {spec.name}: stream_delays {list(spec.stream_delays)} must give the text stream and each of the "
             f"{len(spec.codebook_sizes)} codebooks a delay >= 0"]
@@ -202,6 +223,6 @@ def _blank_codes(rows, metadata):
 
 
 PARALLEL_STREAMS = register(InputFormat(
-  NAME, STREAM_ROWS, "tasks.encoders:StreamEncoder", spec_keys=SPEC_KEYS, check_spec=_problems, refuse=_refuse,
+  NAME, STREAM_ROWS, spec_keys=SPEC_KEYS, check_spec=_problems, refuse=_refuse,
   num_codebooks=lambda spec, modality: len(spec.codebook_sizes),
   widths=lambda spec, modality: {"streams": 1 + len(spec.codebook_sizes)}, blank_audio=_blank_codes))

@@ -1,5 +1,5 @@
 """The input formats of the shared decoder: token rows (s2sjax/data/rows.py's TOKEN_ROWS, packed by `packing.pack`),
-one id per position, audio entering as the model's family accepts it (s2sjax/scoring/families: a family lists these names
+one id per position, audio entering as the model's family accepts it (s2sjax/model/families: a family lists these names
 among its `audio_inputs`).
 
   none             text only: nothing spoken can be asked of the spec
@@ -21,7 +21,6 @@ from s2sjax.data.formats.format import InputFormat, register
 from s2sjax.data.modalities import SPEECH
 from s2sjax.data.rows import TOKEN_ROWS
 
-TEXT_ENCODER = "tasks.encoders:TextEncoder"
 
 
 def _unit_lm_problems(spec) -> list[str]:
@@ -100,13 +99,11 @@ def _blank_codes(rows, metadata):
   return dict(rows, audio_codes=np.where(codes >= 0, 0, -1).astype(codes.dtype))
 
 
-NONE = register(InputFormat("none", TOKEN_ROWS, TEXT_ENCODER, takes_audio=False, chat=True, check_spec=_unit_lm_problems,
+NONE = register(InputFormat("none", TOKEN_ROWS, takes_audio=False, chat=True, check_spec=_unit_lm_problems,
                             widths=_token_widths(lambda spec, modality: 0)))
 EXTENDED_VOCAB = register(InputFormat(
-  "extended_vocab", TOKEN_ROWS, "tasks.encoders:UnitEncoder", TEXT_ENCODER, chat=True, check_spec=_units_problems,
+  "extended_vocab", TOKEN_ROWS, chat=True, check_spec=_units_problems,
   widths=_token_widths(lambda spec, modality: 0), blank_audio=_blank_units))
 CODEBOOK_TABLES = register(InputFormat(
-  "codebook_tables", TOKEN_ROWS, "tasks.encoders:CodebookEncoder", TEXT_ENCODER, chat=True,
-  check_spec=_tables_problems,
-  refuse=_tables_refuse, num_codebooks=_tables_codebooks, widths=_token_widths(_tables_codebooks),
-  blank_audio=_blank_codes))
+  "codebook_tables", TOKEN_ROWS, chat=True, check_spec=_tables_problems, refuse=_tables_refuse,
+  num_codebooks=_tables_codebooks, widths=_token_widths(_tables_codebooks), blank_audio=_blank_codes))

@@ -2,8 +2,8 @@
 `s2sjax.runtime.registry.Registry` as families, tasks, specs and audio tokenizers are.
 
 An architecture is one parameter tree and the rows it scores: the shared decoder (every family of
-`s2sjax.scoring.families`, token rows) is one, a model of its own reading parallel streams is another. The checkpoint
-reader and writer, the scorer, the evaluator's fit checks, the build's stream protocol and the converter look the
+`s2sjax.model.families`, token rows) is one, a model of its own reading parallel streams is another. The checkpoint
+reader and writer, the scorer, the evaluator's fit checks and the converter look the
 architecture up here, by its config's type, by model_config.json's `family`, or by a spec, and never name one.
 """
 
@@ -17,23 +17,13 @@ import numpy as np
 from s2sjax.runtime import plugins
 from s2sjax.runtime.errors import UnknownNameError, UserError
 from s2sjax.runtime.registry import Registry
-from s2sjax.data.rows import STREAM_ROWS, RowFormat
+from s2sjax.data.rows import RowFormat
 
-DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.scoring.families is
+DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.model.families is
 
 
 class FitError(UserError, ValueError):
   """A checkpoint and built data that do not fit together; the message names both and says what to run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamProtocol:
-  """How a question is laid on stream rows for an architecture that reads them (the build's side)."""
-
-  # (modality name, codebooks) -> per stream (0 = text, k = codebook k - 1) its tokens' weight; 0 = not scored
-  weights: Callable[[str, int], tuple[int, ...]]
-  # (codebooks, text ids [T] or audio codes [T, codebooks]) -> time-aligned streams [T, 1 + codebooks]
-  lay: Callable[..., np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +34,8 @@ class Architecture:
   `check_ids(rows, config)` raises a ScoringError for ids beyond the model's tables (the scorer's own check, which
   the pre-flight runs too); `parse_config(config_json)` reads a release's config.json into its config, refusing by
   name what it does not implement; `spec_checks(config, spec, audio_ids)` are the pre-flight's verdicts on how a
-  spec's ids and streams meet the model, as (check, ok, detail);
-  `converter` and `verifier` ('module:function', imported when asked for: s2sjax.runtime.registry.load_object) convert
-  and check a release folder of this architecture: `converter(source, output, dtype, overwrite) -> manifest`,
-  `verifier(source, ckpt_dir, length, seed) -> comparison`. None: its checkpoints come through the families'
-  layouts (the shared decoder). `release_classes` are the modeling classes a release's config.json `architectures`
-  names that this converter reads with no --family (whatever family its `model_type` names).
+  spec's ids and streams meet the model, as (check, ok, detail) (how its releases are converted is
+  checkpoints_conversion's: own_converters.py).
   `log_probs(config, params, input_ids, audio_codes, features) -> (text [T, vocab], audio head or None)` is the fp32
   log-softmax of one sequence that `s2sjax.logprobs` writes, inputs checked (`s2sjax.scoring.sequence_inputs`); None: the
   architecture has no such command. `planned(config)` is the shared-decoder shape whose FLOPs and activations its
@@ -67,10 +53,6 @@ class Architecture:
   check_ids: Callable[[Mapping[str, np.ndarray], Any], None] | None = None  # None: its scorer checks ids alone
   parse_config: Callable[[Mapping[str, Any]], Any] | None = None  # None: it reads no release config.json
   spec_checks: Callable[[Any, Any, Any], list[tuple[str, bool, str]]] = lambda config, spec, ids: []
-  stream_protocol: StreamProtocol | None = None  # stream rows: how the build lays a question
-  converter: str | None = None
-  verifier: str | None = None
-  release_classes: tuple[str, ...] = ()
   log_probs: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = None
   planned: Callable[[Any], Any] | None = None
   planner_shapes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
@@ -79,24 +61,16 @@ class Architecture:
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
   problems = [f"its config class {new.config_class.__name__} is {a.name}'s already" for a in registered.values()
               if a.config_class is new.config_class]
-  problems += [f"release class {name} is {a.name}'s already" for a in registered.values()
-               for name in new.release_classes if name in a.release_classes]
   problems += [f"planner shape {name!r} is {a.name}'s already" for a in registered.values() for name in
                new.planner_shapes if name in a.planner_shapes]
-  if (new.release_classes or new.planner_shapes) and new.parse_config is None:
-    problems.append("release classes and planner shapes are read by its parse_config, which it lacks")
-  if (new.stream_protocol is not None) != (new.row_format is STREAM_ROWS):
-    problems.append(f"an architecture reading {new.row_format.name} rows "
-                    f"{'needs' if new.row_format is STREAM_ROWS else 'takes no'} stream_protocol")
+  if new.planner_shapes and new.parse_config is None:
+    problems.append("planner shapes are read by its parse_config, which it lacks")
   return problems
 
 
-def _unknown(name: str, known: list[str]) -> UnknownNameError:
-  return UnknownNameError(f"unknown architecture {name!r}; registered: {', '.join(known)}. An architecture of your "
-                          f"own registers when its module is imported: name that module in ${plugins.ENV}")
-
-
-ARCHITECTURES: Registry[Architecture] = Registry("architecture", check=_problems, unknown=_unknown)
+ARCHITECTURES: Registry[Architecture] = Registry(
+  "architecture", check=_problems, unknown=lambda name, known: f"unknown architecture {name!r}; registered: "
+                                                                f"{', '.join(known)}")
 register = ARCHITECTURES.register
 get = ARCHITECTURES.get
 
@@ -112,15 +86,8 @@ def for_config(config) -> Architecture:
 
 def for_family(family: str | None) -> Architecture:
   """The architecture of a model_config.json's `family`: one registered under that name, else the shared decoder
-  (whose families are s2sjax.scoring.families')."""
+  (whose families are s2sjax.model.families')."""
   return get(family) if family in ARCHITECTURES.names() and family != DECODER else get(DECODER)
-
-
-def for_release(source_config: Mapping[str, Any]) -> Architecture | None:
-  """The architecture whose converter reads a release whose config.json names one of its `release_classes`, or
-  None."""
-  names = source_config.get("architectures") or ()
-  return next((a for a in ARCHITECTURES for name in names if name in a.release_classes), None)
 
 
 def planner_shapes() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The shared decoder as an architecture: every family of `s2sjax.scoring.families`, scoring token rows
+"""The shared decoder as an architecture: every family of `s2sjax.model.families`, scoring token rows
 (`s2sjax.scoring.scorer.Scorer`), audio taken the ways its family accepts (codebook tables, units in the vocabulary)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.data import modalities
 from s2sjax.scoring.architectures.architecture import DECODER, Architecture, FitError, register
-from s2sjax.scoring.model import decoder
-from s2sjax.scoring.model.config import ModelConfig
+from s2sjax.model import decoder
+from s2sjax.model.config import ModelConfig
 from s2sjax.data.rows import TOKEN_ROWS
 from s2sjax.scoring.scorer import Scorer, ScoringError, check_ids
 from s2sjax.scoring.sequence_inputs import LogProbsError, check_range, no_features, sequence

@@ -2,7 +2,7 @@
 `KimiAudioConfig` (every switch read or refused by name), the release's tensor keys, its scoring step over the
 `kimi_audio` input format's rows (s2sjax/data/formats/kimi_audio.py: two id streams and a Whisper feature track), the
 evaluator's and the pre-flight's checks of a spec against a checkpoint, its log-probs hook, and its registration.
-The network is `s2sjax.scoring.model.kimi_audio`; the converter `checkpoints_conversion/kimi_release.py`, which
+The network is `s2sjax.model.kimi_audio`; the converter `checkpoints_conversion/kimi_release.py`, which
 `checkpoints_conversion.convert` runs for a release naming `MoonshotKimiaForCausalLM`, with no flags.
 
 Why not a family of the shared decoder: Kimi reads two id streams through one table, mixes continuous Whisper
@@ -19,14 +19,14 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.data import modalities
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
-from s2sjax.scoring.families import keymap
+from s2sjax.model.families import keymap
 from s2sjax.data.formats.kimi_audio import ROWS
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
+from s2sjax.model.attention import local_window, local_window_mask, LocalWindow, packed_attention_mask
+from s2sjax.model.config import ConfigError
+from s2sjax.model.kimi_audio import (NAME, KimiAudioConfig, abstract_params, hidden_states, param_logical_axes,
   sequence_log_probs, text_logits)
 from s2sjax.data.packing import RowShape
 from s2sjax.scoring.scorer import ScoringError, StreamScorer, row_mask, text_head_scores, windowed_scorer
@@ -124,7 +124,7 @@ def rules(config: KimiAudioConfig) -> list[keymap.Rule]:
 
 
 def score_batch(config: KimiAudioConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict,
-                attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
+                attention: str = "xla", window: LocalWindow | None = None) -> dict:
   """Per target [B, M] `target_nll` (the token's NLL under the text head, over the full vocabulary as
   utils/sampler.py:138 reads it), per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.scorer.score_batch` for the
   decoder. Attention is the decoder's over segment / branch ids (a prefix shared by its candidates; item-local with
@@ -269,6 +269,5 @@ KIMI_AUDIO_7B = {
 ARCHITECTURE = register(Architecture(
   NAME, KimiAudioConfig, ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.text_output_vocab, check_fit=check_fit, check_ids=check_ids,
-  parse_config=parse_config, spec_checks=spec_checks, converter="checkpoints_conversion.kimi_release:convert",
-  release_classes=("MoonshotKimiaForCausalLM",), log_probs=log_probs, planned=lambda config: config.decoder,
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config.decoder,
   planner_shapes={"kimi-audio-7b": KIMI_AUDIO_7B}))

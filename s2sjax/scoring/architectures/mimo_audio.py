@@ -2,7 +2,7 @@
 into a `MimoAudioConfig`, every switch read or refused by name, the release's tensor keys, its scoring step over the
 `mimo_audio` input format's rows (text targets by the text head, speech patches by the patch decoder), the
 evaluator's and the pre-flight's checks of a spec against a checkpoint, the log-probs hook and its registration.
-The network is `s2sjax.scoring.model.mimo_audio`; the converter `checkpoints_conversion/mimo_release.py`, which
+The network is `s2sjax.model.mimo_audio`; the converter `checkpoints_conversion/mimo_release.py`, which
 `checkpoints_conversion.convert` runs for a release naming `MiMoAudioForCausalLM`, with no flags.
 
 Why not a family of the shared decoder: a position of its global stack is a patch of one text id and 4 x 8 RVQ
@@ -23,12 +23,12 @@ from s2sjax.data import modalities
 from s2sjax.data.formats.mimo_audio import ROWS
 from s2sjax.data.packing import RowShape
 from s2sjax.data.spec import AudioIds, Spec
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
-from s2sjax.scoring.families import keymap
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ConfigError, ModelConfig
-from s2sjax.scoring.model.mimo_audio import (NAME, MimoAudioConfig, abstract_params, embed_patches, global_hidden,
+from s2sjax.model.families import keymap
+from s2sjax.model.attention import LocalWindow
+from s2sjax.model.config import ConfigError, ModelConfig
+from s2sjax.model.mimo_audio import (NAME, MimoAudioConfig, abstract_params, embed_patches, global_hidden,
   param_logical_axes, patch_nll, sequence_outputs, split_input_ids, text_logits)
 from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks, row_mask, slot_scores, windowed_scorer
 from s2sjax.scoring.sequence_inputs import LogProbsError
@@ -168,7 +168,7 @@ MIMO_AUDIO_7B = {
 
 
 def score_batch(config: MimoAudioConfig, dtype, target_chunk: int, num_slots: int, params, batch: dict,
-                attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
+                attention: str = "xla", window: LocalWindow | None = None) -> dict:
   """Per target [B, M] `target_nll`, per slot [B, C] `nll_sum` and `n_tokens`, as `s2sjax.scoring.scorer.score_batch`
   for the decoder; each target is read from the global state after the patch at `target_pos`:
 
@@ -311,6 +311,5 @@ def log_probs(config: MimoAudioConfig, params, input_ids: np.ndarray, audio_code
 ARCHITECTURE = register(Architecture(
   NAME, MimoAudioConfig, ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.vocab_size, check_fit=check_fit, check_ids=check_ids,
-  parse_config=parse_config, spec_checks=spec_checks, converter="checkpoints_conversion.mimo_release:convert",
-  release_classes=(RELEASE_CLASS,), log_probs=log_probs, planned=lambda config: config.decoder,
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config.decoder,
   planner_shapes={"mimo-audio-7b": MIMO_AUDIO_7B}))

@@ -1,5 +1,5 @@
 """Moshi (Kyutai's `LMModel`): a text stream and Mimi codebook streams read in parallel, a depth transformer per
-step (`s2sjax.scoring.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
+step (`s2sjax.model.moshi`). Layout: the PyTorch release (`kyutai/moshiko-pytorch-bf16` and kin): a config.json of
 `LMModel` keyword arguments (plus the loader's file names) and `model.safetensors` in upstream's state-dict keys.
 Attention comes in either of the spellings Kyutai's loader reads (`LMStateDict`): the releases' fused
 `in_proj_weight` / `out_proj.weight` (the depformer's per-step weight sets stacked in them), or today's
@@ -12,33 +12,28 @@ parse into the shared decoder's `ModelConfig`. Moshi's parameters are another tr
 per-step weights), its rows are stream rows (s2sjax/data/rows.py: several ids per position, whole steps as targets). So
 its registration, at the end of this module, carries what the pipeline asks of it: its config and parameter tree,
 its scoring step over stream rows (`score_stream_batch`, driven by `s2sjax.scoring.scorer.StreamScorer`), its fit check
-(`check_spec`), the protocol that lays a question's streams (`stream_weights`, `lay_streams`) and its converter
-(checkpoints_conversion/moshi_release.py, over `parse_config`, `rules` and `LMStateDict` here). Its checkpoints are
-the same directory format (`model_config.json` says `family: moshi`), written and read by `s2sjax.scoring.checkpoint`.
+(`check_spec`); its converter is checkpoints_conversion's (moshi_release.py, over `parse_config` here and the key
+map of moshi_keymap.py). Its checkpoints are
+the same directory format (`model_config.json` says `family: moshi`), written and read by `s2sjax.scoring.checkpoints.checkpoint`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
-from s2sjax.scoring.architectures.architecture import Architecture, FitError, StreamProtocol, register
-from s2sjax.scoring.families.keymap import check_rules
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params,
+from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
+from s2sjax.model.config import ConfigError
+from s2sjax.model.moshi import (FAMILY, MoshiConfig, MoshiLM, TransformerConfig, abstract_params,
   attention_mask, param_logical_axes, stream_log_probs)
 from s2sjax.data.rows import STREAM_ROWS
 from s2sjax.scoring.scorer import ScoringError, StreamScorer, by_target_chunks
 from s2sjax.scoring.sequence_inputs import LogProbsError, check_range, no_features, sequence
 
 NAME = FAMILY
-MOSHI_NAME = "model.safetensors"  # moshi.models.loaders.MOSHI_NAME: the LM's file when config.json names none
 
 # config.json keys the loader (`CheckpointInfo.from_hf_repo`) reads for itself and never passes to LMModel.
 LOADER_KEYS = ("moshi_name", "mimi_name", "mimi_config_name", "tokenizer_name", "lora_name", "model_type",
@@ -65,10 +60,9 @@ REFUSED = {
 # Keys whose value does not change the model's outputs.
 INERT = ("existing_text_end_padding_id", "extra_heads_num_heads", "extra_heads_dim", "gradient_checkpointing",
          "betas", "depformer_context", "depformer_betas")
-# LoRA keys (`get_moshi_lm` pops them, moshi/models/loaders.py l.399-401): the converter merges the factors, so the
-# model never sees them. `lora_rank` is read off the factors' shapes.
+# LoRA keys (`get_moshi_lm` pops them, moshi/models/loaders.py l.399-401): the converter merges the factors
+# (checkpoints_conversion/moshi_keymap.py), so the model never sees them. `lora_rank` is read off the factors' shapes.
 LORA_KEYS = ("lora", "lora_rank", "lora_scaling")
-LORA_SCALING = 2.0  # get_moshi_lm's default when config.json gives no lora_scaling (loaders.py l.401)
 # Moshiko / Moshika 7B (kyutai-labs/moshi configs/moshi_7b_202409.json = loaders._lm_kwargs): the published
 # architecture, for the planner and as what a release's config.json looks like.
 MOSHIKO_CONFIG: dict[str, Any] = {
@@ -80,8 +74,6 @@ MOSHIKO_CONFIG: dict[str, Any] = {
   "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
   "depformer_weights_per_step": True, "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
 }
-# Release modules scoring never runs (extra heads; Mimi's keys when its file sits in the same folder).
-SKIPPED_PREFIXES = ("extra_heads.",)
 
 
 def _gating_hidden(dim: int, dim_feedforward: int) -> int:
@@ -158,232 +150,6 @@ def parse_config(cfg: Mapping[str, Any]) -> MoshiConfig:
   )
 
 
-# ---- key map ---------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Piece:
-  key: str
-  source_shape: tuple[int, ...]  # the shape the checkpoint must hold under `key`
-  rows: tuple[int, int] | None = None  # a [start, stop) row slice of a fused matrix
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """A target leaf from its pieces, in order (layer-major, then weight set), each transformed ("copy" reshapes;
-  "linear" turns a PyTorch [out, in] weight into an [in, out] kernel) to the leaf's trailing shape, then stacked
-  over the leaf's `lead` leading dims."""
-
-  target: tuple[str, ...]
-  pieces: tuple[Piece, ...]
-  kind: str  # copy | linear
-  lead: int = 0
-
-  def assemble(self, arrays: list[np.ndarray], target_shape: tuple[int, ...]) -> np.ndarray:
-    item_shape = tuple(target_shape[self.lead :])
-    out = []
-    for piece, array in zip(self.pieces, arrays):
-      array = np.asarray(array)
-      if piece.rows is not None:
-        array = array[piece.rows[0] : piece.rows[1]]
-      out.append((array.T if self.kind == "linear" else array).reshape(item_shape))
-    return np.stack(out).reshape(target_shape) if self.lead else out[0]
-
-
-def _transformer_rules(t: TransformerConfig, target: tuple[str, ...], prefix: str, per_step: bool) -> list[Rule]:
-  """A StreamingTransformer's layers, in LMModel's module names (`LMStateDict`): attention has one in_projs /
-  out_projs module per weight set, an in_projs weight's rows being [q | k | v]."""
-  d, kvd, h = t.dim, t.kv_heads * t.head_dim, t.hidden
-  out_rows = d + 2 * kvd
-  sets = range(t.weight_sets)
-  layer = lambda i: f"{prefix}.layers.{i}"
-  lead = 2 if per_step else 1
-  rules = []
-
-  def projection(name: str, which: str, total: int, start: int, size: int) -> Rule:
-    pieces = tuple(Piece(f"{layer(i)}.self_attn.{which}_projs.{s}.weight", (total, d), (start, start + size))
-                   for i in range(t.num_layers) for s in sets)
-    return Rule((*target, "layers", name), pieces, "linear", lead)
-
-  rules += [projection("q", "in", out_rows, 0, d), projection("k", "in", out_rows, d, kvd),
-            projection("v", "in", out_rows, d + kvd, kvd), projection("o", "out", d, 0, d)]
-  if per_step:  # the gating is a ModuleList, one per weight set
-    gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{s}.{part}.weight", shape)
-                                       for i in range(t.num_layers) for s in sets)
-  else:
-    gating = lambda part, shape: tuple(Piece(f"{layer(i)}.gating.{part}.weight", shape) for i in range(t.num_layers))
-  rules += [Rule((*target, "layers", "gate"), tuple(dataclasses.replace(p, rows=(0, h)) for p in
-                                                   gating("linear_in", (2 * h, d))), "linear", lead),
-            Rule((*target, "layers", "up"), tuple(dataclasses.replace(p, rows=(h, 2 * h)) for p in
-                                                 gating("linear_in", (2 * h, d))), "linear", lead),
-            Rule((*target, "layers", "down"), gating("linear_out", (d, h)), "linear", lead)]
-  per_layer = lambda key, shape: tuple(Piece(f"{layer(i)}.{key}", shape) for i in range(t.num_layers))
-  rules += [Rule((*target, "layers", "attn_norm", "scale"), per_layer("norm1.alpha", (1, 1, d)), "copy", 1),
-            Rule((*target, "layers", "mlp_norm", "scale"), per_layer("norm2.alpha", (1, 1, d)), "copy", 1)]
-  if t.layer_scale:
-    rules += [Rule((*target, "layers", "attn_scale"), per_layer("layer_scale_1.scale", (d,)), "copy", 1),
-              Rule((*target, "layers", "mlp_scale"), per_layer("layer_scale_2.scale", (d,)), "copy", 1)]
-  return rules
-
-
-def _embedding_rules(target: tuple[str, ...], key: str, rows: int, dim: int, low_rank: int | None) -> list[Rule]:
-  rules = [Rule((*target, "embedding"), (Piece(f"{key}.weight", (rows, low_rank or dim)),), "copy")]
-  if low_rank:
-    rules.append(Rule((*target, "low_rank"), (Piece(f"{key}.low_rank.weight", (dim, low_rank)),), "linear"))
-  return rules
-
-
-def rules(config: MoshiConfig) -> list[Rule]:
-  """Every leaf of `abstract_params(config)` from the release's state-dict keys."""
-  c, dim = config, config.temporal.dim
-  out = _embedding_rules(("text_emb",), "text_emb", c.text_card + 1, dim, None)
-  for k in range(c.n_q):
-    out += _embedding_rules((f"audio_emb_{k}",), f"emb.{k}", c.card + 1, dim, None)
-  out += _transformer_rules(c.temporal, ("transformer",), "transformer", per_step=False)
-  out.append(Rule(("out_norm", "scale"), (Piece("out_norm.alpha", (1, 1, dim)),), "copy"))
-  out.append(Rule(("text_head", "kernel"), (Piece("text_linear.weight", (c.text_card_out, dim)),), "linear"))
-  if c.bias_proj:
-    out.append(Rule(("text_head", "bias"), (Piece("text_linear.bias", (c.text_card_out,)),), "copy"))
-  if not c.dep_q:
-    return out
-  t = c.depformer
-  out.append(Rule(("depformer", "in_kernel"), tuple(Piece(f"depformer_in.{j}.weight", (t.dim, dim))
-                                                   for j in range(c.num_in_linears)), "linear", 1))
-  out += _embedding_rules(("depformer", "text_emb"), "depformer_text_emb", c.text_card + 1, t.dim, c.depformer_low_rank)
-  for k in range(c.dep_q - 1):
-    out += _embedding_rules(("depformer", f"audio_emb_{k}"), f"depformer_emb.{k}", c.card + 1, t.dim,
-                            c.depformer_low_rank)
-  out += _transformer_rules(t, ("depformer", "transformer"), "depformer", per_step=t.weight_sets > 1)
-  if c.depformer_norm is not None:
-    out.append(Rule(("depformer", "norm_scale"), tuple(Piece(f"depformer_norms.{k}.alpha", (1, 1, t.dim))
-                                                      for k in range(c.dep_q)), "copy", 1))
-  out.append(Rule(("depformer", "heads"), tuple(Piece(f"linears.{k}.weight", (c.card, t.dim))
-                                               for k in range(c.dep_q)), "linear", 1))
-  if c.bias_proj:
-    out.append(Rule(("depformer", "heads_bias"), tuple(Piece(f"linears.{k}.bias", (c.card,))
-                                                      for k in range(c.dep_q)), "copy", 1))
-  return out
-
-
-# ---- the state dict's spellings --------------------------------------------------------------------------------------
-
-# The fused attention spellings Kyutai's loader splits into LMModel's per-weight-set modules
-# (`StreamingMultiheadAttention._load_hook`, moshi/modules/transformer.py l.423-446): a key's suffix after
-# `self_attn.` -> (in | out, the LoRA factor it is or ""); weight set i holds the i-th of its equal row blocks.
-FUSED_ATTENTION = {
-  "in_proj_weight": ("in", ""), "in_proj.weight": ("in", ""), "out_proj.weight": ("out", ""),
-  "in_proj.lora_A.weight": ("in", "lora_A."), "in_proj.lora_B.weight": ("in", "lora_B."),
-  "out_proj.lora_A.weight": ("out", "lora_A."), "out_proj.lora_B.weight": ("out", "lora_B."),
-}
-# A LoRA-wrapped linear (moshi/modules/lora.py `LoRALinear`): its base weight under `frozen_W`, its factors beside.
-_LORA_PART = re.compile(r"(?P<module>.+)\.(?P<part>frozen_W|lora_A|lora_B)\.(?P<leaf>weight|bias)")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Stored:
-  key: str  # the file's key
-  rows: tuple[int, int] | None = None  # a row block of a fused tensor
-
-
-class LMStateDict:
-  """A Moshi state dict in `LMModel`'s own module names, whichever spelling the files use: fused attention split
-  into its weight sets, a LoRA-wrapped linear's `frozen_W` read as its weight and its factors merged into it
-  (W + scaling * B @ A, as `LoRALinear.forward` and `replace_lora_with_linear` compute it, moshi/modules/lora.py).
-  `shapes` and `read` speak those names; `problems` lists what does not fit (a tensor stored under two spellings, a
-  lone LoRA factor, factors that do not fit their weight) instead of raising, so all are reported together."""
-
-  def __init__(self, config: MoshiConfig, shapes: Mapping[str, tuple[int, ...]], read: Callable[[str], np.ndarray],
-               lora_scaling: float = LORA_SCALING):
-    self._read, self.lora_scaling = read, float(lora_scaling)
-    self.problems: list[str] = []
-    self._stored: dict[str, _Stored] = {}
-    self.shapes: dict[str, tuple[int, ...]] = {}
-    for key, shape in shapes.items():
-      for name, stored, stored_shape in self._spellings(config, key, tuple(shape)):
-        if name in self._stored:
-          self.problems.append(f"{name} is stored twice, as {self._stored[name].key} and as {key}")
-        else:
-          self._stored[name], self.shapes[name] = stored, stored_shape
-    self.lora: dict[str, tuple[str, str]] = {}  # adapted weight -> its (lora_A, lora_B) names
-    self._pair_lora_factors()
-
-  def _spellings(self, config: MoshiConfig, key: str, shape: tuple[int, ...]):
-    """(name, where it is stored, shape) of each LMModel tensor the file's `key` holds."""
-    head, sep, tail = key.rpartition(".self_attn.")
-    if sep and tail in FUSED_ATTENTION:
-      which, factor = FUSED_ATTENTION[tail]
-      sets = config.depformer.weight_sets if key.startswith("depformer.") and config.depformer else 1
-      if shape[0] % sets:
-        self.problems.append(f"{key}: {shape[0]} rows do not split into the attention's {sets} weight sets")
-        return []
-      n = shape[0] // sets
-      return [(f"{head}.self_attn.{which}_projs.{i}.{factor}weight", _Stored(key, (i * n, (i + 1) * n)),
-               (n, *shape[1:])) for i in range(sets)]
-    part = _LORA_PART.fullmatch(key)
-    if part and part["part"] == "frozen_W":
-      return [(f"{part['module']}.{part['leaf']}", _Stored(key), shape)]
-    return [(key, _Stored(key), shape)]
-
-  def _pair_lora_factors(self) -> None:
-    factors: dict[str, dict[str, str]] = {}
-    for name in self.shapes:
-      part = _LORA_PART.fullmatch(name)
-      if part and part["part"] != "frozen_W" and part["leaf"] == "weight":
-        factors.setdefault(part["module"], {})[part["part"]] = name
-    for module, names in sorted(factors.items()):
-      found = {part: self.shapes.pop(name) for part, name in names.items()}  # merged, never read on their own
-      if len(found) == 1:
-        (have,) = found
-        lack = "lora_B" if have == "lora_A" else "lora_A"
-        self.problems.append(f"LoRA factor {module}.{have}.weight has no {module}.{lack}.weight: the update "
-                             "W + scaling * B @ A needs both")
-        continue
-      weight = f"{module}.weight"
-      (rank, inputs), (outputs, rank_b) = found["lora_A"], found["lora_B"]
-      if weight not in self.shapes:
-        self.problems.append(f"LoRA factors {module}.lora_A/lora_B.weight have no {weight} (or frozen_W) to adapt")
-      elif rank != rank_b or self.shapes[weight] != (outputs, inputs):
-        self.problems.append(f"LoRA factors of {module} do not fit its weight: lora_B {found['lora_B']} @ lora_A "
-                             f"{found['lora_A']} against {weight} {self.shapes[weight]}")
-      else:
-        self.lora[weight] = (names["lora_A"], names["lora_B"])
-
-  def _read_stored(self, name: str) -> np.ndarray:
-    stored = self._stored[name]
-    array = self._read(stored.key)
-    return array if stored.rows is None else array[stored.rows[0] : stored.rows[1]]
-
-  def read(self, name: str) -> np.ndarray:
-    array = self._read_stored(name)
-    if name not in self.lora:
-      return array
-    down, up = (np.asarray(self._read_stored(n), np.float32) for n in self.lora[name])
-    return np.asarray(array, np.float32) + self.lora_scaling * (up @ down)
-
-
-def plan(config: MoshiConfig, state: LMStateDict) -> tuple[list[Rule], list[str], list[str]]:
-  """(rules, problems, skipped names) of a state dict: what its spellings do not fit, every missing tensor (named
-  with the leaf it feeds), every mis-shaped one and every tensor no rule reads."""
-  ruled = rules(config)
-  problems, rest = check_rules(set(traverse_util.flatten_dict(abstract_params(config))), ruled, state.shapes)
-  problems = state.problems + problems
-  skipped = [k for k in rest if k.startswith(SKIPPED_PREFIXES)]
-  unexpected = [k for k in rest if k not in skipped]
-  if unexpected:
-    problems.append(f"{len(unexpected)} unexpected key(s) that no rule uses: {', '.join(unexpected[:20])}")
-  return ruled, problems, skipped
-
-
-def convert_leaves(config: MoshiConfig, ruled: list[Rule], read, dtype=np.float32
-                   ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-  """(leaf path, array) for every rule, reading each rule's source tensors only (`read(key) -> array`)."""
-  abstract = traverse_util.flatten_dict(abstract_params(config))
-  for rule in ruled:
-    target = abstract[rule.target]
-    arrays = [np.asarray(read(piece.key), np.float32) for piece in rule.pieces]
-    yield rule.target, rule.assemble(arrays, tuple(target.shape)).astype(dtype)
-
-
 # ---- the spec's contract ---------------------------------------------------------------------------------------------
 
 
@@ -407,80 +173,12 @@ def check_spec(config: MoshiConfig, codebook_sizes: Sequence[int], delays: Seque
                       f"are not the model's {list(config.initial_ids[:streams])} (text_card, then card)")
 
 
-# ---- what Moshi is scored on -----------------------------------------------------------------------------------------
-#
-# Moshi's streams: 0 = the text stream (its Inner Monologue: time-aligned text of *its own* speech), 1..dep_q = its
-# own speech's Mimi codebooks (1 = the semantic codebook), dep_q+1..n_q = the user's speech (read, never predicted).
-# A benchmark's audio is laid as Moshi's own speech, so that its codebooks are predicted; silent streams hold -1.
-#
-#   s2s  spoken -> spoken, Kyutai's protocol (the Moshi paper, arXiv 2410.00037, §5.4 "Audio Language Modeling"):
-#        "we sum all tokens of a timestep with the same weights used during training, i.e. 100 for the semantic
-#        tokens and 1 for the acoustic ones" — every own codebook, as the depformer predicts it, weighted 100
-#        (stream 1) or 1 (streams 2..dep_q); "We do not include text tokens from the Inner Monologue" — the text
-#        stream is -1 throughout and not scored; "We score sequences with a negative-log likelihood normalized by
-#        the sequence length" — a candidate's score is its weighted NLL sum divided by its timesteps (the stream
-#        scorer's `n_tokens` for stream rows: `score_stream_batch` below). Moshi's published 60.8
-#        sStoryCloze / 83.0 sTopic-StoryCloze (our tStoryCloze; Table 7) are its text-and-audio model after
-#        single-stream pretraining, scored this way: "even if these models are trained with Inner Monologue, they
-#        are evaluated without".
-#        Which recording is scored is the build's `--protocol`: `utterance` (the whole spoken story, prefix and
-#        ending heard as one recording, scored from Moshi's initial step) is the paper's, which scores whole
-#        positive and negative speech examples; `s2sbench` scores only the spoken ending's frames given the
-#        spoken story before it. Both weigh a step's codebooks alike.
-#   s2t  spoken prefix (audio streams, text -1) -> candidate text on the time-aligned text stream (audio -1 there):
-#        the text stream is Moshi's only text output, predicted per frame.
-#   t2t  text stream alone, audio streams -1 everywhere: Moshi's temporal transformer is Helium fine-tuned on
-#        aligned speech, and its text stream alone is a text LM over Helium's tokenizer; meaningful, though off the
-#        training distribution (text always came with audio), so it is reported next to s2t, not instead of it.
-#   t2s  text prefix -> spoken candidate: refused. Moshi's text stream is the transcript of the speech it carries,
-#        one frame at a time: a text prefix without its speech is not a prompt the model was trained to continue
-#        in audio, and no alignment of the two exists to build one.
-#
-# The weights live here, with the rule that picks the scored streams, rather than in the spec (moshi.yaml): they are
-# the paper's protocol, the same for every Moshi checkpoint, while a spec says how a checkpoint's streams are laid
-# (s2sjax/data/spec.py validates those keys for every family); a spec key would let a build drift from the paper silently.
-
-SEMANTIC_WEIGHT = 100  # §5.4: "100 for the semantic tokens" (Mimi's codebook 0, distilled from WavLM)
-ACOUSTIC_WEIGHT = 1  # §5.4: "and 1 for the acoustic ones"
-TEXT_WEIGHT = 1  # s2t and t2t score the text stream alone: its weight only sets the unit
-
-
-def stream_weights(modality: str, codebooks: int) -> tuple[int, ...]:
-  """Per stream (0 = text, k = codebook k - 1) the weight of a candidate's tokens under a modality's protocol, for
-  rows of the text stream and `codebooks` codebook streams; 0 = not scored."""
-  if modality == "s2s":
-    return (0, SEMANTIC_WEIGHT) + (ACOUSTIC_WEIGHT,) * (codebooks - 1)
-  if modality in ("s2t", "t2t"):
-    return (TEXT_WEIGHT,) + (0,) * codebooks
-  if modality == "t2s":
-    raise ConfigError("t2s is refused for Moshi: its text stream transcribes the speech it carries frame by frame, "
-                      "so a text prefix has no speech to continue (see s2sjax/scoring/architectures/moshi.py)")
-  raise ConfigError(f"unknown modality {modality!r} (s2s, s2t, t2t)")
-
-
-def lay_streams(codebooks: int, text: np.ndarray | None = None, audio: np.ndarray | None = None) -> np.ndarray:
-  """One side of a question (its prefix, or a candidate) as time-aligned streams [T, 1 + codebooks]: text ids [T]
-  on stream 0, or audio codes [T, codebooks] on the codebook streams (Moshi's own speech); every other stream -1.
-  The user's streams are not laid: the scorer reads them as silence."""
-  if (text is None) == (audio is None):
-    raise ValueError("a side of a question is laid from its text or from its audio, one of the two")
-  if audio is not None:
-    audio = np.asarray(audio)
-    if audio.ndim != 2 or audio.shape[1] != codebooks:
-      raise ConfigError(f"audio codes must be [T, {codebooks}] (Moshi's own codebooks), got {audio.shape}")
-  out = np.full((len(text) if text is not None else len(audio), 1 + codebooks), -1, np.int32)
-  if text is not None:
-    out[:, 0] = text
-  else:
-    out[:, 1:] = audio
-  return out
-
-
 # ---- the scoring step over stream rows -------------------------------------------------------------------------------
 #
 # The temporal transformer over every position, its outputs gathered at the targets, then at each target the text
 # head and the depformer (conditioned on the predicted step's earlier streams); fp32 `logsumexp - logit[target]`
-# per stream, weighted by `target_weight` (the protocol's per-stream weights, `stream_weights`), summed per slot.
+# per stream, weighted by `target_weight` (the protocol's per-stream weights, s2sjax/data/formats/moshi_protocol.py),
+# summed per slot.
 
 
 def silent_streams(config: MoshiConfig, positions: jax.Array, laid: int) -> jax.Array:
@@ -610,7 +308,4 @@ def spec_checks(config: MoshiConfig, spec, ids) -> list[tuple[str, bool, str]]:
 ARCHITECTURE = register(Architecture(
   NAME, MoshiConfig, STREAM_ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.text_card, check_fit=check_fit, check_ids=check_stream_ids,
-  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs,
-  stream_protocol=StreamProtocol(stream_weights, lay_streams),
-  converter="checkpoints_conversion.moshi_release:convert",
-  verifier="checkpoints_conversion.moshi_release:compare_with_torch"))
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs))

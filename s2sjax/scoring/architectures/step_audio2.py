@@ -2,7 +2,7 @@
 read into a `StepAudio2Config` (every switch read or refused by name), the release's tensor keys, its scoring step
 over the `step_audio2` input format's rows (s2sjax/data/formats/step_audio2.py: ids and the adaptor's rows as a
 feature track), the evaluator's and the pre-flight's checks, its log-probs hook, and its registration. The network
-is `s2sjax.scoring.model.step_audio2`; `checkpoints_conversion.convert` converts a release naming
+is `s2sjax.model.step_audio2`; `checkpoints_conversion.convert` converts a release naming
 `StepAudio2ForCausalLM` with no flags (`checkpoints_conversion/step_audio2_release.py`).
 
 Why not a family of the shared decoder: its LLM is Qwen2's, but the forward overwrites the rows after each
@@ -17,15 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from s2sjax.data import modalities
-from s2sjax.data.formats.step_audio2 import ROWS
+from s2sjax.data.formats.step_audio2 import ENCODER_INERT, ENCODER_KEYS, ROWS, EncoderConfigError, encoder_shape
 from s2sjax.data.packing import RowShape
 from s2sjax.data.spec import Spec
-from s2sjax.scoring import families
+from s2sjax.model import families
 from s2sjax.scoring.architectures.architecture import Architecture, FitError, register
-from s2sjax.scoring.families import keymap
-from s2sjax.scoring.model import layers
-from s2sjax.scoring.model.config import ConfigError
-from s2sjax.scoring.model.step_audio2 import (AUDIO_START, NAME, EncoderShape, StepAudio2Config, abstract_params,
+from s2sjax.model.families import keymap
+from s2sjax.model.attention import LocalWindow, local_window
+from s2sjax.model.config import ConfigError
+from s2sjax.model.step_audio2 import (AUDIO_START, NAME, StepAudio2Config, abstract_params,
   param_logical_axes, sequence_log_probs)
 from s2sjax.scoring.scorer import ScoringError, StreamScorer
 from s2sjax.scoring.scorer import score_batch as decoder_step
@@ -42,9 +42,6 @@ TEXT_INERT = ("num_attention_groups", "num_key_value_heads", "max_seq_len", "max
               "eos_token_id", "pad_token_id", "bos_token_id", "torch_dtype", "model_type", "architectures",
               "initializer_range", "use_cache", "attention_dropout", "sliding_window", "max_window_layers",
               "tie_word_embeddings", "transformers_version")
-ENCODER_KEYS = ("n_mels", "n_audio_ctx", "n_audio_state", "n_audio_head", "n_audio_layer", "llm_dim", "kernel_size",
-                "adapter_stride")
-ENCODER_INERT = ("n_codebook_size",)  # read by no forward (a tokenizer's size)
 TOP_INERT = ("architectures", "auto_map", "model_type", "torch_dtype", "transformers_version", "_name_or_path",
              "text_config", "audio_encoder_config")
 
@@ -77,12 +74,10 @@ def parse_config(cfg: Mapping[str, Any]) -> StepAudio2Config:
   llm = families.get("qwen2").layout(families.HF).parse_config({
     "model_type": "qwen2", **{key: text[key] for key in TEXT_KEYS}, "num_key_value_heads": kv.pop() if kv else heads,
     "hidden_act": "silu", "tie_word_embeddings": False})
-  encoder = EncoderShape(n_mels=audio["n_mels"], n_ctx=audio["n_audio_ctx"], n_state=audio["n_audio_state"],
-                         n_head=audio["n_audio_head"], n_layer=audio["n_audio_layer"], llm_dim=audio["llm_dim"],
-                         kernel_size=audio["kernel_size"], adapter_stride=audio["adapter_stride"])
-  if encoder.n_state % encoder.n_head:
-    raise ConfigError(f"Step-Audio 2 config.json: n_audio_state={encoder.n_state} is not a multiple of "
-                      f"n_audio_head={encoder.n_head}")
+  try:
+    encoder = encoder_shape(audio)
+  except EncoderConfigError as e:
+    raise ConfigError(f"Step-Audio 2 config.json: {e}") from None
   return StepAudio2Config(decoder=llm, encoder=encoder)
 
 
@@ -95,7 +90,7 @@ def rules(config: StepAudio2Config) -> list[keymap.Rule]:
 
 
 def score_batch(config: StepAudio2Config, dtype, target_chunk: int, num_slots: int, params, batch: dict,
-                attention: str = "xla", window: layers.LocalWindow | None = None) -> dict:
+                attention: str = "xla", window: LocalWindow | None = None) -> dict:
   """The shared decoder's step (`s2sjax.scoring.scorer.score_batch`: per target NLL over the full vocabulary, as the
   release's forward gives logits, and whether it is the argmax; per slot their sums) over the rows' ids, with the
   adaptor rows written at the patch rows. Rows of a written prefix carry a feature track of width 0. Pure; jitted
@@ -124,7 +119,7 @@ def scorer(config: StepAudio2Config, shape: RowShape, mesh=None, batch_size: int
            attention: str = "xla") -> StreamScorer:
   """The compiled step over `step_audio2` rows of `shape` (item-local attention where the shape records its
   longest item), driven by the generic row scorer."""
-  window = layers.local_window(shape.max_item, shape.length)
+  window = local_window(shape.max_item, shape.length)
   step = lambda config, dtype, target_chunk, num_slots, params, batch: score_batch(
     config, dtype, target_chunk, num_slots, params, batch, attention, window)
   return StreamScorer(config, shape, step, check_ids, abstract_params(config), param_logical_axes(config), mesh=mesh,
@@ -217,6 +212,5 @@ STEP_AUDIO_2_MINI = {
 ARCHITECTURE = register(Architecture(
   NAME, StepAudio2Config, ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.vocab_size, check_fit=check_fit, check_ids=check_ids,
-  parse_config=parse_config, spec_checks=spec_checks, converter="checkpoints_conversion.step_audio2_release:convert",
-  release_classes=("StepAudio2ForCausalLM",), log_probs=log_probs, planned=lambda config: config.decoder,
+  parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config.decoder,
   planner_shapes={"step-audio-2-mini": STEP_AUDIO_2_MINI}))
