@@ -46,7 +46,7 @@ def prepare(task: str, spec: str, modality: str, row_length: int | None, data_di
 def prepare_build(selector: DataSelector, data_dir: str, manual_dir: str | None = None, overwrite: bool = False,
                   **builder_kwargs) -> BuildMetadata:
   """Builds what `selector` names, or reuses it when it was built from the same inputs; returns its metadata.
-  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code."""
+  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code, audio_shapes."""
   task = selector.task
   manual_dir = resolve_manual_dir(manual_dir)
   plan = selector.resolve()

@@ -4,6 +4,7 @@ wavs, and the codes laid in the rows equal those the tokenizer gives the same wa
 the upstream code's own codes)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,41 @@ def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_
   assert len(laid) == len(expected) == len(questions)
   assert {codes.astype(np.int64).tobytes() for codes in laid} == {
       np.frombuffer(k, np.int32).astype(np.int64).tobytes() for k in expected}
+
+
+AUDIO_LINE = re.compile(r"audio: ([\d,.]+) audio s tokenized in [\d,.]+s \([\d,.]+ audio s/s\), (\d+) recordings' "
+                        r"codes reused across builds; compiled (\d+) tokenizer programs in [\d,.]+s, (\d+) loaded "
+                        r"from the compilation cache \((\d+) shapes, (\w+)\)")
+
+
+@needs_oracles
+@pytest.mark.slow
+def test_one_prepare_tokenizes_each_recording_once_and_a_second_compiles_nothing(tmp_path, qwen_tokenizer_dir):
+  """S->T and S->S of a run share one tokenization of the spoken prefixes (the last line says how many were
+  reused, and the audio seconds tokenized are the recordings' once); the same command into another data dir, on
+  the same host, loads every tokenizer program from the persistent compilation cache and compiles none."""
+  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
+
+  folder = ORACLES / "glm4voice_tokenizer"
+  spec_path = oracle_spec(tmp_path, "glm4_voice", Glm4VoiceTokenizer(str(folder)))
+  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, load_spec(spec_path))
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"))
+
+  def prepare(data_dir: str) -> tuple:
+    done = subprocess.run([sys.executable, "-m", "tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}",
+                           "--modality=s2t,s2s", f"--tokenizer_dir={tokenizer_dir}",
+                           f"--audio_tokenizer_dir={folder}", f"--data_dir={data_dir}", "--shapes=windows"],
+                          cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return AUDIO_LINE.search(done.stdout).groups()
+
+  seconds, reused, compiled, loaded, shapes, policy = prepare(str(tmp_path / "first"))
+  questions = read_questions("sstorycloze", RELEASE_DIR)
+  prefixes = {load_audio(p, 16000).tobytes() for q in questions for p in q.audio_paths}  # a story's two share one
+  recordings = prefixes | {load_audio(p, 16000).tobytes() for q in questions for p in q.candidate_audio_paths}
+  assert int(reused) == len(prefixes) and policy == "windows" and int(shapes) <= 4 and int(loaded) == 0
+  assert int(compiled) == int(shapes)
+  # each distinct recording once: the prefixes for S->T, the endings and nothing more for S->S
+  assert float(seconds.replace(",", "")) == pytest.approx(sum(len(r) for r in recordings) / 4 / 16000, abs=0.1)
+  again = prepare(str(tmp_path / "second"))
+  assert again[2:4] == ("0", shapes) and again[0] == seconds

@@ -2,7 +2,8 @@ r"""Builds the packed rows of S2SBench tasks.
 
   python -m tasks.prepare --task=TASK|all --spec=demo --modality=t2t,s2t,t2s,s2s|both|all \
       [--protocol=s2sbench,utterance] [--row_length=N] [--manual_dir=RELEASE] [--data_dir=DIR] [--tokenizer_dir=DIR] [--audio_tokenizer_dir=DIR] \
-      [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix]
+      [--skip_bad] [--noshare_prefix] [--reference_language_quirk] [--overlong=error|truncate_prefix] \
+      [--shapes=auto|windows|buckets]
 
 Without --manual_dir the bundled sample is built. Each build prints its throughput and packing, and lists every
 question it left out (--skip_bad) with the reason, and every problem of a file as a whole. Built data is reused
@@ -12,6 +13,11 @@ data dir) and swaps it in only once it is complete: a rebuild that fails leaves 
 Two runs building one config into one data dir at once take turns: the second waits for the first's build (a
 lock beside it names the holder) and reuses it. SIGINT or SIGTERM stops a run within seconds: the builds complete
 are kept, the one under way leaves nothing, and one line says which and how to go on.
+
+Every build of a run shares one instance of each audio tokenizer, which tokenizes each recording once (S->T and
+S->S share their spoken prefixes) and compiles each shape once (`--shapes`: tasks/audio/jax_tokenizer.py); the
+last line gives the whole run's audio seconds, audio s/s, and the tokenizer programs compiled or loaded from the
+persistent compilation cache.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from absl import flags
 from s2sjax.data import task_registry, builds
 from s2sjax.runtime import cli
 from s2sjax.commands.default_checkpoint import default_checkpoint
+from tasks import audio
+from tasks.audio.jax_tokenizer import SHAPE_POLICIES, compile_line
 from tasks.preparation import default_data_dir, prepare_build
 from tasks.release import task_paths
 from tasks.tfds_builder import resolve_manual_dir
@@ -43,6 +51,9 @@ def define_flags() -> None:
   flags.DEFINE_string("audio_tokenizer_dir", None, "Files of the audio tokenizer (precomputed codes, HuBERT, Mimi).")
   flags.DEFINE_bool("skip_bad", False, "Leave bad questions out (listed with reasons) instead of failing.")
   flags.DEFINE_bool("overwrite", False, "Rebuild even if the data exists.")
+  flags.DEFINE_enum("shapes", "auto", SHAPE_POLICIES, "How JAX audio tokenizers pad batches: buckets (least "
+                    "padding, many shapes), windows (a few fixed shapes), auto (buckets on a CPU, windows on "
+                    "accelerators).")
 
 
 def main(argv):
@@ -65,7 +76,7 @@ def main(argv):
       metadata = prepare_build(
         selector, FLAGS.data_dir or default_data_dir(), FLAGS.manual_dir, FLAGS.overwrite,
         tokenizer_dir=tokenizer_dir, audio_tokenizer_dir=FLAGS.audio_tokenizer_dir, skip_bad=FLAGS.skip_bad,
-        trust_remote_code=FLAGS.trust_remote_code,
+        trust_remote_code=FLAGS.trust_remote_code, audio_shapes=FLAGS.shapes,
       )
       complete.append(current)
       report = {k: v for k, v in metadata.report.items() if k not in ("skipped_questions", "file_problems")}
@@ -75,10 +86,22 @@ def main(argv):
         print(f"  file problem {problem['where']}: {problem['why']}")
       for skipped in metadata.report["skipped_questions"]:
         print(f"  left out {skipped['where']}: {skipped['why']}")
+    done = audio.shared_report()
+    if done["tokenizers"]:
+      print(audio_line(done))
   except cli.Interrupted as e:
     unfinished = current if current not in complete else None
     e.message = _interrupted_line(e.signum, FLAGS.data_dir or default_data_dir(), complete, unfinished, FLAGS.overwrite)
     raise
+
+
+def audio_line(done: dict) -> str:
+  """The whole run's audio tokenizing (`tasks.audio.shared_report`): what was tokenized, reused across builds,
+  and compiled."""
+  rate = done["audio_seconds"] / max(done["seconds"], 1e-9)
+  return (f"audio: {done['audio_seconds']:,.1f} audio s tokenized in {done['seconds']:,.1f}s ({rate:,.1f} audio "
+          f"s/s), {done['reused']} recordings' codes reused across builds; "
+          f"{compile_line(done, done['policy'])}")
 
 
 def _interrupted_line(signum: int, data_dir: str, complete: list[str], unfinished: str | None,
