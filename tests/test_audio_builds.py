@@ -161,3 +161,69 @@ def test_one_prepare_tokenizes_each_recording_once_and_a_second_compiles_nothing
   assert float(seconds.replace(",", "")) == pytest.approx(sum(len(r) for r in recordings) / 4 / 16000, abs=0.1)
   again = prepare(str(tmp_path / "second"))
   assert again[2:4] == ("0", shapes) and again[0] == seconds
+
+
+def _free_port() -> int:
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+TIMINGS = ("build_seconds", "questions_per_second", "audio_seconds_per_second")
+
+
+def _built(data_dir: Path, config: str) -> tuple[list[dict], dict]:
+  """A build's rows (decoded) and its metadata less the timings."""
+  import json
+
+  import tensorflow_datasets as tfds
+
+  folder = data_dir / "sstorycloze" / config / "1.1.0"
+  source = tfds.builder_from_directory(str(folder)).as_data_source(split="test")
+  metadata = json.loads((folder / "metadata.json").read_text())
+  metadata["report"] = {k: v for k, v in metadata["report"].items() if k not in TIMINGS}
+  return [source[i] for i in range(len(source))], metadata
+
+
+@needs_oracles
+@pytest.mark.slow
+def test_a_distributed_prepare_of_two_processes_builds_what_one_does(tmp_path, qwen_tokenizer_dir):
+  """Two processes on loopback (JAX's multi-process runtime, CPU collectives over gloo): each tokenizes half of the
+  recordings (its audio line says so), process 0 alone writes, and the build holds the rows and metadata of a
+  one-process build (only the timings differ; TFDS's record bytes differ between any two builds)."""
+  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
+
+  folder = ORACLES / "glm4voice_tokenizer"
+  spec_path = oracle_spec(tmp_path, "glm4_voice", Glm4VoiceTokenizer(str(folder)))
+  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, load_spec(spec_path))
+  command = [sys.executable, "-m", "tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}",
+             "--modality=s2t", f"--tokenizer_dir={tokenizer_dir}", f"--audio_tokenizer_dir={folder}"]
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  one = subprocess.run(command + [f"--data_dir={tmp_path / 'one'}"], cwd=str(ROOT), env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert one.returncode == 0, one.stderr[-3000:]
+  port = _free_port()
+  processes = [subprocess.Popen(command + [f"--data_dir={tmp_path / 'two'}", "--distributed", "--cpu_collectives=gloo",
+                                          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                                          f"--process_id={k}"], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for k in range(2)]
+  try:
+    outputs = [p.communicate(timeout=900) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+  assert [p.returncode for p in processes] == [0, 0], [err[-3000:] for _, err in outputs]
+  config = next(p.name for p in (tmp_path / "one" / "sstorycloze").iterdir() if not p.name.startswith("."))
+  assert sorted(p.name for p in (tmp_path / "two" / "sstorycloze").iterdir()) == sorted(
+      p.name for p in (tmp_path / "one" / "sstorycloze").iterdir())
+  rows_one, metadata_one = _built(tmp_path / "one", config)
+  rows_two, metadata_two = _built(tmp_path / "two", config)
+  assert metadata_two == metadata_one and len(rows_two) == len(rows_one)
+  for a, b in zip(rows_one, rows_two):
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  tokenized = [float(AUDIO_LINE.search(out).group(1).replace(",", "")) for out, _ in outputs]
+  whole = float(AUDIO_LINE.search(one.stdout).group(1).replace(",", ""))
+  assert sum(tokenized) == pytest.approx(whole, abs=0.1) and min(tokenized) > 0.3 * whole  # a share each
+  assert f"{config}:" in outputs[0][0] and f"{config}:" not in outputs[1][0]  # process 0 writes and reports

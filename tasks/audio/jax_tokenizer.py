@@ -140,9 +140,17 @@ class JaxAudioTokenizer(AudioTokenizer):
     keys = [hash_array(wave) for wave in waves] if remembered is not None else None
     fresh = [i for i in range(len(waves)) if keys is None or keys[i] not in remembered]
     start = time.time()
-    codes = self._encode([waves[i] for i in fresh], [names[i] for i in fresh] if names else fresh, meter)
+    processes, me = self.runner.processes
+    mine = fresh[me::processes]  # a multi-process run (`tasks.prepare --distributed`): each its share
+    longest = max([len(waves[i]) for i in fresh] + [self.expected_longest_samples or 0])  # every process's windows
+    codes = self._encode([waves[i] for i in mine], [names[i] for i in mine] if names else mine, meter, longest)
+    if processes > 1:
+      codes = gather_codes(codes, len(fresh), self.num_codebooks)
+      if meter:
+        for i in sorted(set(fresh) - set(mine)):
+          meter.update(1, len(waves[i]) / self.sample_rate)
     work["seconds"] += time.time() - start
-    work["audio_seconds"] += sum(len(waves[i]) for i in fresh) / self.sample_rate
+    work["audio_seconds"] += sum(len(waves[i]) for i in mine) / self.sample_rate
     if keys is None:
       return codes
     for i, each in zip(fresh, codes):
@@ -153,7 +161,8 @@ class JaxAudioTokenizer(AudioTokenizer):
         meter.update(1, len(waves[i]) / self.sample_rate)
     return [remembered[key] for key in keys]
 
-  def _encode(self, waves: list[np.ndarray], names: list, meter: Progress | None) -> list[np.ndarray]:
+  def _encode(self, waves: list[np.ndarray], names: list, meter: Progress | None, longest: int
+              ) -> list[np.ndarray]:
     pieces: list[tuple[int, np.ndarray, int, int]] = []  # (wave index, features, n_codes, samples)
     for index, wave in enumerate(waves):
       for segment in self.segments(wave):
@@ -166,7 +175,7 @@ class JaxAudioTokenizer(AudioTokenizer):
     seconds = [len(w) / self.sample_rate for w in waves]
     remaining = collections.Counter(index for index, _, _, _ in pieces)  # segments still to run, per wave
     codes: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(len(waves))}
-    for batch, length, rows in self._batches(pieces):
+    for batch, length, rows in self._batches(pieces, longest):
       for (order, (index, _, n_codes, _)), row in zip(batch, self._run([p for _, p in batch], length, rows)):
         codes[index].append((order, row[:n_codes]))
         remaining[index] -= 1
@@ -183,12 +192,12 @@ class JaxAudioTokenizer(AudioTokenizer):
       out.append(self.finish(joined.astype(np.int32)))
     return out
 
-  def _batches(self, pieces):
+  def _batches(self, pieces, longest: int):
     """(pieces, padded length, rows) of each batch: pieces grouped by the policy's length, longest first, in
     batches of `rows_per_batch` rows. Under buckets a group's last batch is cut to the device count; under windows
-    every batch of a window has its full rows, so a window is one shape."""
+    every batch of a window has its full rows, so a window is one shape; the windows are laid for `longest`
+    samples."""
     windows = self.policy == "windows"
-    longest = max([samples for *_, samples in pieces] + [self.expected_longest_samples or 0])
     place = (self._window_placer(longest) if windows and pieces
              else lambda frames: bucket_length(frames, self.time_multiple))
     by_length: dict[int, list] = {}
@@ -274,6 +283,30 @@ class JaxAudioTokenizer(AudioTokenizer):
     return self.__dict__["_runner"]
 
 
+def gather_codes(mine: list[np.ndarray], count: int, codebooks: int) -> list[np.ndarray]:
+  """Every process's codes of its share (`items[process_index::process_count]`) given to every process: the codes
+  of all `count` items, in their order. Two all-gathers: the frame counts, then the codes laid end to end."""
+  import jax
+  from jax.experimental import multihost_utils
+
+  processes = jax.process_count()
+  per = -(-count // processes)
+  frames = np.zeros(per, np.int32)
+  frames[: len(mine)] = [len(c) for c in mine]
+  every_frames = np.asarray(multihost_utils.process_allgather(frames))  # [processes, per]
+  laid = np.zeros((max(1, int(every_frames.sum(1).max())), codebooks), np.int32)
+  if mine:
+    joined = np.concatenate(mine)
+    laid[: len(joined)] = joined
+  every = np.asarray(multihost_utils.process_allgather(laid))  # [processes, longest, codebooks]
+  out: list[np.ndarray | None] = [None] * count
+  for process in range(processes):
+    ends = np.cumsum(every_frames[process])
+    for k, index in enumerate(range(process, count, processes)):
+      out[index] = every[process, ends[k] - every_frames[process, k]: ends[k]]
+  return out
+
+
 def compile_line(report: dict, policy: str) -> str:
   """One line of what JAX tokenizers compiled (`JaxAudioTokenizer.run_report`), for a command's summary."""
   return (f"compiled {report['compiled']} tokenizer programs in {report['compile_seconds']:,.1f}s, "
@@ -331,6 +364,7 @@ class _Runner:
     if any(mesh.shape[axis] > 1 for axis in mesh.axis_names if axis != "data"):
       raise MeshError(f"--mesh {tokenizer.mesh_spec}: audio tokenizers split batches only (data axis)")
     self.devices = mesh.shape["data"]
+    self.processes = (jax.process_count(), jax.process_index())
     device = mesh.devices.flat[0]
     self.platform = device.platform
     dtype = jnp.dtype(tokenizer.dtype)
