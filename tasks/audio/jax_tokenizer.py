@@ -132,7 +132,9 @@ class JaxAudioTokenizer(AudioTokenizer):
 
   def encode_batch(self, waves: list[np.ndarray], names: list[str] | None = None,
                    progress: str | Progress | None = None) -> list[np.ndarray]:
-    """int32 codes [frames, codebooks] of each wave, in batches of the policy's shapes over the mesh."""
+    """int32 codes [frames, codebooks] of each wave, in batches of the policy's shapes over the mesh. In a
+    multi-process run each process tokenizes its share (`waves[process_index::process_count]`) and gathers the
+    others'; after `remember_codes`, a wave seen before is not tokenized again."""
     meter = (Progress(len(waves), progress, unit="utterances", rate_unit="audio s") if isinstance(progress, str)
              else progress)
     work = self.__dict__.setdefault("_work", {"audio_seconds": 0.0, "seconds": 0.0, "reused": 0})
@@ -144,7 +146,7 @@ class JaxAudioTokenizer(AudioTokenizer):
     mine = fresh[me::processes]  # a multi-process run (`tasks.prepare --distributed`): each its share
     longest = max([len(waves[i]) for i in fresh] + [self.expected_longest_samples or 0])  # every process's windows
     codes = self._encode([waves[i] for i in mine], [names[i] for i in mine] if names else mine, meter, longest)
-    if processes > 1:
+    if processes > 1 and fresh:  # every process has the same `fresh`: all gather, or none
       codes = gather_codes(codes, len(fresh), self.num_codebooks)
       if meter:
         for i in sorted(set(fresh) - set(mine)):
