@@ -46,22 +46,42 @@ def prepare(task: str, spec: str, modality: str, row_length: int | None, data_di
 def prepare_build(selector: DataSelector, data_dir: str, manual_dir: str | None = None, overwrite: bool = False,
                   **builder_kwargs) -> BuildMetadata:
   """Builds what `selector` names, or reuses it when it was built from the same inputs; returns its metadata.
-  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code, max_item_tokens."""
+  builder_kwargs: tokenizer_dir, audio_tokenizer_dir, skip_bad, trust_remote_code, max_item_tokens, audio_shapes."""
   task = selector.task
   manual_dir = resolve_manual_dir(manual_dir)
-  plan = selector.resolve()
-  if plan.spec.text_vocabulary:  # refused before the builder writes anything
-    text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
-                                 builder_kwargs.get("trust_remote_code", False))
-  config = make_config(plan)
-  name = config.name
-  if name in {c.name for c in builder_class(task).BUILDER_CONFIGS}:
-    config = name  # TFDS refuses a custom config named like a predefined one; names say everything
-  builder_kwargs = dict(builder_kwargs, plan=plan)  # the spec as read now, whatever config object TFDS holds
+  config, builder_kwargs = _config(selector, manual_dir, builder_kwargs)
+  name = config if isinstance(config, str) else config.name
   with _build_lock(builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs), task, name):
     # made again under the lock: a build another run finished while this one waited is found, and reused
     builder = builder_class(task)(config=config, data_dir=data_dir, **builder_kwargs)
     return _prepare_locked(builder, task, name, config, data_dir, manual_dir, overwrite, builder_kwargs)
+
+
+def will_build(selector: DataSelector, data_dir: str, manual_dir: str | None = None, overwrite: bool = False,
+               **builder_kwargs) -> bool:
+  """Whether `prepare_build` with these arguments builds (True) or reuses a finished build (False), raising its
+  StaleDataError for a build made from other inputs: what process 0 of a distributed `tasks.prepare` tells the
+  others, which build beside it only what it builds."""
+  manual_dir = resolve_manual_dir(manual_dir)
+  config, builder_kwargs = _config(selector, manual_dir, builder_kwargs)
+  builder = builder_class(selector.task)(config=config, data_dir=data_dir, **builder_kwargs)
+  if overwrite or not builder.is_prepared():
+    return True
+  _refuse_stale(builder, selector.task, builder.builder_config.name, data_dir, manual_dir)
+  return False
+
+
+def _config(selector: DataSelector, manual_dir: str, builder_kwargs: dict):
+  """(the TFDS config of the selector's build, the builder's arguments with its plan), once the text tokenizer a
+  spec reads is known to be trusted (refused before the builder writes anything)."""
+  plan = selector.resolve()
+  if plan.spec.text_vocabulary:
+    text_tokenizer.check_trusted(resolve_tokenizer_dir(builder_kwargs.get("tokenizer_dir"), manual_dir),
+                                 builder_kwargs.get("trust_remote_code", False))
+  config = make_config(plan)
+  if config.name in {c.name for c in builder_class(selector.task).BUILDER_CONFIGS}:
+    config = config.name  # TFDS refuses a custom config named like a predefined one; names say everything
+  return config, dict(builder_kwargs, plan=plan)  # the spec as read now, whatever config object TFDS holds
 
 
 def _build_lock(builder, task: str, name: str):
@@ -76,21 +96,25 @@ def _build_lock(builder, task: str, name: str):
 def _prepare_locked(builder, task: str, name: str, config, data_dir: str, manual_dir: str, overwrite: bool,
                     builder_kwargs: dict) -> BuildMetadata:
   if builder.is_prepared() and not overwrite:
-    previous = built_metadata(builder)
-    built = previous.inputs or {}  # none recorded: not a build of this version, every input differs
-    now = builder.build_inputs(manual_dir).fingerprint
-    differ = [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
-    if differ:
-      raise StaleDataError(
-        f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
-        f"{previous.source}, now {manual_dir}): pass --overwrite to rebuild it, or use another "
-        "--data_dir")
+    _refuse_stale(builder, task, name, data_dir, manual_dir)
   _remove_dead_rebuilds(data_dir)
   if builder.is_prepared() and overwrite:
     return _rebuild_beside(builder, task, config, data_dir, manual_dir, builder_kwargs)
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
     manual_dir=manual_dir, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
   return built_metadata(builder)
+
+
+def _refuse_stale(builder, task: str, name: str, data_dir: str, manual_dir: str) -> None:
+  """A StaleDataError when the finished build was made from other inputs than these."""
+  previous = built_metadata(builder)
+  built = previous.inputs or {}  # none recorded: not a build of this version, every input differs
+  now = builder.build_inputs(manual_dir).fingerprint
+  differ = [INPUT_NAMES[k] for k in now if built.get(k) != now[k]]
+  if differ:
+    raise StaleDataError(
+      f"{task}/{name} in {data_dir} was built from other inputs ({', '.join(differ)} changed; built from "
+      f"{previous.source}, now {manual_dir}): pass --overwrite to rebuild it, or use another --data_dir")
 
 
 def built_metadata(builder) -> BuildMetadata:

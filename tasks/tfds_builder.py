@@ -121,12 +121,13 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def __init__(self, *, tokenizer_dir: str | None = None, audio_tokenizer_dir: str | None = None,
                skip_bad: bool = False, trust_remote_code: bool = False, max_item_tokens: int | None = None,
-               plan: BuildPlan | None = None, **kwargs):
+               plan: BuildPlan | None = None, audio_shapes: str = "auto", **kwargs):
     """`plan`: the build resolved by the caller (`tasks.preparation` resolves it once, the spec read as it is now);
     None: the config's own (a package preset's, resolved when this module was imported). `max_item_tokens`: the
-    most positions an item may read, below the model's own (`tasks.build.position_limit`)."""
+    most positions an item may read, below the model's own (`tasks.build.position_limit`). `audio_shapes`: the JAX
+    audio tokenizers' shape policy (tasks/audio/jax_tokenizer.py; the codes are the same under each)."""
     self.tokenizer_dir, self.audio_tokenizer_dir, self.skip_bad = tokenizer_dir, audio_tokenizer_dir, skip_bad
-    self.max_item_tokens = max_item_tokens
+    self.max_item_tokens, self.audio_shapes = max_item_tokens, audio_shapes
     self.trust_remote_code = trust_remote_code  # a tokenizer shipped as code (GLM-4's) runs only when trusted
     self._inputs: BuildInputs | None = None
     self._plan = plan
@@ -170,7 +171,8 @@ class S2SBenchBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         tokenizer_dir = resolve_tokenizer_dir(self.tokenizer_dir, manual_dir)
         tokenizer = text_tokenizer.load(tokenizer_dir, self.trust_remote_code)
         identity = text_tokenizer.folder_identity(tokenizer_dir, self.trust_remote_code)  # remembered, not rehashed
-      audio_tokenizer = (audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes, self.audio_tokenizer_dir)
+      audio_tokenizer = (audio.shared(audio.from_spec(spec.audio_tokenizer, spec.codebook_sizes,
+                                                      self.audio_tokenizer_dir, shapes=self.audio_shapes))
                          if modality.speaks else None)
       decoded = []  # the wav folders whose bytes make the rows
       paths = release_paths(self.TASK, manual_dir)

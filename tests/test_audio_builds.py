@@ -4,6 +4,7 @@ wavs, and the codes laid in the rows equal those the tokenizer gives the same wa
 the upstream code's own codes)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,107 @@ def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_
   assert len(laid) == len(expected) == len(questions)
   assert {codes.astype(np.int64).tobytes() for codes in laid} == {
       np.frombuffer(k, np.int32).astype(np.int64).tobytes() for k in expected}
+
+
+AUDIO_LINE = re.compile(r"audio: ([\d,.]+) audio s tokenized in [\d,.]+s \([\d,.]+ audio s/s\), (\d+) recordings' "
+                        r"codes reused across builds; compiled (\d+) tokenizer programs in [\d,.]+s, (\d+) loaded "
+                        r"from the compilation cache \((\d+) shapes, (\w+)\)")
+
+
+@needs_oracles
+@pytest.mark.slow
+def test_one_prepare_tokenizes_each_recording_once_and_a_second_compiles_nothing(tmp_path, qwen_tokenizer_dir):
+  """S->T and S->S of a run share one tokenization of the spoken prefixes (the last line says how many were
+  reused, and the audio seconds tokenized are the recordings' once); the same command into another data dir, on
+  the same host, loads every tokenizer program from the persistent compilation cache and compiles none."""
+  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
+
+  folder = ORACLES / "glm4voice_tokenizer"
+  spec_path = oracle_spec(tmp_path, "glm4_voice", Glm4VoiceTokenizer(str(folder)))
+  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, load_spec(spec_path))
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"))
+
+  def prepare(data_dir: str) -> tuple:
+    done = subprocess.run([sys.executable, "-m", "tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}",
+                           "--modality=s2t,s2s", f"--tokenizer_dir={tokenizer_dir}",
+                           f"--audio_tokenizer_dir={folder}", f"--data_dir={data_dir}", "--shapes=windows"],
+                          cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return AUDIO_LINE.search(done.stdout).groups()
+
+  seconds, reused, compiled, loaded, shapes, policy = prepare(str(tmp_path / "first"))
+  questions = read_questions("sstorycloze", RELEASE_DIR)
+  prefixes = {load_audio(p, 16000).tobytes() for q in questions for p in q.audio_paths}  # a story's two share one
+  recordings = prefixes | {load_audio(p, 16000).tobytes() for q in questions for p in q.candidate_audio_paths}
+  assert int(reused) == len(prefixes) and policy == "windows" and int(shapes) <= 4 and int(loaded) == 0
+  assert int(compiled) == int(shapes)
+  # each distinct recording once: the prefixes for S->T, the endings and nothing more for S->S
+  assert float(seconds.replace(",", "")) == pytest.approx(sum(len(r) for r in recordings) / 4 / 16000, abs=0.1)
+  again = prepare(str(tmp_path / "second"))
+  assert again[2:4] == ("0", shapes) and again[0] == seconds
+
+
+def _free_port() -> int:
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+TIMINGS = ("build_seconds", "questions_per_second", "audio_seconds_per_second")
+
+
+def _built(data_dir: Path, config: str) -> tuple[list[dict], dict]:
+  """A build's rows (decoded) and its metadata less the timings."""
+  import json
+
+  import tensorflow_datasets as tfds
+
+  folder = data_dir / "sstorycloze" / config / "1.1.0"
+  source = tfds.builder_from_directory(str(folder)).as_data_source(split="test")
+  metadata = json.loads((folder / "metadata.json").read_text())
+  metadata["report"] = {k: v for k, v in metadata["report"].items() if k not in TIMINGS}
+  return [source[i] for i in range(len(source))], metadata
+
+
+@needs_oracles
+@pytest.mark.slow
+def test_a_distributed_prepare_of_two_processes_builds_what_one_does(tmp_path, qwen_tokenizer_dir):
+  """Two processes on loopback (JAX's multi-process runtime, CPU collectives over gloo): each tokenizes half of the
+  recordings (its audio line says so), process 0 alone writes, and the build holds the rows and metadata of a
+  one-process build (only the timings differ; TFDS's record bytes differ between any two builds)."""
+  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
+
+  folder = ORACLES / "glm4voice_tokenizer"
+  spec_path = oracle_spec(tmp_path, "glm4_voice", Glm4VoiceTokenizer(str(folder)))
+  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, load_spec(spec_path))
+  command = [sys.executable, "-m", "tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}",
+             "--modality=s2t", f"--tokenizer_dir={tokenizer_dir}", f"--audio_tokenizer_dir={folder}"]
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  one = subprocess.run(command + [f"--data_dir={tmp_path / 'one'}"], cwd=str(ROOT), env=env, capture_output=True,
+                       text=True, timeout=900)
+  assert one.returncode == 0, one.stderr[-3000:]
+  port = _free_port()
+  processes = [subprocess.Popen(command + [f"--data_dir={tmp_path / 'two'}", "--distributed", "--cpu_collectives=gloo",
+                                          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                                          f"--process_id={k}"], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for k in range(2)]
+  try:
+    outputs = [p.communicate(timeout=900) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+  assert [p.returncode for p in processes] == [0, 0], [err[-3000:] for _, err in outputs]
+  config = next(p.name for p in (tmp_path / "one" / "sstorycloze").iterdir() if not p.name.startswith("."))
+  assert sorted(p.name for p in (tmp_path / "two" / "sstorycloze").iterdir()) == sorted(
+      p.name for p in (tmp_path / "one" / "sstorycloze").iterdir())
+  rows_one, metadata_one = _built(tmp_path / "one", config)
+  rows_two, metadata_two = _built(tmp_path / "two", config)
+  assert metadata_two == metadata_one and len(rows_two) == len(rows_one)
+  for a, b in zip(rows_one, rows_two):
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  tokenized = [float(AUDIO_LINE.search(out).group(1).replace(",", "")) for out, _ in outputs]
+  whole = float(AUDIO_LINE.search(one.stdout).group(1).replace(",", ""))
+  assert sum(tokenized) == pytest.approx(whole, abs=0.1) and min(tokenized) > 0.3 * whole  # a share each
+  assert f"{config}:" in outputs[0][0] and f"{config}:" not in outputs[1][0]  # process 0 writes and reports

@@ -1,12 +1,14 @@
 """Recordings and codes that are not what they claim (non-finite or far out-of-range samples, a header's
 rate no recording has, codes that are not integers of the codebook), entries of an audio folder that are not
 files, and a codes folder made by another tokenizer: each refused naming the file, or (--skip_bad) its question
-left out and listed; every resampling reported from -> to."""
+left out and listed; every resampling reported from -> to. Issue 60: a stopped `tasks.audio.tokenize` resumed by
+the same command."""
 
 import collections
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -233,3 +235,36 @@ def test_overwrite_replaces_only_a_folder_of_codes(tmp_path):
   with pytest.raises(TokenizeError, match=r"holds more than codes \(notes\.txt\): --overwrite replaces only"):
     output_plan(str(tmp_path), made_by, overwrite=True)
   assert output_plan(str(tmp_path / "new"), made_by, overwrite=False) is False
+
+
+@pytest.mark.slow
+def test_an_interrupted_tokenize_is_resumed_by_the_same_command(tmp_path):
+  """Ctrl-C while the third recording is tokenized: the two finished codes files are complete and stay; the same
+  command keeps them (saying so), tokenizes the other three, and the folder equals one uninterrupted run's. A
+  recording changed since its codes were made is tokenized again."""
+  from tests.interrupting import interrupt_mid_step
+
+  recordings = tmp_path / "in"
+  recordings.mkdir()
+  for n in range(5):
+    (recordings / f"u{n}.wav").write_bytes((SPEECH.parent / f"{n}.wav").read_bytes())
+  command = [sys.executable, "-m", "tasks.audio.tokenize", "--spec=demo", f"--input={recordings}",
+             f"--output={tmp_path / 'codes'}", "--chunk_seconds=1"]  # a chunk a recording: written one by one
+  code, stderr, _ = interrupt_mid_step(command, 3, signal.SIGINT, cwd=ROOT)
+  assert code == 130 and f"stopped by SIGINT: 2 of 5 recordings' codes are in {tmp_path / 'codes'}; rerun the " \
+      "same command to tokenize the rest" in stderr
+  assert sorted(os.listdir(tmp_path / "codes")) == ["tokenize.json", "u0.npy", "u1.npy"]
+  resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "5 files (2 kept from an earlier run)" in resumed.stdout
+  whole = tokenize("--spec=demo", f"--input={recordings}", f"--output={tmp_path / 'whole'}")
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  assert sorted(os.listdir(tmp_path / "codes")) == sorted(os.listdir(tmp_path / "whole"))
+  for n in range(5):
+    assert (tmp_path / "codes" / f"u{n}.npy").read_bytes() == (tmp_path / "whole" / f"u{n}.npy").read_bytes()
+  summary = json.loads((tmp_path / "codes" / "tokenize.json").read_text())
+  assert summary["complete"] and summary["files"] == 5 and summary["kept"] == 2
+  (recordings / "u4.wav").write_bytes((SPEECH.parent / "6.wav").read_bytes())  # another recording under its name
+  again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0 and "5 files (4 kept from an earlier run)" in again.stdout
+  assert (tmp_path / "codes" / "u4.npy").read_bytes() != (tmp_path / "whole" / "u4.npy").read_bytes()

@@ -139,12 +139,14 @@ def test_codes_are_the_nearest_centroid_of_transformers_features_and_dedup_colla
 
 
 @pytest.mark.slow
-def test_the_runner_codes_each_wave_as_transformers_alone(hubert):
-  """encode_batch: length buckets, rows rounded to the 8 host devices, segments joined, then dedup."""
+@pytest.mark.parametrize("shapes", ["buckets", "windows"])
+def test_the_runner_codes_each_wave_as_transformers_alone(hubert, shapes):
+  """encode_batch: length buckets or fixed windows (the group norm over time and attention read a row's own frames
+  only, so padding to a window changes nothing), rows rounded to the 8 host devices, segments joined, then dedup."""
   directory, reference = hubert
   centroids = _drawn_centroids(directory, reference, 2)
   waves = _waves()
-  codes = _tokenizer(directory, 2, "drawn.npy").encode_batch(waves)
+  codes = _tokenizer(directory, 2, "drawn.npy").configure(shapes=shapes).encode_batch(waves)
   for got, per_wave in zip(codes, reference):
     np.testing.assert_array_equal(got[:, 0], _nearest(per_wave[2], centroids)[0])
   collapsed = _tokenizer(directory, 2, "drawn.npy", deduplicate=True).encode(waves[1], "utt")

@@ -243,6 +243,26 @@ def test_batch_invariant_whatever_the_batch_and_the_padding(release, padding):
     np.testing.assert_array_equal(batched[row, : len(codes)], codes)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["kyutai", "transformers"])
+def test_fixed_windows_give_the_layouts_own_codes(release, layout):
+  """The windows policy pads each wave to a fixed window (here 2 s for the short waves, 8 s for a 5 s one): the
+  encoder is causal (SEANet's convolutions, the transformer's mask), so no padding after a wave reaches its codes,
+  and under transformers' padding rule the runner feeds each strided convolution what transformers pads."""
+  if layout == "kyutai":
+    tokenizer = MimiTokenizer(release["kyutai_file"], CODEBOOKS, mimi_config=release["kyutai_config"])
+    reference = lambda wave: moshi_reference(release["moshi"], wave)["codes"]
+  else:
+    tokenizer = MimiTokenizer(release["folder"], CODEBOOKS)
+    reference = lambda wave: transformers_reference(release["transformers"], wave)["codes"]
+  longer = (0.1 * np.random.default_rng(5).standard_normal(5 * 24000 + 777)).astype(np.float32)
+  recordings = waves() + [longer]
+  codes = tokenizer.configure(shapes="windows").encode_batch(recordings)
+  assert tokenizer.run_report()["programs"] == 2
+  for wave, got in zip(recordings, codes):
+    np.testing.assert_array_equal(got, reference(wave))
+
+
 def test_settings_identity_and_the_default_config(kyutai_release):
   from moshi.models.loaders import _mimi_config
 

@@ -334,13 +334,7 @@ def define_flags() -> None:
   flags.DEFINE_enum("ties", None, list(metrics.TIE_RULES), "How a tie counts: reference (the decision rule's: wrong for "
                     "stories, right for sCMMLU), half (SlamKit's); default each task's own (half for SpokenStoryCloze).")
   flags.DEFINE_bool("break_lock", False, "Take the output directory from a run that died (its lock names it).")
-  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
-  flags.DEFINE_string("coordinator_address", None, "With --distributed off a managed cluster: host:port of process 0.")
-  flags.DEFINE_integer("num_processes", None, "With --coordinator_address: how many processes.")
-  flags.DEFINE_integer("process_id", None, "With --coordinator_address: this process's index.")
-  flags.DEFINE_enum("cpu_collectives", None, ["gloo", "mpi"], "CPU collectives for multi-process runs on CPUs.")
-  flags.DEFINE_float("peer_timeout_s", 30.0, "With --distributed: a peer silent this long ends every process with "
-                     "an error (s2sjax/runtime/peers.py).", lower_bound=2.0)
+  peers.define_flags()
 
 
 def all_tasks(data_dir: str | None) -> list[str]:
@@ -384,12 +378,7 @@ def config_from_flags() -> EvalConfig:
 
 def main(argv):
   del argv
-  if FLAGS.cpu_collectives:
-    jax.config.update("jax_cpu_collectives_implementation", FLAGS.cpu_collectives)
-  if FLAGS.distributed:  # TPU VMs and managed clusters find their peers; elsewhere name the coordinator
-    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                               heartbeat_timeout_seconds=peers.runtime_heartbeat_s(FLAGS.peer_timeout_s))
-    peers.PeerWatch(FLAGS.peer_timeout_s).start()
+  peers.start_from_flags()
   config = config_from_flags()
   with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/checkpoints/stacks)
     runs = run(config)

@@ -21,6 +21,35 @@ import time
 DONE = "done"
 
 
+def define_flags() -> None:
+  """The flags of a command that runs as one process of many (`s2sjax.eval`, `tasks.prepare`)."""
+  from absl import flags
+
+  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (TPU pods, multi-host GPU).")
+  flags.DEFINE_string("coordinator_address", None, "With --distributed off a managed cluster: host:port of process 0.")
+  flags.DEFINE_integer("num_processes", None, "With --coordinator_address: how many processes.")
+  flags.DEFINE_integer("process_id", None, "With --coordinator_address: this process's index.")
+  flags.DEFINE_enum("cpu_collectives", None, ["gloo", "mpi"], "CPU collectives for multi-process runs on CPUs.")
+  flags.DEFINE_float("peer_timeout_s", 30.0, "With --distributed: a peer silent this long ends every process with "
+                     "an error (s2sjax/runtime/peers.py).", lower_bound=2.0)
+
+
+def start_from_flags() -> None:
+  """`define_flags`' settings applied: the CPU collectives, then, with --distributed, JAX's multi-process runtime
+  (TPU VMs and managed clusters find their peers; elsewhere --coordinator_address names process 0) and the watch
+  that ends every process when one dies."""
+  import jax
+  from absl import flags
+
+  given = flags.FLAGS
+  if given.cpu_collectives:
+    jax.config.update("jax_cpu_collectives_implementation", given.cpu_collectives)
+  if given.distributed:
+    jax.distributed.initialize(given.coordinator_address, given.num_processes, given.process_id,
+                               heartbeat_timeout_seconds=runtime_heartbeat_s(given.peer_timeout_s))
+    PeerWatch(given.peer_timeout_s).start()
+
+
 def runtime_heartbeat_s(timeout_s: float) -> int:
   """The distributed runtime's heartbeat timeout to pair with a watch of `timeout_s`: well after it."""
   return int(max(100, 3 * timeout_s))

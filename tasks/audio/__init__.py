@@ -13,7 +13,7 @@ import os
 
 from s2sjax.runtime.registry import Registry, load_object
 from tasks.audio.base import AudioTokenizer, AudioTokenizerError
-from tasks.audio.jax_tokenizer import JaxAudioTokenizer
+from tasks.audio.jax_tokenizer import JaxAudioTokenizer, jax_part
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +79,50 @@ def resolver(kind: str, tokenizer_dir: str | None):
 
 
 def from_spec(settings: dict, codebook_sizes: tuple[int, ...] | None, tokenizer_dir: str | None = None,
-              dtype: str | None = None, mesh: str = "data:-1") -> AudioTokenizer:
+              dtype: str | None = None, mesh: str = "data:-1", shapes: str = "auto") -> AudioTokenizer:
   """The spec's `audio_tokenizer` settings made concrete and checked against the spec's codebooks (None: the
-  tokenizer's own are taken). `dtype` (default: the settings', else float32) and `mesh` apply to the JAX ones."""
+  tokenizer's own are taken). `dtype` (default: the settings', else float32), `mesh` and the shape policy
+  `shapes` (jax_tokenizer.SHAPE_POLICIES) apply to the JAX ones, and to the JAX code tokenizer a composite one
+  (kimi_audio) holds as `codes`."""
   kind = settings.get("type")
   record = TOKENIZERS.get(kind)
   given = {} if codebook_sizes is None else {"codebook_sizes": list(codebook_sizes)}
   tokenizer = load_object(record.loader).from_settings(dict(settings, **given), resolver(kind, tokenizer_dir))
   if isinstance(tokenizer, JaxAudioTokenizer):
-    tokenizer.configure(dtype or settings.get("dtype", "float32"), mesh)
+    tokenizer.configure(dtype or settings.get("dtype", "float32"), mesh, shapes)
+  inner = getattr(tokenizer, "codes", None)
+  if isinstance(inner, JaxAudioTokenizer):  # its dtype is its own settings'
+    inner.configure(inner.dtype, mesh, shapes)
   if codebook_sizes is not None and tuple(tokenizer.codebook_sizes) != tuple(codebook_sizes):
     raise AudioTokenizerError(f"the {kind} tokenizer makes codebooks {tuple(tokenizer.codebook_sizes)}, "
                               f"the spec says {tuple(codebook_sizes)}")
   return tokenizer
+
+
+# One tokenizer of each kind (fingerprint, dtype, shape policy, mesh) per process: `shared`.
+_SHARED: dict[tuple, AudioTokenizer] = {}
+
+
+def shared(tokenizer: AudioTokenizer) -> AudioTokenizer:
+  """The process's one instance of a JAX tokenizer like `tokenizer` (the same fingerprint, so the same weights and
+  settings, dtype, shape policy and mesh), remembering the codes it made (`remember_codes`): the builds of one
+  `tasks.prepare` run, every task and modality, tokenize each recording once (S->T and S->S share their spoken
+  prefixes) and compile each shape once. Any other tokenizer is returned as it is."""
+  computes = jax_part(tokenizer)
+  if computes is None:
+    return tokenizer
+  key = (tokenizer.fingerprint(), computes.dtype, computes.shapes, computes.mesh_spec)
+  if key not in _SHARED:
+    computes.remember_codes()
+    _SHARED[key] = tokenizer
+  return _SHARED[key]
+
+
+def shared_report() -> dict:
+  """The `run_report`s of the shared tokenizers added up, and their shape policies (`tasks.prepare`'s last line)."""
+  total = {"tokenizers": len(_SHARED),
+           "policy": ",".join(sorted({jax_part(tokenizer).policy for tokenizer in _SHARED.values()}))}
+  for tokenizer in _SHARED.values():
+    for key, value in jax_part(tokenizer).run_report().items():
+      total[key] = round(total.get(key, 0) + value, 2)
+  return total

@@ -263,6 +263,7 @@ class BaichuanAudioTokenizer(JaxAudioTokenizer):
     self.segment_samples = c.window_samples  # split_overlap 0: consecutive chunks (processor_omni.py l.276-291)
     self.time_multiple = c.stride_size * c.avg_pooler  # whole bridge groups
     self.attention_heads, self.attention_stride = c.encoder_attention_heads, c.stride_size
+    self.frame_bytes = whisper.frame_bytes(c.d_model, c.encoder_ffn_dim, c.stride_size)
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> BaichuanAudioTokenizer:

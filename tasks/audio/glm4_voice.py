@@ -255,6 +255,7 @@ class Glm4VoiceTokenizer(JaxAudioTokenizer):
     self.frame_rate = SAMPLE_RATE / self.shape.pad_to_samples
     self.time_multiple = self.shape.frames_per_code  # pooling windows start at multiples of it in every row
     self.attention_heads, self.attention_stride = self.shape.heads, math.prod(CONV_STRIDES)
+    self.frame_bytes = whisper.frame_bytes(self.shape.d_model, self.shape.ffn, math.prod(CONV_STRIDES))
     self.configure(dtype=dtype)
 
   @classmethod

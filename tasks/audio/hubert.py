@@ -312,6 +312,8 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
     self.time_multiple = c.samples_per_frame
     self.attention_heads = c.num_attention_heads if layer else 0
     self.attention_stride = c.samples_per_frame
+    # per sample: the first convolution's channels at its stride, in the group norm's fp32 copies
+    self.frame_bytes = 4 * 4 * c.conv_dim[0] // c.conv_stride[0]
     self._identity = {"type": "hubert_kmeans", "layer": layer, "dedup": deduplicate, "units": len(centroids),
                       "centroids_sha": hash_array(centroids), "weights_sha": weights.fingerprint()}
 

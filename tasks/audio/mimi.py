@@ -677,6 +677,9 @@ class MimiTokenizer(JaxAudioTokenizer):
     self.frame_rate = arch.frame_rate
     self.time_multiple = arch.frame_size  # whole frames: every stride divides the padded length
     self.attention_heads, self.attention_stride = arch.num_heads, arch.hop
+    # per sample: SEANet's first stages run over windows of a frame (`seanet`), so the widest whole-row tensors
+    # are the later stages' (2 n_filters channels after the first stride), a few alive at once
+    self.frame_bytes = 4 * 4 * 2 * arch.n_filters // arch.ratios[0]
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> MimiTokenizer:

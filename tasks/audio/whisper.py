@@ -54,6 +54,13 @@ def whisper_log_mel(wave: np.ndarray, n_mels: int = 128, n_fft: int = 400, hop: 
   return ((log_mel + 4.0) / 4.0).T.astype(np.float32)
 
 
+def frame_bytes(d_model: int, ffn: int, stride: int) -> int:
+  """Peak fp32 activation bytes per mel frame of a Whisper encoder (jax_tokenizer's `frame_bytes`): the first
+  convolution's output, and an encoder layer's residual, norm, q, k, v, attended and MLP hidden at 1 / `stride`
+  of the mel's rate."""
+  return 4 * (d_model + (6 * d_model + ffn) // stride)
+
+
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: neither release sets another
 
 
