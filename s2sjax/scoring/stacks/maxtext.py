@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 from typing import Any, Callable, Mapping
 
 import jax
@@ -49,7 +50,8 @@ from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
 from s2sjax.scoring.model.config import ModelConfig
 from s2sjax.scoring.model.decoder import Params, abstract_params, param_logical_axes
-from s2sjax.scoring.stacks.maxtext_config import MaxTextModel, RunConfig, describe, model_keys, run_config_for
+from s2sjax.scoring.stacks.maxtext_config import (RUN_CONFIG_FILE, MaxTextModel, RunConfig, describe, disagreements,
+                                                  model_keys, run_config_for, saved_beside)
 
 Path = tuple[str, ...]
 COMMIT_MARKER = "commit_success.txt"  # orbax's, written last (atomicity.py COMMIT_SUCCESS_FILE)
@@ -199,7 +201,8 @@ class Loaded:
 
 
 class StepFolder:
-  """One MaxText checkpoint folder, read with a run config (given, or the config.yml beside its run)."""
+  """One MaxText checkpoint folder, read with a run config (given, or the config.yml beside its run): the reader
+  `s2sjax.scoring.checkpoint.open` returns for it."""
 
   def __init__(self, path: str | epath.Path, run: RunConfig | None = None):
     self.path = step_root(path)
@@ -208,7 +211,15 @@ class StepFolder:
     if not is_committed(self.path):
       raise MaxTextError(f"{self.path} has no {COMMIT_MARKER}: orbax is still writing it (or its writer died); it "
                          "is read once committed")
-    self.run = run or run_config_for(self.path)
+    self.run = run_config_for(self.path, run)
+    saved = saved_beside(self.path)
+    if run is not None and saved is not None and (differ := disagreements(run, RunConfig.from_yaml(saved))):
+      raise MaxTextError(f"{self.path}: {run.source} gives {'; '.join(differ)}: the checkpoint's own config names "
+                         f"another model; drop the flag, or fix the keys it gives")
+    # what no file here confirms: the run config's model is taken as given
+    self.unverified = [] if saved is not None else [
+      f"model_name={self.run.model_name!r} and the rope, head and norm settings: taken from {self.run.source}, as no "
+      f"{RUN_CONFIG_FILE} beside the run says which model this is"]
     self.step_metadata = self._read_step_metadata()
     self.saved = self._saved_params()
     self.model = self._model()
@@ -265,13 +276,39 @@ class StepFolder:
   def config(self) -> ModelConfig:
     return self.model.config
 
+  @property
+  def max_positions(self) -> int:
+    """The positions the run trained on: its max_target_length (`configs/base.yml`)."""
+    return int(self.run.get("max_target_length"))
+
+  def load_params(self, mesh: Mesh | None = None, dtype=None, verify: bool = True) -> Params:
+    """`load`'s parameters (the reader's common call, `s2sjax.scoring.checkpoint.open`); MaxText wrote no checksums
+    to `verify` against, so what is read is held to its shard indexes and to finite values whatever `verify`."""
+    del verify
+    return self.load(mesh, dtype).params
+
+  def verify_stored(self) -> None:
+    """Every parameter's stored shards there and whole, read from their indexes alone (TensorStore's zarr3 sharding
+    keeps a crc32c of each index at the end of its shard file, so a cut, rewritten or missing file fails here): a
+    MaxTextError naming the parameter and the file, before orbax reads any data."""
+    for path, saved in self.saved.items():
+      _verify_shards(self.path / ITEMS, "/".join(PARAMS + path), saved.shape)
+
   def load(self, mesh: Mesh | None = None, dtype=None) -> Loaded:
     """The parameters on `mesh` (default: every device, data-parallel), sharded as the decoder's are, without the
-    whole tree passing through one host; optionally cast to `dtype`."""
+    whole tree passing through one host; optionally cast to `dtype`. Stored shards are checked first
+    (`verify_stored`) and every value read is held to be finite (MaxText's zstd chunks carry no checksum, so
+    damaged data can decode): a MaxTextError names the first parameter that is not."""
     mesh = mesh or sharding.make_mesh()
     config = self.model.config
+    self.verify_stored()
     tree = self.restore_tree(mesh)
     flat = _flat(tree)
+    finite = jax.jit(lambda leaves: [jnp.isfinite(leaf).all() for leaf in leaves])(list(flat.values()))
+    for path, ok in zip(flat, finite):
+      if not bool(ok):
+        raise MaxTextError(f"{self.path}: parameter {'/'.join(path)} holds non-finite values (NaN or inf): the "
+                           f"checkpoint is damaged or its training diverged; restore the step or score another")
     found = checksums.device_checksums(list(flat.values()), [False] * len(flat))
     sums = {"/".join(path): value[0] for path, value in zip(flat, found)}
     adapt = jax.jit(functools.partial(to_decoder_params, self.model),
@@ -379,6 +416,51 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
     name = f"{prefix}{path.name}"
     found += _files(path, name + "/") if path.is_dir() else [(name, path)]
   return found
+
+
+def _verify_shards(items: epath.Path, name: str, shape: tuple[int, ...]) -> None:
+  """One array's shard files (zarr3 `sharding_indexed`, as orbax writes MaxText's arrays, OCDBT or not) all there
+  with an index that reads and lists every inner chunk: a MaxTextError naming the parameter and the file."""
+  import itertools
+
+  import tensorstore
+
+  ocdbt = (items / "manifest.ocdbt").exists()
+  base = ({"driver": "ocdbt", "base": f"{_kvstore_url(items)}/", "path": f"{name.replace('/', '.')}/"} if ocdbt else
+          {"driver": "file", "path": f"{items}/{name.replace('/', '.')}/"})
+  where = lambda key: (f"{items}/{name.replace('/', '.')}/{key}" + (" (in the OCDBT data files under d/)" if ocdbt
+                                                                    else ""))
+  parameter = "/".join(name.split("/")[len(PARAMS):])
+  try:
+    metadata = tensorstore.open({"driver": "zarr3", "kvstore": base}, open=True).result().spec().to_json()["metadata"]
+  except ValueError as e:
+    raise MaxTextError(f"parameter {parameter}: {where('zarr.json')} cannot be read ({_first_line(e)}): the "
+                       "checkpoint is damaged; restore the step") from None
+  outer = metadata["chunk_grid"]["configuration"]["chunk_shape"]
+  codec = metadata["codecs"][0]
+  if codec["name"] != "sharding_indexed":  # unsharded chunks have no index to read: orbax checks them as it reads
+    return
+  inner = codec["configuration"]["chunk_shape"]
+  separator = metadata["chunk_key_encoding"].get("configuration", {}).get("separator", "/")
+  for index in itertools.product(*(range(-(-size // chunk)) for size, chunk in zip(shape, outer))):
+    key = separator.join(["c", *map(str, index)]) if shape else "c"
+    grid = [chunk // part for chunk, part in zip(outer, inner)]
+    spec = {"driver": "zarr3_sharding_indexed", "base": dict(base, path=base["path"] + key), "grid_shape": grid,
+            "index_codecs": codec["configuration"]["index_codecs"],
+            "index_location": codec["configuration"].get("index_location", "end")}
+    try:
+      listed = tensorstore.KvStore.open(spec).result().list().result()
+    except ValueError as e:
+      raise MaxTextError(f"parameter {parameter}: {where(key)} is damaged ({_first_line(e)}): restore the "
+                         "step") from None
+    if not listed:
+      raise MaxTextError(f"parameter {parameter}: {where(key)} is missing: restore the step")
+
+
+def _kvstore_url(path: epath.Path) -> str:
+  """A TensorStore kvstore URL of a folder: a bucket's as it is, a local one as an absolute file:// URL."""
+  text = str(path)
+  return text if "://" in text else f"file://{os.path.abspath(text)}"
 
 
 def _first_line(error: BaseException) -> str:
