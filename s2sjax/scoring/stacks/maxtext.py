@@ -45,7 +45,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax.scoring import checksums
-from s2sjax.runtime import sharding
+from s2sjax.runtime import cli, sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
 from s2sjax.scoring.model.config import ModelConfig
@@ -221,7 +221,7 @@ class StepFolder:
       f"model_name={self.run.model_name!r} and the rope, head and norm settings: taken from {self.run.source}, as no "
       f"{RUN_CONFIG_FILE} beside the run says which model this is"]
     self.step_metadata = self._read_step_metadata()
-    self.saved = self._saved_params()
+    self.top_level, self.saved = self._saved_params()
     self.model = self._model()
 
   def _read_step_metadata(self) -> dict:
@@ -231,12 +231,14 @@ class StepFolder:
       raise MaxTextError(f"{self.path}/{STEP_METADATA} cannot be read ({e}): the folder is damaged") from None
     return value if isinstance(value, dict) else {}
 
-  def _saved_params(self) -> dict[Path, Any]:
-    """{path under items/params/params: orbax ArrayMetadata}, read from the PyTree's metadata alone."""
+  def _saved_params(self) -> tuple[list[str], dict[Path, Any]]:
+    """(the items' top-level keys, {path under items/params/params: orbax ArrayMetadata}), read from the PyTree's
+    metadata alone. Orbax reads in a worker (`cli.in_worker`): Ctrl-C stops the command, and no file is blamed
+    for a read it cut short."""
     from orbax.checkpoint.experimental import v1 as ocp
 
     try:
-      tree = ocp.metadata(self.path, checkpointable_name=ITEMS).metadata
+      tree = cli.in_worker(lambda: ocp.metadata(self.path, checkpointable_name=ITEMS).metadata)
     except Exception as e:  # orbax's many kinds of "cannot read this": one line naming the folder
       raise MaxTextError(f"{self.path}/{ITEMS} cannot be read as an orbax PyTree ({type(e).__name__}: "
                          f"{_first_line(e)})") from None
@@ -246,7 +248,7 @@ class StepFolder:
         raise MaxTextError(f"{self.path}/{ITEMS} holds no {'/'.join(PARAMS)} (its top level: "
                            f"{sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__})")
       params = params[key]
-    return _flat(params)
+    return sorted(tree), _flat(params)
 
   def _model(self) -> MaxTextModel:
     """The run config's model with the layout the checkpoint has (layer keys say whether it is scanned), its
@@ -339,9 +341,13 @@ class StepFolder:
                                                  sharding=NamedSharding(mesh, PartitionSpec(*spec))))
     context = ocp.Context()
     context.pytree.loading.partial_load = True
+
+    def read() -> dict:
+      with context:  # entered in the worker thread that reads: the options are the reading thread's
+        return ocp.load(self.path, {"params": {"params": restore}}, checkpointable_name=ITEMS)
+
     try:
-      with context:
-        restored = ocp.load(self.path, {"params": {"params": restore}}, checkpointable_name=ITEMS)
+      restored = cli.in_worker(read)  # in a worker, as `_saved_params` reads
     except Exception as e:  # what unreadable (truncated, corrupted) files raise, of many types
       raise MaxTextError(f"{self.path}/{ITEMS} cannot be read ({type(e).__name__}: {_first_line(e)})") from e
     return restored["params"]["params"]
@@ -358,17 +364,12 @@ class StepFolder:
     return digest.hexdigest()[:16]
 
   def manifest(self) -> dict:
-    """What `s2sjax.scoring.checkpoint.load_manifest` gives for this folder: its source and layout, in the project's keys."""
-    kind = "training state" if "opt_state" in self._top_level() else "params only"
+    """The folder's record, in the keys of a converted checkpoint's manifest: its source and layout."""
+    kind = "training state" if "opt_state" in self.top_level else "params only"
     return {"source": str(self.path), "source_description": f"MaxText {self.model.model_name} checkpoint ({kind})",
             "source_model_type": f"maxtext:{self.model.model_name}", "source_config": None,
             "maxtext_run_config": self.run.source, "scan_layers": self.model.scan_layers,
             "files": self.files(), "trust_remote_code": False}
-
-  def _top_level(self) -> list[str]:
-    from orbax.checkpoint.experimental import v1 as ocp
-
-    return sorted(ocp.metadata(self.path, checkpointable_name=ITEMS).metadata)
 
   def tokenizer_dir(self) -> str | None:
     """The run's tokenizer when its `tokenizer_path` is a folder here holding a transformers tokenizer."""
