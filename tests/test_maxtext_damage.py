@@ -87,6 +87,41 @@ def test_every_array_flipped_cut_or_removed_scores_as_intact_or_is_refused_by_na
 
 
 @pytest.mark.slow
+def test_every_file_of_an_ocdbt_folder_flipped_cut_or_removed_scores_as_intact_or_is_refused_in_one_line(tmp_path,
+                                                                                                           capfd):
+  """MaxText's default layout (checkpoint_storage_use_ocdbt): the arrays share data files under OCDBT's B-tree, so
+  each file is damaged in turn: the PyTree's _METADATA, the B-tree and its manifest, every data file. A file the
+  merged tree does not read (a process's own manifest) scores as intact; the rest are refused in one line naming
+  the file, with no task dump of orbax's on the console; a flip inside a data file can decode to finite numbers,
+  as above."""
+  intact = tiny_maxtext_checkpoint(str(tmp_path / "intact"), ocdbt=True)
+  reference = log_probs.compute(intact, IDS, maxtext_run_config=TINY_RUN).text
+  files = sorted(os.path.relpath(os.path.join(parent, name), intact)
+                 for parent, _, names in os.walk(os.path.join(intact, "items")) for name in names)
+  assert any("ocdbt.process_0" + os.sep + "d" in f for f in files) and "items/manifest.ocdbt" in files
+  capfd.readouterr()
+  for relative in files:
+    for how in ("flip", "cut", "remove"):
+      copy = str(tmp_path / how)
+      shutil.copytree(intact, copy)
+      damage(os.path.join(copy, relative), how)
+      try:
+        scored = log_probs.compute(copy, IDS, maxtext_run_config=TINY_RUN).text
+      except maxtext.MaxTextError as e:
+        assert "\n" not in str(e) and copy in str(e), (relative, how, str(e))
+        if "holds non-finite values" in str(e):  # values read whole and wrong: the parameter they are
+          assert how == "flip" and "parameter " in str(e), (relative, how, str(e))
+        elif how != "remove":  # the damaged file is named (a removed one, not always: orbax reads no tree)
+          assert os.path.join(copy, relative) in str(e), (relative, how, str(e))
+      else:
+        assert np.isfinite(scored).all(), (relative, how)
+        assert how == "flip" or np.array_equal(scored, reference), (relative, how)
+      finally:
+        shutil.rmtree(copy)
+      assert "Traceback" not in capfd.readouterr().err, (relative, how)
+
+
+@pytest.mark.slow
 def test_logprobs_refuses_nan_parameters_in_one_line_and_writes_nothing(intact, tmp_path):
   copy = shutil.copytree(intact, tmp_path / "params_only")
   wo = next(f for f in array_files(str(copy)) if "mlp.wo.kernel" in f)

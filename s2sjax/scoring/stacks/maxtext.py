@@ -56,6 +56,7 @@ from s2sjax.scoring.stacks.maxtext_config import (RUN_CONFIG_FILE, MaxTextModel,
 Path = tuple[str, ...]
 COMMIT_MARKER = "commit_success.txt"  # orbax's, written last (atomicity.py COMMIT_SUCCESS_FILE)
 STEP_METADATA = "_CHECKPOINT_METADATA"
+ORBAX_METADATA = "_METADATA"  # the PyTree's own, in items/
 ITEMS = "items"  # checkpointing.py:1339: the state is saved as the checkpointable named items
 PARAMS = ("params", "params")  # items/params/params: the Linen `params` collection under the item's key
 
@@ -237,11 +238,15 @@ class StepFolder:
     for a read it cut short."""
     from orbax.checkpoint.experimental import v1 as ocp
 
+    _check_index(self.path / ITEMS)
     try:
       tree = cli.in_worker(lambda: ocp.metadata(self.path, checkpointable_name=ITEMS).metadata)
     except Exception as e:  # orbax's many kinds of "cannot read this": one line naming the folder
       raise MaxTextError(f"{self.path}/{ITEMS} cannot be read as an orbax PyTree ({type(e).__name__}: "
                          f"{_first_line(e)})") from None
+    if tree is None:  # what orbax returns for a _METADATA or OCDBT index it cannot parse
+      raise MaxTextError(f"{self.path}/{ITEMS}: orbax reads no tree from its {ORBAX_METADATA} and OCDBT index "
+                         f"(manifest.ocdbt, d/): the folder is damaged; restore the step")
     params = tree
     for key in PARAMS:
       if not isinstance(params, Mapping) or key not in params:
@@ -419,6 +424,26 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
   return found
 
 
+def _check_index(items: epath.Path) -> None:
+  """The PyTree's _METADATA parses and its OCDBT B-tree (when there is one) lists: a damaged one is named here, in
+  one line, where orbax's own read returns no tree and prints its tasks' failures."""
+  import tensorstore
+
+  try:
+    json.loads((items / ORBAX_METADATA).read_text())
+  except FileNotFoundError:
+    return  # not an orbax PyTree of this layout: orbax's read names what it is
+  except (OSError, ValueError) as e:
+    raise MaxTextError(f"{items}/{ORBAX_METADATA} cannot be read ({_first_line(e)}): the folder is damaged; restore "
+                       "the step") from None
+  if (items / "manifest.ocdbt").exists():
+    try:
+      tensorstore.KvStore.open({"driver": "ocdbt", "base": f"{_kvstore_url(items)}/"}).result().list().result()
+    except ValueError as e:
+      raise MaxTextError(f"{items}: its OCDBT index (manifest.ocdbt and the B-tree under d/) cannot be read "
+                         f"({_first_line(e)}): the folder is damaged; restore the step") from None
+
+
 def _verify_shards(items: epath.Path, name: str, shape: tuple[int, ...]) -> None:
   """One array's shard files (zarr3 `sharding_indexed`, as orbax writes MaxText's arrays, OCDBT or not) all there
   with an index that reads and lists every inner chunk: a MaxTextError naming the parameter and the file."""
@@ -427,10 +452,11 @@ def _verify_shards(items: epath.Path, name: str, shape: tuple[int, ...]) -> None
   import tensorstore
 
   ocdbt = (items / "manifest.ocdbt").exists()
-  base = ({"driver": "ocdbt", "base": f"{_kvstore_url(items)}/", "path": f"{name.replace('/', '.')}/"} if ocdbt else
-          {"driver": "file", "path": f"{items}/{name.replace('/', '.')}/"})
-  where = lambda key: (f"{items}/{name.replace('/', '.')}/{key}" + (" (in the OCDBT data files under d/)" if ocdbt
-                                                                    else ""))
+  array = name.replace("/", ".")
+  base = ({"driver": "ocdbt", "base": f"{_kvstore_url(items)}/", "path": f"{array}/"} if ocdbt else
+          {"driver": "file", "path": f"{items}/{array}/"})
+  where = lambda key: (f"{items}/{_ocdbt_file(items, f'{array}/{key}')} (its {array}/{key})" if ocdbt
+                       else f"{items}/{array}/{key}")
   parameter = "/".join(name.split("/")[len(PARAMS):])
   try:
     metadata = tensorstore.open({"driver": "zarr3", "kvstore": base}, open=True).result().spec().to_json()["metadata"]
@@ -456,6 +482,28 @@ def _verify_shards(items: epath.Path, name: str, shape: tuple[int, ...]) -> None
                          "step") from None
     if not listed:
       raise MaxTextError(f"parameter {parameter}: {where(key)} is missing: restore the step")
+
+
+def _ocdbt_file(items: epath.Path, key: str) -> str:
+  """The data file an OCDBT database keeps `key`'s value in (`ocdbt.process_<i>/d/<id>`, read from its B-tree:
+  `tensorstore.ocdbt.dump`), or its d/ folders when the tree itself cannot be read."""
+  import tensorstore
+  import tensorstore.ocdbt
+
+  try:
+    base = tensorstore.KvStore.open(f"{_kvstore_url(items)}/").result()
+    nodes = [tensorstore.ocdbt.dump(base).result()["versions"][-1]["root"]["location"]]
+    while nodes:
+      for entry in tensorstore.ocdbt.dump(base, nodes.pop()).result()["entries"]:
+        for field, value in entry.items():
+          if isinstance(value, str) and value.startswith("btreenode::"):  # an interior node's child
+            nodes.append(value)
+          elif field == "indirect_value" and entry["key"] == key.encode():  # value:<prefix>:<file>:<offset>:<length>
+            _, prefix, file, *_ = value.split(":")
+            return prefix + file
+  except (ValueError, KeyError, IndexError):
+    pass
+  return "d/ or ocdbt.process_*/d/"
 
 
 def _kvstore_url(path: epath.Path) -> str:
