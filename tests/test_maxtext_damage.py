@@ -162,6 +162,8 @@ def test_a_model_name_the_runs_own_config_contradicts_is_refused_and_an_unconfir
   assert "model_name='llama3-8b'" in str(refused.value) and "llama3.1-8b" in str(refused.value)
   assert str(tmp_path / "run" / "config.yml") in str(refused.value) and "\n" not in str(refused.value)
   assert checkpoint.open(step, RunConfig.parse(LLAMA31)).unverified == []  # the run's own config agrees
+  added = checkpoint.open(step, RunConfig.parse("tokenizer_path=/models/llama"))  # a key the run's config lacks
+  assert added.model.model_name == "llama3.1-8b" and added.run.get("tokenizer_path") == "/models/llama"
   alone = tiny_maxtext_checkpoint(str(tmp_path / "params_only"), LLAMA31)
   lines = preflight.not_checked(checkpoint.open(alone, RunConfig.parse(LLAMA31)), "demo", None)
   assert any(line.startswith("not verified: model_name='llama3.1-8b'") for line in lines), lines

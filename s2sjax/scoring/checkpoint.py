@@ -32,6 +32,7 @@ written is refused by name, unless the caller accepts the change on purpose (`ac
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import shutil
@@ -498,8 +499,12 @@ class Checkpoint:
     self.path = epath.Path(path)
     self.accept_changed_config = accept_changed_config
     self._manifest = _load_manifest(self.path)
-    self.config = _load_config(self.path, accept_changed_config)
     self.unverified: list[str] = []  # the manifest's hashes hold the config and the tokenizer
+
+  @functools.cached_property
+  def config(self):
+    """model_config.json, held to the hash written with it (`accept_changed_config` takes an edit on purpose)."""
+    return _load_config(self.path, self.accept_changed_config)
 
   def manifest(self) -> dict:
     return self._manifest
@@ -556,5 +561,5 @@ def load_params(path: str | epath.Path, mesh: Mesh | None = None, dtype=None, ve
   return open(path, accept_changed_config=accept_changed_config).load_params(mesh, dtype, verify)
 
 
-def load_tokenizer(path: str | epath.Path, trust_remote_code: bool = False):
-  return open(path).load_tokenizer(trust_remote_code)
+def load_tokenizer(path: str | epath.Path, trust_remote_code: bool = False, accept_changed_config: bool = False):
+  return open(path, accept_changed_config=accept_changed_config).load_tokenizer(trust_remote_code)

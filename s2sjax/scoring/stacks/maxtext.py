@@ -214,9 +214,12 @@ class StepFolder:
                          "is read once committed")
     self.run = run_config_for(self.path, run)
     saved = saved_beside(self.path)
-    if run is not None and saved is not None and (differ := disagreements(run, RunConfig.from_yaml(saved))):
-      raise MaxTextError(f"{self.path}: {run.source} gives {'; '.join(differ)}: the checkpoint's own config names "
-                         f"another model; drop the flag, or fix the keys it gives")
+    if run is not None and saved is not None:  # the run's own config, with what the flag adds (a tokenizer_path)
+      own = RunConfig.from_yaml(saved)
+      if differ := disagreements(run, own):
+        raise MaxTextError(f"{self.path}: {run.source} gives {'; '.join(differ)}: the checkpoint's own config names "
+                           f"another model; drop the flag, or fix the keys it gives")
+      self.run = RunConfig(tuple({**dict(own.keys), **dict(run.keys)}.items()), f"{saved} with {run.source}")
     # what no file here confirms: the run config's model is taken as given
     self.unverified = [] if saved is not None else [
       f"model_name={self.run.model_name!r} and the rope, head and norm settings: taken from {self.run.source}, as no "

@@ -265,9 +265,10 @@ def model_keys(run: RunConfig) -> Mapping[str, Any]:
 
 
 def disagreements(given: RunConfig, saved: RunConfig) -> list[str]:
-  """The model's keys on which a given run config and the one MaxText saved with the run differ (`key=given (saved
-  says ...)`), model_name first: a llama3-8b given for a llama3.1-8b run rotates otherwise (module docstring)."""
+  """The model's keys a given run config sets to other values than the one MaxText saved with the run
+  (`key=given (saved says ...)`), model_name first: a llama3-8b given for a llama3.1-8b run rotates otherwise
+  (module docstring). Keys the given config leaves out are the saved one's to say."""
   ours = dict(model_keys(given), model_name=given.model_name)
   theirs = dict(model_keys(saved), model_name=saved.model_name)
-  return [f"{key}={ours[key]!r} ({saved.source} says {theirs[key]!r})"
-          for key in sorted(ours, key=lambda key: key != "model_name") if ours[key] != theirs[key]]
+  stated = [key for key in sorted(dict(given.keys), key=lambda key: key != "model_name") if key in ours]
+  return [f"{key}={ours[key]!r} ({saved.source} says {theirs[key]!r})" for key in stated if ours[key] != theirs[key]]
