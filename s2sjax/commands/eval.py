@@ -288,14 +288,14 @@ def _tokenizer_identity(reader, tokenizer_dir: str | None, trust_remote_code: bo
   without one is refused: data built for another vocabulary would be scored silently. A tokenizer shipped as code
   runs only when the user says they trust it."""
   if reader.manifest().get("trust_remote_code") and not trust_remote_code:
-    raise EvalError(f"{reader.path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then pass "
-                    "--trust_remote_code")
+    raise EvalError(f"{reader.path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then "
+                    "pass --trust_remote_code")
   if tokenizer_dir:
     return text_tokenizer.folder_identity(tokenizer_dir, trust_remote_code)
   identity = reader.tokenizer_identity(trust_remote_code)
   if identity is None:
-    raise EvalError(f"{reader.path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
-                    "pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
+    raise EvalError(f"{reader.path} holds no tokenizer/, so nothing tells which vocabulary its data must be built "
+                    "with: pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
   return identity
 
 

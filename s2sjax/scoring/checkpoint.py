@@ -328,7 +328,7 @@ def _check_files(ckpt_dir: epath.Path, recorded: Mapping[str, int], folder: str)
 
 
 def _load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True,
-                accept_changed_config: bool = False) -> Params:
+                 accept_changed_config: bool = False) -> Params:
   """Restores the parameters onto `mesh` (default: every device, data-parallel), sharded by the logical rules,
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
@@ -436,7 +436,8 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
   return found
 
 
-def _load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, accept_changed_config: bool = False):
+def _load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
+                    accept_changed_config: bool = False):
   """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
   local temporary folder first: transformers reads local folders only (stray folders and hidden files left in
   tokenizer/ are not copied). A tokenizer shipped as code (GLM-4's `tokenization_chatglm.py`) runs only with
@@ -445,7 +446,7 @@ def _load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
 
 
 def _tokenizer_identity(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
-                       accept_changed_config: bool = False) -> dict | None:
+                        accept_changed_config: bool = False) -> dict | None:
   """`text_tokenizer.identity` of `load_tokenizer`'s tokenizer, under the same rules, without loading it when its
   files were read before (`text_tokenizer.folder_identity`); None when the checkpoint holds no tokenizer."""
   return _read_tokenizer(ckpt_dir, trust_remote_code, accept_changed_config, text_tokenizer.folder_identity)

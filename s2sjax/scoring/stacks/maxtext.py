@@ -20,7 +20,12 @@ NNX rng state are not read), onto the evaluation mesh with shardings derived fro
 devices. A folder without orbax's `commit_success.txt` is still being written (orbax writes it last,
 `_src/path/atomicity.py`) and is refused.
 
-MaxText writes no checksums. What this reader holds instead: a folder's content id hashes its run config's model
+MaxText writes no checksums of its data (its zstd chunks say `"checksum": false`). What a read is held to: the
+PyTree's `_METADATA` and OCDBT B-tree (`_check_index`), every array's shard index, whose crc32c TensorStore keeps at
+the end of the shard file (`verify_stored`: a cut, rewritten or missing file is named with its parameter before
+any data is read), and finite values (a change that decodes to finite numbers cannot be told from trained weights).
+Orbax reads in a worker thread (`cli.in_worker`), so Ctrl-C stops a command mid-read without blaming a file.
+What the reader records: a folder's content id hashes its run config's model
 keys, its `_CHECKPOINT_METADATA` (the commit timestamp orbax writes) and the name and size of every file (OCDBT
 data files are named afresh by every write), so a step rewritten at the same path is told apart; and `load`
 returns every restored leaf's checksum (`s2sjax.scoring.checksums`, computed on the devices), which the converter writes
