@@ -14,6 +14,7 @@ import yaml
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.commands.lm_eval import S2SJaxLM
 from s2sjax.scoring import checkpoint
+from s2sjax.scoring.stacks import maxtext
 from tests.stack_fixtures import TINY_RUN, byte_tokenizer, tiny_maxtext_checkpoint
 
 
@@ -26,11 +27,18 @@ def trained_to_64(tmp_path_factory):
   keys = dict(token.split("=", 1) for token in TINY_RUN.split())
   keys["tokenizer_path"] = byte_tokenizer(str(root / "tokenizer"))
   (root / "run" / "config.yml").write_text(yaml.safe_dump(keys))
-  return S2SJaxLM(pretrained=step, row_length=256, batch_size=2, device="cpu:0")
+  opened = []
+  with pytest.MonkeyPatch.context() as patch:
+    original = maxtext.StepFolder.__init__
+    patch.setattr(maxtext.StepFolder, "__init__", lambda self, *args: opened.append(args[0]) or original(self, *args))
+    backend = S2SJaxLM(pretrained=step, row_length=256, batch_size=2, device="cpu:0")
+  backend.opened = opened
+  return backend
 
 
 @pytest.mark.slow
 def test_the_maximum_is_the_checkpoints_trained_positions(trained_to_64):
+  assert trained_to_64.opened == [trained_to_64.checkpoint]  # the folder read once: config, params, tokenizer
   assert trained_to_64.max_length == 64  # not the row's 255
   # a converted checkpoint: its source config.json's max_position_embeddings (SmolLM2-135M: 8,192)
   assert checkpoint.open(default_checkpoint()).max_positions == 8192
