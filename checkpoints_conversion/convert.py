@@ -270,8 +270,8 @@ def convert(
   if family == "auto" and (own := release_converter(source_path)):
     return load_object(own)(source_path, output, dtype, overwrite)
   if maxtext.is_step_folder(source_path):
-    with maxtext_config.given(maxtext_run_config):
-      return convert_maxtext(source_path, output, dtype, overwrite, trust_remote_code)
+    return convert_maxtext(source_path, output, dtype, overwrite, trust_remote_code,
+                           maxtext_config.from_flag(maxtext_run_config))
   start = time.time()
   source = open_source(source_path)
   plan = plan_conversion(source, family, skip_prefixes)
@@ -303,9 +303,10 @@ def convert(
 
 
 def convert_maxtext(source_path: str, output: str, dtype: str = "float32", overwrite: bool = False,
-                    trust_remote_code: bool = False) -> dict:
-  """A MaxText checkpoint folder, restored on this host's devices and written leaf by leaf (module docstring)."""
-  folder = maxtext.StepFolder(source_path)
+                    trust_remote_code: bool = False, run: maxtext_config.RunConfig | None = None) -> dict:
+  """A MaxText checkpoint folder, restored on this host's devices and written leaf by leaf (module docstring);
+  `run`: its run config, else the config.yml beside its run."""
+  folder = maxtext.StepFolder(source_path, run)
   loaded = folder.load(dtype=jnp.dtype(dtype))
   with tempfile.TemporaryDirectory() as staging:
     tokenizer_dir, tokenizer_record = (None, {"note": "the run config names no tokenizer folder here: evaluate "

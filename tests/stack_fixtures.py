@@ -60,3 +60,29 @@ def build_bytes_sample(root: str) -> dict[str, str]:
   for modality in ("t2t", "s2t", "t2s", "s2s"):
     prepare("sstorycloze", spec, modality, None, data_dir, tokenizer_dir=tokenizer)
   return {"tokenizer": tokenizer, "spec": spec, "data_dir": data_dir}
+
+
+# A tiny Qwen2.5-shaped MaxText run, scanned layers, float32: small enough to write in a test and to damage one
+# array at a time.
+TINY_RUN = ("model_name=qwen2.5-7b base_emb_dim=64 base_num_query_heads=4 base_num_kv_heads=2 head_dim=16 "
+            "base_mlp_dim=96 base_num_decoder_layers=2 vocab_size=256 scan_layers=true max_target_length=64")
+
+
+def tiny_maxtext_checkpoint(path: str, run: str = TINY_RUN, ocdbt: bool = False, seed: int = 0) -> str:
+  """A MaxText checkpoint folder as `save_params_to_path` writes one (checkpointing.py:1112: {"params": params} as
+  the `items` checkpointable, by orbax), of random float32 parameters of the shapes `run` implies; `ocdbt=False`
+  stores each array in its own zarr3 folder (MaxText's checkpoint_storage_use_ocdbt=False)."""
+  import numpy as np
+  from orbax.checkpoint.experimental import v1 as ocp
+
+  from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
+
+  tree: dict = {}
+  rng = np.random.default_rng(seed)
+  for name, shape in maxtext.expected_shapes(maxtext_config.describe(maxtext_config.RunConfig.parse(run))).items():
+    maxtext._put(tree, name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+  context = ocp.Context()
+  context.array.saving.use_ocdbt = ocdbt
+  with context:
+    ocp.save_checkpointables(path, {"items": {"params": {"params": tree}}})
+  return path

@@ -144,10 +144,10 @@ def test_remote_code_tokenizer_needs_the_flag_and_travels_with_the_checkpoint(tm
   original = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
   assert copied("hello")["input_ids"] == original("hello")["input_ids"] == [11, 8, 15, 15, 18]
   assert copied.get_vocab()["<|begin_of_audio|>"] == 2
-  verdicts = {v.check: v for v in preflight.run(str(tmp_path / "ckpt"), trust_remote_code=True, spec="glm4_voice")}
+  verdicts = {v.check: v for v in preflight.run(checkpoint.open(str(tmp_path / "ckpt")), trust_remote_code=True, spec="glm4_voice")}
   assert verdicts["config"].ok and verdicts["tokenizer"].ok
   assert not verdicts["spec tokens"].ok and "'<|audio_0|>' is not in the tokenizer" in verdicts["spec tokens"].detail
-  untrusted = {v.check: v for v in preflight.run(str(tmp_path / "ckpt"))}
+  untrusted = {v.check: v for v in preflight.run(checkpoint.open(str(tmp_path / "ckpt")))}
   assert not untrusted["tokenizer"].ok and "--trust_remote_code" in untrusted["tokenizer"].detail
 
 
@@ -168,5 +168,6 @@ def test_the_pre_flight_without_flags_checks_the_embedded_default_and_says_what_
   unit_ids = next(line for line in done.stdout.splitlines() if "unit ids" in line)
   assert unit_ids.startswith("ok") and "49152..49407 (256 ids) against 49408 embedding rows (256 of them untrained" \
                                        in unit_ids
-  assert len([line for line in done.stdout.splitlines() if line.startswith("ok  ")]) == 3
+  assert len([line for line in done.stdout.splitlines() if line.startswith("ok  ")]) == 4
+  assert "ok    stored parameters  every parameter file there and whole" in done.stdout
   assert done.stdout.strip().splitlines()[-1] == "all checks passed"

@@ -549,7 +549,7 @@ def test_the_pre_flight_check_refuses_what_the_evaluator_refuses(small_vocab):
   from s2sjax.data.task_data import load_task_data
 
   data = load_task_data(small_vocab["data_dir"], "sstorycloze", "s2t", "demo", 1024)
-  verdicts = {v.check: v for v in preflight.run(small_vocab["ckpt"], spec="demo", data=data)}
+  verdicts = {v.check: v for v in preflight.run(checkpoint.open(small_vocab["ckpt"]), spec="demo", data=data)}
   assert not verdicts["unit ids"].ok and not verdicts["check_fit"].ok, preflight.table(list(verdicts.values()))
   assert verdicts["unit ids"].detail == "units 49152..49407 (256 ids) against 128 embedding rows"
   assert "lie past the checkpoint's embedding of 128 rows" in verdicts["check_fit"].detail

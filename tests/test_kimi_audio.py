@@ -431,7 +431,7 @@ def test_built_rows_are_upstreams_requests_and_score_upstreams_nlls(tmp_path, me
   shutil.copytree(ckpt, tmp_path / "ckpt")
   shutil.copytree(tokenizer, tmp_path / "ckpt" / "tokenizer")
   td = load_task_data(str(tmp_path / "data"), "sstorycloze", "s2t", specs["a2t_w0"], None)
-  verdicts = preflight.run(str(tmp_path / "ckpt"), spec=specs["a2t_w0"], data=td)
+  verdicts = preflight.run(checkpoint.open(str(tmp_path / "ckpt")), spec=specs["a2t_w0"], data=td)
   assert all(v.ok for v in verdicts) and "audio reaches the model" in {v.check for v in verdicts}, preflight.table(verdicts)
 
 

@@ -307,8 +307,9 @@ def test_a_context_too_long_for_the_row_loses_its_first_tokens_as_in_the_hf_back
   np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], atol=TOLERANCE, rtol=0)
   assert [g[1] for g in got] == [w[1] for w in want]
   assert ours.fitted["truncated_context"] - before == 1
-  assert ("1 of 2 requests: contexts cut from the left to fit max_length=255 with their continuation, as the hf "
-          "backend cuts them (the first: request 0)") in caplog.text
+  assert ("1 of 2 requests: contexts cut from the left to fit max_length=255 (the model's trained positions, or "
+          "row_length - 1 when fewer) with their continuation, as the hf backend cuts them (the first: request 0)"
+          ) in caplog.text
 
 
 def test_a_continuation_longer_than_the_row_is_scored_in_pieces_each_after_the_tokens_before_it(ours, hf, caplog):
@@ -377,6 +378,9 @@ def test_the_readmes_command_runs_on_a_cpu_as_printed(tmp_path, hf, monkeypatch)
 @pytest.mark.parametrize("model_args, refusal", [
   ("dtype=foo", "error: dtype=foo: the s2sjax backend scores in float32 or bfloat16"),
   ("mesh=data:-1+model:2", "error: mesh=data:-1+model:2: mesh 'data:-1,model:2': 1 devices are not divisible by 2"),
+  # batch_size in model_args, as the hf backend takes it, beside lm-eval's own --batch_size (1 by default)
+  ("batch_size=0", "error: batch_size must be a number of rows or auto, not 0"),
+  ("pretrained=no/such/folder", "error: pretrained=no/such/folder: no such checkpoint"),
 ])
 def test_a_backend_refusal_through_lm_evals_command_line_is_one_line(model_args, refusal):
   # lm-eval's command line builds the backend itself: its refusal is printed by s2sjax.lm_eval, as one line

@@ -55,6 +55,24 @@ def test_batch_size_must_be_rows_or_auto():
     backend.S2SJaxLM(pretrained="a", checkpoint="b")
 
 
+def test_batch_size_in_model_args_is_taken_as_the_hf_backend_takes_it_and_checked_in_the_constructor():
+  """lm-eval always passes its own --batch_size (1 by default) beside model_args: a batch_size in model_args is the
+  one used, never two values for one argument; a bad one is refused there, in one line."""
+  lm_evals = {"batch_size": 1, "max_batch_size": None, "device": None}
+  assert backend.merged_arguments({"batch_size": "auto"}, lm_evals) == {"batch_size": "auto"}
+  for arg_string, refusal in [("batch_size=0", "batch_size must be a number of rows or auto, not 0"),
+                              ("batch_size=-2", "batch_size must be a number of rows or auto, not -2"),
+                              ("max_batch_size=-1", "max_batch_size=-1: the most rows a step, a positive number"),
+                              ("row_length=0", "row_length=0: the packed row's length is a positive multiple of 32"),
+                              ("rows=4", "model_args rows=4: not an argument of the s2sjax backend"),
+                              ("pretrained=no/such/folder", "pretrained=no/such/folder: no such checkpoint")]:
+    with pytest.raises(backend.BackendError) as refused:
+      backend.S2SJaxLM.create_from_arg_string(arg_string, lm_evals)
+    assert str(refused.value).startswith(refusal) and "\n" not in str(refused.value), arg_string
+  with pytest.raises(backend.BackendError, match="not 0"):
+    backend.S2SJaxLM.create_from_arg_obj({"batch_size": 0}, lm_evals)
+
+
 def test_the_registry_finds_the_backend_by_name():
   from lm_eval.api.registry import get_model, model_registry
 

@@ -86,8 +86,7 @@ def test_the_map_is_maxtexts_own_hugging_face_export(config, tmp_path):
   halves) and this reader give the decoder the same weights: hf/ converted as any HF checkpoint is."""
   convert.convert(str(MAXTEXT / config / "hf"), str(tmp_path / "hf"))
   theirs = checkpoint.load_params(str(tmp_path / "hf"))
-  with maxtext_config.given(run_config(config)):
-    ours = checkpoint.load_params(folder(config, "params only"))
+  ours = checkpoint.open(folder(config, "params only"), RunConfig.parse(run_config(config))).load_params()
   assert checkpoint.load_config(str(tmp_path / "hf")).rope_scaling == maxtext.decoder_config(
     run_config(config)).rope_scaling
   for (path, a), (_, b) in zip(checkpoint.flatten(ours), checkpoint.flatten(theirs), strict=True):
@@ -246,9 +245,8 @@ def test_an_s2sbench_eval_of_maxtext_checkpoints_runs_end_to_end(bytes_sample, t
     assert sorted(run["tasks"]["sstorycloze"]) == ["s2s", "s2t", "t2s", "t2t"]
   # The same weights in both folders: the same numbers.
   assert runs["1"]["tasks"] == runs["params_only"]["tasks"]
-  with maxtext_config.given(config):
-    params = checkpoint.load_params(folder(name, "params only"))
-    model_config = checkpoint.load_config(folder(name, "params only"))
+  reader = checkpoint.open(folder(name, "params only"), RunConfig.parse(config))
+  params, model_config = reader.load_params(), reader.config
   from s2sjax.data.task_data import load_task_data
   cases = []  # (prefix, candidate, the scores file's nll_sum)
   for modality in ("t2t", "s2t"):
@@ -289,8 +287,7 @@ def test_a_maxtext_folder_converts_with_the_checksums_of_what_was_read(tmp_path)
   config = run_config("llama3.1_scan")
   manifest = convert.convert(folder("llama3.1_scan", "training state"), str(tmp_path / "out"),
                              maxtext_run_config=config)
-  with maxtext_config.given(config):
-    read = maxtext.StepFolder(folder("llama3.1_scan", "training state")).load()
+  read = maxtext.StepFolder(folder("llama3.1_scan", "training state"), RunConfig.parse(config)).load()
   assert manifest["source_checksums"] == read.checksums
   assert checkpoint.load_manifest(str(tmp_path / "out"))["source_model_type"] == "maxtext:llama3.1-8b"
   for ids, reference in padded_reference("llama3.1_scan"):

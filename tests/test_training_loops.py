@@ -154,8 +154,7 @@ def test_maxtexts_live_params_evaluated_every_5_steps_of_an_optax_loop_without_r
   assert results[5]["sstorycloze"]["t2t"] != results[20]["sstorycloze"]["t2t"]
   # step 20 saved as MaxText's save_params_to_path saves (checkpointing.py:1112-1120: {"params": params} as items)
   ocp.save_checkpointables(tmp_path / "checkpoints" / "20", {"items": {"params": {"params": tree}}})
-  with maxtext_config.given(run):
-    on_disk = checkpoint.load_params(str(tmp_path / "checkpoints" / "20"))
+  on_disk = checkpoint.open(str(tmp_path / "checkpoints" / "20"), maxtext_config.from_flag(run)).load_params()
   from_disk = Evaluator(config, data, ScoringOptions(batch_size=2)).evaluate(on_disk)["sstorycloze"]["t2t"]
   live = results[20]["sstorycloze"]["t2t"]
   assert from_disk["accuracy"] == live["accuracy"]

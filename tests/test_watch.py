@@ -58,10 +58,10 @@ def test_steps_are_scored_as_orbax_commits_them_and_a_restart_goes_on(tmp_path, 
   os.rename(marker + ".held", marker)  # orbax committed step 2
   cfg = eval_command.EvalConfig(tasks=("sstorycloze",), modalities=("t2t",), spec=bytes_sample["spec"],
                                 data_dir=bytes_sample["data_dir"], output_dir=str(out),
-                                tokenizer_dir=bytes_sample["tokenizer"], tensorboard=True)
-  with maxtext_config.given(config):
-    assert watch(cfg, str(run_dir), once=True) == [2]  # step 1 is not scored again
-    assert watch(cfg, str(run_dir), poll_seconds=0, stop_after_step=2) == []
+                                tokenizer_dir=bytes_sample["tokenizer"], tensorboard=True,
+                                maxtext_config=maxtext_config.from_flag(config))
+  assert watch(cfg, str(run_dir), once=True) == [2]  # step 1 is not scored again
+  assert watch(cfg, str(run_dir), poll_seconds=0, stop_after_step=2) == []
   runs = json.loads((out / "metrics.json").read_text())["runs"]
   assert [run["step"] for run in runs] == [1, 2]
   assert runs[0]["tasks"]["sstorycloze"]["t2t"] != runs[1]["tasks"]["sstorycloze"]["t2t"]

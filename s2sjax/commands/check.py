@@ -4,11 +4,14 @@ r"""A pre-flight a user runs before a long pod job: does this checkpoint (and th
       [--data_dir=DIR --task=TASK --modality=t2t|s2t|t2s|s2s|text|speech --row_length=N]
 
 Without --checkpoint it checks the embedded default (converted into $S2SJAX_CACHE on first use, as s2sjax.eval
-does). Prints one verdict per check, then what it did not check and why, and exits non-zero when any fails:
+does). Prints one verdict per check, then what it did not check and why (and what no file of the checkpoint
+confirms: a MaxText folder's model settings without the config.yml of its run), and exits non-zero when any fails:
 
 - config: the source config.json the checkpoint was converted from is parsed again by its architecture, so a switch
   the model does not implement (ALiBi, sparse layers, ...) is refused by name even in a checkpoint converted
   before it was;
+- stored parameters: every parameter file there and whole (the sizes the manifest records; a MaxText folder's
+  shard indexes, read with their crc32c), without loading the parameters;
 - tokenizer: the checkpoint's tokenizer loads (remote code only with --trust_remote_code) and fits the embedding;
 - spec: every special token of the spec resolves in that tokenizer and equals the id the source config states, and
   its ids and streams meet the model as its architecture reads them;
@@ -35,6 +38,7 @@ from s2sjax.data.task_data import load_task_data
 from s2sjax.runtime import cli
 from s2sjax.runtime.errors import UserError
 from s2sjax.scoring import default_model, preflight
+from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.scoring.checkpoints.stacks import maxtext_config
 
 
@@ -70,11 +74,11 @@ def main(argv) -> None:
       raise UsageError("--data_dir needs --task and --spec (and --modality, --row_length) to name the built data")
     data = load_task_data(local(f.data_dir), f.task, modalities.get(f.modality).name, spec, f.row_length,
                           verify=f.verify_data)
-  with maxtext_config.given(f.maxtext_config):  # a MaxText checkpoint's run config (s2sjax/scoring/checkpoints/stacks)
-    verdicts = preflight.run(ckpt_dir, f.trust_remote_code, spec, data, accept_config_change=f.accept_config_change)
+  reader = checkpoint.open(ckpt_dir, maxtext_config.from_flag(f.maxtext_config), f.accept_config_change)
+  verdicts = preflight.run(reader, f.trust_remote_code, spec, data)
   print(f"checked {ckpt_dir}" + ("" if f.checkpoint else " (the embedded default)"))
   print(preflight.table(verdicts))
-  for line in preflight.not_checked(spec, data):
+  for line in preflight.not_checked(reader, spec, data):
     print(line)
   failed = sum(not v.ok for v in verdicts)
   print(f"{failed} check(s) failed" if failed else "all checks passed")

@@ -91,6 +91,7 @@ class EvalConfig:
   trust_remote_code: bool = False  # run a tokenizer shipped as code (GLM-4's)
   ties: str | None = None  # metrics.TIE_RULES: how a tie counts; None: each task's own rule
   smoke: bool = False  # the embedded default on the smoke release (tasks/sample/smoke.py), data of its own
+  maxtext_config: maxtext_config.RunConfig | None = None  # MaxText checkpoints' run config (--maxtext_config)
 
   @property
   def selectors(self) -> list[builds.DataSelector]:
@@ -123,17 +124,16 @@ def ensure_data(cfg: EvalConfig, data_dir: str, selector: builds.DataSelector, t
   return load_build(data_dir, selector, cfg.verify_data)
 
 
-def load_model(path: str, data: list[TaskData], mesh, dtype, verify: bool = True, accept_config_change: bool = False):
-  """Config and params of one checkpoint (config hash and parameter checksums verified), fitted to the data's spec
+def load_model(reader, data: list[TaskData], mesh, dtype, verify: bool = True):
+  """Config and params of one opened checkpoint (`checkpoint.open`: config hash and parameter checksums verified,
+  a MaxText folder's arrays held to their shard indexes and to finite values), fitted to the data's spec
   (`default_model.fit_to_spec`: for the embedded default, a unit spec's units become untrained vocabulary rows,
   whichever modalities run; `s2sjax.check` loads the same model). A checkpoint of another architecture
   (s2sjax/scoring/architectures) gives its own config and tree, which the Evaluator scores with that architecture's scorer."""
   if not data:
     raise EvalError("no task data to score: nothing was built or asked for")
-  config = checkpoint.load_config(path, accept_config_change)
-  params = checkpoint.load_params(path, mesh=mesh, dtype=dtype, verify=verify,
-                                  accept_changed_config=accept_config_change)
-  return default_model.fit_to_spec(config, params, data[0].metadata.spec, checkpoint.load_manifest(path))
+  params = reader.load_params(mesh, dtype, verify)
+  return default_model.fit_to_spec(reader.config, params, data[0].metadata.spec, reader.manifest())
 
 
 def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
@@ -145,10 +145,11 @@ def pick_attention(choice: str, data: list[TaskData], dtype: str) -> str:
                                     all(td.shape.max_item > 0 for td in data), dtype)
 
 
-def run(cfg: EvalConfig) -> list[dict]:
+def run(cfg: EvalConfig, opened=None) -> list[dict]:
   """Scores every checkpoint on every task x modality, writing results as it goes. Returns what metrics.json
   holds on process 0 (every checkpoint scored into the output directory, earlier runs' included), and this
-  invocation's checkpoints on the other processes."""
+  invocation's checkpoints on the other processes. Each checkpoint is opened once (`checkpoint.open`), or is
+  `opened` already (the one `cfg.checkpoints` names: s2sjax.watch's step)."""
   if not cfg.tasks:
     raise EvalError("no task to score (--task=all found none built in --data_dir): build them first with "
                     "python -m tasks.prepare --data_dir=DIR")
@@ -175,9 +176,9 @@ def run(cfg: EvalConfig) -> list[dict]:
   with _output_lock(cfg), _summarized_when_interrupted(cfg):
     evaluator, runs = None, []
     for path, name, step in zip(paths, names, steps):
-      identity = None if text_free else _tokenizer_identity(path, cfg.tokenizer_dir, cfg.trust_remote_code,
-                                                            cfg.accept_config_change)
-      config, params = load_model(path, data, mesh, options.jnp_dtype, cfg.verify_checkpoint, cfg.accept_config_change)
+      reader = opened or checkpoint.open(path, cfg.maxtext_config, cfg.accept_config_change)
+      identity = None if text_free else _tokenizer_identity(reader, cfg.tokenizer_dir, cfg.trust_remote_code)
+      config, params = load_model(reader, data, mesh, options.jnp_dtype, cfg.verify_checkpoint)
       for td in data:
         check_fit(config, td, identity)
       planner.check_step_memory(config, [td.shape for td in data], options.batch_size, options.dtype, attention, mesh)
@@ -185,7 +186,7 @@ def run(cfg: EvalConfig) -> list[dict]:
         evaluator = Evaluator(config, data, options, mesh=mesh)
       record = {"name": name, "path": path if "://" in path else os.path.abspath(path), "step": step,
                 "spec": cfg.spec, "row_length": cfg.row_length or "auto", "ties": cfg.ties}
-      scores = _score_checkpoint(cfg, evaluator, params, data, record, checkpoint.content_id(path))
+      scores = _score_checkpoint(cfg, evaluator, params, data, record, reader.content_id())
       if jax.process_index() == 0:
         _write_flips(cfg, data, record, scores)
       summary = summarize(scores, cfg.ties)
@@ -284,20 +285,19 @@ def _output_lock(cfg: EvalConfig):
     yield
 
 
-def _tokenizer_identity(path: str, tokenizer_dir: str | None, trust_remote_code: bool,
-                        accept_config_change: bool = False) -> dict:
+def _tokenizer_identity(reader, tokenizer_dir: str | None, trust_remote_code: bool) -> dict:
   """The identity of the tokenizer the checkpoint reads text with: its own, or --tokenizer_dir's. A checkpoint
   without one is refused: data built for another vocabulary would be scored silently. A tokenizer shipped as code
   runs only when the user says they trust it."""
-  if checkpoint.load_manifest(path).get("trust_remote_code") and not trust_remote_code:
-    raise EvalError(f"{path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then pass "
-                    "--trust_remote_code")
+  if reader.manifest().get("trust_remote_code") and not trust_remote_code:
+    raise EvalError(f"{reader.path}'s tokenizer is remote code (converted with --trust_remote_code): read it, then "
+                    "pass --trust_remote_code")
   if tokenizer_dir:
     return text_tokenizer.folder_identity(tokenizer_dir, trust_remote_code)
-  identity = checkpoint.tokenizer_identity(path, trust_remote_code, accept_config_change)
+  identity = reader.tokenizer_identity(trust_remote_code)
   if identity is None:
-    raise EvalError(f"{path} holds no tokenizer/, so nothing tells which vocabulary its data must be built with: "
-                    "pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
+    raise EvalError(f"{reader.path} holds no tokenizer/, so nothing tells which vocabulary its data must be built "
+                    "with: pass --tokenizer_dir=DIR (the tokenizer the model was trained with)")
   return identity
 
 
@@ -371,6 +371,7 @@ def config_from_flags() -> EvalConfig:
     verify_checkpoint=FLAGS.verify_checkpoint, verify_data=FLAGS.verify_data,
     accept_config_change=FLAGS.accept_config_change, step_pattern=FLAGS.step_pattern, break_lock=FLAGS.break_lock,
     trust_remote_code=FLAGS.trust_remote_code, ties=FLAGS.ties,
+    maxtext_config=maxtext_config.from_flag(FLAGS.maxtext_config),
     scoring=ScoringOptions(batch_size=smoke_default("batch_size", FLAGS.batch_size), dtype=FLAGS.dtype,
                            attention=FLAGS.attention),
   )
@@ -380,8 +381,7 @@ def main(argv):
   del argv
   peers.start_from_flags()
   config = config_from_flags()
-  with maxtext_config.given(FLAGS.maxtext_config):  # MaxText checkpoints' run config (s2sjax/scoring/checkpoints/stacks)
-    runs = run(config)
+  runs = run(config)
   if jax.process_index() != 0:
     return
   for run_ in runs:

@@ -14,10 +14,13 @@ model_args="pretrained=DIR,...", tasks=[...], device="cpu", batch_size="auto")`.
 model_args: pretrained (or checkpoint; default: the embedded SmolLM2-135M), mesh (axes joined by '+', as lm-eval
 splits model_args on commas: `data:-1+model:2`), dtype (float32 | bfloat16), row_length (the longest packed row, a
 multiple of 32; a call lays its requests in rows of it, or of a half, a quarter, ... of it (at least 64) where those
-take fewer positions; a request longer than it is fitted as the hf backend fits one to its max_length, which here is
-row_length - 1: `S2SJaxLM._windows`), add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped
+take fewer positions; a request longer than max_length is fitted as the hf backend fits one, cut from the left,
+with one warning a call saying how many: `S2SJaxLM._windows`; max_length is the positions the checkpoint was
+trained on (its source config.json's max_position_embeddings, a MaxText run's max_target_length), at most
+row_length - 1), add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped
 as code); any other key, or a value that makes no run, is refused by name before a model is loaded, and lm-eval's
-command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself:
+command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself (model_args may
+give them too, as the hf backend's take them: model_args' value is the one used):
 batch_size (the most rows a step, each holding many requests, a call's rows spread evenly over the steps they
 need; `auto` or `auto:N`: the most rows, up to max_batch_size, default 64 (on CPUs two a device, where smaller
 steps run faster), and no more than a call's rows, whose step fits the devices' memory, `rows_per_step`),
@@ -60,6 +63,7 @@ import lm_eval.__main__
 import lm_eval.evaluator
 import lm_eval.models  # noqa: F401 - lm-eval's own models first: a registry with one entry skips their import
 import numpy as np
+from etils import epath
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -83,13 +87,17 @@ DTYPES = ("float32", "bfloat16")
 # How a request is fitted to a row (`S2SJaxLM._windows`), as each call's warning says it, with how many
 FITTED = {
   "empty_context": "whitespace-only contexts scored after the prefix token, as an empty context is",
-  "truncated_context": "contexts cut from the left to fit max_length={max_length} with their continuation, as the "
-                       "hf backend cuts them",
+  "truncated_context": "contexts cut from the left to fit max_length={max_length} (the model's trained positions, "
+                       "or row_length - 1 when fewer) with their continuation, as the hf backend cuts them",
   "split_continuation": "continuations longer than max_length={max_length} scored in pieces of max_length tokens, "
                         "each after the tokens before it, as loglikelihood_rolling scores a long text",
 }
 # what model_args may name (lm-eval adds batch_size, max_batch_size and device from its own flags)
 MODEL_ARGS = ("pretrained", "checkpoint", "mesh", "dtype", "row_length", "add_bos_token", "trust_remote_code")
+# what lm-eval passes from its own flags, which model_args may also give (as the hf backend's model_args take them)
+LM_EVAL_ARGS = ("batch_size", "max_batch_size", "device")
+# the hf backend's max_length for a model whose config names no trained positions (HFLM._DEFAULT_MAX_LENGTH)
+DEFAULT_MAX_LENGTH = 2048
 # lm-eval's own rule for an instruct or chat model run without a chat template (lm_eval/evaluator.py, simple_evaluate)
 CHAT_MODEL_WORDS = ("inst", "chat")
 
@@ -153,9 +161,11 @@ def check_arguments(pretrained: str | None = None, checkpoint: str | None = None
   mesh that makes no run is a BackendError naming it."""
   if unknown:
     raise BackendError(f"model_args {', '.join(f'{k}={v}' for k, v in unknown.items())}: not an argument of the "
-                       f"s2sjax backend; it takes {', '.join(MODEL_ARGS)}")
+                       f"s2sjax backend; it takes {', '.join(MODEL_ARGS + LM_EVAL_ARGS)}")
   if pretrained and checkpoint and pretrained != checkpoint:
     raise BackendError(f"pretrained={pretrained!r} and checkpoint={checkpoint!r}: give one of them")
+  if max_batch_size is not None and not (str(max_batch_size).isdigit() and int(max_batch_size) > 0):
+    raise BackendError(f"max_batch_size={max_batch_size!r}: the most rows a step, a positive number")
   if dtype not in DTYPES:
     raise BackendError(f"dtype={dtype}: the s2sjax backend scores in {' or '.join(DTYPES)}")
   row_length = _row_length(row_length)
@@ -166,14 +176,33 @@ def check_arguments(pretrained: str | None = None, checkpoint: str | None = None
     mesh = sharding.make_mesh(str(mesh).replace("+", ","), devices_for(device))
   except sharding.MeshError as e:
     raise BackendError(f"mesh={mesh}: {e}") from None
+  if (pretrained or checkpoint) and not epath.Path(pretrained or checkpoint).exists():
+    raise BackendError(f"pretrained={pretrained or checkpoint}: no such checkpoint")
   # auto:N re-sizes each call anyway: every call is sized for its rows
   return BackendArguments(pretrained or checkpoint, mesh, jnp.dtype(dtype), row_length,
                           int(batch) if batch.isdigit() else None, int(max_batch_size or AUTO_MAX_BATCH),
                           add_bos_token, trust_remote_code)
 
 
+def merged_arguments(model_args: dict, given: dict) -> dict:
+  """model_args with what lm-eval passes from its own flags (`given`: batch_size, max_batch_size, device): a key
+  model_args gives itself is its, as the hf backend takes `batch_size` in model_args (lm-eval always passes its
+  own --batch_size, 1 by default, so both would reach the constructor)."""
+  return {**{k: v for k, v in given.items() if v is not None}, **model_args}
+
+
 class S2SJaxLM(TemplateLM):
   """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "S2SJaxLM":
+    from lm_eval.utils import simple_parse_args_string
+
+    return cls(**merged_arguments(simple_parse_args_string(arg_string), additional_config or {}))
+
+  @classmethod
+  def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "S2SJaxLM":
+    return cls(**merged_arguments(dict(arg_dict), additional_config or {}))
 
   def __init__(self, **model_args):
     """`model_args` as `check_arguments` takes them, all checked before a model is loaded (or the default one
@@ -185,9 +214,11 @@ class S2SJaxLM(TemplateLM):
     self.add_bos_token = arguments.add_bos_token
     cache.use_compilation_cache()
     self.checkpoint = arguments.checkpoint or default_checkpoint()
-    self.config = ckpt.load_config(self.checkpoint)
-    self.params = ckpt.load_params(self.checkpoint, mesh=self.mesh, dtype=self.dtype)
-    self.tokenizer = ckpt.load_tokenizer(self.checkpoint, trust_remote_code=arguments.trust_remote_code)
+    self.reader = ckpt.open(self.checkpoint)  # opened once: config, positions, parameters, tokenizer
+    self.config = self.reader.config
+    self.positions = self.reader.max_positions or DEFAULT_MAX_LENGTH
+    self.params = self.reader.load_params(self.mesh, self.dtype)
+    self.tokenizer = self.reader.load_tokenizer(arguments.trust_remote_code)
     if self.tokenizer is None:
       raise BackendError(f"{self.checkpoint} holds no tokenizer: lm-eval's requests are text")
     self._compiled: dict[tuple[RowShape, int], Scorer] = {}
@@ -213,8 +244,10 @@ class S2SJaxLM(TemplateLM):
 
   @property
   def max_length(self) -> int:
-    """Context + continuation fed to the model, as the hf backend counts it (its last token is never an input)."""
-    return self.row_length - 1
+    """Context + continuation fed to the model, as the hf backend counts it (its last token is never an input):
+    the positions the model was trained on (the checkpoint's, `checkpoint.open(...).max_positions`; the hf
+    backend's 2,048 when it names none), and no more than a row holds."""
+    return min(self.row_length - 1, self.positions)
 
   @property
   def tokenizer_name(self) -> str:
@@ -337,7 +370,7 @@ class S2SJaxLM(TemplateLM):
     if self._chat_templated or self._warned_chat:
       return
     self._warned_chat = True
-    source = ckpt.load_manifest(self.checkpoint).get("source", "")
+    source = self.reader.manifest().get("source", "")
     named = f"{self.checkpoint} {os.path.basename(str(source))}".lower()
     if any(word in named for word in CHAT_MODEL_WORDS):
       log.warning(f"{self.checkpoint} (converted from {source}) appears to be an instruct or chat variant but chat "
@@ -499,7 +532,7 @@ def _arguments_checked_first():
   def checked_first(config, *args, **kwargs):
     if config.model == "s2sjax":
       given = dict(batch_size=config.batch_size, max_batch_size=config.max_batch_size, device=config.device)
-      check_arguments(**(config.model_args or {}), **{k: v for k, v in given.items() if v is not None})
+      check_arguments(**merged_arguments(config.model_args or {}, given))
     return original(config, *args, **kwargs)
 
   EvaluatorConfig.process_tasks = checked_first

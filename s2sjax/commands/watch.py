@@ -32,7 +32,7 @@ from s2sjax.results import reports
 from s2sjax.commands import eval as eval_command
 from s2sjax.runtime.errors import UserError
 from s2sjax.runtime.output_dir import read_json
-from s2sjax.scoring.checkpoints.stacks import maxtext, maxtext_config
+from s2sjax.scoring.checkpoints.stacks import maxtext
 
 FLAGS = flags.FLAGS
 STATE = "watch.json"
@@ -72,11 +72,12 @@ def watch(cfg: eval_command.EvalConfig, run_dir: str, poll_seconds: float = 60.0
   while True:
     ready, pending = committed_steps(run_dir)
     for step_dir in ready:
-      content = checkpoint.content_id(str(step_dir))
+      reader = checkpoint.open(str(step_dir), cfg.maxtext_config)  # opened once: its content id, then its scores
+      content = reader.content_id()
       if state.get(step_dir.name) == content:
         continue
       print(f"scoring step {step_dir.name} of {run_dir}", flush=True)
-      eval_command.run(dataclasses.replace(cfg, checkpoints=str(step_dir)))
+      eval_command.run(dataclasses.replace(cfg, checkpoints=str(step_dir)), opened=reader)
       state[step_dir.name] = content
       reports.write_json(epath.Path(cfg.output_dir) / STATE, {"run_dir": str(run_dir), "scored": state})
       scored_now.append(int(step_dir.name))
@@ -93,8 +94,7 @@ def main(argv) -> None:
   if FLAGS.checkpoint:
     raise WatchError("s2sjax.watch scores the steps of --run_dir as they come; --checkpoint is s2sjax.eval's")
   cfg = dataclasses.replace(eval_command.config_from_flags(), tensorboard=True)
-  with maxtext_config.given(FLAGS.maxtext_config):
-    watch(cfg, FLAGS.run_dir, FLAGS.poll_seconds, FLAGS.stop_after_step, FLAGS.once)
+  watch(cfg, FLAGS.run_dir, FLAGS.poll_seconds, FLAGS.stop_after_step, FLAGS.once)
 
 
 def command_line() -> None:

@@ -17,10 +17,26 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 from s2sjax.results import reports
+from s2sjax.runtime.errors import UserError
 
 PREFIX = "s2sbench"
+
+
+class HookError(UserError, TypeError):
+  """Parameters the hook cannot score (not floating point)."""
+
+
+def check_float(params: Any) -> None:
+  """Every parameter leaf floating point: an int32 tree (a cast gone wrong, a quantized model) would score as
+  gibberish, accuracy 0.0 reported as a result; a HookError names the first leaf that is not."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+      raise HookError(f"s2sbench_hook: parameter {jax.tree_util.keystr(path)} is {dtype}, not floating point: "
+                      "the hook scores float parameters (pass params_of= to cast or dequantize them)")
 
 
 def metrics_of(result: dict, prefix: str = PREFIX) -> dict[str, float]:
@@ -40,13 +56,16 @@ def s2sbench_hook(evaluator, params_of: Callable[[Any], Any] = lambda model: mod
   """`fn(info, force=False)` for `trainer.add_hook(fn, every=N)`: scores `params_of(info.eval_model)` with the
   evaluator (one compiled step per row shape, reused every call) and logs its metrics at `info.step`. `params_of`
   is the identity when the evaluator scores the model itself (an `own_forward.OwnForward` over levanter's model, or
-  an evaluator whose `params_adapter` maps it); `log` is levanter's tracker unless given."""
+  an evaluator whose `params_adapter` maps it); `log` is levanter's tracker unless given. Parameters that are not
+  floating point are refused (`check_float`), naming the first, before anything is scored."""
   write = log or _levanter_log
 
   def hook(info, force: bool = False) -> None:
     if info.step == 0 and not force:  # as levanter's eval harness hook: nothing trained yet
       return
-    result = evaluator.evaluate(params_of(info.eval_model), step=info.step)
+    params = params_of(info.eval_model)
+    check_float(params)
+    result = evaluator.evaluate(params, step=info.step)
     if jax.process_index() == 0:
       write(metrics_of(result, prefix), step=info.step)
 

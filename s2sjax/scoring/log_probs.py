@@ -26,9 +26,8 @@ def compute(ckpt_dir: str, input_ids: np.ndarray, audio_codes: np.ndarray | None
             maxtext_run_config: str | None = None, features: np.ndarray | None = None) -> LogProbs:
   """The checkpoint's log-probs on one sequence, loaded in fp32 (module docstring); `maxtext_run_config`: a MaxText
   checkpoint's run config (--maxtext_config); `features`: a float feature track (Kimi-Audio's)."""
-  with maxtext_config.given(maxtext_run_config):
-    config = checkpoint.load_config(ckpt_dir)
-    params = checkpoint.load_params(ckpt_dir, dtype=np.float32)
+  reader = checkpoint.open(ckpt_dir, maxtext_config.from_flag(maxtext_run_config))
+  config, params = reader.config, reader.load_params(dtype=np.float32)
   architecture = architectures.for_config(config)
   if architecture.log_probs is None:
     raise LogProbsError(f"{ckpt_dir}: the {architecture.name} architecture declares no log_probs")

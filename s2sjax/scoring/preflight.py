@@ -10,6 +10,7 @@ import numpy as np
 
 from s2sjax.scoring import architectures, default_model
 from s2sjax.scoring.checkpoints import checkpoint
+from s2sjax.scoring.checkpoints.stacks import maxtext
 from s2sjax.data import modalities, text_tokenizer
 from s2sjax.scoring.evaluator import EvalError, check_fit
 from s2sjax.model.config import ConfigError
@@ -44,9 +45,9 @@ def config_verdict(manifest: dict, architecture: architectures.Architecture | No
                                  "every switch supported")
 
 
-def tokenizer_verdict(ckpt_dir: str, text_rows: int, trust_remote_code: bool):
+def tokenizer_verdict(reader, text_rows: int, trust_remote_code: bool):
   try:
-    tokenizer = checkpoint.load_tokenizer(ckpt_dir, trust_remote_code)
+    tokenizer = reader.load_tokenizer(trust_remote_code)
   except ValueError as e:  # transformers' refusal of untrusted remote code, among others
     hint = "" if trust_remote_code else " (if it is remote code you have read, pass --trust_remote_code)"
     return None, Verdict("tokenizer", False, f"does not load: {e}{hint}")
@@ -136,14 +137,25 @@ def smoke_verdicts(config, params, td: TaskData) -> list[Verdict]:
   return verdicts
 
 
-def run(ckpt_dir: str, trust_remote_code: bool = False, spec: str | None = None, data: TaskData | None = None,
-        smoke: bool = True, accept_config_change: bool = False) -> list[Verdict]:
-  """Every check of a checkpoint (and data), on the model the evaluator scores: fitted to the spec as it is."""
-  config = checkpoint.load_config(ckpt_dir, accept_config_change)
+def stored_verdict(reader) -> Verdict:
+  """The parameters' files there and whole (`verify_stored`: sizes against the manifest, or a MaxText folder's
+  shard indexes), read without loading the parameters."""
+  try:
+    reader.verify_stored()
+  except (checkpoint.CheckpointError, maxtext.MaxTextError) as e:
+    return Verdict("stored parameters", False, str(e))
+  return Verdict("stored parameters", True, "every parameter file there and whole")
+
+
+def run(reader, trust_remote_code: bool = False, spec: str | None = None, data: TaskData | None = None,
+        smoke: bool = True) -> list[Verdict]:
+  """Every check of an opened checkpoint (`checkpoint.open`) and data, on the model the evaluator scores: fitted
+  to the spec as it is."""
+  config = reader.config
   architecture = architectures.for_config(config)
-  manifest = checkpoint.load_manifest(ckpt_dir)
-  verdicts = [config_verdict(manifest, architecture)]
-  tokenizer, verdict = tokenizer_verdict(ckpt_dir, architecture.text_rows(config), trust_remote_code)
+  manifest = reader.manifest()
+  verdicts = [config_verdict(manifest, architecture), stored_verdict(reader)]
+  tokenizer, verdict = tokenizer_verdict(reader, architecture.text_rows(config), trust_remote_code)
   verdicts.append(verdict)
   if spec is not None:
     loaded = load_spec(spec)
@@ -158,17 +170,18 @@ def run(ckpt_dir: str, trust_remote_code: bool = False, spec: str | None = None,
   if data is not None:
     verdicts += data_verdicts(data, fitted, tokenizer)
     if smoke:
-      params = checkpoint.load_params(ckpt_dir, accept_changed_config=accept_config_change)
+      params = reader.load_params()
       verdicts += smoke_verdicts(*default_model.fit_to_spec(config, params, loaded, manifest), data)
   return verdicts
 
 
-def not_checked(spec: str | None, data: TaskData | None) -> list[str]:
-  """What a run with these arguments leaves unchecked, and what would check it."""
+def not_checked(reader, spec: str | None, data: TaskData | None) -> list[str]:
+  """What a run with these arguments leaves unchecked, and what would check it; and what the checkpoint's own
+  files cannot confirm (`unverified`: a MaxText folder without the config.yml of its run)."""
   missing = ["spec: not checked (give --spec)"] if spec is None and data is None else []
   if data is None:
     missing.append("data: not checked (give --data_dir/--task/--modality)")
-  return missing
+  return missing + [f"not verified: {what}" for what in reader.unverified]
 
 
 def table(verdicts: list[Verdict]) -> str:

@@ -19,8 +19,10 @@ the leftovers of writers that died. `overwrite` replaces only a finished checkpo
 only once the new one is complete: the old one is renamed aside, the new one into place, then the old one removed
 (a failed write leaves the old checkpoint as it was).
 
-A folder another training stack wrote (a MaxText step folder: s2sjax/scoring/checkpoints/stacks) is read as it is: every function
-below that takes a checkpoint directory asks `stacks.open_checkpoint` first, so every command reads it.
+`open(path)` is the one way a command reads a checkpoint: it returns a reader (`Checkpoint` for this format,
+`stacks.maxtext.StepFolder` for a folder MaxText wrote, read as it is) that the command opens once and hands on; the
+readers answer the same calls (`config`, `manifest()`, `load_params`, `load_tokenizer`, `tokenizer_identity`,
+`content_id()`, `max_positions`, `verify_stored()`, `unverified`).
 
 The config is part of a checkpoint's identity: a model_config.json (or tokenizer file) changed after it was
 written is refused by name, unless the caller accepts the change on purpose (`accept_changed_config`,
@@ -30,6 +32,7 @@ written is refused by name, unless the caller accepts the change on purpose (`ac
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import shutil
@@ -45,8 +48,9 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax.scoring import architectures
-from s2sjax.scoring.checkpoints import stacks
 from s2sjax.scoring.checkpoints import checksums
+from s2sjax.scoring.checkpoints.stacks import maxtext
+from s2sjax.scoring.checkpoints.stacks.maxtext_config import RunConfig
 from s2sjax.runtime import sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
@@ -173,7 +177,7 @@ def write_checkpoint(
   overwrite: bool = False,
 ) -> epath.Path:
   """Writes a checkpoint from lazily produced (path, array) leaves; returns its directory. The manifest records
-  every leaf's checksum, which `load_params` verifies."""
+  every leaf's checksum, which `Checkpoint.load_params` verifies."""
   out_dir = epath.Path(out_dir)
   _check_replaceable(out_dir, overwrite)
   _remove_stale_staging(out_dir)
@@ -279,15 +283,13 @@ def _read_json(path: epath.Path, what: str) -> Any:
   return value
 
 
-def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False):
+def _load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False):
   """The checkpoint's config: a ModelConfig, or the config of the architecture model_config.json's `family` names
   (`architectures.for_family`). A
   model_config.json that differs from the one written with the checkpoint (the manifest's hash) is refused, unless
   `accept_changed_config` (an edit made on purpose)."""
-  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
-    return foreign.config
   ckpt_dir = epath.Path(ckpt_dir)
-  manifest = load_manifest(ckpt_dir)
+  manifest = _load_manifest(ckpt_dir)
   path = ckpt_dir / CONFIG
   if not path.exists():
     raise CheckpointError(f"{path} is missing: restore it or re-convert the checkpoint")
@@ -306,9 +308,7 @@ def load_config(ckpt_dir: str | epath.Path, accept_changed_config: bool = False)
                           "the checkpoint") from None
 
 
-def load_manifest(ckpt_dir: str | epath.Path) -> dict:
-  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
-    return foreign.manifest()
+def _load_manifest(ckpt_dir: str | epath.Path) -> dict:
   ckpt_dir = epath.Path(ckpt_dir)
   _require_finished(ckpt_dir)
   return _read_json(ckpt_dir / MANIFEST, "the checkpoint's manifest")
@@ -327,21 +327,18 @@ def _check_files(ckpt_dir: epath.Path, recorded: Mapping[str, int], folder: str)
     raise CheckpointError(f"{ckpt_dir} is damaged: {shown}. Restore it or re-convert it.")
 
 
-def load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True,
-                accept_changed_config: bool = False) -> Params:
+def _load_params(ckpt_dir: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True,
+                 accept_changed_config: bool = False) -> Params:
   """Restores the parameters onto `mesh` (default: every device, data-parallel), sharded by the logical rules,
   optionally cast to `dtype`. Works for any device count, whatever the one the checkpoint was written with.
   With `verify`, every leaf's checksum is held against the one written with it (on the devices, one pass over
   the parameters), and a leaf that differs is refused by name; a deleted or truncated file is refused by name
-  before orbax reads anything. Another stack's checkpoint is restored by its reader (s2sjax/scoring/checkpoints/stacks): there are no
-  written checksums to hold it to."""
+  before orbax reads anything."""
   from orbax.checkpoint.experimental import v1 as ocp
 
-  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
-    return foreign.load(mesh, dtype).params
   ckpt_dir = epath.Path(ckpt_dir)
-  config = load_config(ckpt_dir, accept_changed_config)
-  manifest = load_manifest(ckpt_dir)
+  config = _load_config(ckpt_dir, accept_changed_config)
+  manifest = _load_manifest(ckpt_dir)
   if "files" in manifest:
     _check_files(ckpt_dir, manifest["files"], "params")
   mesh = mesh or sharding.make_mesh()
@@ -410,14 +407,12 @@ def _verify(ckpt_dir: epath.Path, params: Params, expected: Mapping[str, str]) -
   logging.info("%s: %d parameter leaves verified in %.2fs", ckpt_dir, len(expected), time.time() - start)
 
 
-def content_id(ckpt_dir: str | epath.Path) -> str:
+def _content_id(ckpt_dir: str | epath.Path) -> str:
   """What the checkpoint holds, as a short hash: its config, every leaf's checksum and its tokenizer files. A
   checkpoint replaced at the same path gets another id; a copy elsewhere the same one. Checkpoints written before
-  checksums were recorded are hashed from their files' bytes instead; another stack's, as its reader says."""
-  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
-    return foreign.content_id()
+  checksums were recorded are hashed from their files' bytes instead."""
   ckpt_dir = epath.Path(ckpt_dir)
-  manifest = load_manifest(ckpt_dir)
+  manifest = _load_manifest(ckpt_dir)
   digest = hashlib.sha256((ckpt_dir / CONFIG).read_bytes())
   if "checksums" in manifest:
     digest.update(json.dumps(manifest["checksums"], sort_keys=True).encode())
@@ -441,23 +436,19 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
   return found
 
 
-def load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False, accept_changed_config: bool = False):
+def _load_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
+                    accept_changed_config: bool = False):
   """The checkpoint's text tokenizer (transformers), or None when it holds none. A bucket's files are copied to a
   local temporary folder first: transformers reads local folders only (stray folders and hidden files left in
   tokenizer/ are not copied). A tokenizer shipped as code (GLM-4's `tokenization_chatglm.py`) runs only with
-  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config.
-  Another stack's checkpoint: the tokenizer its run config names, when there is one here."""
-  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
-    return foreign.load_tokenizer(trust_remote_code)
+  `trust_remote_code`. Tokenizer files changed since the checkpoint was written are refused like its config."""
   return _read_tokenizer(ckpt_dir, trust_remote_code, accept_changed_config, text_tokenizer.load)
 
 
-def tokenizer_identity(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
-                       accept_changed_config: bool = False) -> dict | None:
+def _tokenizer_identity(ckpt_dir: str | epath.Path, trust_remote_code: bool = False,
+                        accept_changed_config: bool = False) -> dict | None:
   """`text_tokenizer.identity` of `load_tokenizer`'s tokenizer, under the same rules, without loading it when its
   files were read before (`text_tokenizer.folder_identity`); None when the checkpoint holds no tokenizer."""
-  if (foreign := stacks.open_checkpoint(ckpt_dir)) is not None:
-    return foreign.tokenizer_identity(trust_remote_code)
   return _read_tokenizer(ckpt_dir, trust_remote_code, accept_changed_config, text_tokenizer.folder_identity)
 
 
@@ -471,7 +462,7 @@ def _read_tokenizer(ckpt_dir: str | epath.Path, trust_remote_code: bool, accept_
   files = _tokenizer_files(ckpt_dir)
   if not files:  # an empty folder (or one holding only a notebook's leftovers) holds no tokenizer
     return None
-  recorded = load_manifest(ckpt_dir).get("tokenizer_sha256")
+  recorded = _load_manifest(ckpt_dir).get("tokenizer_sha256")
   if recorded is not None and recorded != _tokenizer_hash(ckpt_dir) and not accept_changed_config:
     raise CheckpointError(
       f"{tokenizer_dir}'s files ({', '.join(p.name for p in files) or 'none'}) differ from the ones written with "
@@ -494,3 +485,82 @@ def _merge(tree: dict, other: dict) -> dict:
   for key, value in other.items():
     tree[key] = _merge(tree.get(key, {}), value) if isinstance(value, dict) else value
   return tree
+
+
+# Keys of a transformers config.json that give the positions a model was trained on (the hf lm-eval backend's
+# `max_length` reads n_positions, max_position_embeddings, n_ctx: lm_eval/models/huggingface.py)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_sequence_length")
+
+
+class Checkpoint:
+  """A checkpoint this project wrote (module docstring), opened once: its config and manifest read and verified
+  here, its parameters and tokenizer when asked."""
+
+  def __init__(self, path: str | epath.Path, accept_changed_config: bool = False):
+    self.path = epath.Path(path)
+    self.accept_changed_config = accept_changed_config
+    self._manifest = _load_manifest(self.path)
+    self.unverified: list[str] = []  # the manifest's hashes hold the config and the tokenizer
+
+  @functools.cached_property
+  def config(self):
+    """model_config.json, held to the hash written with it (`accept_changed_config` takes an edit on purpose)."""
+    return _load_config(self.path, self.accept_changed_config)
+
+  def manifest(self) -> dict:
+    return self._manifest
+
+  @property
+  def max_positions(self) -> int | None:
+    """The positions the model was trained on: its position table's, else the source config.json's (None when it
+    names none, as a config written by hand need not)."""
+    if self.config.max_positions:
+      return self.config.max_positions
+    source = self._manifest.get("source_config") or {}
+    found = [source[key] for key in POSITION_KEYS if isinstance(source.get(key), int) and source[key] > 0]
+    return found[0] if found else None
+
+  def verify_stored(self) -> None:
+    """Every parameter file there and of the size it was written with (the checksums are held as they load)."""
+    if "files" in self._manifest:
+      _check_files(self.path, self._manifest["files"], "params")
+
+  def load_params(self, mesh: Mesh | None = None, dtype=None, verify: bool = True) -> Params:
+    return _load_params(self.path, mesh, dtype, verify, self.accept_changed_config)
+
+  def load_tokenizer(self, trust_remote_code: bool = False):
+    return _load_tokenizer(self.path, trust_remote_code, self.accept_changed_config)
+
+  def tokenizer_identity(self, trust_remote_code: bool = False) -> dict | None:
+    return _tokenizer_identity(self.path, trust_remote_code, self.accept_changed_config)
+
+  def content_id(self) -> str:
+    return _content_id(self.path)
+
+
+def open(path: str | epath.Path, run_config: RunConfig | None = None,  # noqa: A001 - checkpoint.open, as io.open
+         accept_changed_config: bool = False) -> "Checkpoint | maxtext.StepFolder":
+  """The reader of the checkpoint at `path`: a MaxText step folder's (read with `run_config`, else the config.yml
+  beside its run), or this project's (a model_config.json changed on purpose read with `accept_changed_config`).
+  Opened once per command and handed on."""
+  if maxtext.is_step_folder(path):
+    return maxtext.StepFolder(path, run_config)
+  return Checkpoint(path, accept_changed_config)
+
+
+def load_config(path: str | epath.Path, accept_changed_config: bool = False):
+  """The config of the checkpoint at `path` (`open(path).config`), for a caller that needs nothing else."""
+  return open(path, accept_changed_config=accept_changed_config).config
+
+
+def load_manifest(path: str | epath.Path) -> dict:
+  return open(path).manifest()
+
+
+def load_params(path: str | epath.Path, mesh: Mesh | None = None, dtype=None, verify: bool = True,
+                accept_changed_config: bool = False) -> Params:
+  return open(path, accept_changed_config=accept_changed_config).load_params(mesh, dtype, verify)
+
+
+def load_tokenizer(path: str | epath.Path, trust_remote_code: bool = False, accept_changed_config: bool = False):
+  return open(path, accept_changed_config=accept_changed_config).load_tokenizer(trust_remote_code)

@@ -20,7 +20,12 @@ NNX rng state are not read), onto the evaluation mesh with shardings derived fro
 devices. A folder without orbax's `commit_success.txt` is still being written (orbax writes it last,
 `_src/path/atomicity.py`) and is refused.
 
-MaxText writes no checksums. What this reader holds instead: a folder's content id hashes its run config's model
+MaxText writes no checksums of its data (its zstd chunks say `"checksum": false`). What a read is held to: the
+PyTree's `_METADATA` and OCDBT B-tree (`_check_index`), every array's shard index, whose crc32c TensorStore keeps at
+the end of the shard file (`verify_stored`: a cut, rewritten or missing file is named with its parameter before
+any data is read), and finite values (a change that decodes to finite numbers cannot be told from trained weights).
+Orbax reads in a worker thread (`cli.in_worker`), so Ctrl-C stops a command mid-read without blaming a file.
+What the reader records: a folder's content id hashes its run config's model
 keys, its `_CHECKPOINT_METADATA` (the commit timestamp orbax writes) and the name and size of every file (OCDBT
 data files are named afresh by every write), so a step rewritten at the same path is told apart; and `load`
 returns every restored leaf's checksum (`s2sjax.scoring.checkpoints.checksums`, computed on the devices), which the converter writes
@@ -34,6 +39,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 from typing import Any, Callable, Mapping
 
 import jax
@@ -44,16 +50,18 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from s2sjax.scoring.checkpoints import checksums
-from s2sjax.runtime import sharding
+from s2sjax.runtime import cli, sharding
 from s2sjax.data import text_tokenizer
 from s2sjax.runtime.errors import UserError
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import Params, abstract_params, param_logical_axes
-from s2sjax.scoring.checkpoints.stacks.maxtext_config import MaxTextModel, RunConfig, describe, model_keys, run_config_for
+from s2sjax.scoring.checkpoints.stacks.maxtext_config import (RUN_CONFIG_FILE, MaxTextModel, RunConfig, describe, disagreements,
+                                                  model_keys, run_config_for, saved_beside)
 
 Path = tuple[str, ...]
 COMMIT_MARKER = "commit_success.txt"  # orbax's, written last (atomicity.py COMMIT_SUCCESS_FILE)
 STEP_METADATA = "_CHECKPOINT_METADATA"
+ORBAX_METADATA = "_METADATA"  # the PyTree's own, in items/
 ITEMS = "items"  # checkpointing.py:1339: the state is saved as the checkpointable named items
 PARAMS = ("params", "params")  # items/params/params: the Linen `params` collection under the item's key
 
@@ -199,7 +207,8 @@ class Loaded:
 
 
 class StepFolder:
-  """One MaxText checkpoint folder, read with a run config (given, or the config.yml beside its run)."""
+  """One MaxText checkpoint folder, read with a run config (given, or the config.yml beside its run): the reader
+  `s2sjax.scoring.checkpoints.checkpoint.open` returns for it."""
 
   def __init__(self, path: str | epath.Path, run: RunConfig | None = None):
     self.path = step_root(path)
@@ -208,9 +217,20 @@ class StepFolder:
     if not is_committed(self.path):
       raise MaxTextError(f"{self.path} has no {COMMIT_MARKER}: orbax is still writing it (or its writer died); it "
                          "is read once committed")
-    self.run = run or run_config_for(self.path)
+    self.run = run_config_for(self.path, run)
+    saved = saved_beside(self.path)
+    if run is not None and saved is not None:  # the run's own config, with what the flag adds (a tokenizer_path)
+      own = RunConfig.from_yaml(saved)
+      if differ := disagreements(run, own):
+        raise MaxTextError(f"{self.path}: {run.source} gives {'; '.join(differ)}: the checkpoint's own config names "
+                           f"another model; drop the flag, or fix the keys it gives")
+      self.run = RunConfig(tuple({**dict(own.keys), **dict(run.keys)}.items()), f"{saved} with {run.source}")
+    # what no file here confirms: the run config's model is taken as given
+    self.unverified = [] if saved is not None else [
+      f"model_name={self.run.model_name!r} and the rope, head and norm settings: taken from {self.run.source}, as no "
+      f"{RUN_CONFIG_FILE} beside the run says which model this is"]
     self.step_metadata = self._read_step_metadata()
-    self.saved = self._saved_params()
+    self.top_level, self.saved = self._saved_params()
     self.model = self._model()
 
   def _read_step_metadata(self) -> dict:
@@ -220,22 +240,28 @@ class StepFolder:
       raise MaxTextError(f"{self.path}/{STEP_METADATA} cannot be read ({e}): the folder is damaged") from None
     return value if isinstance(value, dict) else {}
 
-  def _saved_params(self) -> dict[Path, Any]:
-    """{path under items/params/params: orbax ArrayMetadata}, read from the PyTree's metadata alone."""
+  def _saved_params(self) -> tuple[list[str], dict[Path, Any]]:
+    """(the items' top-level keys, {path under items/params/params: orbax ArrayMetadata}), read from the PyTree's
+    metadata alone. Orbax reads in a worker (`cli.in_worker`): Ctrl-C stops the command, and no file is blamed
+    for a read it cut short."""
     from orbax.checkpoint.experimental import v1 as ocp
 
+    _check_index(self.path / ITEMS)
     try:
-      tree = ocp.metadata(self.path, checkpointable_name=ITEMS).metadata
+      tree = cli.in_worker(lambda: ocp.metadata(self.path, checkpointable_name=ITEMS).metadata)
     except Exception as e:  # orbax's many kinds of "cannot read this": one line naming the folder
       raise MaxTextError(f"{self.path}/{ITEMS} cannot be read as an orbax PyTree ({type(e).__name__}: "
                          f"{_first_line(e)})") from None
+    if tree is None:  # what orbax returns for a _METADATA or OCDBT index it cannot parse
+      raise MaxTextError(f"{self.path}/{ITEMS}: orbax reads no tree from its {ORBAX_METADATA} and OCDBT index "
+                         f"(manifest.ocdbt, d/): the folder is damaged; restore the step")
     params = tree
     for key in PARAMS:
       if not isinstance(params, Mapping) or key not in params:
         raise MaxTextError(f"{self.path}/{ITEMS} holds no {'/'.join(PARAMS)} (its top level: "
                            f"{sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__})")
       params = params[key]
-    return _flat(params)
+    return sorted(tree), _flat(params)
 
   def _model(self) -> MaxTextModel:
     """The run config's model with the layout the checkpoint has (layer keys say whether it is scanned), its
@@ -265,13 +291,39 @@ class StepFolder:
   def config(self) -> ModelConfig:
     return self.model.config
 
+  @property
+  def max_positions(self) -> int:
+    """The positions the run trained on: its max_target_length (`configs/base.yml`)."""
+    return int(self.run.get("max_target_length"))
+
+  def load_params(self, mesh: Mesh | None = None, dtype=None, verify: bool = True) -> Params:
+    """`load`'s parameters (the reader's common call, `s2sjax.scoring.checkpoints.checkpoint.open`); MaxText wrote no checksums
+    to `verify` against, so what is read is held to its shard indexes and to finite values whatever `verify`."""
+    del verify
+    return self.load(mesh, dtype).params
+
+  def verify_stored(self) -> None:
+    """Every parameter's stored shards there and whole, read from their indexes alone (TensorStore's zarr3 sharding
+    keeps a crc32c of each index at the end of its shard file, so a cut, rewritten or missing file fails here): a
+    MaxTextError naming the parameter and the file, before orbax reads any data."""
+    for path, saved in self.saved.items():
+      _verify_shards(self.path / ITEMS, "/".join(PARAMS + path), saved.shape)
+
   def load(self, mesh: Mesh | None = None, dtype=None) -> Loaded:
     """The parameters on `mesh` (default: every device, data-parallel), sharded as the decoder's are, without the
-    whole tree passing through one host; optionally cast to `dtype`."""
+    whole tree passing through one host; optionally cast to `dtype`. Stored shards are checked first
+    (`verify_stored`) and every value read is held to be finite (MaxText's zstd chunks carry no checksum, so
+    damaged data can decode): a MaxTextError names the first parameter that is not."""
     mesh = mesh or sharding.make_mesh()
     config = self.model.config
+    self.verify_stored()
     tree = self.restore_tree(mesh)
     flat = _flat(tree)
+    finite = jax.jit(lambda leaves: [jnp.isfinite(leaf).all() for leaf in leaves])(list(flat.values()))
+    for path, ok in zip(flat, finite):
+      if not bool(ok):
+        raise MaxTextError(f"{self.path}: parameter {'/'.join(path)} holds non-finite values (NaN or inf): the "
+                           f"checkpoint is damaged or its training diverged; restore the step or score another")
     found = checksums.device_checksums(list(flat.values()), [False] * len(flat))
     sums = {"/".join(path): value[0] for path, value in zip(flat, found)}
     adapt = jax.jit(functools.partial(to_decoder_params, self.model),
@@ -302,9 +354,13 @@ class StepFolder:
                                                  sharding=NamedSharding(mesh, PartitionSpec(*spec))))
     context = ocp.Context()
     context.pytree.loading.partial_load = True
+
+    def read() -> dict:
+      with context:  # entered in the worker thread that reads: the options are the reading thread's
+        return ocp.load(self.path, {"params": {"params": restore}}, checkpointable_name=ITEMS)
+
     try:
-      with context:
-        restored = ocp.load(self.path, {"params": {"params": restore}}, checkpointable_name=ITEMS)
+      restored = cli.in_worker(read)  # in a worker, as `_saved_params` reads
     except Exception as e:  # what unreadable (truncated, corrupted) files raise, of many types
       raise MaxTextError(f"{self.path}/{ITEMS} cannot be read ({type(e).__name__}: {_first_line(e)})") from e
     return restored["params"]["params"]
@@ -321,17 +377,12 @@ class StepFolder:
     return digest.hexdigest()[:16]
 
   def manifest(self) -> dict:
-    """What `s2sjax.scoring.checkpoints.checkpoint.load_manifest` gives for this folder: its source and layout, in the project's keys."""
-    kind = "training state" if "opt_state" in self._top_level() else "params only"
+    """The folder's record, in the keys of a converted checkpoint's manifest: its source and layout."""
+    kind = "training state" if "opt_state" in self.top_level else "params only"
     return {"source": str(self.path), "source_description": f"MaxText {self.model.model_name} checkpoint ({kind})",
             "source_model_type": f"maxtext:{self.model.model_name}", "source_config": None,
             "maxtext_run_config": self.run.source, "scan_layers": self.model.scan_layers,
             "files": self.files(), "trust_remote_code": False}
-
-  def _top_level(self) -> list[str]:
-    from orbax.checkpoint.experimental import v1 as ocp
-
-    return sorted(ocp.metadata(self.path, checkpointable_name=ITEMS).metadata)
 
   def tokenizer_dir(self) -> str | None:
     """The run's tokenizer when its `tokenizer_path` is a folder here holding a transformers tokenizer."""
@@ -379,6 +430,94 @@ def _files(root: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
     name = f"{prefix}{path.name}"
     found += _files(path, name + "/") if path.is_dir() else [(name, path)]
   return found
+
+
+def _check_index(items: epath.Path) -> None:
+  """The PyTree's _METADATA parses and its OCDBT B-tree (when there is one) lists: a damaged one is named here, in
+  one line, where orbax's own read returns no tree and prints its tasks' failures."""
+  import tensorstore
+
+  try:
+    json.loads((items / ORBAX_METADATA).read_text())
+  except FileNotFoundError:
+    return  # not an orbax PyTree of this layout: orbax's read names what it is
+  except (OSError, ValueError) as e:
+    raise MaxTextError(f"{items}/{ORBAX_METADATA} cannot be read ({_first_line(e)}): the folder is damaged; restore "
+                       "the step") from None
+  if (items / "manifest.ocdbt").exists():
+    try:
+      tensorstore.KvStore.open({"driver": "ocdbt", "base": f"{_kvstore_url(items)}/"}).result().list().result()
+    except ValueError as e:
+      raise MaxTextError(f"{items}: its OCDBT index (manifest.ocdbt and the B-tree under d/) cannot be read "
+                         f"({_first_line(e)}): the folder is damaged; restore the step") from None
+
+
+def _verify_shards(items: epath.Path, name: str, shape: tuple[int, ...]) -> None:
+  """One array's shard files (zarr3 `sharding_indexed`, as orbax writes MaxText's arrays, OCDBT or not) all there
+  with an index that reads and lists every inner chunk: a MaxTextError naming the parameter and the file."""
+  import itertools
+
+  import tensorstore
+
+  ocdbt = (items / "manifest.ocdbt").exists()
+  array = name.replace("/", ".")
+  base = ({"driver": "ocdbt", "base": f"{_kvstore_url(items)}/", "path": f"{array}/"} if ocdbt else
+          {"driver": "file", "path": f"{items}/{array}/"})
+  where = lambda key: (f"{items}/{_ocdbt_file(items, f'{array}/{key}')} (its {array}/{key})" if ocdbt
+                       else f"{items}/{array}/{key}")
+  parameter = "/".join(name.split("/")[len(PARAMS):])
+  try:
+    metadata = tensorstore.open({"driver": "zarr3", "kvstore": base}, open=True).result().spec().to_json()["metadata"]
+  except ValueError as e:
+    raise MaxTextError(f"parameter {parameter}: {where('zarr.json')} cannot be read ({_first_line(e)}): the "
+                       "checkpoint is damaged; restore the step") from None
+  outer = metadata["chunk_grid"]["configuration"]["chunk_shape"]
+  codec = metadata["codecs"][0]
+  if codec["name"] != "sharding_indexed":  # unsharded chunks have no index to read: orbax checks them as it reads
+    return
+  inner = codec["configuration"]["chunk_shape"]
+  separator = metadata["chunk_key_encoding"].get("configuration", {}).get("separator", "/")
+  for index in itertools.product(*(range(-(-size // chunk)) for size, chunk in zip(shape, outer))):
+    key = separator.join(["c", *map(str, index)]) if shape else "c"
+    grid = [chunk // part for chunk, part in zip(outer, inner)]
+    spec = {"driver": "zarr3_sharding_indexed", "base": dict(base, path=base["path"] + key), "grid_shape": grid,
+            "index_codecs": codec["configuration"]["index_codecs"],
+            "index_location": codec["configuration"].get("index_location", "end")}
+    try:
+      listed = tensorstore.KvStore.open(spec).result().list().result()
+    except ValueError as e:
+      raise MaxTextError(f"parameter {parameter}: {where(key)} is damaged ({_first_line(e)}): restore the "
+                         "step") from None
+    if not listed:
+      raise MaxTextError(f"parameter {parameter}: {where(key)} is missing: restore the step")
+
+
+def _ocdbt_file(items: epath.Path, key: str) -> str:
+  """The data file an OCDBT database keeps `key`'s value in (`ocdbt.process_<i>/d/<id>`, read from its B-tree:
+  `tensorstore.ocdbt.dump`), or its d/ folders when the tree itself cannot be read."""
+  import tensorstore
+  import tensorstore.ocdbt
+
+  try:
+    base = tensorstore.KvStore.open(f"{_kvstore_url(items)}/").result()
+    nodes = [tensorstore.ocdbt.dump(base).result()["versions"][-1]["root"]["location"]]
+    while nodes:
+      for entry in tensorstore.ocdbt.dump(base, nodes.pop()).result()["entries"]:
+        for field, value in entry.items():
+          if isinstance(value, str) and value.startswith("btreenode::"):  # an interior node's child
+            nodes.append(value)
+          elif field == "indirect_value" and entry["key"] == key.encode():  # value:<prefix>:<file>:<offset>:<length>
+            _, prefix, file, *_ = value.split(":")
+            return prefix + file
+  except (ValueError, KeyError, IndexError):
+    pass
+  return "d/ or ocdbt.process_*/d/"
+
+
+def _kvstore_url(path: epath.Path) -> str:
+  """A TensorStore kvstore URL of a folder: a bucket's as it is, a local one as an absolute file:// URL."""
+  text = str(path)
+  return text if "://" in text else f"file://{os.path.abspath(text)}"
 
 
 def _first_line(error: BaseException) -> str:

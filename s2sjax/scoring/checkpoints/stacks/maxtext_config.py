@@ -25,13 +25,11 @@ The conventions (held to ../upstream-oracles/maxtext, whose PROVENANCE.txt gives
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
 import os
 import shlex
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import yaml
 from etils import epath
@@ -53,7 +51,7 @@ BASE_DEFAULTS: dict[str, Any] = {
   "fused_mlp": False, "attn_logits_soft_cap": 0.0, "final_logits_soft_cap": 0.0, "use_post_attn_norm": False,
   "use_post_ffw_norm": False, "quantization": "", "rope_type": "default", "rope_linear_scaling_factor": 1.0,
   "rope_use_scale": True, "rope_min_timescale": 1, "rope_max_timescale": 10000, "tokenizer_path": "",
-  "tokenizer_type": "sentencepiece",
+  "tokenizer_type": "sentencepiece", "max_target_length": 2048,
 }
 
 
@@ -221,22 +219,9 @@ def describe(run: RunConfig) -> MaxTextModel:
 
 # ---- Which run config a command reads ------------------------------------------------------------------------------
 
-_GIVEN: contextvars.ContextVar[RunConfig | None] = contextvars.ContextVar("maxtext_run_config", default=None)
-
-
-@contextlib.contextmanager
-def given(text: str | None) -> Iterator[None]:
-  """Within the block, MaxText checkpoints are read with this run config (a command's --maxtext_config: the
-  overrides the run was trained with, or a config.yml); None leaves each folder to the config.yml beside its run."""
-  token = _GIVEN.set(RunConfig.parse(text) if text else None)
-  try:
-    yield
-  finally:
-    _GIVEN.reset(token)
-
 
 def define_flag() -> None:
-  """--maxtext_config, for a command that reads checkpoints: what `given` takes."""
+  """--maxtext_config, for a command that reads checkpoints: what `from_flag` reads."""
   from absl import flags
 
   flags.DEFINE_string("maxtext_config", None, "A MaxText checkpoint's run config: the key=value overrides it was "
@@ -252,12 +237,17 @@ def saved_beside(step_dir: epath.Path) -> epath.Path | None:
   return path if path.exists() else None
 
 
-def run_config_for(step_dir: epath.Path) -> RunConfig:
-  """The run config a step folder is read with: the one given (`given`), else the config.yml MaxText wrote beside
-  its run; neither is a MaxTextConfigError saying how to give one."""
-  given_config = _GIVEN.get()
-  if given_config is not None:
-    return given_config
+def from_flag(text: str | None) -> RunConfig | None:
+  """--maxtext_config's run config (the overrides the run was trained with, or a config.yml); None when not given,
+  which leaves each folder to the config.yml beside its run."""
+  return RunConfig.parse(text) if text else None
+
+
+def run_config_for(step_dir: epath.Path, given: RunConfig | None = None) -> RunConfig:
+  """The run config a step folder is read with: the one given (--maxtext_config), else the config.yml MaxText
+  wrote beside its run; neither is a MaxTextConfigError saying how to give one."""
+  if given is not None:
+    return given
   saved = saved_beside(step_dir)
   if saved is not None:
     return RunConfig.from_yaml(saved)
@@ -270,4 +260,15 @@ def run_config_for(step_dir: epath.Path) -> RunConfig:
 
 def model_keys(run: RunConfig) -> Mapping[str, Any]:
   """The resolved keys that decide the model (its identity in content ids and records)."""
-  return {key: run.get(key) for key in sorted(BASE_DEFAULTS) if key not in ("tokenizer_path", "tokenizer_type")}
+  return {key: run.get(key) for key in sorted(BASE_DEFAULTS)
+          if key not in ("tokenizer_path", "tokenizer_type", "max_target_length")}
+
+
+def disagreements(given: RunConfig, saved: RunConfig) -> list[str]:
+  """The model's keys a given run config sets to other values than the one MaxText saved with the run
+  (`key=given (saved says ...)`), model_name first: a llama3-8b given for a llama3.1-8b run rotates otherwise
+  (module docstring). Keys the given config leaves out are the saved one's to say."""
+  ours = dict(model_keys(given), model_name=given.model_name)
+  theirs = dict(model_keys(saved), model_name=saved.model_name)
+  stated = [key for key in sorted(dict(given.keys), key=lambda key: key != "model_name") if key in ours]
+  return [f"{key}={ours[key]!r} ({saved.source} says {theirs[key]!r})" for key in stated if ours[key] != theirs[key]]
