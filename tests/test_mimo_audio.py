@@ -305,7 +305,7 @@ def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_
   from s2sjax.scoring import preflight
 
   td = load_task_data(data, "sstorycloze", modality, "mimo_audio", None)
-  verdicts = preflight.run(str(ckpt), spec="mimo_audio", data=td)
+  verdicts = preflight.run(checkpoint.open(str(ckpt)), spec="mimo_audio", data=td)
   assert all(v.ok for v in verdicts), preflight.table(verdicts)
   assert ("audio reaches the model" in {v.check for v in verdicts}) == modality.startswith("s")
   if not modality.startswith("s"):

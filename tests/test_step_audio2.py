@@ -202,7 +202,7 @@ def test_step_audio_check_names_a_refused_source_config(converted, tmp_path):
   from s2sjax.scoring import preflight
 
   ckpt, _ = converted
-  verdict = lambda folder: next(v for v in preflight.run(str(folder)) if v.check == "config")
+  verdict = lambda folder: next(v for v in preflight.run(checkpoint.open(str(folder))) if v.check == "config")
   assert verdict(ckpt).ok
   changed = tmp_path / "ckpt"
   shutil.copytree(ckpt, changed)
