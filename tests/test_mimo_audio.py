@@ -303,6 +303,7 @@ def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_
     assert lines[key]["n_tokens"] == n, key
     assert abs(lines[key]["nll_sum"] + scored.sum()) < LOGPROB_TOLERANCE * scored.size, key
   from s2sjax.scoring import preflight
+  from s2sjax.scoring.checkpoints import checkpoint
 
   td = load_task_data(data, "sstorycloze", modality, "mimo_audio", None)
   verdicts = preflight.run(checkpoint.open(str(ckpt)), spec="mimo_audio", data=td)

@@ -194,10 +194,11 @@ def test_a_tasks_tfds_builder_is_made_from_its_record(tmp_path):
 
 INT_CANDIDATES_PLUGIN = '''"""A release format whose reader gives its candidates as integers, not text."""
 from s2sjax.data import task_registry
+from tasks import release
 from tasks.release import Question
 
 task_registry.RELEASE_FORMATS.register(task_registry.ReleaseFormat(
-  "numbered_answers", f"{__name__}:read", "stories whose endings are numbers", modalities=("t2t",)))
+  "numbered_answers", "stories whose endings are numbers", modalities=("t2t",)))
 task_registry.register(task_registry.Task(
   "toy_numbers", "ToyNumbers", "en", "numbered_answers", "numbers/questions.txt", "numbers", "numbers",
   decision="pair", candidates=2, sizes=task_registry.PlannerSizes(1, 10, 1, 0.0)))
@@ -206,6 +207,9 @@ task_registry.register(task_registry.Task(
 def read(record, paths, collect):
   return [Question(id="q0", language="en", uttids=("0", "1"), prefixes=("Two plus two is",) * 2,
                    audio_paths=("", ""), candidates=(4, 5), correct=0)]
+
+
+release.register(release.ReleaseReader("numbered_answers", read))
 '''
 
 
