@@ -1,6 +1,6 @@
-"""Step-Audio-2-mini / -mini-Base releases (stepfun-ai) -> s2sjax checkpoints: the converter hook of Step-Audio 2's
-architecture (s2sjax/scoring/architectures/step_audio2.py registers it), which `checkpoints_conversion.convert`
-calls for a folder whose config.json names `StepAudio2ForCausalLM`, with no flags.
+"""Step-Audio-2-mini / -mini-Base releases (stepfun-ai) -> s2sjax checkpoints: Step-Audio 2's own converter
+(`checkpoints_conversion/own_converters.py` registers it), which `checkpoints_conversion.convert` calls for a folder
+whose config.json names `StepAudio2ForCausalLM`, with no flags.
 
 A release folder as shipped: the nested `config.json` (text_config, audio_encoder_config) and the safetensors of
 `StepAudio2ForCausalLM` (the Qwen2 LLM under `model.` and `lm_head`, the audio encoder under `encoder.`, the adaptor

@@ -27,7 +27,7 @@ class ConfigError(UserError, ValueError):
 
 class ConfigValueError(ConfigError):
   """A ModelConfig field holding a value no decoder has: `field`, `value` and the `requirement` it fails (a family's
-  parser names the field by its config.json key: `s2sjax.model.families.hf_config.model_config`)."""
+  parser names the field by its config.json key: `s2sjax.model.families.hf_config.named_by`)."""
 
   def __init__(self, field: str, value: Any, requirement: str):
     super().__init__(f"{field}={value!r}: {requirement}")
