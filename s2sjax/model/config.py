@@ -178,8 +178,8 @@ def _require(field: str, value: Any, holds: bool, requirement: str) -> None:
 
 class AroundDecoder:
   """For the config of a model built around a shared-decoder stack (`self.decoder`: Kimi-Audio's main stack,
-  MiMo-Audio's global one): its text table's rows, and the layers of its top-level `layers` stack, which the
-  checkpoint stores one at a time."""
+  MiMo-Audio's global one, Step-Audio 2's LLM): its text table's rows, and the layers of its top-level `layers`
+  stack, which the checkpoint stores one at a time."""
 
   decoder: ModelConfig
 
