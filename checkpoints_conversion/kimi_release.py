@@ -1,6 +1,6 @@
-"""Kimi-Audio releases (moonshotai/Kimi-Audio-7B, -7B-Instruct) -> s2sjax checkpoints: the converter hook of
-Kimi-Audio's architecture (s2sjax/scoring/architectures/kimi_audio.py registers it), which `checkpoints_conversion.convert`
-calls for a folder whose config.json names `MoonshotKimiaForCausalLM`, with no flags.
+"""Kimi-Audio releases (moonshotai/Kimi-Audio-7B, -7B-Instruct) -> s2sjax checkpoints: Kimi-Audio's own
+converter (`checkpoints_conversion/own_converters.py` registers it), which `checkpoints_conversion.convert` calls
+for a folder whose config.json names `MoonshotKimiaForCausalLM`, with no flags.
 
 A release folder as shipped: `config.json` as `KimiAudioConfig.save_pretrained` writes it (MoonshotAI/Kimi-Audio
 `finetune_codes/model.py:58`), the LM's safetensors in the release's keys, and `whisper-large-v3/`, the Whisper

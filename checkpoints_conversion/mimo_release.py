@@ -1,5 +1,5 @@
-"""MiMo-Audio releases (XiaomiMiMo/MiMo-Audio-7B-Base) -> s2sjax checkpoints: the converter hook of MiMo-Audio's
-architecture (s2sjax/scoring/architectures/mimo_audio.py registers it), which `checkpoints_conversion.convert` calls
+"""MiMo-Audio releases (XiaomiMiMo/MiMo-Audio-7B-Base) -> s2sjax checkpoints: MiMo-Audio's own converter
+(`checkpoints_conversion/own_converters.py` registers it), which `checkpoints_conversion.convert` calls
 for a folder whose config.json names `MiMoAudioForCausalLM`, with no flags.
 
 A release folder as shipped: `config.json` (a Qwen2 config with MiMo-Audio's keys), the LM's safetensors in the

@@ -1,6 +1,6 @@
-"""Step-Audio-2-mini / -mini-Base releases (stepfun-ai) -> s2sjax checkpoints: the converter hook of Step-Audio 2's
-architecture (s2sjax/scoring/architectures/step_audio2.py registers it), which `checkpoints_conversion.convert`
-calls for a folder whose config.json names `StepAudio2ForCausalLM`, with no flags.
+"""Step-Audio-2-mini / -mini-Base releases (stepfun-ai) -> s2sjax checkpoints: Step-Audio 2's own converter
+(`checkpoints_conversion/own_converters.py` registers it), which `checkpoints_conversion.convert` calls for a folder
+whose config.json names `StepAudio2ForCausalLM`, with no flags.
 
 A release folder as shipped: the nested `config.json` (text_config, audio_encoder_config) and the safetensors of
 `StepAudio2ForCausalLM` (the Qwen2 LLM under `model.` and `lm_head`, the audio encoder under `encoder.`, the adaptor
@@ -36,19 +36,8 @@ def plan(source: TensorSource) -> tuple[StepAudio2Config, list[keymap.Rule]]:
   except ConfigError as e:
     raise ConversionError(f"{source.description}: {e}") from None
   ruled = step_audio2.rules(config)
-  shapes = {key: source.shape(key) for key in source.keys()}
-  problems, rest = keymap.check_rules(set(dict(checkpoint.flatten(abstract_params(config)))), ruled, shapes)
-  for key, shape in release_audio_tensors(config.encoder).items():
-    if key not in shapes:
-      problems.append(f"missing key {key} (the audio encoder / adaptor, run by the build)")
-    elif tuple(shapes[key]) != shape:
-      problems.append(f"shape mismatch at {key}: checkpoint has {tuple(shapes[key])}, config.json implies {shape}")
-  audio = set(release_audio_tensors(config.encoder))
-  unexpected = [key for key in rest if key not in audio and not key.endswith(keymap.HF_IGNORED_SUFFIXES)]
-  if unexpected:
-    problems.append(f"{len(unexpected)} unexpected key(s) that no rule reads: {', '.join(unexpected[:20])}")
-  if problems:
-    raise ConversionError(f"{source.description} does not fit a Step-Audio 2 target: " + "; ".join(problems))
+  own_release.check_release(source, abstract_params(config), ruled, "Step-Audio 2",
+                            also=release_audio_tensors(config.encoder))
   return config, ruled
 
 

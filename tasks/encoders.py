@@ -526,11 +526,11 @@ def _file_digest(path: str) -> str:
 
 
 class LaidEncoder(QuestionEncoder):
-  """An own row format's encoder (Kimi-Audio's, MiMo-Audio's): a side is a dict of the format's fields, a
-  candidate's with its per-target ones (the format's `own_targets`, `target_ids` among them); every candidate lays
-  each of its positions but the last, whose token (or patch) is only predicted; items are packed whole
-  (`packing.pack_laid`). Subclasses set `laid_as` (what a prefix is laid as, for the message refusing to cut one)
-  and `widths`."""
+  """An own row format's encoder (Kimi-Audio's, MiMo-Audio's, Step-Audio 2's): a side is a dict of the format's
+  fields, a candidate's with its per-target ones (the format's `own_targets`, `target_ids` among them); every
+  candidate lays each of its positions but the last, whose token (or patch) is only predicted; items are packed
+  whole (`packing.pack_laid`). Subclasses set `laid_as` (what a prefix is laid as, for the message refusing to cut
+  one) and `widths`."""
 
   laid_as: str
 

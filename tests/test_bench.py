@@ -122,13 +122,13 @@ def test_a_configuration_that_fails_is_reported_and_the_rest_still_run(monkeypat
 
 
 def test_the_machine_line_names_the_processor_and_each_sides_matmul_speed():
-  from s2sjax.commands import bench
+  from s2sjax.benchmarks import machine as bench_machine
 
-  speeds = bench.matmul_speeds("float32", size=64, repeats=1)  # a measurement: its figures are not asserted on
+  speeds = bench_machine.matmul_speeds("float32", size=64, repeats=1)  # a measurement: its figures are not asserted on
   assert set(speeds) == {"size", "dtype", "torch_gflops", "xla_gflops"} and speeds["dtype"] == "float32"
   machine = {"processor": "AMD EPYC", "cores": 2, "matmul": dict(speeds, torch_gflops=236.4, xla_gflops=530.2)}
-  assert bench.machine_line(machine) == ("machine: AMD EPYC, 2 cores; one 64^2 float32 matmul: torch 236 GFLOP/s, "
-                                         "XLA 530 GFLOP/s")
+  assert bench_machine.machine_line(machine) == ("machine: AMD EPYC, 2 cores; one 64^2 float32 matmul: torch 236 GFLOP/s, "
+                                               "XLA 530 GFLOP/s")
 
 
 @pytest.mark.slow

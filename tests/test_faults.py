@@ -272,7 +272,7 @@ def test_a_dead_peer_ends_the_survivor_with_a_clear_error_in_bounded_time(tiny_s
   assert survived_for < 6 + 20, survived_for  # the watch's timeout, plus its polling and the exit
 
 
-# --- Round two (issue 28): the built data, the results and the inputs are held to what made them ---------------
+# --- The built data, the results and the inputs are held to what made them ---------------------------------------
 
 
 def _copy_data(tiny_sample, tmp_path) -> str:

@@ -1,7 +1,7 @@
 """Recordings and codes that are not what they claim (non-finite or far out-of-range samples, a header's
 rate no recording has, codes that are not integers of the codebook), entries of an audio folder that are not
 files, and a codes folder made by another tokenizer: each refused naming the file, or (--skip_bad) its question
-left out and listed; every resampling reported from -> to. Issue 60: a stopped `tasks.audio.tokenize` resumed by
+left out and listed; every resampling reported from -> to. A stopped `tasks.audio.tokenize` resumed by
 the same command."""
 
 import collections

@@ -14,7 +14,8 @@ import pytest
 
 from tasks import audio
 from tasks.audio.base import AudioError
-from tasks.audio.mimo_audio import MimoAudioTokenizer, MimoTokenizerConfigError, forward, log_mel
+from tasks.audio.jax_tokenizer import WINDOWS, window_seconds
+from tasks.audio.mimo_audio import SEGMENT_FRAMES, MimoAudioTokenizer, MimoTokenizerConfigError, forward, log_mel
 from tasks.audio.weights import WeightsError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +105,27 @@ def test_mimo_codes_equal_upstream_single_wave_codes_alone_and_together(tokenize
     alone = oracle(f"tok_wave{i}_codes_all")
     assert (upstream_packed != alone).sum() == json.loads((ORACLE / "meta.json").read_text())["tokenizer"][
         "batched_vs_alone"][f"wave{i}"]["codes_differing_from_alone"]
+
+
+def test_mimo_windows_are_mel_frames_up_to_one_encoder_sequence():
+  """The windows policy's lengths are the mel frames of its window seconds (up to one SEGMENT_FRAMES piece, the
+  longest `segments` gives), at most WINDOWS of them, and the batch sizing knows a frame's bytes."""
+  windows = MimoAudioTokenizer(str(RELEASE)).configure(shapes="windows")
+  multiple, rate = windows.time_multiple, windows.sample_rate
+  top = SEGMENT_FRAMES * windows.config.hop_length / rate
+  expected = sorted({-(-min(SEGMENT_FRAMES, len(log_mel(np.zeros(round(s * rate)), windows.config))) // multiple)
+                     * multiple for s in window_seconds(top)})
+  assert windows.window_lengths(0) == expected and len(expected) <= WINDOWS and expected[-1] == SEGMENT_FRAMES
+  assert windows.frame_bytes > 0
+
+
+@pytest.mark.slow
+def test_mimo_codes_under_windows_equal_codes_under_buckets(tokenizer):
+  windows = MimoAudioTokenizer(str(RELEASE), codebooks=20).configure(shapes="windows")
+  waves = [wave(i) for i in WAVES]
+  for found, expected in zip(windows.encode_batch(waves), tokenizer.configure(shapes="buckets").encode_batch(waves)):
+    np.testing.assert_array_equal(found, expected)
+  assert windows.run_report()["programs"] <= WINDOWS
 
 
 def test_mimo_llm_codebooks_by_default_from_the_registry_and_a_spec():

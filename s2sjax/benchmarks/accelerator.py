@@ -38,19 +38,13 @@ import numpy as np
 
 from s2sjax.scoring import planner
 from s2sjax.runtime import sharding
-from s2sjax.benchmarks.workloads import PROTOCOLS, make_items
-from s2sjax.runtime.errors import UserError
+from s2sjax.benchmarks.workloads import PROTOCOLS, BenchError, make_items
 from s2sjax.model.attention import (ATTENTION_IMPLEMENTATIONS, FLASH_IMPLEMENTATIONS, auto_implementation,
   packed_attention_mask)
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit, longest_item, pack
 from s2sjax.scoring.scorer import Scorer
-
-
-class BenchError(UserError, ValueError):
-  """A benchmark's flags or inputs do not make a run: a size, protocol or attention it does not know, a missing
-  data folder, a subject lm-eval lacks (`s2sjax.bench` raises it too)."""
 
 
 PEAK_TFLOPS = {"v4": 275, "v5 lite": 197, "v5e": 197, "v5p": 459, "v6": 918, "h100": 989, "h200": 989}

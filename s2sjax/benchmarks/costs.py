@@ -29,7 +29,7 @@ from absl import flags
 
 from s2sjax.runtime import cli
 from s2sjax.scoring import planner
-from s2sjax.commands.bench import cpu_machine, machine_line
+from s2sjax.benchmarks.machine import cpu_machine, machine_line
 from s2sjax.commands.default_checkpoint import default_checkpoint
 
 FLAGS = flags.FLAGS

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from s2sjax.commands.bench import cpu_machine, machine_line
+from s2sjax.benchmarks.machine import cpu_machine, machine_line
 from s2sjax.benchmarks.local_attention import timed
 from s2sjax.runtime import cli
 from s2sjax.scoring.scorer import CPU_HEAD_ROWS, nll_and_missed

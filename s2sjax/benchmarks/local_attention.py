@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from s2sjax.commands.bench import cpu_machine, machine_line
+from s2sjax.benchmarks.machine import cpu_machine, machine_line
 from s2sjax.runtime import cli
 from s2sjax.model.attention import LOCAL_BLOCK, LocalWindow, local_window_mask, xla
 

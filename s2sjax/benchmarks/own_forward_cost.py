@@ -28,7 +28,8 @@ from s2sjax.scoring import default_model
 from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.runtime import cli
 from s2sjax.benchmarks.workloads import make_items
-from s2sjax.commands.bench import cpu_machine, machine_line, row_shape, storycloze_items
+from s2sjax.benchmarks.machine import cpu_machine, machine_line
+from s2sjax.benchmarks.workloads import row_shape, storycloze_items
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.scoring.own_forward import OwnForwardScorer, decoder_forward
 from s2sjax.data.packing import fit, pack

@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 from typing import Sequence
 
@@ -56,36 +55,17 @@ from s2sjax.scoring import planner
 from s2sjax.scoring.checkpoints import checkpoint
 from s2sjax.benchmarks import accelerator as bench_accelerator
 from s2sjax.runtime import cli
-from s2sjax.benchmarks.accelerator import BenchError
-from s2sjax.benchmarks.workloads import PROTOCOLS, WORKLOADS, make_items
+from s2sjax.benchmarks.machine import cpu_machine, machine_line, torch_dtype
+from s2sjax.benchmarks.workloads import (PROTOCOLS, WORKLOADS, BenchError, make_items, row_shape,
+                                        storycloze_items)
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.model.attention import auto_implementation
 from s2sjax.model.config import ModelConfig
-from s2sjax.data.packing import Item, RowShape, auto_row_length, fit, pack
+from s2sjax.data.packing import Item, RowShape, fit, pack
 from s2sjax.scoring.scorer import Scorer, collect
-from s2sjax.data.spec import load_spec
-from tasks.build import QuestionEncoder
-from tasks.importer import read_stories
-from tasks.release import Question
 
 FLAGS = flags.FLAGS
 STORYCLOZE = "storycloze"  # the real StoryCloze test stories (--storycloze_csv), beside the synthetic WORKLOADS
-
-
-def storycloze_items(csv_path: str, count: int, ckpt: str) -> list[Item]:
-  """The first `count` StoryCloze stories as T->T items (the four sentences, then the right and wrong endings),
-  tokenized by the checkpoint's tokenizer under the demo spec's rule (tasks.build.QuestionEncoder)."""
-  tokenizer = checkpoint.load_tokenizer(ckpt)
-  if tokenizer is None:
-    raise BenchError(f"{ckpt} holds no tokenizer/ to tokenize the stories with")
-  encoder = QuestionEncoder(load_spec("demo"), "t2t", tokenizer, None)
-  items = []
-  for story in read_stories(csv_path, ",")[:count]:
-    first = " ".join(story["sentences"])
-    question = Question(story["id"], "en", ("", ""), (first, first), ("", ""), (story["right"], story["wrong"]), 0)
-    items.append(Item(encoder.prefix(question, 0)[0], tuple(encoder.candidate(question, c)[0] for c in range(2)),
-                      name=story["id"]))
-  return items
 
 
 def reference_model(source: str, dtype):
@@ -95,12 +75,6 @@ def reference_model(source: str, dtype):
 
   device = "cuda" if torch.cuda.is_available() else "cpu"
   return load_torch_model(source).to(device=device, dtype=torch_dtype(dtype))
-
-
-def torch_dtype(dtype):
-  import torch
-
-  return getattr(torch, jnp.dtype(dtype).name)
 
 
 def reference_protocol(torch_model, config: ModelConfig, items: list[Item], batch_size: int) -> tuple[np.ndarray, int, float]:
@@ -157,15 +131,6 @@ def s2sjax_protocol(config: ModelConfig, params, items: list[Item], shape: RowSh
   flops = planner.forward_flops(config, computed, scorer.window.span if scorer.window else shape.length, targets)
   return dict(mean_nll=scores.mean_nll, computed=computed, seconds=seconds, compile_s=compile_s, flops=flops,
               efficiency=report.efficiency, rows=report.rows, row_length=shape.length, attention=attention)
-
-
-def row_shape(items: list[Item], row_length: int | None, share: bool) -> RowShape:
-  """Rows of `row_length`, or, without one, of the length a build without `--row_length` chooses for these items
-  (`packing.auto_row_length`, text candidates' share of the row's targets)."""
-  if row_length:
-    return RowShape.for_length(row_length)
-  text_rows = RowShape.for_length(1024)
-  return text_rows.with_length(auto_row_length(items, share, text_rows.max_targets / text_rows.length))
 
 
 def run_workload(workload: str, ckpt: str, count: int, row_lengths: Sequence[int | None], batch_size: int,
@@ -457,52 +422,6 @@ def format_lm_eval(runs: Sequence[dict]) -> str:
       f"| {ours['max_abs_err_float64']:.1e} / {ours['mean_abs_err_float64']:.1e} "
       f"| {run['decisions_identical']} (is_greedy {run['is_greedy_identical']}) |")
   return "\n".join(lines)
-
-
-def cpu_machine(dtype) -> dict:
-  """The processor, its cores and the matmul probe, for a run on the CPU (an accelerator's run names its device)."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"processor": processor(), "cores": cores, "matmul": matmul_speeds(dtype)}
-
-
-def processor() -> str:
-  """The CPU's model name where Linux tells it, else what `platform` knows."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.processor() or platform.machine()
-
-
-def matmul_speeds(dtype, size: int = 2048, repeats: int = 5) -> dict:
-  """GFLOP/s of one [size x size] @ [size x size] matmul in `dtype` on the CPU, best of `repeats` after a warm-up,
-  for torch (the reference's BLAS) and XLA (s2sjax's, at the precision the decoder asks for)."""
-  import torch
-
-  a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
-  x = torch.from_numpy(a).to(dtype=torch_dtype(dtype))
-  y = jax.device_put(jnp.asarray(a, dtype), jax.devices("cpu")[0])
-  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
-  xla_matmul = jax.jit(lambda m: jnp.dot(m, m, precision=precision))
-
-  def best(run) -> float:
-    run()
-    seconds = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      run()
-      seconds.append(time.perf_counter() - start)
-    return round(2 * size**3 / min(seconds) / 1e9, 1)
-
-  return {"size": size, "dtype": jnp.dtype(dtype).name, "torch_gflops": best(lambda: x @ x),
-          "xla_gflops": best(lambda: xla_matmul(y).block_until_ready())}
-
-
-def machine_line(machine: dict) -> str:
-  """The machine as the bench's last line prints it."""
-  speeds = machine["matmul"]
-  return (f"machine: {machine['processor']}, {machine['cores']} cores; one {speeds['size']}^2 {speeds['dtype']} "
-          f"matmul: torch {speeds['torch_gflops']:.0f} GFLOP/s, XLA {speeds['xla_gflops']:.0f} GFLOP/s")
 
 
 def format_table(run: dict) -> str:

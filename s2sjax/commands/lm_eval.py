@@ -40,7 +40,7 @@ tokenization; an empty context becomes the prefix token. Tokenization with speci
 `tok_encode`; chat templates (`--apply_chat_template`) are the tokenizer's, applied as the hf backend applies them.
 is_greedy comes from the same step: the count of a continuation's tokens that are not the argmax of the logits
 that predict them. A request's log-likelihood is the same bits whatever else the call holds: items start at
-multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.Scorer`) in steps of at least 64
+multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.scorer.Scorer`) in steps of at least 64
 positions a device (`SMALLEST_STEP`), each step's window as wide as its own rows need (`steps_by_window`), and a
 continuation's NLL is summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the
 scorer spreads rows over JAX processes.
@@ -192,7 +192,7 @@ def merged_arguments(model_args: dict, given: dict) -> dict:
 
 
 class S2SJaxLM(TemplateLM):
-  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.Scorer`."""
+  """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.scorer.Scorer`."""
 
   @classmethod
   def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "S2SJaxLM":

@@ -27,7 +27,7 @@ class ConfigError(UserError, ValueError):
 
 class ConfigValueError(ConfigError):
   """A ModelConfig field holding a value no decoder has: `field`, `value` and the `requirement` it fails (a family's
-  parser names the field by its config.json key: `s2sjax.model.families.hf_config.model_config`)."""
+  parser names the field by its config.json key: `s2sjax.model.families.hf_config.named_by`)."""
 
   def __init__(self, field: str, value: Any, requirement: str):
     super().__init__(f"{field}={value!r}: {requirement}")
@@ -178,8 +178,8 @@ def _require(field: str, value: Any, holds: bool, requirement: str) -> None:
 
 class AroundDecoder:
   """For the config of a model built around a shared-decoder stack (`self.decoder`: Kimi-Audio's main stack,
-  MiMo-Audio's global one): its text table's rows, and the layers of its top-level `layers` stack, which the
-  checkpoint stores one at a time."""
+  MiMo-Audio's global one, Step-Audio 2's LLM): its text table's rows, and the layers of its top-level `layers`
+  stack, which the checkpoint stores one at a time."""
 
   decoder: ModelConfig
 

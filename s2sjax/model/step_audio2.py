@@ -23,14 +23,14 @@ import numpy as np
 from s2sjax.data.formats.step_audio2 import ADAPTOR_WIDTH, AUDIO_CODES, AUDIO_OFFSET, EncoderShape
 from s2sjax.model import decoder
 from s2sjax.model.attention import packed_attention_mask
-from s2sjax.model.config import ConfigError, ModelConfig
+from s2sjax.model.config import AroundDecoder, ConfigError, ModelConfig
 
 NAME = "step_audio2"  # model_config.json's `family` (s2sjax/scoring/architectures/step_audio2.py registers it)
 AUDIO_START = 151688  # <audio_start>: the adaptor rows start right after it (modeling_step_audio_2.py:353)
 
 
 @dataclasses.dataclass(frozen=True)
-class StepAudio2Config:
+class StepAudio2Config(AroundDecoder):
   """Step-Audio 2's architecture (hashable: a static argument of `jax.jit`), parsed from a release's config.json by
   `s2sjax.scoring.architectures.step_audio2.parse_config`."""
 
@@ -49,14 +49,6 @@ class StepAudio2Config:
                       f"hidden_size={self.decoder.hidden_size}")
     if problems:
       raise ConfigError("Step-Audio 2 config: " + "; ".join(problems))
-
-  @property
-  def vocab_size(self) -> int:
-    return self.decoder.vocab_size
-
-  @property
-  def num_layers(self) -> int:
-    return self.decoder.num_layers
 
   def num_params(self) -> int:
     """The LLM's parameters: what the checkpoint holds and the scoring step loads (the encoder and adaptor,

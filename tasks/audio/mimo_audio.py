@@ -250,8 +250,10 @@ class MimoAudioTokenizer(JaxAudioTokenizer):
     self.num_codebooks = codebooks
     self.codebook_sizes = c.codebook_sizes[:codebooks]
     self.frame_rate = c.sampling_rate / c.hop_length / c.stride_size / c.avg_pooler
+    self.segment_samples = SEGMENT_FRAMES * c.hop_length  # the windows policy's longest: one encoder sequence
     self.time_multiple = c.stride_size * c.avg_pooler  # whole down-sampling groups
     self.attention_heads, self.attention_stride = c.encoder_attention_heads, c.stride_size
+    self.frame_bytes = whisper.frame_bytes(c.d_model, c.encoder_ffn_dim, c.stride_size)
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> MimoAudioTokenizer:
@@ -269,6 +271,12 @@ class MimoAudioTokenizer(JaxAudioTokenizer):
     except ValueError:
       return [np.zeros((0, self.config.n_mels), np.float32)]
     return [mel[start:start + SEGMENT_FRAMES] for start in range(0, len(mel), SEGMENT_FRAMES)]
+
+  def feature_frames(self, samples: int) -> int:
+    """Mel frames of the longest segment `samples` samples give (`log_mel`'s 1 + samples // hop, at most
+    SEGMENT_FRAMES): `segments` cuts the mel, not the wave, so the base rule's `prepare` of silence would count
+    samples."""
+    return min(SEGMENT_FRAMES, 1 + samples // self.config.hop_length)
 
   def prepare(self, segment: np.ndarray) -> tuple[np.ndarray, int]:
     """A mel segment from `segments` and its code count."""
