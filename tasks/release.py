@@ -358,10 +358,12 @@ def _spoken_number(name: str, where: str) -> int:
 
 def check_asked(task: str, modality: str, protocol: str) -> None:
   """A release is asked only what its format's questions hold: a folder of whole spoken stories (spoken_pairs) has
-  no text and no prefix recording, so it is asked S->S under the utterance protocol only, as SlamKit scores it."""
+  no text and no prefix recording, so it is asked S->S under the utterance protocol only, as SlamKit scores it; an
+  sLM21 gold file (tasks/zerospeech.py) is asked T->T, and S->S under the utterance protocol."""
   release = task_registry.get(task).release
   name = modalities.get(modality).name
-  if name not in release.modalities or (release.protocols is not None and protocol not in release.protocols):
+  fixed = release.protocols is not None and name == "s2s"  # the other modalities have one protocol each
+  if name not in release.modalities or (fixed and protocol not in release.protocols):
     how = f"--modality={','.join(release.modalities)}" + (
       f" --protocol={','.join(release.protocols)}" if release.protocols is not None else "")
     raise ReleaseError(f"{task} holds {release.summary}: build it with {how} (asked: {modality}, protocol {protocol})")

@@ -25,7 +25,7 @@ class ReleaseFormat:
   The build stage registers, under its name, the reader that turns the release into questions (tasks/release.py,
   `READERS`); what it gives is held to `Question`'s field types and the record's candidate count
   (tasks.release.check_questions), naming the format and the record. `modalities` are what its questions can be
-  asked and `protocols` how they can be scored (None: any). `index` is what the record's `release_jsonl` names, and
+  asked and `protocols` how their S->S can be scored (None: any; the other modalities have one protocol). `index` is what the record's `release_jsonl` names, and
   so what a build's fingerprint hashes besides the recordings it decodes: a `file` (its bytes) or a `folder` (its
   recordings). `lines_per_question` of the index (a sample of the release keeps whole questions)."""
 
@@ -58,6 +58,14 @@ RELEASE_FORMATS.register(ReleaseFormat(
 RELEASE_FORMATS.register(ReleaseFormat(
   "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
   protocols=("utterance",), index="folder"))
+# ZeroSpeech 2021's sLM21 (sWUGGY lexical/, sBLIMP syntactic/): a gold.csv pairing the recordings beside it, read as
+# zerospeech-benchmarks 0.9.4 reads it (tasks/zerospeech.py); each recording scored whole, or its gold text T->T.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "slm21_lexical", "words against non-words, recordings paired by (id, voice) in gold.csv",
+  modalities=("t2t", "s2s"), protocols=("utterance",)))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "slm21_syntactic", "grammatical against ungrammatical sentences, recordings paired by position in gold.csv",
+  modalities=("t2t", "s2s"), protocols=("utterance",)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,3 +157,23 @@ register(Task(
 register(Task(
   "spoken_tstorycloze", "SpokenStoryCloze tSC", "en", "spoken_pairs", "tSC", "tSC", "tSC", decision="pair",
   candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+# ZeroSpeech 2021's sLM21 dev sets (zerospeech-benchmarks 0.9.4's sLM21-dataset, the layout of tasks/zerospeech.py),
+# and its test sets where a release holds their gold files. Scored as the toolkit scores a submission: a recording's
+# score is its log-probability, so a candidate's loss is its summed NLL (the ZeroSpeech 2021 baseline writes a
+# recording's summed (pseudo) log-probability: zerospeech2021_baseline scripts/compute_proba_BERT.py), a tie counts
+# half (tasks/lm/lexical.py:79-82), sWUGGY's pairs are averaged over voices per id and sBLIMP's per (type, subtype,
+# id) (lexical.py:86-91, syntactic.py:35-40). Sizes: the pair counts of ZeroSpeech 2021's paper, for planning only.
+def _register_slm21(split: str, swuggy_pairs: int, sblimp_pairs: int) -> None:
+  suffix = "" if split == "dev" else f"_{split}"
+  register(Task(
+    f"swuggy{suffix}", f"sWUGGY ({split})", "en", "slm21_lexical", f"lexical/{split}/gold.csv", f"lexical/{split}",
+    f"lexical/{split}", decision="pair", candidates=2, sizes=PlannerSizes(swuggy_pairs, 0, 3, 0.8), ties="half",
+    loss="sum", averaged_over="id", breakdowns=("frequency_band", "in_vocabulary", "length")))
+  register(Task(
+    f"sblimp{suffix}", f"sBLIMP ({split})", "en", "slm21_syntactic", f"syntactic/{split}/gold.csv",
+    f"syntactic/{split}", f"syntactic/{split}", decision="pair", candidates=2,
+    sizes=PlannerSizes(sblimp_pairs, 0, 10, 2.5), ties="half", loss="sum", averaged_over="item", breakdowns=("type",)))
+
+
+_register_slm21("dev", 20000, 6300)
+_register_slm21("test", 60000, 18900)
