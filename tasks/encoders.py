@@ -277,6 +277,8 @@ class TextEncoder(QuestionEncoder):
     special tokens. `joint` (S2SBench's reference): `first + separator + last` tokenized as one string, the ids
     past as many as `first` alone makes are scored, so a token that merges across the boundary is scored."""
     first = question.prefixes[c]
+    if not first:  # an item alone (a gold file's word or sentence): scored after the document separator, unspaced
+      return _document_separator(self.tokenizer, self.spec), self.text_ids(question.candidates[c], special=False)
     last = self.spec.text_separator[self.language(question)] + question.candidates[c]
     prefix = self.text_ids(first, special=True)
     if self.tokenization == "separate":
@@ -375,13 +377,7 @@ class UnitEncoder(AudioTokenEncoder):
     opening = self._opening("")
     if len(opening):
       return opening
-    # Without a start token or bos, the document separator opens it, as lm-eval's HFLM.prefix_token_id does for an
-    # empty context (bos, else eos: Qwen's <|endoftext|>).
-    separator = next((t for t in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id) if t is not None), None)
-    if separator is None:
-      raise SpecError(f"spec {self.spec.name}: the utterance protocol needs a token to open the recording with "
-                      "(the spec's start_token, or the tokenizer's bos or eos), and there is none")
-    return np.asarray([separator], np.int32)
+    return _document_separator(self.tokenizer, self.spec)  # without a start token or bos
 
   def candidate(self, question: Question, c: int) -> tuple[np.ndarray, float]:
     if self.modality.candidate == TEXT:
@@ -504,6 +500,16 @@ def encoder_class(spec: Spec, modality: str) -> type[QuestionEncoder]:
   encoders = ENCODERS.get(spec.audio_mode)
   speaks = modalities.get(modality).speaks
   return load_object(encoders.text_encoder if encoders.text_encoder and not speaks else encoders.encoder)
+
+
+def _document_separator(tokenizer, spec: Spec) -> np.ndarray:
+  """What opens a sequence with no context, as lm-eval's HFLM.prefix_token_id opens an empty context: bos, else eos
+  (Qwen's <|endoftext|>)."""
+  separator = next((t for t in (tokenizer.bos_token_id, tokenizer.eos_token_id) if t is not None), None)
+  if separator is None:
+    raise SpecError(f"spec {spec.name}: a recording or item scored alone needs a token to open it with (the spec's "
+                    "start_token, or the tokenizer's bos or eos), and there is none")
+  return np.asarray([separator], np.int32)
 
 
 def _joined(*parts) -> np.ndarray:

@@ -115,3 +115,94 @@ def test_the_submission_scores_each_recording_by_its_log_probability(tmp_path):
   with pytest.raises(zerospeech.SubmissionError, match="recording r1 is scored twice in sblimp's scores"):
     zerospeech.recording_scores(twice, "sblimp")
   assert task_registry.get("sblimp").loss == task_registry.get("swuggy_test").loss == "sum"
+
+
+def _zrc_figures(judged: dict) -> dict:
+  """zrc's figures from its scores CSVs: the overall accuracies (mean over its by_pair rows, submissions/sLM21.py:347,
+  386), sWUGGY's in-vocabulary one (the n-weighted mean of the bands but oov, sLM21.py:350-358) and its per-band,
+  per-length and sBLIMP's per-type rows."""
+  rows = lambda name: judged[f"score_{name}.csv"]
+  bands = [r for r in rows("lexical_dev_by_frequency") if r["n"] != "0"]
+  in_vocab = [r for r in bands if r["frequency"] != "oov"]
+  return {
+    "swuggy": float(np.mean([float(r["score"]) for r in rows("lexical_dev_by_pair")])),
+    "in_vocabulary": float(np.average([float(r["score"]) for r in in_vocab], weights=[int(r["n"]) for r in in_vocab])),
+    "by_frequency_band": {r["frequency"]: (int(r["n"]), float(r["score"])) for r in bands},
+    "by_length": {str(int(float(r["length"]))): (int(r["n"]), float(r["score"])) for r in rows("lexical_dev_by_length")},
+    "sblimp": float(np.mean([float(r["score"]) for r in rows("syntactic_dev_by_pair")])),
+    "by_type": {r["type"]: (int(r["n"]), float(r["score"])) for r in rows("syntactic_dev_by_type")},
+  }
+
+
+@pytest.mark.slow
+def test_zrc_accepts_the_submission_and_prints_s2sjaxs_figures(tmp_path, tiny_sample):
+  """The fixture spoken by espeak-ng, built T->T (the gold's phones and sentences) and S->S (each recording whole,
+  the utterance protocol) for the tiny qwen2 under the demo spec, scored by s2sjax.eval; the submission it writes is
+  validated and scored by zrc 0.9.4 (its own venv, offline), and zrc's overall, in-vocabulary, per-band, per-length
+  and per-type accuracies are s2sjax's metrics.json's to zrc's 4 printed digits. The tie pair ties in both."""
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.data.builds import Variants
+  from s2sjax.results import zerospeech
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from tasks.preparation import prepare
+  from tests import zrc_judge
+
+  try:
+    zrc_judge.python()
+  except zrc_judge.Unreachable as e:
+    pytest.skip(f"pip cannot reach the package registry to install zerospeech-benchmarks 0.9.4: {e}")
+  release = write_release(str(tmp_path / "sLM21"))
+  data, out = str(tmp_path / "data"), str(tmp_path / "out")
+  for task in ("swuggy", "sblimp"):
+    prepare(task, "demo", "t2t", None, data, manual_dir=release, tokenizer_dir=tiny_sample["tokenizer"])
+    prepare(task, "demo", "s2s", None, data, manual_dir=release, tokenizer_dir=tiny_sample["tokenizer"],
+            variants=Variants(protocol="utterance"))
+  run(EvalConfig(tasks=("swuggy", "sblimp"), modalities=("t2t", "s2s"), protocols=("utterance",),
+                 checkpoints=tiny_sample["ckpt"], data_dir=data, output_dir=out, chunk_rows=4,
+                 scoring=ScoringOptions(batch_size=4)))
+  metrics = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
+  tasks = metrics["tasks"]
+  assert set(metrics["degradation"]["swuggy"]) == set(metrics["degradation"]["sblimp"]) == {"s2s_utterance_vs_t2t"}
+  for task in ("swuggy", "sblimp"):
+    for modality in ("t2t", "s2s_utterance"):
+      assert tasks[task][modality]["ties"] == (2 if task == "swuggy" else 0)  # the tie pair, in each voice
+
+  submission = str(tmp_path / "submission")
+  written = zerospeech.write_submission(out, submission)
+  assert sorted(os.path.relpath(p, submission) for p in written) == ["lexical/dev.txt", "meta.yaml",
+                                                                    "syntactic/dev.txt"]
+  judged = zrc_judge.judge(submission, zrc_judge.app_dir(str(tmp_path / "zrc"), release))
+  zrc = _zrc_figures(judged)
+  ours = tasks["swuggy"]["s2s_utterance"], tasks["sblimp"]["s2s_utterance"]
+  printed = lambda value: round(value, 4)
+  assert printed(ours[0]["accuracy"]) == printed(zrc["swuggy"])
+  assert printed(ours[0]["by_in_vocabulary"]["yes"]["accuracy"]) == printed(zrc["in_vocabulary"])
+  for name, by in (("frequency_band", zrc["by_frequency_band"]), ("length", zrc["by_length"])):
+    assert {k: (v["n"], printed(v["accuracy"])) for k, v in ours[0][f"by_{name}"].items()} == by
+  assert printed(ours[1]["accuracy"]) == printed(zrc["sblimp"])
+  assert {k: (v["n"], printed(v["accuracy"])) for k, v in ours[1]["by_type"].items()} == zrc["by_type"]
+  assert ours[0]["by_frequency_band"].keys() == {"oov", "1-5", "6-20", "21-100", ">100"}
+  assert "sWUGGY (dev) by frequency_band" in open(os.path.join(out, "table.md")).read()
+
+
+def test_metrics_average_voices_per_id_then_ids_and_t2t_meets_the_utterance_protocol():
+  """By hand, zrc's arithmetic: pair scores 1, 0.5 (a tie), 0; id a's two voices (1, 0) average 0.5, id b's (0.5,
+  0.5) 0.5, id c's (1, 1) 1 (by summed NLL: by mean NLL q4 would tie): overall 2/3; bands oov {a}, 1-5 {b, c};
+  in-vocabulary (b, c) 0.75. The T->T run
+  against the S->S utterance run is the task's degradation pair."""
+  from s2sjax.data.metrics import summarize
+  from s2sjax.data.modalities import Label
+  from s2sjax.data.questions import QuestionScores
+
+  labels = tuple({"id": i, "voice": v, "frequency_band": band, "in_vocabulary": "no" if band == "oov" else "yes",
+                  "length": "4"} for i, band in (("a", "oov"), ("b", "1-5"), ("c", "1-5")) for v in VOICES)
+  nll = np.array([[1.0, 2.0], [3.0, 2.0], [2.0, 2.0], [5.0, 5.0], [1.0, 4.0], [0.5, 0.75]])
+  scores = QuestionScores(tuple(f"q{n}" for n in range(6)), tuple((f"w{n}", f"n{n}") for n in range(6)),
+                          (("x", "y"),) * 6, np.zeros(6, np.int64), nll, np.array([[1, 4]] * 6), labels)
+  summary = summarize({("swuggy", Label("t2t")): scores, ("swuggy", Label("s2s", "utterance")): scores})
+  metrics = summary["swuggy"]["s2s_utterance"]
+  assert metrics["accuracy"] == pytest.approx(2 / 3) and metrics["ties"] == 2
+  assert metrics["by_frequency_band"] == {"oov": {"n": 1, "accuracy": 0.5, "std": None},
+                                          "1-5": {"n": 2, "accuracy": 0.75, "std": pytest.approx(0.5 ** 0.5 / 2)}}
+  assert metrics["by_in_vocabulary"]["yes"]["accuracy"] == 0.75
+  assert summary["degradation"]["swuggy"]["s2s_utterance_vs_t2t"]["degradation"] == 0.0

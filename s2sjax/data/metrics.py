@@ -237,14 +237,17 @@ def degradation(record: task_registry.Task, reference: QuestionScores, other: Qu
 
 def summarize(scores: dict[tuple[str, str], QuestionScores], ties: str | None = None) -> dict:
   """Metrics of every (task, modality), and the degradation matrix of every task: each pair of
-  s2sjax.data.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones).
+  s2sjax.data.modalities.COMPARISONS that ran (S->S scored by its default protocol, or by its one other: an sLM21
+  task's T->T against its S->S utterance protocol), over the questions both hold (--skip_bad may leave out different ones).
   `ties` (TIE_RULES) overrides each task's own rule for ties."""
   result: dict = {}
   for (task, modality), s in scores.items():
     result.setdefault(task, {})[modality] = task_metrics(task_registry.get(task), s, ties)
   for task in dict.fromkeys(task for task, _ in scores):
+    labels = [label for t, label in scores if t == task]
     for reference, other in modalities.COMPARISONS:
-      if (task, reference) in scores and (task, other) in scores:
+      reference, other = (modalities.scored_as(name, labels) for name in (reference, other))
+      if reference is not None and other is not None:
         first, second = common_questions(scores[(task, reference)], scores[(task, other)])
         result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
           degradation(task_registry.get(task), first, second, ties))

@@ -117,6 +117,16 @@ class Label(str):
     return NAMES.index(self.modality.name), "" if self.protocol == DEFAULT_PROTOCOL else self.protocol
 
 
+def scored_as(name: str, labels: list[str]) -> str | None:
+  """Which of a task's score labels stands for the modality `name` in the degradation matrix: its default
+  protocol's, else the one other protocol it was scored by (a release that asks S->S under the utterance protocol
+  only); None when neither."""
+  of_modality = [label for label in labels if Label.from_key(label).modality.name == name]
+  if name in of_modality:
+    return next(label for label in of_modality if label == name)
+  return of_modality[0] if len(of_modality) == 1 else None
+
+
 def title(label: str) -> str:
   """A label's title, from the label or from the key a file gives it."""
   return Label.from_key(label).title

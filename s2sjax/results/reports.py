@@ -161,14 +161,21 @@ def degradation_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
   header = ["model", "degradation"] + [task_registry.get(t).title for t in tasks]
   rows = []
   for run in runs:
-    for reference, other in modalities.COMPARISONS:
-      key = modalities.comparison_key(reference, other)
+    keys = dict.fromkeys(key for t in tasks for key in run["degradation"].get(t, {}))
+    for key in sorted(keys, key=_comparison_order):
+      other, reference = key.split("_vs_")
       cells = [run["degradation"].get(t, {}).get(key) for t in tasks]
       if any(cells):
         rows.append([run["name"], f"{modalities.title(reference)} − {modalities.title(other)}"] + [
           f"{100 * c['degradation']:+.1f} [{100 * c['degradation_ci95'][0]:+.1f}, {100 * c['degradation_ci95'][1]:+.1f}]"
           if c else "-" for c in cells])
   return header, rows
+
+
+def _comparison_order(key: str) -> tuple:
+  """A degradation key's place: its pair's in modalities.COMPARISONS, then its labels' protocols."""
+  other, reference = (modalities.Label.from_key(label) for label in key.split("_vs_"))
+  return modalities.COMPARISONS.index((reference.modality.name, other.modality.name)), reference.order, other.order
 
 
 def breakdown_tables(runs: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
