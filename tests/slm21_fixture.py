@@ -71,15 +71,15 @@ def _write_wav(path: str, text: str, voice: int, speech: bool, spoken: dict) -> 
   soundfile.write(path, wave, 16000, subtype="PCM_16")
 
 
-def write_release(root: str, speech: bool = True) -> str:
-  """The release under `root` (lexical/dev/, syntactic/dev/); returns `root`."""
+def write_release(root: str, speech: bool = True, words=WORDS, sentences=SENTENCES) -> str:
+  """The release under `root` (lexical/dev/, syntactic/dev/), of `words` and `sentences`; returns `root`."""
   spoken: dict = {}
   lexical, syntactic = os.path.join(root, "lexical", "dev"), os.path.join(root, "syntactic", "dev")
   os.makedirs(lexical)
   os.makedirs(syntactic)
-  names = iter(_names(2 * len(VOICES) * (len(WORDS) + len(SENTENCES)), seed=21))
+  names = iter(_names(2 * len(VOICES) * (len(WORDS) + len(SENTENCES)), seed=21))  # the same names for a subset
   rows = []
-  for item, word, phones, frequency, other, other_phones in WORDS:
+  for item, word, phones, frequency, other, other_phones in words:
     for v, voice in enumerate(VOICES):
       for text, written, sounds, correct in ((word, word, phones, 1), (other, "", other_phones, 0)):
         name = next(names)
@@ -89,7 +89,7 @@ def write_release(root: str, speech: bool = True) -> str:
                      "correct": correct})
   _write_csv(os.path.join(lexical, "gold.csv"), LEXICAL_COLUMNS, rows)
   rows = []
-  for kind, subtype, item, good, bad in SENTENCES:
+  for kind, subtype, item, good, bad in sentences:
     for v, voice in enumerate(VOICES):
       for text, correct in ((good, 1), (bad, 0)):
         name = next(names)

@@ -3,8 +3,10 @@ quantizer, then `<audio>` and `</audio>` (torchtitan/train.py expand_tokenizer_w
 scripts/convert_dcp_to_hf.py, which also writes `num_quantizers` into config.json). A tiny release so laid (a
 transformers LlamaForCausalLM with Llama-3.x's llama3 rope scaling, the tokens added as its expansion adds them)
 converts with the llama rules and gives transformers' log-probs within 1e-4; built with the `llama_mimi` spec from
-the official spoken StoryCloze layout under the utterance protocol, with codes from the project's JAX Mimi, each
-recording's score is the authors' (their eval/sStoryCloze.py, computed here on transformers' own Mimi and Llama)."""
+the official spoken StoryCloze layout, or sLM21's sWUGGY, under the utterance protocol, with codes from the project's
+JAX Mimi, each recording's score is the authors' (their eval/sStoryCloze.py's compute_loss, computed here on
+transformers' own Mimi and Llama; their eval/sLM21.py could not be fetched here, and is held to the same rule: one
+token per frame)."""
 
 from __future__ import annotations
 
@@ -113,25 +115,15 @@ def authors_loss(wave: np.ndarray, mimi, model, tokenizer) -> float:
     return model(input_ids=inputs.input_ids, labels=labels).loss.item()  # :41-42
 
 
-@pytest.mark.slow
-def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path, llama_mimi, mimi_release):
-  """The official layout (sSC/<n>_<name>.wav, recordings 2i right, 2i+1 wrong), one recording past 20 s, built with
-  the llama_mimi spec (at the tiny Mimi's codebook size) under the utterance protocol and scored: each recording's
-  mean NLL is the authors' first-quantizer loss within 1e-4, the accuracy their `neg_loss > pos_loss` count, and
-  the Table 1 file gains the model's S->S (utterance) row."""
+def spoken_stories(root) -> str:
+  """The official spoken StoryCloze layout (sSC/<n>_<name>.wav, recordings 2i right, 2i+1 wrong), one recording
+  past 20 s (the authors' cut)."""
   import soundfile
 
-  from s2sjax.data.builds import Variants
-  from s2sjax.commands.eval import EvalConfig, run
-  from s2sjax.scoring.evaluator import ScoringOptions
-  from tasks.audio.base import load_audio
-  from tasks.preparation import prepare
-  from tasks.release import read_questions
   from tasks.sample import RELEASE_DIR
 
-  source, model, tokenizer, ckpt = llama_mimi
   speech = os.path.join(RELEASE_DIR, "StoryCloze", "s-story-firstspeech")
-  folder = tmp_path / "release" / "sSC"
+  folder = root / "sSC"
   folder.mkdir(parents=True)
   for n, name in enumerate(["0.wav", "2.wav", "4.wav", "6.wav"]):
     shutil.copy(os.path.join(speech, name), folder / f"{n}_story{n // 2}.wav")
@@ -139,30 +131,72 @@ def test_spoken_storycloze_scores_each_recording_as_the_authors_script(tmp_path,
   assert len(long) > 21 * 16000
   soundfile.write(folder / "4_story2.wav", long, 16000, subtype="FLOAT")
   shutil.copy(os.path.join(speech, "8.wav"), folder / "5_story2.wav")
+  return str(root)
+
+
+def spoken_words(root) -> str:
+  """sLM21's sWUGGY layout (tests/slm21_fixture.py), three words in two voices spoken by espeak-ng."""
+  from tests.slm21_fixture import WORDS, write_release
+
+  return write_release(str(root), words=WORDS[:3], sentences=())
+
+
+def authors_accuracy(task: str, expected: np.ndarray, n_tokens: np.ndarray, questions) -> float:
+  """The accuracy from the authors' per-recording losses: their `neg_loss > pos_loss` count for spoken StoryCloze
+  (sStoryCloze.py:109); for sWUGGY, the recordings' log-probabilities (their mean loss times the tokens it averages)
+  compared as zrc compares them, ties half, averaged over voices per id, then over ids (tasks/lm/lexical.py:79-91)."""
+  if task == "spoken_sstorycloze":
+    return float((expected[:, 1] > expected[:, 0]).mean())
+  summed = expected * n_tokens
+  pair = (summed[:, 0] < summed[:, 1]) + 0.5 * (summed[:, 0] == summed[:, 1])
+  by_id: dict[str, list[float]] = {}
+  for question, value in zip(questions, pair):
+    by_id.setdefault(question.labels["id"], []).append(value)
+  return float(np.mean([np.mean(v) for v in by_id.values()]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, write_release", [("spoken_sstorycloze", spoken_stories), ("swuggy", spoken_words)])
+def test_each_recording_is_scored_as_the_authors_script(tmp_path, llama_mimi, mimi_release, task, write_release):
+  """A release of whole recordings (spoken StoryCloze's official layout; sLM21's sWUGGY), built with the llama_mimi
+  spec (at the tiny Mimi's codebook size) under the utterance protocol and scored: each recording's mean NLL is the
+  authors' first-quantizer loss within 1e-4 (one token per frame, `2::num_quantizers`), the accuracy theirs by the
+  task's rule, and the Table 1 file gains the model's S->S (utterance) row."""
+  from s2sjax.data.builds import Variants
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from tasks.audio.base import load_audio
+  from tasks.preparation import prepare
+  from tasks.release import read_questions
+
+  source, model, tokenizer, ckpt = llama_mimi
+  release = write_release(tmp_path / "release")
   fields = yaml.safe_load(open(os.path.join(SPECS_DIR, "llama_mimi.yaml")))
   spec = tmp_path / "llama_mimi_tiny.yaml"
   spec.write_text(yaml.safe_dump(dict(fields, name="llama_mimi_tiny", codebook_sizes=[CODES] * QUANTIZERS)))
 
   data, out = str(tmp_path / "data"), str(tmp_path / "out")
-  prepare("spoken_sstorycloze", str(spec), "s2s", None, data, manual_dir=str(tmp_path / "release"),
-          variants=Variants(protocol="utterance"), tokenizer_dir=source, audio_tokenizer_dir=mimi_release["folder"])
-  run(EvalConfig(tasks=("spoken_sstorycloze",), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt,
-                 spec=str(spec), data_dir=data, output_dir=out, ties="reference", chunk_rows=2,
-                 scoring=ScoringOptions(batch_size=2)))
-  scores_file = os.path.join(out, "ckpt", "spoken_sstorycloze-s2s_utterance.scores.jsonl")
-  lines = {(line["question"], line["candidate"]): line for line in map(json.loads, open(scores_file))}
+  prepare(task, str(spec), "s2s", None, data, manual_dir=release, variants=Variants(protocol="utterance"),
+          tokenizer_dir=source, audio_tokenizer_dir=mimi_release["folder"])
+  run(EvalConfig(tasks=(task,), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt, spec=str(spec),
+                 data_dir=data, output_dir=out, ties="reference" if task == "spoken_sstorycloze" else None,
+                 chunk_rows=2, scoring=ScoringOptions(batch_size=2)))
+  scores_file = os.path.join(out, "ckpt", f"{task}-s2s_utterance.scores.jsonl")
+  lines = [json.loads(line) for line in open(scores_file)]
+  by_candidate = {(line["question"], line["candidate"]): line for line in lines}
 
   mimi = mimi_release["transformers"]
-  ours, expected = np.zeros((3, 2)), np.zeros((3, 2))
-  for q, question in enumerate(read_questions("spoken_sstorycloze", str(tmp_path / "release"))):
+  questions = read_questions(task, release)
+  ours, expected, n_tokens = (np.zeros((len(questions), 2)) for _ in range(3))
+  for q, question in enumerate(questions):
     for c, path in enumerate(question.candidate_audio_paths):
       wave = load_audio(path, SAMPLE_RATE)
       expected[q, c] = authors_loss(wave, mimi, model, tokenizer)
-      line = lines[(question.id, c)]
+      line = by_candidate[(question.id, c)]
       frames = -(-min(len(wave), 20 * SAMPLE_RATE) // 1920)
       assert line["n_tokens"] == frames + 1  # each frame's first quantizer, and </audio>
-      ours[q, c] = line["nll_sum"] / line["n_tokens"]
+      ours[q, c], n_tokens[q, c] = line["nll_sum"] / line["n_tokens"], line["n_tokens"]
   assert np.abs(ours - expected).max() < 1e-4
-  accuracy = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["spoken_sstorycloze"]
-  assert accuracy["s2s_utterance"]["accuracy"] == pytest.approx((expected[:, 1] > expected[:, 0]).mean())  # :109
+  accuracy = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"][task]["s2s_utterance"]["accuracy"]
+  assert accuracy == pytest.approx(authors_accuracy(task, expected, n_tokens, questions), abs=1e-6)
   assert "| ckpt | S→S (utterance) |" in open(os.path.join(out, "table.md")).read()
