@@ -206,3 +206,45 @@ def test_metrics_average_voices_per_id_then_ids_and_t2t_meets_the_utterance_prot
                                           "1-5": {"n": 2, "accuracy": 0.75, "std": pytest.approx(0.5 ** 0.5 / 2)}}
   assert metrics["by_in_vocabulary"]["yes"]["accuracy"] == 0.75
   assert summary["degradation"]["swuggy"]["s2s_utterance_vs_t2t"]["degradation"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_unit_lm_scores_each_sblimp_recording_by_its_log_probability(tmp_path):
+  """A TWIST-style unit LM (SlamKit's layout of the mel k-means units, tests/test_spoken_storycloze.unit_lm): each
+  recording `<bos> units <eos>` scored whole, its summed NLL the naive transformers forward's within 1e-4, and the
+  accuracy zrc's arithmetic on those sums (by position pairs, voices averaged per item)."""
+  import soundfile
+  import torch
+
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.data.builds import Variants
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from tasks.audio.mel_kmeans import MelKmeansTokenizer
+  from tasks.preparation import prepare
+  from tasks.sample import MEL_KMEANS_CODEBOOK
+  from tests.test_spoken_storycloze import unit_lm
+
+  release = write_release(str(tmp_path / "sLM21"), words=(), sentences=SENTENCES[:3])
+  spec, model, ckpt = unit_lm(tmp_path)
+  data, out = str(tmp_path / "data"), str(tmp_path / "out")
+  prepare("sblimp", str(spec), "s2s", 1024, data, manual_dir=release, variants=Variants(protocol="utterance"))
+  run(EvalConfig(tasks=("sblimp",), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt, spec=str(spec),
+                 data_dir=data, output_dir=out, row_length=1024, chunk_rows=2, scoring=ScoringOptions(batch_size=2)))
+  lines = {(line["question"], line["candidate"]): line
+           for line in map(json.loads, open(os.path.join(out, "unit_lm", "sblimp-s2s_utterance.scores.jsonl")))}
+  tokenizer = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
+  questions = read_questions("sblimp", release)
+  naive = np.zeros((len(questions), 2))
+  for q, question in enumerate(questions):
+    for c, path in enumerate(question.candidate_audio_paths):
+      ids = [1] + (2 + tokenizer.encode(soundfile.read(path, dtype="float32")[0], "x")[:, 0]).tolist() + [1]
+      with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+      naive[q, c] = -float(sum(log_probs[j, ids[j + 1]] for j in range(len(ids) - 1)))
+      assert abs(lines[(question.id, c)]["nll_sum"] - naive[q, c]) < 1e-4 * len(ids)
+  pair = (naive[:, 0] < naive[:, 1]) + 0.5 * (naive[:, 0] == naive[:, 1])
+  by_item: dict[str, list[float]] = {}
+  for question, value in zip(questions, pair):
+    by_item.setdefault(question.labels["item"], []).append(value)
+  accuracy = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["sblimp"]["s2s_utterance"]
+  assert accuracy["accuracy"] == pytest.approx(np.mean([np.mean(v) for v in by_item.values()]))
