@@ -248,3 +248,43 @@ def test_a_unit_lm_scores_each_sblimp_recording_by_its_log_probability(tmp_path)
     by_item.setdefault(question.labels["item"], []).append(value)
   accuracy = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["sblimp"]["s2s_utterance"]
   assert accuracy["accuracy"] == pytest.approx(np.mean([np.mean(v) for v in by_item.values()]))
+
+
+def test_the_submission_names_what_an_output_directory_lacks(tmp_path):
+  from s2sjax.results import zerospeech
+
+  (tmp_path / "out" / "ckpt").mkdir(parents=True)
+  (tmp_path / "out" / "ckpt" / "run.json").write_text("{}")
+  with pytest.raises(zerospeech.SubmissionError, match=r"ckpt/swuggy-s2s_utterance\.scores\.jsonl does not exist: "
+                                                       r"score swuggy into this output directory first"):
+    zerospeech.write_submission(str(tmp_path / "out"), str(tmp_path / "submission"))
+  with pytest.raises(zerospeech.SubmissionError, match=r"holds no run 'other' \(runs: ckpt\)"):
+    zerospeech.write_submission(str(tmp_path / "out"), str(tmp_path / "submission"), checkpoint="other")
+
+
+@pytest.mark.slow
+def test_the_default_model_scores_each_sblimp_sentence_alone_as_transformers(tmp_path, smollm2_transformers):
+  """T->T with the embedded default model (SmolLM2-135M-Instruct): each sentence scored after the tokenizer's bos
+  (lm-eval's HFLM.prefix_token_id for an empty context), its summed NLL transformers' within 1e-4 per token."""
+  import torch
+
+  from s2sjax.commands.default_checkpoint import default_checkpoint
+  from s2sjax.commands.eval import EvalConfig, run
+  from tasks.preparation import prepare
+
+  model, tokenizer = smollm2_transformers
+  ckpt = default_checkpoint()
+  release = write_release(str(tmp_path / "sLM21"), speech=False, words=(), sentences=SENTENCES[:2])
+  data, out = str(tmp_path / "data"), str(tmp_path / "out")
+  prepare("sblimp", "demo", "t2t", None, data, manual_dir=release, tokenizer_dir=os.path.join(ckpt, "tokenizer"))
+  run(EvalConfig(tasks=("sblimp",), modalities=("t2t",), checkpoints=ckpt, data_dir=data, output_dir=out,
+                 chunk_rows=2))
+  (folder,) = [p for p in os.listdir(out) if os.path.exists(os.path.join(out, p, "run.json"))]
+  lines = list(map(json.loads, open(os.path.join(out, folder, "sblimp-t2t.scores.jsonl"))))
+  assert len(lines) == 2 * len(VOICES) * 2
+  for line in lines:
+    ids = [tokenizer.bos_token_id] + tokenizer(line["text"], add_special_tokens=False).input_ids
+    with torch.no_grad():
+      log_probs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    expected = -float(sum(log_probs[j, ids[j + 1]] for j in range(len(ids) - 1)))
+    assert line["n_tokens"] == len(ids) - 1 and abs(line["nll_sum"] - expected) < 1e-4 * len(ids)

@@ -85,12 +85,15 @@ def write_submission(output_dir: str, submission_dir: str, checkpoint: str | Non
   `splits`; returns the files written."""
   out = epath.Path(output_dir)
   folders = sorted(p.parent.name for p in out.glob("*/run.json"))
+  if not folders:
+    raise SubmissionError(f"{output_dir} holds no run (no <checkpoint>/run.json): score sWUGGY and sBLIMP into it with "
+                          "s2sjax.eval first")
   if checkpoint is None:
     if len(folders) != 1:
-      raise SubmissionError(f"{output_dir} holds the runs {folders or 'none'}: name one with --checkpoint")
+      raise SubmissionError(f"{output_dir} holds the runs {', '.join(folders)}: name one with --checkpoint")
     checkpoint = folders[0]
   elif checkpoint not in folders:
-    raise SubmissionError(f"{output_dir} holds no run {checkpoint!r} (runs: {', '.join(folders) or 'none'})")
+    raise SubmissionError(f"{output_dir} holds no run {checkpoint!r} (runs: {', '.join(folders)})")
   written = []
   for folder in TASKS:
     for split in splits:
