@@ -10,7 +10,7 @@ newer one (startup.py:28-29, networkio.py:32-61); and `datasets/sLM21-dataset/in
 naming the gold files and the recordings (it never opens a wav: validation reads their names, scoring gold.csv and
 the scores). `zrc submission:verify` fails on 0.9.4; validation runs inside `zrc benchmarks:run`
 (cmd/benchmarks.py:77-84), which writes its figures as CSVs into the submission's `scores/` (tasks/lm/lexical.py:
-173-189, tasks/lm/syntactic.py:324-332).
+173-189, tasks/lm/syntactic.py:111-119).
 """
 
 from __future__ import annotations

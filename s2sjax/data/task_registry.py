@@ -162,7 +162,7 @@ register(Task(
 # score is its log-probability, so a candidate's loss is its summed NLL (the ZeroSpeech 2021 baseline writes a
 # recording's summed (pseudo) log-probability: zerospeech2021_baseline scripts/compute_proba_BERT.py), a tie counts
 # half (tasks/lm/lexical.py:79-82), sWUGGY's pairs are averaged over voices per id and sBLIMP's per (type, subtype,
-# id) (lexical.py:86-91, syntactic.py:35-40). Sizes: the pair counts of ZeroSpeech 2021's paper, for planning only.
+# id) (lexical.py:86-91, syntactic.py:35-40). Sizes: rough pair counts (pairs x voices), for planning only.
 def _register_slm21(split: str, swuggy_pairs: int, sblimp_pairs: int) -> None:
   suffix = "" if split == "dev" else f"_{split}"
   register(Task(

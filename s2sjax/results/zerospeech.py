@@ -7,7 +7,9 @@ laid out as zerospeech-benchmarks 0.9.4 (`zrc`) loads, validates and scores it (
     DIR/syntactic/dev.txt   the same per sBLIMP recording (sLM21.py:557-563)
 
 (`test.txt` from the `_test` tasks.) zrc requires exactly the dataset's recordings, each once, with a float score
-(sLM21.py:34-59, 213-238), and writes its own params.yaml when there is none (sLM21.py:544-545). A recording's score
+(sLM21.py:34-59, 213-238), in any order (it aligns them to gold.csv by name, keeping the gold's order:
+tasks/lm/lexical.py:37, tasks/lm/syntactic.py:66), and writes its own params.yaml when there is none
+(sLM21.py:544-545). A recording's score
 is minus its loss as the task forms it (`s2sjax.data.metrics.candidate_loss`: sWUGGY's and sBLIMP's summed NLL, so
 the score is the recording's log-probability: higher, more probable, as zrc compares them, tasks/lm/lexical.py:79-82),
 written in full (`repr`), so that zrc's comparisons, ties included, are s2sjax's own.
