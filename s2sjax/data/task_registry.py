@@ -165,10 +165,12 @@ register(Task(
 # per type: protosyntax and lexical, its two subtasks. Sizes are planning estimates, not the release's counts.
 register(Task(
   "prosaudit", "ProsAudit (dev)", "en", "prosaudit", "english/dev/gold.csv", "english/dev", "english/dev",
-  decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0), ties="half"))
+  decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0), ties="half", loss="sum", averaged_over="type_id",
+  breakdowns=("type",)))
 register(Task(
   "prosaudit_test", "ProsAudit (test)", "en", "prosaudit", "english/test/gold.csv", "english/test", "english/test",
-  decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0), ties="half"))
+  decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0), ties="half", loss="sum", averaged_over="type_id",
+  breakdowns=("type",)))
 # SALMon (slp-rl/salmon): one task per part, as salmon.py prints one accuracy per part (salmon.py:91-112) and its
 # leaderboard has one column each; each recording's mean NLL (its configs' and SlamKit's mean_nll: true), positive
 # against negative, ties half (salmon.py:105-107). 200 samples a part (data_generation/README.MD: --num-samples 200).
