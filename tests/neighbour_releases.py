@@ -104,16 +104,20 @@ def _halves(wave: np.ndarray, first, second) -> np.ndarray:
   return np.concatenate([first(wave[:half]), second(wave[half:])])
 
 
+def _background(wave: np.ndarray, same: tuple[int, float], other: tuple[int, float]) -> tuple[np.ndarray, np.ndarray]:
+  """One noise (seed, level) under the whole wave; the same noise, then another from halfway."""
+  noisy = lambda seed, level: lambda x: x + _noise(seed, len(x), level)
+  return noisy(*same)(wave), _halves(wave, noisy(*same), noisy(*other))
+
+
 # Per part, (positive, negative) from one spoken sentence: the positive keeps one acoustic condition throughout,
 # the negative changes it halfway (consistency) or pairs it with a mismatched one (alignment).
 SALMON_CHANGES = {
   "speaker_consistency": lambda w: (w, _halves(w, lambda x: x, lambda x: resample(x, 0.8))),
   "gender_consistency": lambda w: (w, _halves(w, lambda x: x, lambda x: resample(x, 0.7))),
   "sentiment_consistency": lambda w: (w, _halves(w, lambda x: x, lambda x: resample(x, 1.25))),
-  "bg_domain_consistency": lambda w: (w + _noise(1, len(w), 0.02),
-                                      _halves(w, lambda x: x + _noise(1, len(x), 0.02), lambda x: x + _noise(2, len(x), 0.08))),
-  "bg_all_consistency": lambda w: (w + _noise(3, len(w), 0.03),
-                                   _halves(w, lambda x: x + _noise(3, len(x), 0.03), lambda x: x + _noise(4, len(x), 0.1))),
+  "bg_domain_consistency": lambda w: _background(w, (1, 0.02), (2, 0.08)),
+  "bg_all_consistency": lambda w: _background(w, (3, 0.03), (4, 0.1)),
   "rir_consistency": lambda w: (_room(1, w), _halves(w, lambda x: _room(1, x), lambda x: _room(2, x))),
   "sentiment_alignment": lambda w: (w, resample(w, 1.3)),
   "bg_alignment": lambda w: (w + _noise(5, len(w), 0.01), w + _noise(6, len(w), 0.1)),

@@ -26,7 +26,7 @@ def release(tmp_path, speech):
 
 def test_pairs_come_in_the_toolkits_groupby_order_labelled_by_their_correct_row(release):
   root, rows = release
-  questions = read_questions("prosaudit", root)
+  questions = read_questions("prosaudit_dev", root)
   # groupby(['type', 'id']) sorts: lexical before protosyntax, ids as numbers (2 before 10), voices in file order
   assert [(q.labels["type"], q.labels["id"], q.labels["voice"]) for q in questions] == [
     ("lexical", "3", "en_f"), ("lexical", "3", "en_m"), ("lexical", "7", "en_f"), ("lexical", "7", "en_m"),
@@ -48,7 +48,7 @@ def test_pairs_are_made_by_position_not_by_id(release):
   incorrect = [r for r in rows if r["correct"] == 0]
   incorrect[0], incorrect[2] = incorrect[2], incorrect[0]
   write_gold(os.path.join(root, "english/dev/gold.csv"), correct + incorrect)
-  pairs = {q.uttids[0]: q.uttids[1] for q in read_questions("prosaudit", root)}
+  pairs = {q.uttids[0]: q.uttids[1] for q in read_questions("prosaudit_dev", root)}
   assert pairs == {r["filename"]: w["filename"] for r, w in zip(correct, incorrect)}
   assert pairs[correct[0]["filename"]] == incorrect[0]["filename"] and incorrect[0]["id"] == "2" != correct[0]["id"]
 
@@ -59,7 +59,7 @@ def test_a_wrong_layout_is_one_line_naming_the_file(release):
 
   def refused(match):
     with pytest.raises(ReleaseError, match=match) as raised:
-      read_questions("prosaudit", root)
+      read_questions("prosaudit_dev", root)
     assert "\n" not in str(raised.value)
 
   write_gold(gold, rows, columns=("filename", "correct", "id", "voice", "subtype", "transcription"))
@@ -92,12 +92,12 @@ def test_prosaudit_builds_and_scores_as_the_toolkit_from_its_scores_file(release
   shutil.copy(os.path.join(folder, f"{rows[0]['filename']}.wav"), os.path.join(folder, f"{rows[1]['filename']}.wav"))
   spec, _, ckpt = unit_lm(tmp_path)
   data, out = str(tmp_path / "data"), str(tmp_path / "out")
-  prepare("prosaudit", str(spec), "s2s", 1024, data, manual_dir=root, variants=Variants(protocol="utterance"))
-  run(EvalConfig(tasks=("prosaudit",), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt,
+  prepare("prosaudit_dev", str(spec), "s2s", 1024, data, manual_dir=root, variants=Variants(protocol="utterance"))
+  run(EvalConfig(tasks=("prosaudit_dev",), modalities=("s2s",), protocols=("utterance",), checkpoints=ckpt,
                  spec=str(spec), data_dir=data, output_dir=out, row_length=1024, chunk_rows=4,
                  scoring=ScoringOptions(batch_size=4)))
 
-  lines = [json.loads(line) for line in open(os.path.join(out, "unit_lm", "prosaudit-s2s_utterance.scores.jsonl"))]
+  lines = [json.loads(line) for line in open(os.path.join(out, "unit_lm", "prosaudit_dev-s2s_utterance.scores.jsonl"))]
   assert len(lines) == 16 and all(line["labels"]["type"] in ("lexical", "protosyntax") for line in lines)
   score = {(line["question"], line["candidate"]): -line["nll_sum"] for line in lines}
   labels = {line["question"]: line["labels"] for line in lines}
@@ -107,7 +107,7 @@ def test_prosaudit_builds_and_scores_as_the_toolkit_from_its_scores_file(release
   for q, value in pair.items():
     groups.setdefault((labels[q]["type"], labels[q]["id"]), []).append(value)
   means = {key: sum(v) / len(v) for key, v in groups.items()}
-  metrics = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["prosaudit"]["s2s_utterance"]
+  metrics = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["prosaudit_dev"]["s2s_utterance"]
   assert metrics["accuracy"] == pytest.approx(sum(means.values()) / 4) and metrics["ties"] == 1
   assert list(metrics["by_type"]) == ["lexical", "protosyntax"]
   for kind in ("lexical", "protosyntax"):

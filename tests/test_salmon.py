@@ -64,7 +64,8 @@ def test_two_parts_build_and_score_as_salmon_from_their_scores_files(tmp_path, s
 
   parts = ("speaker_consistency", "bg_alignment")
   root = write_salmon(str(tmp_path / "salmon"), speech, parts=parts)
-  shutil.copy(os.path.join(root, "bg_alignment", "sample_2_0.wav"), os.path.join(root, "bg_alignment", "sample_2_1.wav"))
+  tied = os.path.join(root, "bg_alignment")
+  shutil.copy(os.path.join(tied, "sample_2_0.wav"), os.path.join(tied, "sample_2_1.wav"))
   spec, _, ckpt = unit_lm(tmp_path)
   data, out = str(tmp_path / "data"), str(tmp_path / "out")
   tasks = tuple(f"salmon_{part}" for part in parts)

@@ -163,14 +163,11 @@ register(Task(
 # and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability
 # per file, the sLM21 baselines' sum, docs/prosAudit.md:27-35), ties half, averaged over voices per (type, id), then
 # per type: protosyntax and lexical, its two subtasks. Sizes are planning estimates, not the release's counts.
-register(Task(
-  "prosaudit", "ProsAudit (dev)", "en", "prosaudit", "english/dev/gold.csv", "english/dev", "english/dev",
-  decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0), ties="half", loss="sum", averaged_over="type_id",
-  breakdowns=("type",)))
-register(Task(
-  "prosaudit_test", "ProsAudit (test)", "en", "prosaudit", "english/test/gold.csv", "english/test", "english/test",
-  decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0), ties="half", loss="sum", averaged_over="type_id",
-  breakdowns=("type",)))
+for _subset in ("dev", "test"):
+  register(Task(
+    f"prosaudit_{_subset}", f"ProsAudit ({_subset})", "en", "prosaudit", f"english/{_subset}/gold.csv",
+    f"english/{_subset}", f"english/{_subset}", decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0),
+    ties="half", loss="sum", averaged_over="type_id", breakdowns=("type",)))
 # SALMon (slp-rl/salmon): one task per part, as salmon.py prints one accuracy per part (salmon.py:91-112) and its
 # leaderboard has one column each; each recording's mean NLL (its configs' and SlamKit's mean_nll: true), positive
 # against negative, ties half (salmon.py:105-107). 200 samples a part (data_generation/README.MD: --num-samples 200).
