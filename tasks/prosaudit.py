@@ -31,13 +31,16 @@ def read_gold(gold: str) -> list[dict]:
   if not os.path.isfile(gold):
     raise ReleaseError(f"{gold} does not exist (is --manual_dir the ProsAudit dataset, holding english/dev and "
                        "english/test?)")
-  with open(gold, newline="", encoding="utf-8") as f:
-    reader = csv.DictReader(f)
-    missing = [c for c in GOLD_COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-      raise ReleaseError(f"{gold} lacks the column(s) {', '.join(missing)}: ProsAudit's gold.csv holds "
-                         f"{', '.join(GOLD_COLUMNS)}")
-    rows = [dict(row, line=n) for n, row in enumerate(reader, 2)]
+  try:
+    with open(gold, newline="", encoding="utf-8-sig") as f:  # a byte order mark is no part of a name (as pandas)
+      reader = csv.DictReader(f)
+      missing = [c for c in GOLD_COLUMNS if c not in (reader.fieldnames or ())]
+      if missing:
+        raise ReleaseError(f"{gold} lacks the column(s) {', '.join(missing)}: ProsAudit's gold.csv holds "
+                           f"{', '.join(GOLD_COLUMNS)}")
+      rows = [dict(row, line=n) for n, row in enumerate(reader, 2)]
+  except (UnicodeDecodeError, csv.Error) as e:
+    raise ReleaseError(f"{gold} is not a UTF-8 CSV file ({e})") from None
   seen = {}
   for row in rows:
     if row["correct"] not in ("0", "1"):

@@ -72,6 +72,9 @@ def test_a_wrong_layout_is_one_line_naming_the_file(release):
   os.remove(os.path.join(folder, "stray.wav"))
   write_gold(gold, rows)  # the row is back, its recording is not
   refused(rf"gold\.csv:17: {rows[-1]['filename']}\.wav is not in .*english/dev")
+  with open(gold, "wb") as f:
+    f.write(b"filename,correct\n\xff\xfe,1\n")
+  refused(r"gold\.csv is not a UTF-8 CSV file \('utf-8' codec can't decode byte 0xff")
   with pytest.raises(ReleaseError, match=r"english/test/gold\.csv does not exist \(is --manual_dir the ProsAudit"):
     read_questions("prosaudit_test", root)
 
