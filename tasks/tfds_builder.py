@@ -41,7 +41,6 @@ from tasks import audio
 from tasks.build import PositionLimit, QuestionEncoder, build_rows, position_limit
 from tasks.release import Problems, ReleaseError, check_asked, read_questions, release_paths, source_fingerprint
 from tasks.sample import RELEASE_DIR
-from tasks import zerospeech  # noqa: F401 (registers the sLM21 release readers)
 
 ROW_LENGTHS = (1024, 2048)
 VERSION = tfds.core.Version(DATA_VERSION)

@@ -36,7 +36,7 @@ import csv
 import os
 
 from s2sjax.data import task_registry
-from tasks.release import Problems, Question, ReleaseError, ReleasePaths, ReleaseReader, register
+from tasks.release import Problems, Question, ReleaseError, ReleasePaths
 
 LEXICAL_COLUMNS = ("id", "filename", "voice", "frequency", "word", "phones", "length", "correct")
 SYNTACTIC_COLUMNS = ("id", "filename", "voice", "type", "subtype", "transcription", "correct")
@@ -147,7 +147,3 @@ def read_syntactic(record: task_registry.Task, paths: ReleasePaths, collect: Pro
                            "transcription", {"id": good["id"], "voice": good["voice"], "type": good["type"],
                                              "subtype": good["subtype"], "item": item}))
   return questions
-
-
-register(ReleaseReader("slm21_lexical", read_lexical))
-register(ReleaseReader("slm21_syntactic", read_syntactic))

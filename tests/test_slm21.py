@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from s2sjax.data import task_registry
-from tasks import tfds_builder  # noqa: F401 (the build registers the sLM21 readers)
 from tasks.release import ReleaseError, check_asked, read_questions
 from tasks.zerospeech import frequency_band
 from tests.slm21_fixture import SENTENCES, VOICES, WORDS, write_release

@@ -66,6 +66,15 @@ RELEASE_FORMATS.register(ReleaseFormat(
 RELEASE_FORMATS.register(ReleaseFormat(
   "slm21_syntactic", "grammatical against ungrammatical sentences, recordings paired by position in gold.csv",
   modalities=("t2t", "s2s"), protocols=("utterance",)))
+# The spoken-LM neighbours, read as their own toolkits read them (tasks/prosaudit.py, tasks/salmon.py): whole
+# recordings in pairs, no prefix; their transcriptions (ProsAudit's) are the same words in both, so only S->S asks
+# anything.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "prosaudit", "ZeroSpeech ProsAudit: a folder of recordings and its gold.csv, pairs of one sentence with a pause "
+  "at a natural and an unnatural place", modalities=("s2s",), protocols=("utterance",)))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "salmon", "a SALMon part: sample_<i>_0.wav (positive) and sample_<i>_1.wav (negative), whole recordings",
+  modalities=("s2s",), protocols=("utterance",), index="folder"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,3 +186,24 @@ def _register_slm21(split: str, swuggy_pairs: int, sblimp_pairs: int) -> None:
 
 _register_slm21("dev", 20000, 6300)
 _register_slm21("test", 60000, 18900)
+
+# ZeroSpeech's ProsAudit (zerospeech-benchmarks 0.9.4, zerospeech/tasks/lm/prosody.py): the dataset's english/dev
+# and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability
+# per file, the sLM21 baselines' sum, docs/prosAudit.md:27-35), ties half, averaged over voices per (type, id), then
+# per type: protosyntax and lexical, its two subtasks. Sizes are planning estimates, not the release's counts.
+for _subset in ("dev", "test"):
+  register(Task(
+    f"prosaudit_{_subset}", f"ProsAudit ({_subset})", "en", "prosaudit", f"english/{_subset}/gold.csv",
+    f"english/{_subset}", f"english/{_subset}", decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0),
+    ties="half", loss="sum", averaged_over="type_id", breakdowns=("type",)))
+# SALMon (slp-rl/salmon): one task per part, as salmon.py prints one accuracy per part (salmon.py:91-112) and its
+# leaderboard has one column each; each recording's mean NLL (its configs' and SlamKit's mean_nll: true), positive
+# against negative, ties half (salmon.py:105-107). 200 samples a part (data_generation/README.MD: --num-samples 200).
+SALMON_PARTS = {  # folder -> the leaderboard's column, in salmon.py's order (salmon.py:78-87)
+  "bg_alignment": "Background Alignment", "bg_all_consistency": "Background Consistency (Random)",
+  "bg_domain_consistency": "Background Consistency (In-Domain)", "gender_consistency": "Gender Consistency",
+  "rir_consistency": "Room Consistency", "sentiment_alignment": "Sentiment Alignment",
+  "sentiment_consistency": "Sentiment Consistency", "speaker_consistency": "Speaker Consistency"}
+for _part, _title in SALMON_PARTS.items():
+  register(Task(f"salmon_{_part}", f"SALMon {_title}", "en", "salmon", _part, _part, _part, decision="pair",
+                candidates=2, sizes=PlannerSizes(200, 0, 0, 5.0), ties="half"))
