@@ -32,8 +32,9 @@ def _source_lines(task):
     return [json.loads(line) for line in f]
 
 
+# every task of the bundled sample's jsonl layouts (the formats whose index is lines of questions)
 @pytest.mark.parametrize("task, modality", [(task, modality) for task in task_registry.names() for modality in ("t2t", "s2t")
-                                            if task_registry.get(task).has_text]
+                                            if task_registry.get(task).release.lines_per_question]
                          + [("sstorycloze", "t2s"), ("scmmlu", "s2s")])
 def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality, qwen_tokenizer_dir):
   data_dir = str(tmp_path_factory.getbasetemp() / "data")

@@ -178,8 +178,8 @@ def benchmark_flops(config: ModelConfig, frame_rate: float, row_length: int, pac
   out = {}
   for task in task_registry.names():
     record = task_registry.get(task)
-    if not record.has_text:  # asked S->S only (the utterance protocol), not the T->T / S->T planned here
-      continue
+    if not {"t2t", "s2t"} <= set(record.release.modalities):  # planned here: S2SBench's T->T and S->T, not a
+      continue  # release asked S->S only (the utterance protocol) or T->T and S->S (sLM21)
     sizes = record.sizes
     scored = record.candidates * sizes.candidate_tokens
     laid = record.candidates * (sizes.candidate_tokens - 1)
