@@ -35,6 +35,9 @@ class ReleaseFormat:
   protocols: tuple[str, ...] | None = None
   index: str = "file"
   lines_per_question: int | None = None
+  # Its questions are pairs of whole recordings that a toolkit compares one against the other (SlamKit's): each
+  # scores file gets a per-pair file beside it in that toolkit's terms (s2sjax/results/pair_items.py).
+  pair_items: bool = False
 
   def __post_init__(self):
     if self.index not in ("file", "folder") or not set(self.modalities) <= set(modalities.NAMES):
@@ -57,7 +60,12 @@ RELEASE_FORMATS.register(ReleaseFormat(
   "multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, answer`", lines_per_question=1))
 RELEASE_FORMATS.register(ReleaseFormat(
   "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
-  protocols=("utterance",), index="folder"))
+  protocols=("utterance",), index="folder", pair_items=True))
+# SlamKit's cross-modal StoryCloze folders (tasks/release.py read_cross_modal_pairs): every story's prefix and
+# endings spoken and written, so every modality can be asked.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "cross_modal_pairs", "stories as SlamKit's cross-modal folders, <base>_{mutual,correct,incorrect}.{wav,txt}",
+  index="folder", pair_items=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,3 +142,19 @@ register(Task(
 register(Task(
   "spoken_tstorycloze", "SpokenStoryCloze tSC", "en", "spoken_pairs", "tSC", "tSC", "tSC", decision="pair",
   candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+# SlamKit's other StoryCloze layouts (slp-rl/slamkit config/metric/): the multi-speaker folders (ms_ssc.yaml,
+# ms_tsc.yaml: `subfolder: true`, a folder of speakers' folders, read as spoken_pairs) and the cross-modal stories
+# (cm_ms_tsc.yaml: cross_ms_tSC, a folder of folders of <base>_{mutual,correct,incorrect}.{wav,txt}; its sSC
+# counterpart is named here by the same pattern). Scored as SlamKit scores them: ties half, each candidate's mean NLL.
+register(Task(
+  "spoken_ms_sstorycloze", "SpokenStoryCloze ms-sSC", "en", "spoken_pairs", "ms_sSC", "ms_sSC", "ms_sSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+register(Task(
+  "spoken_ms_tstorycloze", "SpokenStoryCloze ms-tSC", "en", "spoken_pairs", "ms_tSC", "ms_tSC", "ms_tSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+register(Task(
+  "cm_sstorycloze", "cross-modal sSC", "en", "cross_modal_pairs", "cross_ms_sSC", "cross_ms_sSC", "cross_ms_sSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half"))
+register(Task(
+  "cm_tstorycloze", "cross-modal tSC", "en", "cross_modal_pairs", "cross_ms_tSC", "cross_ms_tSC", "cross_ms_tSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half"))

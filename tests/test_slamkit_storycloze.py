@@ -1,0 +1,139 @@
+"""SlamKit's StoryCloze layouts and arithmetic (slp-rl/slamkit 388b402): the multi-speaker folders of whole stories
+(config/metric/ms_tsc.yaml, `subfolder: true`), the cross-modal stories (slamkit/metric/cross_modal_metric.py:
+`<base>_{mutual,correct,incorrect}.{wav,txt}` in a speaker's folder), each read, built in every modality and scored
+on tiny models; and the per-pair file in SlamKit's terms against its arithmetic on hand-set log-probs."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import soundfile
+
+from s2sjax.data import metrics, task_registry
+from s2sjax.data.questions import QuestionScores
+from s2sjax.results.pair_items import pair_lines, slamkit_accuracy
+from tasks.release import ReleaseError, read_questions
+from tasks.sample import RELEASE_DIR
+
+STORIES = os.path.join(RELEASE_DIR, "StoryCloze")
+
+
+def sample_lines() -> list[dict]:
+  with open(os.path.join(STORIES, "sStory_s2t.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def write_cross_modal(root, speakers=("spk_a", "spk_b"), stories=2, folder="cross_ms_tSC") -> str:
+  """SlamKit's cross-modal layout, `<folder>/<speaker>/<base>_{mutual,correct,incorrect}.{wav,txt}`, from the
+  bundled sample's stories: story k's first half (its spoken prefix and text), its right ending (line 2k) and its
+  wrong one (line 2k+1), each spoken by the sample's espeak-ng. Texts end in a newline, as a file written by
+  `print` does: SlamKit strips it."""
+  lines = sample_lines()
+  k = 0
+  for speaker in speakers:
+    os.makedirs(os.path.join(root, folder, speaker))
+    for _ in range(stories):
+      right, wrong = lines[2 * k], lines[2 * k + 1]
+      parts = {"mutual": (f"s-story-firstspeech/{2 * k}.wav", right["first"]),
+               "correct": (f"s-story-lastspeech/{2 * k}.wav", right["last"]),
+               "incorrect": (f"s-story-lastspeech/{2 * k + 1}.wav", wrong["last"])}
+      for part, (wav, text) in parts.items():
+        base = os.path.join(root, folder, speaker, f"{k}_{part}")
+        shutil.copy(os.path.join(STORIES, wav), base + ".wav")
+        with open(base + ".txt", "w", encoding="utf-8") as f:
+          f.write(text + "\n")
+      k += 1
+  return str(root)
+
+
+def write_multi_speaker(root, folder="ms_tSC") -> str:
+  """SlamKit's multi-speaker layout (ms_tsc.yaml: `subfolder: true`): a folder per speaker of whole stories
+  `<n>_<...>.wav`, numbered within it, 2i right and 2i+1 wrong."""
+  speech = os.path.join(STORIES, "s-story-firstspeech")
+  for speaker, names in (("spk_b", ["1_x.wav", "0_x.wav", "10_y.wav", "11_y.wav"]), ("spk_a", ["0_z.wav", "1_z.wav"])):
+    os.makedirs(os.path.join(root, folder, speaker))
+    for n, name in enumerate(names):
+      shutil.copy(os.path.join(speech, f"{2 * n}.wav"), os.path.join(root, folder, speaker, name))
+  return str(root)
+
+
+def test_cross_modal_stories_are_read_as_slamkits_dataset_gives_them(tmp_path):
+  """Each `<base>_correct.wav` a story (cross_modal_metric.py:18-23), its prompt `_mutual`, the endings `_correct`
+  (the positive) and `_incorrect`, the text of each .txt stripped (:33-35); speakers' folders in name order."""
+  release = write_cross_modal(tmp_path)
+  questions = read_questions("cm_tstorycloze", release)
+  lines = sample_lines()
+  assert [q.id for q in questions] == ["spk_a/0", "spk_a/1", "spk_b/2", "spk_b/3"]
+  for k, q in enumerate(questions):
+    assert q.prefixes == (lines[2 * k]["first"],) * 2 and q.correct == 0
+    assert q.candidates == (lines[2 * k]["last"], lines[2 * k + 1]["last"])
+    assert q.uttids == (f"{q.id}_correct", f"{q.id}_incorrect")
+    assert q.audio_paths[0].endswith(f"cross_ms_tSC/{q.id}_mutual.wav") and q.audio_paths[0] == q.audio_paths[1]
+    assert [p[len(release):] for p in q.candidate_audio_paths] == [f"/cross_ms_tSC/{q.id}_correct.wav",
+                                                                  f"/cross_ms_tSC/{q.id}_incorrect.wav"]
+
+
+def test_multi_speaker_folders_pair_within_each_speaker_by_number(tmp_path):
+  """modelling_metric.py:16-19: each subfolder's recordings sorted by their number, pairs 2i / 2i+1."""
+  questions = read_questions("spoken_ms_tstorycloze", write_multi_speaker(tmp_path))
+  assert [q.uttids for q in questions] == [("spk_a/0_z", "spk_a/1_z"), ("spk_b/0_x", "spk_b/1_x"),
+                                           ("spk_b/10_y", "spk_b/11_y")]
+  assert [q.id for q in questions] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("damage, message", [
+  (lambda d: os.remove(d / "spk_b" / "3_incorrect.txt"), r"spk_b/3_incorrect\.txt is missing: every story"),
+  (lambda d: shutil.copy(d / "spk_a" / "0_mutual.wav", d / "spk_a" / "9_incorrect.wav"),
+   r"spk_a/9_incorrect\.wav: not one of a story's files"),
+  (lambda d: shutil.copy(d / "spk_a" / "0_mutual.wav", d / "0_correct.wav"),
+   r"cross_ms_tSC/0_correct\.wav: a recording beside the folders \['spk_a', 'spk_b'\]"),
+  (lambda d: (d / "spk_a" / "1_correct.txt").write_text(" \n"), r"spk_a/1_correct\.txt: empty text"),
+])
+def test_a_wrong_cross_modal_layout_is_one_line_naming_the_file(tmp_path, damage, message):
+  folder = tmp_path / "cross_ms_tSC"
+  write_cross_modal(tmp_path)
+  damage(folder)
+  with pytest.raises(ReleaseError, match=message) as error:
+    read_questions("cm_tstorycloze", str(tmp_path))
+  assert len(str(error.value).splitlines()) <= 2  # the file's line, and for a bad text the problem under it
+
+
+def test_an_odd_speaker_folder_is_refused_naming_it(tmp_path):
+  """SlamKit concatenates the speakers' recordings before pairing (modelling_metric.py:17-19), so an odd folder
+  would pair one speaker's ending with another's story: refused."""
+  write_multi_speaker(tmp_path)
+  os.remove(tmp_path / "ms_tSC" / "spk_a" / "1_z.wav")
+  with pytest.raises(ReleaseError, match=r"ms_tSC/spk_a holds 1 recordings: an odd count leaves 0_z\.wav"):
+    read_questions("spoken_ms_tstorycloze", str(tmp_path))
+
+
+def hand_scores(log_probs: list[tuple[list[float], list[float]]]) -> QuestionScores:
+  """Scores of pairs whose tokens' log-probs are given (positive, negative): what the scorer sums."""
+  nll = np.array([[-sum(p), -sum(n)] for p, n in log_probs])
+  tokens = np.array([[len(p), len(n)] for p, n in log_probs])
+  n = len(log_probs)
+  names = tuple((f"{2 * q}_s", f"{2 * q + 1}_s") for q in range(n))  # a spoken_pairs question's: its stems
+  return QuestionScores(tuple(map(str, range(n))), names, names, np.zeros(n, np.int64), nll, tokens)
+
+
+def test_pair_lines_are_slamkits_arithmetic_on_the_same_log_probs():
+  """SlamKit's log_likelihood is minus calc_nll (unit_lm.py:184-194): the mean of the scored tokens' NLL with
+  mean_nll (its default), the sum without; res is 1 / 0.5 / 0 by `>`, `==`, `<` (modelling_metric.py:91-94) and
+  the printed number their mean (:98-99). Pair 0: mean -7/6 vs -1.5 (right by the mean) but sum -3.5 vs -3.0
+  (wrong by the sum); pair 1 the same tokens (a tie, half); pair 2 wrong by both."""
+  scores = hand_scores([([-1.0, -2.0, -0.5], [-1.5, -1.5]),
+                        ([-0.25, -0.75], [-0.25, -0.75]),
+                        ([-2.0, -2.0], [-1.0, -1.0, -1.0])])
+  by_mean = pair_lines(scores, scores.loss)
+  assert [line["positive_log_likelihood"] for line in by_mean] == pytest.approx([-3.5 / 3, -0.5, -2.0])
+  assert [line["negative_log_likelihood"] for line in by_mean] == pytest.approx([-1.5, -0.5, -1.0])
+  assert [line["result"] for line in by_mean] == [1.0, 0.5, 0.0] and slamkit_accuracy(by_mean) == pytest.approx(0.5)
+  by_sum = pair_lines(scores, scores.nll_sum)
+  assert [line["positive_log_likelihood"] for line in by_sum] == pytest.approx([-3.5, -1.0, -4.0])
+  assert [line["result"] for line in by_sum] == [0.0, 0.5, 0.0]
+  assert (by_mean[0]["positive"], by_mean[0]["negative"], by_mean[0]["positive_tokens"]) == ("0_s.wav", "1_s.wav", 3)
+  # the project's own metric under SlamKit's tie rule gives the number SlamKit prints
+  half = metrics.summarize({("spoken_tstorycloze", "s2s_utterance"): scores})["spoken_tstorycloze"]["s2s_utterance"]
+  assert half["accuracy"] == pytest.approx(slamkit_accuracy(by_mean))
