@@ -137,3 +137,125 @@ def test_pair_lines_are_slamkits_arithmetic_on_the_same_log_probs():
   # the project's own metric under SlamKit's tie rule gives the number SlamKit prints
   half = metrics.summarize({("spoken_tstorycloze", "s2s_utterance"): scores})["spoken_tstorycloze"]["s2s_utterance"]
   assert half["accuracy"] == pytest.approx(slamkit_accuracy(by_mean))
+
+
+def reference_losses(release: str, task: str, spec: str, modality: str, protocol: str, tokenizer, model) -> np.ndarray:
+  """Each candidate's mean NLL [N, 2] by a plain transformers forward over the ids the encoder lays (prefix, then
+  the candidate, whose tokens are the scored ones)."""
+  import torch
+
+  from s2sjax.data.spec import load_spec
+  from tasks.audio.mel_kmeans import MelKmeansTokenizer
+  from tasks.encoders import QuestionEncoder
+  from tasks.sample import MEL_KMEANS_CODEBOOK
+
+  loaded = load_spec(spec)
+  units = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, loaded.audio_tokenizer.get("dedup", False))
+  encoder = QuestionEncoder(loaded, modality, tokenizer, units, protocol=protocol)
+  questions = read_questions(task, release)
+  losses = np.zeros((len(questions), 2))
+  for q, question in enumerate(questions):
+    for c in range(2):
+      prefix, candidate = encoder.prefix(question, c)[0], encoder.candidate(question, c)[0]
+      ids = np.concatenate([prefix, candidate]).astype(np.int64)
+      with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.from_numpy(ids)[None]).logits[0].float(), -1).numpy()
+      targets = np.arange(len(prefix), len(ids))
+      losses[q, c] = -log_probs[targets - 1, ids[targets]].mean()
+  return losses
+
+
+def evaluate(tmp_path, tasks, modalities, protocols, spec, release, ckpt, tokenizer_dir=None) -> str:
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.data.builds import Variants
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from tasks.preparation import prepare
+
+  data, out = str(tmp_path / "data"), str(tmp_path / "out")
+  for task in tasks:
+    for modality in modalities:
+      for protocol in protocols:
+        prepare(task, spec, modality, 1024, data, manual_dir=release, variants=Variants(protocol=protocol),
+                **({"tokenizer_dir": tokenizer_dir} if tokenizer_dir else {}))
+  run(EvalConfig(tasks=tasks, modalities=modalities, protocols=protocols, checkpoints=ckpt, spec=spec,
+                 data_dir=data, output_dir=out, row_length=1024, chunk_rows=2, scoring=ScoringOptions(batch_size=2)))
+  return out
+
+
+def read_losses(path: str) -> np.ndarray:
+  lines = [json.loads(line) for line in open(path)]
+  return np.array([line["nll_sum"] / line["n_tokens"] for line in lines]).reshape(-1, 2)
+
+
+@pytest.mark.slow
+def test_cross_modal_stories_score_in_every_modality_with_pairs_files_and_the_degradation_matrix(tmp_path):
+  """The cross-modal layout built for a byte-level model (text as bytes, mel k-means unit k as id k) in T->T, S->T,
+  T->S and S->S and scored by `s2sjax.eval`: each candidate's mean NLL is a transformers forward's over the same
+  ids within 1e-4, each modality's pairs file is SlamKit's arithmetic on those scores, and metrics.json holds the
+  degradation matrix of the four."""
+  from transformers import AutoTokenizer
+
+  from checkpoints_conversion.convert import convert
+  from tests.hf_models import save_hf, tiny_model
+  from tests.stack_fixtures import BYTES_SPEC, byte_tokenizer
+
+  release = write_cross_modal(tmp_path / "release", speakers=("spk_a",), stories=3)
+  spec = tmp_path / "bytes.yaml"
+  spec.write_text(BYTES_SPEC)
+  hf = str(tmp_path / "hf")
+  model = tiny_model("qwen2", vocab_size=260)  # the 256 bytes, and room for the end token loading adds
+  save_hf(model, hf)
+  byte_tokenizer(hf)
+  convert(hf, str(tmp_path / "ckpt"))
+  everything = ("t2t", "s2t", "t2s", "s2s")
+  out = evaluate(tmp_path, ("cm_tstorycloze",), everything, ("s2sbench",), str(spec), release, str(tmp_path / "ckpt"),
+                 tokenizer_dir=hf)
+
+  tokenizer = AutoTokenizer.from_pretrained(hf)
+  run = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
+  for modality in everything:
+    scored = read_losses(os.path.join(out, "ckpt", f"cm_tstorycloze-{modality}.scores.jsonl"))
+    expected = reference_losses(release, "cm_tstorycloze", str(spec), modality, "s2sbench", tokenizer, model)
+    assert np.abs(scored - expected).max() < 1e-4, modality
+    pairs = [json.loads(line) for line in open(os.path.join(out, "ckpt", f"cm_tstorycloze-{modality}.pairs.jsonl"))]
+    assert [(p["positive"], p["negative"]) for p in pairs] == [(f"spk_a/{k}_correct.wav", f"spk_a/{k}_incorrect.wav")
+                                                             for k in range(3)]
+    assert [p["positive_log_likelihood"] for p in pairs] == pytest.approx(-expected[:, 0], abs=1e-4)
+    assert run["tasks"]["cm_tstorycloze"][modality]["accuracy"] == pytest.approx(slamkit_accuracy(pairs))
+  assert set(run["degradation"]["cm_tstorycloze"]) == {"s2t_vs_t2t", "t2s_vs_t2t", "s2s_vs_t2t", "s2s_vs_s2t"}
+
+
+@pytest.mark.slow
+def test_slamkits_speech_to_speech_scores_each_story_whole_as_its_unit_lm(tmp_path):
+  """S->S as SlamKit scores it for a unit LM (`<S> units <S>`, unit_tokeniser.py:43-46; the mean NLL of every token
+  after the first, unit_lm.py:184-194): the cross-modal story's prompt and ending one recording, their waves
+  joined (cross_modal_metric.py:55-58), and the multi-speaker folders' whole stories; each within 1e-4 of a
+  transformers forward, ties counted half (modelling_metric.py:93)."""
+  from tests.test_spoken_storycloze import unit_lm
+
+  release = write_cross_modal(tmp_path / "release", speakers=("spk_a",), stories=2)
+  write_multi_speaker(tmp_path / "release")
+  spec, model, ckpt = unit_lm(tmp_path)
+  tasks = ("cm_tstorycloze", "spoken_ms_tstorycloze")
+  out = evaluate(tmp_path, tasks, ("s2s",), ("utterance",), str(spec), release, ckpt)
+  run = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
+  for task in tasks:
+    scored = read_losses(os.path.join(out, "unit_lm", f"{task}-s2s_utterance.scores.jsonl"))
+    expected = reference_losses(release, task, str(spec), "s2s", "utterance", None, model)
+    assert np.abs(scored - expected).max() < 1e-4, task
+    pairs = [json.loads(line) for line in open(os.path.join(out, "unit_lm", f"{task}-s2s_utterance.pairs.jsonl"))]
+    assert [p["result"] for p in pairs] == [1.0 if p < n else 0.5 if p == n else 0.0 for p, n in expected]
+    assert run["tasks"][task]["s2s_utterance"]["tie_rule"] == "half"
+  # the cross-modal story's candidate is its prompt and ending heard as one: units of the joined waves, then eos
+  from s2sjax.data.spec import load_spec
+  from tasks.audio.mel_kmeans import MelKmeansTokenizer
+  from tasks.encoders import QuestionEncoder
+  from tasks.sample import MEL_KMEANS_CODEBOOK
+
+  units = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
+  question = read_questions("cm_tstorycloze", release)[0]
+  encoder = QuestionEncoder(load_spec(str(spec)), "s2s", None, units, protocol="utterance")
+  wave = np.concatenate([soundfile.read(p, dtype="float32")[0] for p in (question.audio_paths[0],
+                                                                       question.candidate_audio_paths[0])])
+  assert encoder.prefix(question, 0)[0].tolist() == [1]
+  np.testing.assert_array_equal(encoder.candidate(question, 0)[0], np.concatenate([2 + units.encode(wave, "x")[:, 0], [1]]))
