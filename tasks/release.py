@@ -62,6 +62,9 @@ class Question:
   candidates: tuple[str, ...]
   correct: int
   candidate_audio_paths: tuple[str, ...] = ()  # per candidate: the spoken candidate (read only for T->S, S->S)
+  # What the release says of the question (a sWUGGY pair's id, voice, frequency band): what the task's record groups
+  # its questions by (`averaged_over`) and breaks its accuracy down by (`breakdowns`), in the results files as given.
+  labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -535,6 +538,12 @@ def _question_problem(question, record: task_registry.Task) -> str | None:
       return f"{name} {value!r} is not a tuple of {n} strings, one per candidate"
   if isinstance(question.correct, bool) or not isinstance(question.correct, int) or not 0 <= question.correct < n:
     return f"correct {question.correct!r} is not the index of a candidate (0 to {n - 1})"
+  labels = question.labels
+  if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+    return f"labels {labels!r} are not a dict of strings to strings"
+  needed = [name for name in (record.averaged_over, *record.breakdowns) if name is not None and name not in labels]
+  if needed:
+    return f"labels {labels!r} lack {', '.join(needed)}, which task {record.name} groups or breaks its accuracy down by"
   return None
 
 

@@ -93,6 +93,13 @@ class Task:
   candidates: int  # per question
   sizes: PlannerSizes
   ties: str = "reference"  # s2sjax.data.metrics.TIE_RULES: how a tie counts (SlamKit's spoken StoryCloze: "half")
+  # LOSSES (below): a candidate's loss from its token NLLs, "mean" (S2SBench's) or "sum" (minus the
+  # recording's log-probability, where a toolkit scores that: ZeroSpeech's submissions).
+  loss: str = "mean"
+  # A question label (tasks.release.Question.labels): the questions sharing its value are averaged first and the
+  # accuracy is the mean over those groups (ZeroSpeech's sLM21: a pair's voices, then the mean over pairs).
+  averaged_over: str | None = None
+  breakdowns: tuple[str, ...] = ()  # question labels metrics.json breaks the accuracy down by (`by_<label>`)
 
   @property
   def release(self) -> ReleaseFormat:
@@ -105,10 +112,18 @@ class Task:
     return self.release.has_text
 
 
+LOSSES = ("mean", "sum")
+
+
 def _problems(new: Task, registered: Mapping[str, Task]) -> list[str]:
   known = [f.name for f in RELEASE_FORMATS.registered()]
-  return [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
-                                                 f"{', '.join(known)} (register its ReleaseFormat first)"]
+  problems = [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
+                                                     f"{', '.join(known)} (register its ReleaseFormat first)"]
+  if new.loss not in LOSSES:
+    problems.append(f"loss {new.loss!r} is not one of {', '.join(LOSSES)}")
+  if not isinstance(new.breakdowns, tuple):
+    problems.append(f"breakdowns {new.breakdowns!r} is not a tuple of label names")
+  return problems
 
 
 TASKS: Registry[Task] = Registry("task", check=_problems)
