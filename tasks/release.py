@@ -366,7 +366,8 @@ SPOKEN_SEPARATOR = "_"  # storycloze() builds its dataset with sep="_" (modellin
 def _slamkit_folders(where: str, what: str) -> list[tuple[str, str]]:
   """(name relative to `where`, path) of each folder of recordings: `where` itself, or its subfolders sorted by
   name (SlamKit walks them in the file system's order, `Path.iterdir`; the order decides nothing but the questions'
-  order: each pairs within its own folder)."""
+  order: each pairs within its own folder). Each question is labelled with its folder (`folder`: the subfolder's
+  name, or the task folder's own), which the multi-speaker and cross-modal tasks break their accuracy down by."""
   if not os.path.isdir(where):
     raise ReleaseError(f"{where} does not exist: a {what} task reads that folder of recordings (is --manual_dir the "
                        "release that holds it?)")
@@ -409,7 +410,7 @@ def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: 
   (slamkit/metric/modelling_metric.py:12-30): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, or a
   folder of such folders (the multi-speaker ms_sSC/, ms_tSC/), each sorted by the number n; question i is the
   i-th pair, recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each scored whole (S->S,
-  the utterance protocol). An odd count, or two recordings of one number (their order, so which is right, would be
+  the utterance protocol), labelled with its folder. An odd count, or two recordings of one number (their order, so which is right, would be
   the folder listing's), is refused naming the folder."""
   questions = []
   for folder, where in _slamkit_folders(paths.index, "SpokenStoryCloze"):
@@ -418,8 +419,8 @@ def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: 
       recordings = tuple(paths.inside(os.path.join(record.release_jsonl, folder, n), f"{where}/{n}")
                          for n in (right, wrong))
       questions.append(Question(id=str(len(questions)), language=record.language, uttids=stems, prefixes=("", ""),
-                                audio_paths=("", ""), candidates=stems, correct=0,
-                                candidate_audio_paths=recordings))
+                                audio_paths=("", ""), candidates=stems, correct=0, candidate_audio_paths=recordings,
+                                labels={"folder": folder or os.path.basename(where)}))
   return questions
 
 
@@ -478,7 +479,8 @@ def read_cross_modal_pairs(record: task_registry.Task, paths: ReleasePaths, coll
       questions.append(Question(
         id=story, language=record.language, uttids=(f"{story}_correct", f"{story}_incorrect"),
         prefixes=(prompt, prompt), audio_paths=(file("mutual", ".wav"),) * 2, candidates=(right, wrong), correct=0,
-        candidate_audio_paths=(file("correct", ".wav"), file("incorrect", ".wav"))))
+        candidate_audio_paths=(file("correct", ".wav"), file("incorrect", ".wav")),
+        labels={"folder": folder or os.path.basename(where)}))
   return questions
 
 

@@ -16,6 +16,7 @@ from s2sjax.data.questions import QuestionScores
 from s2sjax.results.pair_items import pair_lines, slamkit_accuracy
 from tasks.release import ReleaseError, read_questions
 from tasks.sample import RELEASE_DIR
+from tests.test_spoken_storycloze import write_release
 
 STORIES = os.path.join(RELEASE_DIR, "StoryCloze")
 
@@ -66,6 +67,7 @@ def test_cross_modal_stories_are_read_as_slamkits_dataset_gives_them(tmp_path):
   questions = read_questions("cm_tstorycloze", release)
   lines = sample_lines()
   assert [q.id for q in questions] == ["spk_a/0", "spk_a/1", "spk_b/2", "spk_b/3"]
+  assert [q.labels for q in questions] == [{"folder": "spk_a"}] * 2 + [{"folder": "spk_b"}] * 2
   for k, q in enumerate(questions):
     assert q.prefixes == (lines[2 * k]["first"],) * 2 and q.correct == 0
     assert q.candidates == (lines[2 * k]["last"], lines[2 * k + 1]["last"])
@@ -81,6 +83,9 @@ def test_multi_speaker_folders_pair_within_each_speaker_by_number(tmp_path):
   assert [q.uttids for q in questions] == [("spk_a/0_z", "spk_a/1_z"), ("spk_b/0_x", "spk_b/1_x"),
                                            ("spk_b/10_y", "spk_b/11_y")]
   assert [q.id for q in questions] == ["0", "1", "2"]
+  assert [q.labels for q in questions] == [{"folder": "spk_a"}, {"folder": "spk_b"}, {"folder": "spk_b"}]
+  flat = read_questions("spoken_tstorycloze", write_release(tmp_path / "flat"))  # tSC/<n>_<...>.wav
+  assert {q.labels["folder"] for q in flat} == {"tSC"}
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -246,6 +251,9 @@ def test_slamkits_speech_to_speech_scores_each_story_whole_as_its_unit_lm(tmp_pa
     pairs = [json.loads(line) for line in open(os.path.join(out, "unit_lm", f"{task}-s2s_utterance.pairs.jsonl"))]
     assert [p["result"] for p in pairs] == [1.0 if p < n else 0.5 if p == n else 0.0 for p, n in expected]
     assert run["tasks"][task]["s2s_utterance"]["tie_rule"] == "half"
+    assert pairs[0]["labels"] == {"folder": "spk_a"}
+  by_folder = run["tasks"]["spoken_ms_tstorycloze"]["s2s_utterance"]["by_folder"]
+  assert list(by_folder) == ["spk_a", "spk_b"] and [v["n"] for v in by_folder.values()] == [1, 2]
   # the cross-modal story's candidate is its prompt and ending heard as one: units of the joined waves, then eos
   from s2sjax.data.spec import load_spec
   from tasks.audio.mel_kmeans import MelKmeansTokenizer

@@ -160,16 +160,21 @@ register(Task(
 # SlamKit's other StoryCloze layouts (slp-rl/slamkit config/metric/): the multi-speaker folders (ms_ssc.yaml,
 # ms_tsc.yaml: `subfolder: true`, a folder of speakers' folders, read as spoken_pairs) and the cross-modal stories
 # (cm_ms_tsc.yaml: cross_ms_tSC, a folder of folders of <base>_{mutual,correct,incorrect}.{wav,txt}; its sSC
-# counterpart is named here by the same pattern). Scored as SlamKit scores them: ties half, each candidate's mean NLL.
+# counterpart is named here by the same pattern). Scored as SlamKit scores them: ties half, each candidate's mean NLL
+# (SlamKit's mean_nll, config/metric/default.yaml), the accuracy also broken down by folder (a speaker's).
 register(Task(
   "spoken_ms_sstorycloze", "SpokenStoryCloze ms-sSC", "en", "spoken_pairs", "ms_sSC", "ms_sSC", "ms_sSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
+  breakdowns=("folder",)))
 register(Task(
   "spoken_ms_tstorycloze", "SpokenStoryCloze ms-tSC", "en", "spoken_pairs", "ms_tSC", "ms_tSC", "ms_tSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
+  breakdowns=("folder",)))
 register(Task(
   "cm_sstorycloze", "cross-modal sSC", "en", "cross_modal_pairs", "cross_ms_sSC", "cross_ms_sSC", "cross_ms_sSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half"))
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
+  breakdowns=("folder",)))
 register(Task(
   "cm_tstorycloze", "cross-modal tSC", "en", "cross_modal_pairs", "cross_ms_tSC", "cross_ms_tSC", "cross_ms_tSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half"))
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
+  breakdowns=("folder",)))

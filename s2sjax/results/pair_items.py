@@ -15,7 +15,8 @@ SlamKit prints one number per run, the mean over pairs (slp-rl/slamkit 388b402, 
 `model.log_likelihood` returns for it (slamkit/model/unit_lm.py:184-194 with calc_nll, slamkit/utils/
 calculation_utils.py:5-29: minus the candidate's NLL, its mean over the scored tokens with `mean_nll` and its sum
 without, as the task's `loss` forms it), and `result` SlamKit's `res`: 1 when the positive is the likelier, 0.5 on
-an exact tie, else 0 (modelling_metric.py:91-94). The mean of `result` is the number SlamKit prints.
+an exact tie, else 0 (modelling_metric.py:91-94). The mean of `result` is the number SlamKit prints. A question's
+labels (its folder, a speaker's) come along as `labels`, as in scores.jsonl.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def pair_lines(scores: QuestionScores, losses: np.ndarray) -> list[dict]:
       "positive_log_likelihood": positive, "negative_log_likelihood": negative,
       "positive_tokens": int(scores.n_tokens[q, right]), "negative_tokens": int(scores.n_tokens[q, wrong]),
       "result": 1.0 if positive > negative else 0.5 if positive == negative else 0.0,
+      **({"labels": scores.labels[q]} if scores.labels else {}),
     })
   return lines
 

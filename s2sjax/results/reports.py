@@ -36,7 +36,7 @@ from s2sjax.data import task_registry, modalities
 from s2sjax.scoring.checkpoints import paths as checkpoint_paths
 from s2sjax.results.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
 from s2sjax.results.pair_items import PAIRS_SUFFIX, pair_lines
-from s2sjax.data.metrics import summarize
+from s2sjax.data.metrics import candidate_loss, summarize
 from s2sjax.runtime.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.data.questions import QuestionScores
 
@@ -61,8 +61,9 @@ def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScore
   write_json(epath.Path(run_dir) / RUN_RECORD, record)
   for key, s in scores.items():
     _write_scores(epath.Path(run_dir) / f"{key[0]}-{key[1]}{SCORES_SUFFIX}", s, (stores or {}).get(key))
-    if task_registry.get(key[0]).release.pair_items:
-      lines = pair_lines(s, s.loss)
+    record = task_registry.get(key[0])
+    if record.release.pair_items:
+      lines = pair_lines(s, candidate_loss(record, s))
       _write_text(epath.Path(run_dir) / f"{key[0]}-{key[1]}{PAIRS_SUFFIX}",
                   "".join(strict_json(line, f"{key[0]}-{key[1]}{PAIRS_SUFFIX}", ensure_ascii=False) + "\n" for line in lines))
 
