@@ -256,15 +256,15 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question
 
 
 def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] = ()) -> str:
-  """A hash of what a build reads from the release: its index (a jsonl's bytes, or a folder's recordings, as the
-  task's release format says) and, of the wav folders it decodes (`audio_dirs`), each wav's name and bytes
+  """A hash of what a build reads from the release: its index (a jsonl's bytes, or a folder's recordings and texts,
+  as the task's release format says) and, of the wav folders it decodes (`audio_dirs`), each wav's name and bytes
   (contents, not times: a copied release is the same release)."""
   paths = release_paths(task, release_dir)
   index = paths.index
   _require(index)
   digest = hashlib.sha256()
   if paths.record.release.index == "folder":
-    digest.update(folder_digest(index, ".wav").encode())
+    digest.update(_folder_index_digest(index).encode())
   else:
     with open(index, "rb") as f:
       digest.update(f.read())
@@ -272,6 +272,19 @@ def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] 
     if os.path.isdir(audio_dir):
       digest.update(folder_digest(audio_dir, ".wav").encode())
   return digest.hexdigest()[:16]
+
+
+def _folder_index_digest(index: str) -> str:
+  """A folder release's recordings, and its texts where it has any, in the folder and in each folder inside it (a
+  speaker's: SlamKit's `subfolder` layouts), each folder's under its name."""
+  parts = [folder_digest(index, ".wav")]
+  inside = sorted(n for n in os.listdir(index) if os.path.isdir(os.path.join(index, n)))
+  for name, folder in [("", index)] + [(n, os.path.join(index, n)) for n in inside]:
+    if name:
+      parts.append(f"{name}/{folder_digest(folder, '.wav')}")
+    if any(n.endswith(".txt") for n in os.listdir(folder)):
+      parts.append(f"{name}/{folder_digest(folder, '.txt')}.txt")
+  return "\n".join(parts)
 
 
 def _question(collect: Problems, records: list[dict], key: str, make) -> Question | None:

@@ -105,6 +105,18 @@ def test_a_wrong_cross_modal_layout_is_one_line_naming_the_file(tmp_path, damage
   assert len(str(error.value).splitlines()) <= 2  # the file's line, and for a bad text the problem under it
 
 
+def test_the_builds_fingerprint_holds_every_speakers_recordings_and_texts(tmp_path):
+  """A build is reused only for the release it read: a speaker's recording or a story's text changed is another."""
+  from tasks.release import source_fingerprint
+
+  release = write_cross_modal(tmp_path)
+  first = source_fingerprint("cm_tstorycloze", release)
+  (tmp_path / "cross_ms_tSC" / "spk_b" / "2_correct.txt").write_text("Another ending.\n")
+  second = source_fingerprint("cm_tstorycloze", release)
+  shutil.copy(tmp_path / "cross_ms_tSC" / "spk_a" / "0_mutual.wav", tmp_path / "cross_ms_tSC" / "spk_b" / "3_correct.wav")
+  assert len({first, second, source_fingerprint("cm_tstorycloze", release)}) == 3
+
+
 def test_an_odd_speaker_folder_is_refused_naming_it(tmp_path):
   """SlamKit concatenates the speakers' recordings before pairing (modelling_metric.py:17-19), so an odd folder
   would pair one speaker's ending with another's story: refused."""
