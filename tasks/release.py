@@ -379,17 +379,16 @@ SPOKEN_SEPARATOR = "_"  # storycloze() builds its dataset with sep="_" (modellin
 def _slamkit_folders(where: str, what: str) -> list[tuple[str, str]]:
   """(name relative to `where`, path) of each folder of recordings: `where` itself, or its subfolders sorted by
   name (SlamKit walks them in the file system's order, `Path.iterdir`; the order decides nothing but the questions'
-  order: each pairs within its own folder). Each question is labelled with its folder (`folder`: the subfolder's
-  name, or the task folder's own), which the multi-speaker and cross-modal tasks break their accuracy down by."""
+  order: each pairs within its own folder)."""
   if not os.path.isdir(where):
     raise ReleaseError(f"{where} does not exist: a {what} task reads that folder of recordings (is --manual_dir the "
                        "release that holds it?)")
   entries = sorted(os.listdir(where))
   folders = [n for n in entries if os.path.isdir(os.path.join(where, n))]
-  loose = [n for n in entries if n.endswith(".wav") and not os.path.isdir(os.path.join(where, n))]
+  loose = [n for n in entries if n.endswith((".wav", ".txt")) and not os.path.isdir(os.path.join(where, n))]
   if folders and loose:
-    raise ReleaseError(f"{where}/{loose[0]}: a recording beside the folders {folders[:3]}: SlamKit reads either the "
-                       "recordings of a folder or those of its subfolders (its `subfolder` setting), never both")
+    raise ReleaseError(f"{where}/{loose[0]}: a story's file beside the folders {folders[:3]}: SlamKit reads either "
+                       "the files of a folder or those of its subfolders (its `subfolder` setting), never both")
   return [(n, os.path.join(where, n)) for n in folders] if folders else [("", where)]
 
 
@@ -423,8 +422,9 @@ def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: 
   (slamkit/metric/modelling_metric.py:12-30): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, or a
   folder of such folders (the multi-speaker ms_sSC/, ms_tSC/), each sorted by the number n; question i is the
   i-th pair, recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each scored whole (S->S,
-  the utterance protocol), labelled with its folder. An odd count, or two recordings of one number (their order, so which is right, would be
-  the folder listing's), is refused naming the folder."""
+  the utterance protocol). An odd count, or two recordings of one number (their order, so which is right, would
+  be the folder listing's), is refused naming the folder. Each question is labelled with its folder (`folder`: the
+  speaker's, or the task folder's own name), which the multi-speaker tasks break their accuracy down by."""
   questions = []
   for folder, where in _slamkit_folders(paths.index, "SpokenStoryCloze"):
     for right, wrong in _numbered_pairs(where):
@@ -451,8 +451,8 @@ def _cross_modal_stories(where: str) -> list[str]:
   expected = {f"{b}_{part}{ext}" for b in bases for part in CROSS_MODAL_PARTS for ext in (".wav", ".txt")}
   stray = [n for n in names if n not in expected and n.endswith((".wav", ".txt"))]
   if stray:
-    raise ReleaseError(f"{where}/{stray[0]}: not one of a story's files <base>_{{mutual,correct,incorrect}}.{{wav,txt}} "
-                       f"of a <base>_correct.wav in the folder ({len(stray)} such file(s))")
+    raise ReleaseError(f"{where}/{stray[0]}: not one of a story's files <base>_{{mutual,correct,incorrect}}."
+                       f"{{wav,txt}} of a <base>_correct.wav in the folder ({len(stray)} such file(s))")
   missing = sorted(expected - set(names))
   if missing:
     raise ReleaseError(f"{where}/{missing[0]} is missing: every story <base>_correct.wav comes with "
@@ -478,7 +478,7 @@ def read_cross_modal_pairs(record: task_registry.Task, paths: ReleasePaths, coll
   """SlamKit's cross-modal StoryCloze: a story's prefix is its `_mutual` recording and text, its candidates the
   `_correct` (candidate 0) and `_incorrect` endings, spoken and written, so every modality can be asked. Under the
   utterance protocol (S->S) prefix and ending are one recording, their waves joined before the audio tokenizer
-  runs, as SlamKit joins them when both are speech (:55-58)."""
+  runs, as SlamKit joins them when both are speech (:55-58). Labelled with its folder, as `read_spoken_pairs`'."""
   questions = []
   for folder, where in _slamkit_folders(paths.index, "cross-modal StoryCloze"):
     for base in _cross_modal_stories(where):

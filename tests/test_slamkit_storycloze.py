@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from s2sjax.data import metrics, task_registry
+from s2sjax.data import metrics
 from s2sjax.data.questions import QuestionScores
+from s2sjax.data.spec import load_spec
 from s2sjax.results.pair_items import pair_lines, slamkit_accuracy
+from tasks.audio.mel_kmeans import MelKmeansTokenizer
+from tasks.encoders import QuestionEncoder
 from tasks.release import ReleaseError, read_questions
-from tasks.sample import RELEASE_DIR
+from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
 from tests.test_spoken_storycloze import write_release
 
 STORIES = os.path.join(RELEASE_DIR, "StoryCloze")
@@ -93,7 +96,7 @@ def test_multi_speaker_folders_pair_within_each_speaker_by_number(tmp_path):
   (lambda d: shutil.copy(d / "spk_a" / "0_mutual.wav", d / "spk_a" / "9_incorrect.wav"),
    r"spk_a/9_incorrect\.wav: not one of a story's files"),
   (lambda d: shutil.copy(d / "spk_a" / "0_mutual.wav", d / "0_correct.wav"),
-   r"cross_ms_tSC/0_correct\.wav: a recording beside the folders \['spk_a', 'spk_b'\]"),
+   r"cross_ms_tSC/0_correct\.wav: a story's file beside the folders \['spk_a', 'spk_b'\]"),
   (lambda d: (d / "spk_a" / "1_correct.txt").write_text(" \n"), r"spk_a/1_correct\.txt: empty text"),
 ])
 def test_a_wrong_cross_modal_layout_is_one_line_naming_the_file(tmp_path, damage, message):
@@ -113,7 +116,8 @@ def test_the_builds_fingerprint_holds_every_speakers_recordings_and_texts(tmp_pa
   first = source_fingerprint("cm_tstorycloze", release)
   (tmp_path / "cross_ms_tSC" / "spk_b" / "2_correct.txt").write_text("Another ending.\n")
   second = source_fingerprint("cm_tstorycloze", release)
-  shutil.copy(tmp_path / "cross_ms_tSC" / "spk_a" / "0_mutual.wav", tmp_path / "cross_ms_tSC" / "spk_b" / "3_correct.wav")
+  folder = tmp_path / "cross_ms_tSC"
+  shutil.copy(folder / "spk_a" / "0_mutual.wav", folder / "spk_b" / "3_correct.wav")
   assert len({first, second, source_fingerprint("cm_tstorycloze", release)}) == 3
 
 
@@ -160,11 +164,6 @@ def reference_losses(release: str, task: str, spec: str, modality: str, protocol
   """Each candidate's mean NLL [N, 2] by a plain transformers forward over the ids the encoder lays (prefix, then
   the candidate, whose tokens are the scored ones)."""
   import torch
-
-  from s2sjax.data.spec import load_spec
-  from tasks.audio.mel_kmeans import MelKmeansTokenizer
-  from tasks.encoders import QuestionEncoder
-  from tasks.sample import MEL_KMEANS_CODEBOOK
 
   loaded = load_spec(spec)
   units = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK, loaded.audio_tokenizer.get("dedup", False))
@@ -267,15 +266,11 @@ def test_slamkits_speech_to_speech_scores_each_story_whole_as_its_unit_lm(tmp_pa
   by_folder = run["tasks"]["spoken_ms_tstorycloze"]["s2s_utterance"]["by_folder"]
   assert list(by_folder) == ["spk_a", "spk_b"] and [v["n"] for v in by_folder.values()] == [1, 2]
   # the cross-modal story's candidate is its prompt and ending heard as one: units of the joined waves, then eos
-  from s2sjax.data.spec import load_spec
-  from tasks.audio.mel_kmeans import MelKmeansTokenizer
-  from tasks.encoders import QuestionEncoder
-  from tasks.sample import MEL_KMEANS_CODEBOOK
-
   units = MelKmeansTokenizer(MEL_KMEANS_CODEBOOK)
   question = read_questions("cm_tstorycloze", release)[0]
   encoder = QuestionEncoder(load_spec(str(spec)), "s2s", None, units, protocol="utterance")
   wave = np.concatenate([soundfile.read(p, dtype="float32")[0] for p in (question.audio_paths[0],
                                                                        question.candidate_audio_paths[0])])
   assert encoder.prefix(question, 0)[0].tolist() == [1]
-  np.testing.assert_array_equal(encoder.candidate(question, 0)[0], np.concatenate([2 + units.encode(wave, "x")[:, 0], [1]]))
+  joined = np.concatenate([2 + units.encode(wave, "x")[:, 0], [1]])
+  np.testing.assert_array_equal(encoder.candidate(question, 0)[0], joined)

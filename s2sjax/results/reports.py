@@ -63,9 +63,7 @@ def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScore
     _write_scores(epath.Path(run_dir) / f"{key[0]}-{key[1]}{SCORES_SUFFIX}", s, (stores or {}).get(key))
     record = task_registry.get(key[0])
     if record.release.pair_items:
-      lines = pair_lines(s, candidate_loss(record, s))
-      _write_text(epath.Path(run_dir) / f"{key[0]}-{key[1]}{PAIRS_SUFFIX}",
-                  "".join(strict_json(line, f"{key[0]}-{key[1]}{PAIRS_SUFFIX}", ensure_ascii=False) + "\n" for line in lines))
+      _write_pairs(epath.Path(run_dir) / f"{key[0]}-{key[1]}{PAIRS_SUFFIX}", pair_lines(s, candidate_loss(record, s)))
 
 
 def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | None) -> None:
@@ -74,6 +72,10 @@ def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | 
   write_atomic(path, data)
   if store is not None:
     store.write_scores_record(len(lines), hashlib.sha256(data).hexdigest())
+
+
+def _write_pairs(path: epath.Path, lines: list[dict]) -> None:
+  _write_text(path, "".join(strict_json(line, str(path), ensure_ascii=False) + "\n" for line in lines))
 
 
 def _read_scores(path: epath.Path) -> QuestionScores:
