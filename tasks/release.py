@@ -36,7 +36,7 @@ from typing import Callable
 
 from s2sjax.data import task_registry, modalities
 from s2sjax.runtime.errors import UserError
-from s2sjax.runtime.registry import Registry
+from s2sjax.runtime.registry import Registry, load_object
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -369,153 +369,43 @@ def check_asked(task: str, modality: str, protocol: str) -> None:
     raise ReleaseError(f"{task} holds {release.summary}: build it with {how} (asked: {modality}, protocol {protocol})")
 
 
-# SlamKit's StoryCloze layouts (slp-rl/slamkit 388b402). Its datasets read a folder of recordings, or with the metric
-# config's `subfolder: true` (config/metric/ms_ssc.yaml, ms_tsc.yaml, cm_ms_tsc.yaml) each folder directly inside it
-# (slamkit/metric/modelling_metric.py:16-21, slamkit/metric/cross_modal_metric.py:18-23), never both: which one a
-# task's folder is, is read from it here, and a folder holding recordings beside folders is refused.
-SPOKEN_SEPARATOR = "_"  # storycloze() builds its dataset with sep="_" (modelling_metric.py:137)
-
-
-def _slamkit_folders(where: str, what: str) -> list[tuple[str, str]]:
-  """(name relative to `where`, path) of each folder of recordings: `where` itself, or its subfolders sorted by
-  name (SlamKit walks them in the file system's order, `Path.iterdir`; the order decides nothing but the questions'
-  order: each pairs within its own folder)."""
-  if not os.path.isdir(where):
-    raise ReleaseError(f"{where} does not exist: a {what} task reads that folder of recordings (is --manual_dir the "
-                       "release that holds it?)")
-  entries = sorted(os.listdir(where))
-  folders = [n for n in entries if os.path.isdir(os.path.join(where, n))]
-  loose = [n for n in entries if n.endswith((".wav", ".txt")) and not os.path.isdir(os.path.join(where, n))]
-  if folders and loose:
-    raise ReleaseError(f"{where}/{loose[0]}: a story's file beside the folders {folders[:3]}: SlamKit reads either "
-                       "the files of a folder or those of its subfolders (its `subfolder` setting), never both")
-  return [(n, os.path.join(where, n)) for n in folders] if folders else [("", where)]
-
-
-def _spoken_number(name: str, where: str) -> int:
-  head = name.split(SPOKEN_SEPARATOR)[0]
-  if not head.isdigit():
-    raise ReleaseError(f"{where}/{name}: a SpokenStoryCloze recording is named <n>{SPOKEN_SEPARATOR}<...>.wav, with a "
-                       f"number n before the first {SPOKEN_SEPARATOR!r}")
-  return int(head)
-
-
-def _numbered_pairs(where: str) -> list[tuple[str, str]]:
-  """One folder's recordings as ModellingMetricDataset pairs them: sorted by the number before the first `_`
-  (modelling_metric.py:19-21), recording 2i the positive, 2i+1 the negative (:26-27)."""
-  numbered = sorted((_spoken_number(n, where), n) for n in os.listdir(where) if n.endswith(".wav"))
-  for (a, first), (b, second) in zip(numbered, numbered[1:]):
-    if a == b:
-      raise ReleaseError(f"{where}: {first} and {second} share the number {a}, so which is the right ending cannot "
-                         "be told (recordings are numbered one by one: 2i right, 2i+1 wrong)")
-  names = [n for _, n in numbered]
-  if not names:
-    raise ReleaseError(f"{where} holds no .wav recording")
-  if len(names) % 2:  # SlamKit's len() // 2 drops the last one silently (:23-24); with subfolders it pairs across
-    raise ReleaseError(f"{where} holds {len(names)} recordings: an odd count leaves {names[-1]} without its pair "
-                       "(recordings 2i and 2i+1, sorted by their number, are one story's right and wrong telling)")
-  return [(names[2 * i], names[2 * i + 1]) for i in range(len(names) // 2)]
-
-
-def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: Problems) -> list[Question]:
-  """The official spoken StoryCloze (slp-rl/SpokenStoryCloze) as SlamKit's ModellingMetricDataset reads it
-  (slamkit/metric/modelling_metric.py:12-30): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, or a
-  folder of such folders (the multi-speaker ms_sSC/, ms_tSC/), each sorted by the number n; question i is the
-  i-th pair, recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each scored whole (S->S,
-  the utterance protocol). An odd count, or two recordings of one number (their order, so which is right, would
-  be the folder listing's), is refused naming the folder. Each question is labelled with its folder (`folder`: the
-  speaker's, or the task folder's own name), which the multi-speaker tasks break their accuracy down by."""
-  questions = []
-  for folder, where in _slamkit_folders(paths.index, "SpokenStoryCloze"):
-    for right, wrong in _numbered_pairs(where):
-      stems = tuple(os.path.join(folder, os.path.splitext(n)[0]) for n in (right, wrong))
-      recordings = tuple(paths.inside(os.path.join(record.release_jsonl, folder, n), f"{where}/{n}")
-                         for n in (right, wrong))
-      questions.append(Question(id=str(len(questions)), language=record.language, uttids=stems, prefixes=("", ""),
-                                audio_paths=("", ""), candidates=stems, correct=0, candidate_audio_paths=recordings,
-                                labels={"folder": folder or os.path.basename(where)}))
-  return questions
-
-
-# SlamKit's cross-modal StoryCloze (CrossModalMetricDataset, slamkit/metric/cross_modal_metric.py:14-62): per story
-# `<base>_mutual` (the first four sentences), `<base>_correct` and `<base>_incorrect` (the endings), each a .wav and
-# its .txt; the stories are the `*_correct.wav` files (:21-23), the text each .txt's stripped contents (:33-35).
-CROSS_MODAL_PARTS = ("mutual", "correct", "incorrect")
-
-
-def _cross_modal_stories(where: str) -> list[str]:
-  """The bases of one folder's stories, sorted; a file of the folder that is none of a story's six is refused
-  naming it (SlamKit would pass over it, and a story whose ending it is would be missing)."""
-  names = sorted(os.listdir(where))
-  bases = [n[: -len("_correct.wav")] for n in names if n.endswith("_correct.wav")]
-  expected = {f"{b}_{part}{ext}" for b in bases for part in CROSS_MODAL_PARTS for ext in (".wav", ".txt")}
-  stray = [n for n in names if n not in expected and n.endswith((".wav", ".txt"))]
-  if stray:
-    raise ReleaseError(f"{where}/{stray[0]}: not one of a story's files <base>_{{mutual,correct,incorrect}}."
-                       f"{{wav,txt}} of a <base>_correct.wav in the folder ({len(stray)} such file(s))")
-  missing = sorted(expected - set(names))
-  if missing:
-    raise ReleaseError(f"{where}/{missing[0]} is missing: every story <base>_correct.wav comes with "
-                       f"<base>_{{mutual,correct,incorrect}}.{{wav,txt}} ({len(missing)} file(s) missing)")
-  if not bases:
-    raise ReleaseError(f"{where} holds no <base>_correct.wav story")
-  return bases
-
-
-def _story_text(path: str, collect: Problems, story: str) -> str:
-  try:
-    with open(path, encoding="utf-8") as f:
-      text = f.read().strip()
-  except UnicodeDecodeError as e:
-    collect.add(path, f"not UTF-8 text ({e.reason} at byte {e.start})", story)
-    return ""
-  if is_blank(text):
-    collect.add(path, "empty text", story)
-  return text
-
-
-def read_cross_modal_pairs(record: task_registry.Task, paths: ReleasePaths, collect: Problems) -> list[Question]:
-  """SlamKit's cross-modal StoryCloze: a story's prefix is its `_mutual` recording and text, its candidates the
-  `_correct` (candidate 0) and `_incorrect` endings, spoken and written, so every modality can be asked. Under the
-  utterance protocol (S->S) prefix and ending are one recording, their waves joined before the audio tokenizer
-  runs, as SlamKit joins them when both are speech (:55-58). Labelled with its folder, as `read_spoken_pairs`'."""
-  questions = []
-  for folder, where in _slamkit_folders(paths.index, "cross-modal StoryCloze"):
-    for base in _cross_modal_stories(where):
-      story = os.path.join(folder, base)
-      file = lambda part, ext: paths.inside(os.path.join(record.release_jsonl, folder, f"{base}_{part}{ext}"),
-                                            f"story {story}")
-      texts = [_story_text(file(part, ".txt"), collect, story) for part in CROSS_MODAL_PARTS]
-      if any(is_blank(t) for t in texts):
-        continue
-      prompt, right, wrong = texts
-      questions.append(Question(
-        id=story, language=record.language, uttids=(f"{story}_correct", f"{story}_incorrect"),
-        prefixes=(prompt, prompt), audio_paths=(file("mutual", ".wav"),) * 2, candidates=(right, wrong), correct=0,
-        candidate_audio_paths=(file("correct", ".wav"), file("incorrect", ".wav")),
-        labels={"folder": folder or os.path.basename(where)}))
-  return questions
+def whole_recordings(record: task_registry.Task, question_id: str, recordings: tuple[str, ...],
+                     names: tuple[str, ...] | None = None, **fields) -> Question:
+  """A question of whole recordings, the right one first, each scored alone (S->S, the utterance protocol): no text
+  and no prefix; each candidate is named by its file's stem, or by `names` (a speaker's folder and the stem)."""
+  stems = names or tuple(os.path.splitext(os.path.basename(path))[0] for path in recordings)
+  return Question(id=question_id, language=record.language, uttids=stems, prefixes=("",) * len(stems),
+                  audio_paths=("",) * len(stems), candidates=stems, correct=0, candidate_audio_paths=recordings,
+                  **fields)
 
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseReader:
   """How the build reads a release format (s2sjax.data.task_registry.RELEASE_FORMATS), registered under the format's
   name: `read(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
-  `paths` (`ReleasePaths`), every bad line a problem naming it; `spoken_names(line) -> {its spoken candidates' wav
-  names: their texts}` for the tools that write a release's recordings (tasks.importer, the bundled sample), None
-  for a format without written lines."""
+  `paths` (`ReleasePaths`), every bad line a problem naming it, or that function's "module:name" (imported when a
+  release of the format is read: a reader in a module of its own builds on this one's `Question`);
+  `spoken_names(line) -> {its spoken candidates' wav names: their texts}` for the tools that write a release's
+  recordings (tasks.importer, the bundled sample), None for a format without written lines."""
 
   release_format: str
-  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]
+  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]] | str
   spoken_names: Callable[[dict], dict[str, str]] | None = None
+
+  @property
+  def reader(self) -> Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]:
+    return load_object(self.read) if isinstance(self.read, str) else self.read
 
 
 READERS: Registry[ReleaseReader] = Registry("release reader", name_of=lambda r: r.release_format)
 register = READERS.register
 register(ReleaseReader("story_pairs", read_story_pairs, story_spoken_names))
 register(ReleaseReader("multiple_choice", read_multiple_choice, option_spoken_names))
-register(ReleaseReader("spoken_pairs", read_spoken_pairs))
-register(ReleaseReader("cross_modal_pairs", read_cross_modal_pairs))
+register(ReleaseReader("spoken_pairs", "tasks.slamkit:read_spoken_pairs"))
+# The spoken-LM neighbours' releases, each read by a module of its own.
+register(ReleaseReader("prosaudit", "tasks.prosaudit:read_prosaudit"))
+register(ReleaseReader("salmon", "tasks.salmon:read_salmon_part"))
+register(ReleaseReader("cross_modal_pairs", "tasks.slamkit:read_cross_modal_pairs"))
 
 
 def read_questions(task: str, release_dir: str, problems: Problems | None = None) -> list[Question]:
@@ -523,7 +413,7 @@ def read_questions(task: str, release_dir: str, problems: Problems | None = None
   Problems go to `problems` when given (the caller decides), else raise at once."""
   paths = release_paths(task, release_dir)
   collect = problems if problems is not None else Problems()
-  read = READERS.get(paths.record.release_format).read
+  read = READERS.get(paths.record.release_format).reader
   questions = check_questions(read(paths.record, paths, collect), paths.record, read)
   if problems is None and collect:
     raise ReleaseError(f"{paths.index} has {len(collect)} problem(s):\n  {collect.text()}")

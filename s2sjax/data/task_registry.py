@@ -52,7 +52,7 @@ class ReleaseFormat:
 
 RELEASE_FORMATS: Registry[ReleaseFormat] = Registry("release format")
 # S2SBench's jsonl layouts, and slp-rl/SpokenStoryCloze's folders of whole spoken stories, read as SlamKit reads
-# them: each read by its reader in tasks/release.py.
+# them: each read by the reader tasks/release.py registers (SlamKit's layouts' in tasks/slamkit.py).
 RELEASE_FORMATS.register(ReleaseFormat(
   "story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, 2k+1 the wrong one of the same "
   "story", lines_per_question=2))
@@ -61,11 +61,20 @@ RELEASE_FORMATS.register(ReleaseFormat(
 RELEASE_FORMATS.register(ReleaseFormat(
   "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
   protocols=("utterance",), index="folder", pair_items=True))
-# SlamKit's cross-modal StoryCloze folders (tasks/release.py read_cross_modal_pairs): every story's prefix and
+# SlamKit's cross-modal StoryCloze folders (tasks/slamkit.py read_cross_modal_pairs): every story's prefix and
 # endings spoken and written, so every modality can be asked.
 RELEASE_FORMATS.register(ReleaseFormat(
   "cross_modal_pairs", "stories as SlamKit's cross-modal folders, <base>_{mutual,correct,incorrect}.{wav,txt}",
   index="folder", pair_items=True))
+# The spoken-LM neighbours, read as their own toolkits read them (tasks/prosaudit.py, tasks/salmon.py): whole
+# recordings in pairs, no prefix; their transcriptions (ProsAudit's) are the same words in both, so only S->S asks
+# anything.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "prosaudit", "ZeroSpeech ProsAudit: a folder of recordings and its gold.csv, pairs of one sentence with a pause "
+  "at a natural and an unnatural place", modalities=("s2s",), protocols=("utterance",)))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "salmon", "a SALMon part: sample_<i>_0.wav (positive) and sample_<i>_1.wav (negative), whole recordings",
+  modalities=("s2s",), protocols=("utterance",), index="folder", pair_items=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +158,7 @@ register(Task(
   "tstorycloze", "tStoryCloze (replica)", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
   "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
 # The official spoken StoryCloze (slp-rl/SpokenStoryCloze, TWIST's sSC and tSC): whole spoken stories, read as
-# SlamKit reads them (tasks/release.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
+# SlamKit reads them (tasks/slamkit.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
 # half, as SlamKit's modelling metric counts them: the protocol of TWIST's and Moshi's published numbers.
 register(Task(
   "spoken_sstorycloze", "SpokenStoryCloze sSC", "en", "spoken_pairs", "sSC", "sSC", "sSC", decision="pair",
@@ -178,3 +187,24 @@ register(Task(
   "cm_tstorycloze", "cross-modal tSC", "en", "cross_modal_pairs", "cross_ms_tSC", "cross_ms_tSC", "cross_ms_tSC",
   decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
   breakdowns=("folder",)))
+
+# ZeroSpeech's ProsAudit (zerospeech-benchmarks 0.9.4, zerospeech/tasks/lm/prosody.py): the dataset's english/dev
+# and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability
+# per file, the sLM21 baselines' sum, docs/prosAudit.md:27-35), ties half, averaged over voices per (type, id), then
+# per type: protosyntax and lexical, its two subtasks. Sizes are planning estimates, not the release's counts.
+for _subset in ("dev", "test"):
+  register(Task(
+    f"prosaudit_{_subset}", f"ProsAudit ({_subset})", "en", "prosaudit", f"english/{_subset}/gold.csv",
+    f"english/{_subset}", f"english/{_subset}", decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0),
+    ties="half", loss="sum", averaged_over="type_id", breakdowns=("type",)))
+# SALMon (slp-rl/salmon): one task per part, as salmon.py prints one accuracy per part (salmon.py:91-112) and its
+# leaderboard has one column each; each recording's mean NLL (its configs' and SlamKit's mean_nll: true), positive
+# against negative, ties half (salmon.py:105-107). 200 samples a part (data_generation/README.MD: --num-samples 200).
+SALMON_PARTS = {  # folder -> the leaderboard's column, in salmon.py's order (salmon.py:78-87)
+  "bg_alignment": "Background Alignment", "bg_all_consistency": "Background Consistency (Random)",
+  "bg_domain_consistency": "Background Consistency (In-Domain)", "gender_consistency": "Gender Consistency",
+  "rir_consistency": "Room Consistency", "sentiment_alignment": "Sentiment Alignment",
+  "sentiment_consistency": "Sentiment Consistency", "speaker_consistency": "Speaker Consistency"}
+for _part, _title in SALMON_PARTS.items():
+  register(Task(f"salmon_{_part}", f"SALMon {_title}", "en", "salmon", _part, _part, _part, decision="pair",
+                candidates=2, sizes=PlannerSizes(200, 0, 0, 5.0), ties="half"))
