@@ -1,6 +1,6 @@
 """Per-pair results in SlamKit's terms, for tasks whose questions are a positive and a negative recording compared
-whole (a release format with `pair_items`: SpokenStoryCloze, SlamKit's cross-modal stories, and any pair task of
-whole recordings registered so).
+whole (a release format with `pair_items`: SpokenStoryCloze and SlamKit's other StoryCloze layouts, SALMon's parts,
+and any pair task of whole recordings registered so).
 
 SlamKit prints one number per run, the mean over pairs (slp-rl/slamkit 388b402, slamkit/metric/modelling_metric.py:
 98-99, cli/eval.py:77-86), and writes nothing per pair; what it computes per pair is this file's line:
