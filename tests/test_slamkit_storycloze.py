@@ -274,3 +274,34 @@ def test_slamkits_speech_to_speech_scores_each_story_whole_as_its_unit_lm(tmp_pa
   assert encoder.prefix(question, 0)[0].tolist() == [1]
   joined = np.concatenate([2 + units.encode(wave, "x")[:, 0], [1]])
   np.testing.assert_array_equal(encoder.candidate(question, 0)[0], joined)
+
+
+def test_hubert_units_with_slamkits_padding_are_transformers_on_the_padded_wave(tmp_path):
+  """SlamKit's HuBERT extractor runs each recording with 40 zero samples on both sides (hubert_feature_extractor.py:
+  42, `F.pad(wav, (40, 40))`); the spec's `pad: 40` does the same: the units are the nearest centroids of
+  transformers' features of the padded wave, and the padding is in the tokenizer's identity (another build)."""
+  import torch
+  from transformers import HubertConfig, HubertModel
+
+  from tasks.audio.hubert import HubertKmeansTokenizer
+
+  torch.manual_seed(0)
+  config = HubertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                        conv_dim=(16, 24, 16), conv_kernel=(10, 3, 2), conv_stride=(5, 2, 2),
+                        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+  model = HubertModel(config).eval()
+  model.save_pretrained(str(tmp_path / "hubert"), safe_serialization=True)
+  wave = (0.3 * np.random.default_rng(1).standard_normal(1203)).astype(np.float32)
+  with torch.no_grad():
+    padded = torch.nn.functional.pad(torch.from_numpy(wave)[None], (40, 40))
+    features = model(padded, output_hidden_states=True).hidden_states[2][0].numpy()
+  centroids = features[np.random.default_rng(2).choice(len(features), 8, replace=False)] + 0.01
+  np.save(tmp_path / "km.npy", centroids.astype(np.float32))
+  settings = {"model_dir": "hubert", "centroids": "km.npy", "layer": 2, "dedup": False}
+  where = lambda path: str(tmp_path / path)
+  slamkit = HubertKmeansTokenizer.from_settings({**settings, "pad": 40}, where)
+  distances = ((features[:, None].astype(np.float64) - centroids[None]) ** 2).sum(-1)
+  np.testing.assert_array_equal(slamkit.encode(wave, "x")[:, 0], distances.argmin(-1))
+  plain = HubertKmeansTokenizer.from_settings(settings, where)
+  assert len(plain.encode(wave, "x")) < len(features)  # 80 more samples: 4 more frames of 20
+  assert slamkit.identity()["pad"] == 40 and "pad" not in plain.identity()
