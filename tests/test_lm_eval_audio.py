@@ -1,0 +1,136 @@
+"""Audio through lm-eval: S2SBench's three tasks S->T as task YAMLs (docs/my_tasks/*_s2t.yaml) run by lm-eval's own
+command line with the `s2sjax` backend give `s2sjax.eval`'s per-candidate log-likelihoods and its lm-eval `acc` on the
+bundled sample (the tiny qwen2 of tests/eval_fixtures.py, the demo spec's mel k-means units); a request's recordings
+are dealt to its placeholders as the backend's docstring says; a text-only backend, lm-eval's or ours, refuses an
+audio task in one line naming it."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import lm_eval  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from s2sjax.commands import lm_eval_audio  # noqa: E402
+from s2sjax.commands.lm_eval_documents import DocumentError, document, questions  # noqa: E402
+from tasks.release import read_questions  # noqa: E402
+from tasks.sample import RELEASE_DIR  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MY_TASKS = ROOT / "docs" / "my_tasks"
+TASKS = {"sstorycloze": "sstorycloze_s2t", "zh_sstorycloze": "zh_sstorycloze_s2t", "scmmlu": "scmmlu_s2t"}
+TOLERANCE = 1e-5  # per candidate: its summed log-likelihood, fp32, the same model on other rows
+
+
+def sample_tasks() -> TaskManager:
+  """lm-eval's task manager over docs/my_tasks only (lm-eval's own ~14,000 task files are not read)."""
+  return TaskManager(include_path=str(MY_TASKS), include_defaults=False)
+
+
+def test_the_documents_are_the_releases_questions_read_by_s2sjaxs_reader():
+  for task in TASKS:
+    read = read_questions(task, RELEASE_DIR)
+    docs = questions(task, RELEASE_DIR, version=1.0)["test"]
+    assert [d["id"] for d in docs] == [q.id for q in read]
+    assert [d["candidates"] for d in docs] == [list(q.candidates) for q in read]
+    assert [d["answer"] for d in docs] == [q.correct for q in read]
+    assert [d["prefix_audio"] for d in docs] == [[{"path": q.audio_paths[0]}] for q in read]
+
+
+def test_a_question_whose_candidates_follow_different_recordings_is_refused():
+  question = read_questions("sstorycloze", RELEASE_DIR)[0]
+  other = read_questions("sstorycloze", RELEASE_DIR)[1].audio_paths[0]  # another story's spoken prefix
+  with pytest.raises(DocumentError, match=f"question {question.id}: its candidates follow different prefixes"):
+    document(question.__class__(**{**question.__dict__, "audio_paths": (question.audio_paths[0], other)}))
+
+
+def requests(context: str, choices: list[str], audio: list, doc_id: int = 0) -> list[Instance]:
+  """A multiple-choice document's requests as lm-eval makes them (api/task.py: the multimodal dict after each
+  choice's context and continuation), in shuffled order."""
+  made = [Instance("loglikelihood", {}, (context, choice, {"audio": audio}), c, metadata=("t", doc_id, 1))
+          for c, choice in enumerate(choices)]
+  return made[::-1]
+
+
+def test_a_documents_recordings_fill_its_context_then_each_choice_in_order():
+  a, b, c = ({"path": name} for name in ("a.wav", "b.wav", "c.wav"))
+  spoken_prefix = requests("Listen: <audio>", [" yes", " no"], [a])
+  assert lm_eval_audio.recordings(spoken_prefix) == [([a], []), ([a], [])]
+  whole_recordings = requests("", ["<audio>", "<audio>"], [a, b])  # sWUGGY's pairs: no prefix, each choice its own
+  assert lm_eval_audio.recordings(whole_recordings) == [([], [b]), ([], [a])]  # requests in reverse order
+  spoken_both = requests("<audio>", ["<audio>", "<audio>"], [a, b, c])
+  assert lm_eval_audio.recordings(spoken_both) == [([a], [c]), ([a], [b])]
+  with pytest.raises(lm_eval_audio.AudioRequestError, match="task t document 0 choice 0: 2 recordings .* for 3 "):
+    lm_eval_audio.recordings(requests("<audio>", ["<audio>", "<audio>"], [a, b]))
+
+
+def test_lm_evals_own_text_only_backend_refuses_an_audio_task_naming_it():
+  with pytest.raises(ValueError) as refused:
+    lm_eval.simple_evaluate(model="dummy", tasks=["sstorycloze_s2t"], task_manager=sample_tasks(), limit=2)
+  assert "['sstorycloze_s2t'] which require multimodal input" in str(refused.value)
+  assert "\n" not in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def s2t_scores(tiny_sample, tmp_path_factory):
+  """s2sjax.eval's S->T scores of the three tasks on the tiny sample: {task: {(question, candidate): log-likelihood}}
+  and its metrics.json's tasks."""
+  from s2sjax.commands import eval as s2s_eval
+  from s2sjax.commands.eval import EvalConfig
+  from s2sjax.scoring.evaluator import ScoringOptions
+
+  out = str(tmp_path_factory.mktemp("s2t"))
+  s2s_eval.run(EvalConfig(tuple(TASKS), ("s2t",), checkpoints=tiny_sample["ckpt"], data_dir=tiny_sample["data_dir"],
+                          output_dir=out, chunk_rows=4, row_length=1024,
+                          scoring=ScoringOptions(batch_size=4, attention="auto")))
+  scores = {}
+  for task in TASKS:
+    lines = [json.loads(line) for line in open(os.path.join(out, "ckpt-100", f"{task}-s2t.scores.jsonl"))]
+    scores[task] = {(line["question"], line["candidate"]): -line["nll_sum"] for line in lines}
+  return scores, json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]
+
+
+@pytest.mark.slow
+def test_lm_evals_command_line_on_the_s2t_yamls_gives_s2sjax_evals_numbers(tiny_sample, s2t_scores, tmp_path):
+  out = tmp_path / "out"
+  run = subprocess.run(
+    [sys.executable, "-m", "s2sjax.lm_eval", "run", "--model", "s2sjax", "--model_args",
+     f"pretrained={tiny_sample['ckpt']},spec=demo,row_length=1024", "--tasks", ",".join(TASKS.values()),
+     "--include_path", "docs/my_tasks", "--output_path", str(out), "--log_samples", "--batch_size", "4",
+     "--device", "cpu"],
+    cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  (folder,) = out.iterdir()
+  (results_file,) = folder.glob("results_*.json")
+  results = json.loads(results_file.read_text())["results"]
+  scores, metrics = s2t_scores
+  for task, name in TASKS.items():
+    (samples_file,) = folder.glob(f"samples_{name}_*.jsonl")
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    got = {(s["doc"]["id"], c): float(resp[0][0]) for s in samples for c, resp in enumerate(s["resps"])}
+    assert sorted(got) == sorted(scores[task]) and len(samples) == 24, task
+    keys = sorted(got)
+    np.testing.assert_allclose([got[k] for k in keys], [scores[task][k] for k in keys], atol=TOLERANCE, rtol=0,
+                               err_msg=task)
+    assert results[name]["acc,none"] == pytest.approx(metrics[task]["s2t"]["acc"], abs=1e-12), task
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, why", [(None, "no spec"), ("qwen2.5", "spec qwen2.5 is text-only")])
+def test_the_backend_without_a_spec_that_lays_audio_refuses_an_audio_task_in_one_line(tiny_sample, spec, why):
+  from s2sjax.commands.lm_eval import BackendError, S2SJaxLM
+
+  backend = S2SJaxLM(pretrained=tiny_sample["ckpt"], device="cpu:0", batch_size=2, **({"spec": spec} if spec else {}))
+  with pytest.raises(BackendError) as refused:
+    lm_eval.simple_evaluate(model=backend, tasks=["sstorycloze_s2t"], task_manager=sample_tasks(), limit=2)
+  message = str(refused.value)
+  assert message.startswith("task sstorycloze_s2t document 0 choice ") and f"given {why}" in message
+  assert "\n" not in message
