@@ -134,3 +134,78 @@ def test_the_backend_without_a_spec_that_lays_audio_refuses_an_audio_task_in_one
   message = str(refused.value)
   assert message.startswith("task sstorycloze_s2t document 0 choice ") and f"given {why}" in message
   assert "\n" not in message
+
+
+@pytest.fixture(scope="module")
+def laid_as_built(qwen_tokenizer_dir):
+  """(layer, encoder of a modality and protocol): the backend's audio layer and the build's encoder for one spec, the
+  demo's units between two tokens Qwen2.5's vocabulary has, so that the start and end rules are seen. The layer's
+  `lm` is the backend's text tokenization alone (`tok_encode`, `prefix_token_id`): no model is loaded."""
+  from transformers import AutoTokenizer
+
+  from s2sjax.commands.lm_eval import S2SJaxLM
+  from s2sjax.data.spec import load_spec, spec_from_dict
+  from tasks.audio import from_spec
+  from tasks.encoders import QuestionEncoder
+
+  fields = {**load_spec("demo").as_dict(), "name": "demo_marked", "start_token": "<|vision_start|>",
+            "end_token": "<|vision_end|>"}
+  spec = spec_from_dict(fields)
+  lm = S2SJaxLM.__new__(S2SJaxLM)
+  lm.tokenizer, lm.add_bos_token = AutoTokenizer.from_pretrained(qwen_tokenizer_dir), None
+  audio = from_spec(spec.audio_tokenizer, spec.codebook_sizes)
+
+  def layer(protocol="s2sbench"):
+    return lm_eval_audio.AudioLayer(spec, lm, None, protocol)
+
+  return layer, lambda modality, protocol="s2sbench": QuestionEncoder(spec, modality, lm.tokenizer, audio,
+                                                                      protocol=protocol)
+
+
+@pytest.mark.parametrize("modality, protocol", [("s2t", "s2sbench"), ("t2s", "s2sbench"), ("s2s", "s2sbench"),
+                                                ("s2s", "utterance")])
+def test_a_request_with_audio_is_laid_as_the_build_lays_its_question(laid_as_built, modality, protocol):
+  """The task YAML's text (S2SBench's instruction, the written prefix) and `<audio>` where a recording goes give
+  the ids the build lays for the question: the start token before a recording that follows text, the end token
+  before text, both the context's at its end; under the utterance protocol a whole recording (sWUGGY's: no prefix)
+  closed by the end token, scored."""
+  layer, encoder = laid_as_built
+  question = read_questions("sstorycloze", RELEASE_DIR)[3]
+  instruction = "Below is a segment of alternating speech and text content: "
+  prefix = {"path": question.audio_paths[0]}
+  spoken = [{"path": path} for path in question.candidate_audio_paths]
+  if protocol == "utterance":  # the candidate's recording alone, as a question without prefix audio lays it
+    question = question.__class__(**{**question.__dict__, "audio_paths": ("", "")})
+    context, choices, audio = "", ["<audio>", "<audio>"], spoken
+  elif modality == "s2t":
+    context, choices, audio = instruction + "<audio>", list(question.candidates), [prefix]
+  elif modality == "t2s":
+    context, choices, audio = instruction + question.prefixes[0], ["<audio>", "<audio>"], spoken
+  else:
+    context, choices, audio = instruction + "<audio>", ["<audio>", "<audio>"], [prefix] + spoken
+  made = requests(context, choices, audio)[::-1]
+  build = encoder(modality, protocol)
+  for c, (request, heard) in enumerate(zip(made, lm_eval_audio.recordings(made))):
+    laid = layer(protocol).lay(request, heard)
+    assert laid.context == build.prefix(question, c)[0].tolist(), (modality, c)
+    assert laid.continuation == build.candidate(question, c)[0].tolist(), (modality, c)
+    assert laid.codes is None
+
+
+def test_codebook_tables_carry_the_recordings_codes_at_the_placeholders_as_the_build_lays_them(laid_as_built):
+  from s2sjax.data.spec import load_spec
+  from tasks.audio import from_spec
+  from tasks.encoders import QuestionEncoder
+
+  layer, _ = laid_as_built
+  spec = load_spec("demo_tables")
+  lm = layer().lm
+  question = read_questions("scmmlu", RELEASE_DIR)[5]
+  made = requests("下面是一段语音和文本交错的内容：<audio>", list(question.candidates), [{"path": question.audio_paths[0]}])[::-1]
+  build = QuestionEncoder(spec, "s2t", lm.tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
+  ids, codes, _ = build.prefix(question, 0)
+  for c, (request, heard) in enumerate(zip(made, lm_eval_audio.recordings(made))):
+    laid = lm_eval_audio.AudioLayer(spec, lm, None, "s2sbench").lay(request, heard)
+    assert laid.context == ids.tolist() and laid.continuation == build.candidate(question, c)[0].tolist()
+    np.testing.assert_array_equal(laid.codes, codes)
+    assert (laid.codes >= 0).any()
