@@ -23,6 +23,7 @@ from s2sjax.commands import lm_eval_audio  # noqa: E402
 from s2sjax.commands.lm_eval_documents import DocumentError, document, questions  # noqa: E402
 from tasks.release import read_questions  # noqa: E402
 from tasks.sample import RELEASE_DIR  # noqa: E402
+from tests.test_lm_eval_args import lm_eval_logging_kept, signal_handlers_kept  # noqa: E402, F401 - fixtures
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MY_TASKS = ROOT / "docs" / "my_tasks"
@@ -209,3 +210,25 @@ def test_codebook_tables_carry_the_recordings_codes_at_the_placeholders_as_the_b
     assert laid.context == ids.tolist() and laid.continuation == build.candidate(question, c)[0].tolist()
     np.testing.assert_array_equal(laid.codes, codes)
     assert (laid.codes >= 0).any()
+
+
+@pytest.mark.slow
+def test_lm_evals_command_line_refuses_an_audio_task_for_its_own_text_backend_in_one_line(
+    monkeypatch, capsys, signal_handlers_kept, lm_eval_logging_kept):
+  """Through `python -m s2sjax.lm_eval`: one line and exit 1, not lm-eval's traceback (its task index kept to
+  docs/my_tasks: lm-eval's own ~14,000 files take seconds to index)."""
+  import lm_eval.tasks
+
+  from s2sjax.commands import lm_eval as backend
+
+  index = lm_eval.tasks.TaskManager.__init__
+  monkeypatch.setattr(lm_eval.tasks.TaskManager, "__init__",
+                      lambda self, *args, **kwargs: index(self, *args, **{**kwargs, "include_defaults": False}))
+  monkeypatch.setattr(sys, "argv", ["s2sjax.lm_eval"])
+  with pytest.raises(SystemExit) as exited:
+    backend.cli_evaluate(["run", "--model", "dummy", "--tasks", "sstorycloze_s2t", "--include_path", str(MY_TASKS),
+                          "--limit", "2"])
+  assert exited.value.code == 1
+  assert capsys.readouterr().err.splitlines()[-1] == (
+    "error: task sstorycloze_s2t carries audio or images (doc_to_audio / doc_to_image) and the DummyLM backend reads "
+    "text only; the s2sjax backend scores audio with model_args spec=NAME")

@@ -76,7 +76,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from s2sjax.data.builds import PROTOCOLS
 from s2sjax.data.spec import load_spec
 from s2sjax.runtime import cache, cli, progress, sharding
-from s2sjax.scoring import planner
+from s2sjax.scoring import default_model, planner
 from s2sjax.scoring.checkpoints import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
 from s2sjax.commands.lm_eval_audio import AudioLayer, Laid, named, recordings
@@ -119,6 +119,10 @@ class BackendError(UserError, ValueError):
 
 class GenerationRefused(UserError, NotImplementedError):
   """A generation task asked of a backend that scores log-likelihoods only."""
+
+
+class MultimodalRefused(UserError, ValueError):
+  """Tasks with audio or images asked of a backend that reads text only."""
 
 
 def _row_length(value) -> int:
@@ -241,6 +245,9 @@ class S2SJaxLM(TemplateLM):
     self.config = self.reader.config
     self.positions = self.reader.max_positions or DEFAULT_MAX_LENGTH
     self.params = self.reader.load_params(self.mesh, self.dtype)
+    if arguments.spec is not None:  # as s2sjax.eval scores it: the embedded default's units, untrained rows
+      self.config, self.params = default_model.fit_to_spec(self.config, self.params, arguments.spec,
+                                                           self.reader.manifest())
     self.tokenizer = self.reader.load_tokenizer(arguments.trust_remote_code)
     if self.tokenizer is None:
       raise BackendError(f"{self.checkpoint} holds no tokenizer: lm-eval's requests are text")
@@ -610,11 +617,35 @@ def _arguments_checked_first():
     EvaluatorConfig.process_tasks = original
 
 
+@contextlib.contextmanager
+def _multimodal_refused_in_one_line():
+  """lm-eval refuses a task with audio or images (`doc_to_audio` / `doc_to_image`) for a model class that does not
+  say it takes them (lm_eval/evaluator.py:519-532, `MULTIMODAL`) with a ValueError, a traceback on its command
+  line: the same check, made as `evaluate` starts, is a refusal of one line here (for lm-eval's own text
+  backends; the s2sjax backend refuses such a request itself when it has no spec that lays audio)."""
+  original = lm_eval.evaluator.evaluate
+
+  def checked(lm, task_dict, *args, **kwargs):
+    tasks = task_dict.get("tasks", {}) if isinstance(task_dict, dict) else {}
+    heard = [name for name, task in tasks.items() if getattr(task, "MULTIMODAL", False)]
+    if heard and not getattr(lm, "MULTIMODAL", False):
+      raise MultimodalRefused(f"task {', '.join(heard)} carries audio or images (doc_to_audio / doc_to_image) and "
+                              f"the {type(lm).__name__} backend reads text only; the s2sjax backend scores audio "
+                              "with model_args spec=NAME")
+    return original(lm, task_dict, *args, **kwargs)
+
+  lm_eval.evaluator.evaluate = checked
+  try:
+    yield
+  finally:
+    lm_eval.evaluator.evaluate = original
+
+
 def cli_evaluate(argv: list[str] | None = None) -> None:
   """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
   defaulting to s2sjax. lm-eval builds and calls the backend itself, so what every s2sjax command line does
   (s2sjax/runtime/cli.py) is done here: a refusal of the backend's (a UserError: model_args, a device, a mesh, a
-  checkpoint, a generation task) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
+  checkpoint, a generation task, an audio task given a text-only backend) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
   and says that lm-eval writes its files only when a run ends."""
   args = list(sys.argv[1:] if argv is None else argv)
   named = any(a in ("--model", "-M", "-h", "--help") or a.startswith("--model=") for a in args)
@@ -623,7 +654,7 @@ def cli_evaluate(argv: list[str] | None = None) -> None:
   sys.argv = [sys.argv[0]] + args
   cli.catch_interrupts()
   try:
-    with _git_quiet(), _arguments_checked_first():
+    with _git_quiet(), _arguments_checked_first(), _multimodal_refused_in_one_line():
       lm_eval.__main__.cli_evaluate()
   except cli.Interrupted as e:
     progress.end_bars()
