@@ -232,3 +232,19 @@ def test_lm_evals_command_line_refuses_an_audio_task_for_its_own_text_backend_in
   assert capsys.readouterr().err.splitlines()[-1] == (
     "error: task sstorycloze_s2t carries audio or images (doc_to_audio / doc_to_image) and the DummyLM backend reads "
     "text only; the s2sjax backend scores audio with model_args spec=NAME")
+
+
+def test_a_decoded_recording_is_laid_as_its_file(laid_as_built):
+  """lm-eval's common_voice form, {"array", "sampling_rate"}, as HF datasets decodes a wav: the same ids."""
+  import soundfile
+
+  layer, _ = laid_as_built
+  path = read_questions("zh_sstorycloze", RELEASE_DIR)[2].audio_paths[0]
+  wave, rate = soundfile.read(path, dtype="float32")
+  laid = [layer().lay(made[0], lm_eval_audio.recordings(made)[0]).context
+          for made in (requests("<audio>", ["好"], [recording])
+                       for recording in ({"path": path}, {"array": wave, "sampling_rate": rate}))]
+  assert laid[0] == laid[1] and len(laid[0]) > 20
+  with pytest.raises(lm_eval_audio.AudioRequestError, match="task t document 0 choice 0: a recording is HF datasets"):
+    made = requests("<audio>", ["好"], [{"bytes": b"RIFF"}])
+    layer().lay(made[0], lm_eval_audio.recordings(made)[0])

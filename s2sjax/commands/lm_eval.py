@@ -21,8 +21,8 @@ row_length - 1), add_bos_token (as the hf backend's), trust_remote_code (a token
 as code), spec (a preset or a spec YAML: the model's audio layout and tokenizer, for tasks with audio; none: a
 text-only backend, which refuses them), audio_tokenizer_dir (where the spec's audio tokenizer's files are) and
 protocol (s2sbench or utterance, as s2sjax.eval's --protocol: whether a recording that ends a continuation is closed
-by the spec's end token, scored); any other key, or a value that makes no run, is refused by name before a model is loaded, and lm-eval's
-command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself (model_args may
+by the spec's end token, scored); any other key, or a value that makes no run, is refused by name before a model
+is loaded, and lm-eval's command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself (model_args may
 give them too, as the hf backend's take them: model_args' value is the one used):
 batch_size (the most rows a step, each holding many requests, a call's rows spread evenly over the steps they
 need; `auto` or `auto:N`: the most rows, up to max_batch_size, default 64 (on CPUs two a device, where smaller
@@ -74,7 +74,7 @@ from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from s2sjax.data.builds import PROTOCOLS
-from s2sjax.data.spec import load_spec
+from s2sjax.data.spec import Spec, load_spec
 from s2sjax.runtime import cache, cli, progress, sharding
 from s2sjax.scoring import default_model, planner
 from s2sjax.scoring.checkpoints import checkpoint as ckpt
@@ -166,7 +166,7 @@ class BackendArguments:
   max_batch_size: int
   add_bos_token: bool | None
   trust_remote_code: bool
-  spec: object | None  # s2sjax.data.spec.Spec: requests with audio are laid by it; None: text only
+  spec: Spec | None  # requests with audio are laid by it; None: text only
   audio_tokenizer_dir: str | None
   protocol: str
 
@@ -507,18 +507,17 @@ class S2SJaxLM(TemplateLM):
     """The packer's items for `pairs`, one per distinct context with its continuations as candidates, and the
     pairs (indices) of each item."""
     groups: dict[tuple, list[int]] = {}
-    for index, (context, _, *codes) in enumerate(pairs):
-      laid = codes[0] if codes and codes[0] is not None else None
-      groups.setdefault((tuple(context), None if laid is None else laid.tobytes()), []).append(index)
+    for index, pair in enumerate(pairs):
+      codes = _context_codes(pair)
+      groups.setdefault((tuple(pair[0]), None if codes is None else codes.tobytes()), []).append(index)
     codebooks = len(self.config.audio_codebook_sizes)  # a model that also takes audio reads text rows too
     items = []
     for g, members in enumerate(groups.values()):
-      context, _, *codes = pairs[members[0]]
-      laid = codes[0] if codes and codes[0] is not None else None
-      if codebooks and laid is None:
-        laid = np.full((len(context), codebooks), -1, np.int32)
+      context, codes = pairs[members[0]][0], _context_codes(pairs[members[0]])
+      if codebooks and codes is None:
+        codes = np.full((len(context), codebooks), -1, np.int32)
       items.append(Item(np.asarray(context, np.int32), tuple(np.asarray(pairs[i][1], np.int32) for i in members),
-                        laid if codebooks else None, name=f"context {g}"))
+                        codes if codebooks else None, name=f"context {g}"))
     return list(groups.values()), items
 
   def _packed(self, items: list[Item]) -> tuple[dict[str, np.ndarray], PackReport, RowShape]:
@@ -563,6 +562,11 @@ class S2SJaxLM(TemplateLM):
       self._compiled[shape, batch] = Scorer(self.config, shape, mesh=self.mesh, batch_size=batch, dtype=self.dtype,
                                             neighbour_free=True)
     return self._compiled[shape, batch]
+
+
+def _context_codes(pair: Pair) -> np.ndarray | None:
+  """The codes a pair's context carries (codebook tables' audio), or None."""
+  return pair[2] if len(pair) > 2 else None
 
 
 # Registered by name (imported when first asked for): run as `python -m s2sjax.lm_eval` this file is `__main__`,

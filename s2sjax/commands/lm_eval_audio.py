@@ -120,16 +120,17 @@ class AudioLayer:
   def lay(self, request, heard: tuple[list, list]) -> Laid:
     """One request's ids (and codes) from its text and its recordings (`recordings`)."""
     sides = [_parts(text, found) for text, found in zip(request.args[:2], heard)]
-    modality = modalities.get(f"{'st'[not any(map(_is_audio, sides[0]))]}2{'st'[not any(map(_is_audio, sides[1]))]}")
+    spoken = ["s" if any(map(_is_audio, side)) else "t" for side in sides]
+    modality = modalities.get(f"{spoken[0]}2{spoken[1]}")
     try:
       self.spec.check_modality(modality)
     except UserError as e:
       raise AudioRequestError(f"{named(request)}: {e}") from None
     if modality.candidate == SPEECH and len(self.spec.codebook_sizes) > 1:
       raise AudioRequestError(f"{named(request)}: spec {self.spec.name} lays {len(self.spec.codebook_sizes)} tokens a "
-                              "frame and scores a spoken candidate on every first one; the lm-eval backend scores "
-                              "every token of a continuation")
-    parts = [(part, side) for side, found in enumerate(sides) for part in found]
+                              "frame and scores a spoken candidate on its first codebook's; the lm-eval backend "
+                              "scores every token of a continuation")
+    parts = [(part, side) for side, found in enumerate(sides) for part in found]  # side 0: context, 1: continuation
     ids, codes = ([], []), ([], [])
 
     def add(side: int, new_ids, new_codes=None) -> None:
@@ -138,22 +139,25 @@ class AudioLayer:
 
     if not parts or _is_audio(parts[0][0]):
       add(0, self.lm.tok_encode("", add_special_tokens=None))  # the tokenizer's opening special tokens
+    start, end = self.encoder.ids.start, self.encoder.ids.end
     for at, (part, side) in enumerate(parts):
-      before, after = (parts[at - 1][0] if at else None), (parts[at + 1][0] if at + 1 < len(parts) else None)
+      before = parts[at - 1] if at else (None, 0)  # what precedes the sequence is the context's
+      after = parts[at + 1] if at + 1 < len(parts) else (None, side)
       if not _is_audio(part):
-        if side == 0 and isinstance(after, str) and at + 1 < len(parts) and parts[at + 1][1] == 1:
-          first, rest = self._text_pair(part, after, opens=at == 0)
+        if side == 1 and before[1] == 0 and isinstance(before[0], str):
+          continue  # laid with the context's text before it
+        if side == 0 and after[1] == 1 and isinstance(after[0], str):  # text meets text at the context's end
+          first, rest = self._text_pair(part, after[0], opens=at == 0)
           add(0, first)
           add(1, rest)
-        elif not (side == 1 and at and parts[at - 1][1] == 0 and isinstance(before, str)):  # not laid with it
+        else:
           add(side, self.lm.tok_encode(part, add_special_tokens=None if at == 0 else False))
         continue
-      start, end = self.encoder.ids.start, self.encoder.ids.end
-      if start is not None and not _is_audio(before):
-        add(0 if at == 0 or parts[at - 1][1] == 0 else side, [start])
+      if start is not None and not _is_audio(before[0]):
+        add(before[1], [start])  # the side of what it follows: at the context's end, the context's
       add(side, *self._recording(part, request))
-      closes = after is None and side == 1 and self.protocol == "utterance"
-      if end is not None and (isinstance(after, str) or closes):
+      closes = after[0] is None and side == 1 and self.protocol == "utterance"
+      if end is not None and (isinstance(after[0], str) or closes):
         add(side, [end])
     context = ids[0] or [self.lm.prefix_token_id]  # lm-eval's empty context
     laid_codes = None
