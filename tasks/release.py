@@ -36,7 +36,7 @@ from typing import Callable
 
 from s2sjax.data import task_registry, modalities
 from s2sjax.runtime.errors import UserError
-from s2sjax.runtime.registry import Registry
+from s2sjax.runtime.registry import Registry, load_object
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -62,6 +62,9 @@ class Question:
   candidates: tuple[str, ...]
   correct: int
   candidate_audio_paths: tuple[str, ...] = ()  # per candidate: the spoken candidate (read only for T->S, S->S)
+  # What the release says of the question (a sWUGGY pair's id, voice, frequency band): what the task's record groups
+  # its questions by (`averaged_over`) and breaks its accuracy down by (`breakdowns`), in the results files as given.
+  labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -388,24 +391,36 @@ def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: 
   questions = []
   for i in range(len(names) // 2):
     right, wrong = names[2 * i], names[2 * i + 1]
-    stems = tuple(os.path.splitext(n)[0] for n in (right, wrong))
     recordings = tuple(paths.inside(os.path.join(record.release_jsonl, n), f"{where}/{n}") for n in (right, wrong))
-    questions.append(Question(id=str(i), language=record.language, uttids=stems, prefixes=("", ""),
-                              audio_paths=("", ""), candidates=stems, correct=0, candidate_audio_paths=recordings))
+    questions.append(whole_recordings(record, str(i), recordings))
   return questions
+
+
+def whole_recordings(record: task_registry.Task, question_id: str, recordings: tuple[str, ...], **fields) -> Question:
+  """A question of whole recordings, the right one first, each scored alone (S->S, the utterance protocol): no text
+  and no prefix; each candidate is named by its file's stem."""
+  stems = tuple(os.path.splitext(os.path.basename(path))[0] for path in recordings)
+  return Question(id=question_id, language=record.language, uttids=stems, prefixes=("",) * len(stems),
+                  audio_paths=("",) * len(stems), candidates=stems, correct=0, candidate_audio_paths=recordings,
+                  **fields)
 
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseReader:
   """How the build reads a release format (s2sjax.data.task_registry.RELEASE_FORMATS), registered under the format's
   name: `read(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
-  `paths` (`ReleasePaths`), every bad line a problem naming it; `spoken_names(line) -> {its spoken candidates' wav
-  names: their texts}` for the tools that write a release's recordings (tasks.importer, the bundled sample), None
-  for a format without written lines."""
+  `paths` (`ReleasePaths`), every bad line a problem naming it, or that function's "module:name" (imported when a
+  release of the format is read: a reader in a module of its own builds on this one's `Question`);
+  `spoken_names(line) -> {its spoken candidates' wav names: their texts}` for the tools that write a release's
+  recordings (tasks.importer, the bundled sample), None for a format without written lines."""
 
   release_format: str
-  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]
+  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]] | str
   spoken_names: Callable[[dict], dict[str, str]] | None = None
+
+  @property
+  def reader(self) -> Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]:
+    return load_object(self.read) if isinstance(self.read, str) else self.read
 
 
 READERS: Registry[ReleaseReader] = Registry("release reader", name_of=lambda r: r.release_format)
@@ -413,6 +428,9 @@ register = READERS.register
 register(ReleaseReader("story_pairs", read_story_pairs, story_spoken_names))
 register(ReleaseReader("multiple_choice", read_multiple_choice, option_spoken_names))
 register(ReleaseReader("spoken_pairs", read_spoken_pairs))
+# The spoken-LM neighbours' releases, each read by a module of its own.
+register(ReleaseReader("prosaudit", "tasks.prosaudit:read_prosaudit"))
+register(ReleaseReader("salmon", "tasks.salmon:read_salmon_part"))
 
 
 def read_questions(task: str, release_dir: str, problems: Problems | None = None) -> list[Question]:
@@ -420,7 +438,7 @@ def read_questions(task: str, release_dir: str, problems: Problems | None = None
   Problems go to `problems` when given (the caller decides), else raise at once."""
   paths = release_paths(task, release_dir)
   collect = problems if problems is not None else Problems()
-  read = READERS.get(paths.record.release_format).read
+  read = READERS.get(paths.record.release_format).reader
   questions = check_questions(read(paths.record, paths, collect), paths.record, read)
   if problems is None and collect:
     raise ReleaseError(f"{paths.index} has {len(collect)} problem(s):\n  {collect.text()}")
@@ -450,6 +468,12 @@ def _question_problem(question, record: task_registry.Task) -> str | None:
       return f"{name} {value!r} is not a tuple of {n} strings, one per candidate"
   if isinstance(question.correct, bool) or not isinstance(question.correct, int) or not 0 <= question.correct < n:
     return f"correct {question.correct!r} is not the index of a candidate (0 to {n - 1})"
+  labels = question.labels
+  if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+    return f"labels {labels!r} are not a dict of strings to strings"
+  needed = [name for name in (record.averaged_over, *record.breakdowns) if name is not None and name not in labels]
+  if needed:
+    return f"labels {labels!r} lack {', '.join(needed)}, which task {record.name} groups or breaks its accuracy down by"
   return None
 
 

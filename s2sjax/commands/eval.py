@@ -218,7 +218,7 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
     progress = Progress(td.num_rows, f"{record['name']} {td.task} {title}")
     scores[(td.task, td.label)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     if jax.process_index() == 0:
-      print(result_line(f"{record['name']} {td.task} {title}", metrics.task_metrics(td.benchmark.decision, s),
+      print(result_line(f"{record['name']} {td.task} {title}", metrics.task_metrics(td.benchmark, s, cfg.ties),
                         time.time() - start), flush=True)
       reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s},
                         {(td.task, td.label): store})
@@ -246,7 +246,7 @@ def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
       prefixes = dict(zip(table.ids, table.prefixes))
       audio_dir = os.path.join(str(by_key[(task, other)].metadata.source), benchmark.release_audio_dir)
       audio = {q: os.path.join(audio_dir, f"{uttids[0]}.wav") for q, uttids in zip(table.ids, table.uttids)}
-      found = flips.find_flips(benchmark.decision, scores[(task, reference)], scores[(task, other)])
+      found = flips.find_flips(benchmark, scores[(task, reference)], scores[(task, other)])
       flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
                         benchmark.title, (reference, other), found, prefixes, audio)
 

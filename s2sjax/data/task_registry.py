@@ -58,6 +58,15 @@ RELEASE_FORMATS.register(ReleaseFormat(
 RELEASE_FORMATS.register(ReleaseFormat(
   "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
   protocols=("utterance",), index="folder"))
+# The spoken-LM neighbours, read as their own toolkits read them (tasks/prosaudit.py, tasks/salmon.py): whole
+# recordings in pairs, no prefix; their transcriptions (ProsAudit's) are the same words in both, so only S->S asks
+# anything.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "prosaudit", "ZeroSpeech ProsAudit: a folder of recordings and its gold.csv, pairs of one sentence with a pause "
+  "at a natural and an unnatural place", modalities=("s2s",), protocols=("utterance",)))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "salmon", "a SALMon part: sample_<i>_0.wav (positive) and sample_<i>_1.wav (negative), whole recordings",
+  modalities=("s2s",), protocols=("utterance",), index="folder"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +94,13 @@ class Task:
   candidates: int  # per question
   sizes: PlannerSizes
   ties: str = "reference"  # s2sjax.data.metrics.TIE_RULES: how a tie counts (SlamKit's spoken StoryCloze: "half")
+  # LOSSES (below): a candidate's loss from its token NLLs, "mean" (S2SBench's) or "sum" (minus the
+  # recording's log-probability, where a toolkit scores that: ZeroSpeech's submissions).
+  loss: str = "mean"
+  # A question label (tasks.release.Question.labels): the questions sharing its value are averaged first and the
+  # accuracy is the mean over those groups (ZeroSpeech's sLM21: a pair's voices, then the mean over pairs).
+  averaged_over: str | None = None
+  breakdowns: tuple[str, ...] = ()  # question labels metrics.json breaks the accuracy down by (`by_<label>`)
 
   @property
   def release(self) -> ReleaseFormat:
@@ -97,10 +113,18 @@ class Task:
     return self.release.has_text
 
 
+LOSSES = ("mean", "sum")
+
+
 def _problems(new: Task, registered: Mapping[str, Task]) -> list[str]:
   known = [f.name for f in RELEASE_FORMATS.registered()]
-  return [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
-                                                 f"{', '.join(known)} (register its ReleaseFormat first)"]
+  problems = [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
+                                                     f"{', '.join(known)} (register its ReleaseFormat first)"]
+  if new.loss not in LOSSES:
+    problems.append(f"loss {new.loss!r} is not one of {', '.join(LOSSES)}")
+  if not isinstance(new.breakdowns, tuple):
+    problems.append(f"breakdowns {new.breakdowns!r} is not a tuple of label names")
+  return problems
 
 
 TASKS: Registry[Task] = Registry("task", check=_problems)
@@ -134,3 +158,24 @@ register(Task(
 register(Task(
   "spoken_tstorycloze", "SpokenStoryCloze tSC", "en", "spoken_pairs", "tSC", "tSC", "tSC", decision="pair",
   candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+
+# ZeroSpeech's ProsAudit (zerospeech-benchmarks 0.9.4, zerospeech/tasks/lm/prosody.py): the dataset's english/dev
+# and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability
+# per file, the sLM21 baselines' sum, docs/prosAudit.md:27-35), ties half, averaged over voices per (type, id), then
+# per type: protosyntax and lexical, its two subtasks. Sizes are planning estimates, not the release's counts.
+for _subset in ("dev", "test"):
+  register(Task(
+    f"prosaudit_{_subset}", f"ProsAudit ({_subset})", "en", "prosaudit", f"english/{_subset}/gold.csv",
+    f"english/{_subset}", f"english/{_subset}", decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0),
+    ties="half", loss="sum", averaged_over="type_id", breakdowns=("type",)))
+# SALMon (slp-rl/salmon): one task per part, as salmon.py prints one accuracy per part (salmon.py:91-112) and its
+# leaderboard has one column each; each recording's mean NLL (its configs' and SlamKit's mean_nll: true), positive
+# against negative, ties half (salmon.py:105-107). 200 samples a part (data_generation/README.MD: --num-samples 200).
+SALMON_PARTS = {  # folder -> the leaderboard's column, in salmon.py's order (salmon.py:78-87)
+  "bg_alignment": "Background Alignment", "bg_all_consistency": "Background Consistency (Random)",
+  "bg_domain_consistency": "Background Consistency (In-Domain)", "gender_consistency": "Gender Consistency",
+  "rir_consistency": "Room Consistency", "sentiment_alignment": "Sentiment Alignment",
+  "sentiment_consistency": "Sentiment Consistency", "speaker_consistency": "Speaker Consistency"}
+for _part, _title in SALMON_PARTS.items():
+  register(Task(f"salmon_{_part}", f"SALMon {_title}", "en", "salmon", _part, _part, _part, decision="pair",
+                candidates=2, sizes=PlannerSizes(200, 0, 0, 5.0), ties="half"))

@@ -171,8 +171,27 @@ def degradation_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
   return header, rows
 
 
+def breakdown_tables(runs: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
+  """A table per task x label its record breaks the accuracy down by (a frequency band, a type): a row per model x
+  modality, a column per label value in the order metrics.json holds them (accuracy, %, and the count)."""
+  tables = []
+  for task in task_registry.names():
+    for label in task_registry.get(task).breakdowns:
+      cells = [(run["name"], modality, m[f"by_{label}"]) for run in runs
+               for modality, m in sorted(run["tasks"].get(task, {}).items(), key=lambda kv: modalities.order(kv[0]))
+               if f"by_{label}" in m]
+      if cells:
+        values = list(dict.fromkeys(value for _, _, by in cells for value in by))
+        rows = [[name, modalities.title(modality)] + [
+          f"{100 * by[v]['accuracy']:.1f} ({by[v]['n']})" if v in by else "-" for v in values]
+                for name, modality, by in cells]
+        tables.append((f"{task_registry.get(task).title} by {label} (accuracy %, count):", ["model", "modality"]
+                       + values, rows))
+  return tables
+
+
 def write_tables(out_dir, runs: list[dict]) -> None:
-  """table.md: Table 1 (accuracy, %), then the degradation matrix; table.csv: Table 1."""
+  """table.md: Table 1 (accuracy, %), the degradation matrix, then each task's breakdowns; table.csv: Table 1."""
   header, rows = table_rows(runs)
   as_markdown = lambda head, body: (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                                     + ["| " + " | ".join(r) + " |" for r in body])
@@ -181,6 +200,8 @@ def write_tables(out_dir, runs: list[dict]) -> None:
   if matrix_rows:
     markdown += ["", "Degradation (points of accuracy, 95% paired interval):", ""]
     markdown += as_markdown(matrix_header, matrix_rows)
+  for title, head, body in breakdown_tables(runs):
+    markdown += ["", title, ""] + as_markdown(head, body)
   _write_text(epath.Path(out_dir) / "table.md", "\n".join(markdown) + "\n")
   buffer = io.StringIO()
   csv.writer(buffer).writerows([header] + rows)
