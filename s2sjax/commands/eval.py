@@ -55,7 +55,7 @@ from s2sjax.runtime.progress import Progress
 from s2sjax.scoring.checkpoints.stacks import maxtext_config
 from s2sjax.data.task_data import MissingDataError, TaskData, load_build
 from tasks import preparation
-from tasks.sample.smoke import write_smoke_release
+from tasks.sample.smoke import smoke_tasks, write_smoke_release
 
 FLAGS = flags.FLAGS
 # What --smoke changes unless given: every modality; one row length for every build, so one compiled step scores
@@ -341,7 +341,7 @@ def all_tasks(data_dir: str | None) -> list[str]:
   """`--task=all`: every task of the bundled sample (the tasks with text), or with --data_dir the ones built there
   (S2SBench's release has no tStoryCloze, for one), saying which are left out."""
   if data_dir is None:
-    return [t for t in task_registry.names() if task_registry.get(t).has_text]
+    return smoke_tasks()
   built = [t for t in task_registry.names() if os.path.isdir(os.path.join(data_dir, t))]
   missing = [t for t in task_registry.names() if t not in built]
   if not built:

@@ -35,6 +35,9 @@ class ReleaseFormat:
   protocols: tuple[str, ...] | None = None
   index: str = "file"
   lines_per_question: int | None = None
+  # Its questions are pairs of whole recordings that a toolkit compares one against the other (SlamKit's): each
+  # scores file gets a per-pair file beside it in that toolkit's terms (s2sjax/results/pair_items.py).
+  pair_items: bool = False
 
   def __post_init__(self):
     if self.index not in ("file", "folder") or not set(self.modalities) <= set(modalities.NAMES):
@@ -49,7 +52,7 @@ class ReleaseFormat:
 
 RELEASE_FORMATS: Registry[ReleaseFormat] = Registry("release format")
 # S2SBench's jsonl layouts, and slp-rl/SpokenStoryCloze's folders of whole spoken stories, read as SlamKit reads
-# them: each read by its reader in tasks/release.py.
+# them: each read by the reader tasks/release.py registers (SlamKit's layouts' in tasks/slamkit.py).
 RELEASE_FORMATS.register(ReleaseFormat(
   "story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, 2k+1 the wrong one of the same "
   "story", lines_per_question=2))
@@ -57,7 +60,7 @@ RELEASE_FORMATS.register(ReleaseFormat(
   "multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, answer`", lines_per_question=1))
 RELEASE_FORMATS.register(ReleaseFormat(
   "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
-  protocols=("utterance",), index="folder"))
+  protocols=("utterance",), index="folder", pair_items=True))
 # ZeroSpeech 2021's sLM21 (sWUGGY lexical/, sBLIMP syntactic/): a gold.csv pairing the recordings beside it, read as
 # zerospeech-benchmarks 0.9.4 reads it (tasks/zerospeech.py); each recording scored whole, or its gold text T->T.
 RELEASE_FORMATS.register(ReleaseFormat(
@@ -66,6 +69,11 @@ RELEASE_FORMATS.register(ReleaseFormat(
 RELEASE_FORMATS.register(ReleaseFormat(
   "slm21_syntactic", "grammatical against ungrammatical sentences, recordings paired by position in gold.csv",
   modalities=("t2t", "s2s"), protocols=("utterance",)))
+# SlamKit's cross-modal StoryCloze folders (tasks/slamkit.py read_cross_modal_pairs): every story's prefix and
+# endings spoken and written, so every modality can be asked.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "cross_modal_pairs", "stories as SlamKit's cross-modal folders, <base>_{mutual,correct,incorrect}.{wav,txt}",
+  index="folder", pair_items=True))
 # The spoken-LM neighbours, read as their own toolkits read them (tasks/prosaudit.py, tasks/salmon.py): whole
 # recordings in pairs, no prefix; their transcriptions (ProsAudit's) are the same words in both, so only S->S asks
 # anything.
@@ -74,7 +82,7 @@ RELEASE_FORMATS.register(ReleaseFormat(
   "at a natural and an unnatural place", modalities=("s2s",), protocols=("utterance",)))
 RELEASE_FORMATS.register(ReleaseFormat(
   "salmon", "a SALMon part: sample_<i>_0.wav (positive) and sample_<i>_1.wav (negative), whole recordings",
-  modalities=("s2s",), protocols=("utterance",), index="folder"))
+  modalities=("s2s",), protocols=("utterance",), index="folder", pair_items=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +166,7 @@ register(Task(
   "tstorycloze", "tStoryCloze (replica)", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
   "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
 # The official spoken StoryCloze (slp-rl/SpokenStoryCloze, TWIST's sSC and tSC): whole spoken stories, read as
-# SlamKit reads them (tasks/release.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
+# SlamKit reads them (tasks/slamkit.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
 # half, as SlamKit's modelling metric counts them: the protocol of TWIST's and Moshi's published numbers.
 register(Task(
   "spoken_sstorycloze", "SpokenStoryCloze sSC", "en", "spoken_pairs", "sSC", "sSC", "sSC", decision="pair",
@@ -186,6 +194,27 @@ def _register_slm21(split: str, swuggy_pairs: int, sblimp_pairs: int) -> None:
 
 _register_slm21("dev", 20000, 6300)
 _register_slm21("test", 60000, 18900)
+# SlamKit's other StoryCloze layouts (slp-rl/slamkit config/metric/): the multi-speaker folders (ms_ssc.yaml,
+# ms_tsc.yaml: `subfolder: true`, a folder of speakers' folders, read as spoken_pairs) and the cross-modal stories
+# (cm_ms_tsc.yaml: cross_ms_tSC, a folder of folders of <base>_{mutual,correct,incorrect}.{wav,txt}; its sSC
+# counterpart is named here by the same pattern). Scored as SlamKit scores them: ties half, each candidate's mean NLL
+# (SlamKit's mean_nll, config/metric/default.yaml), the accuracy also broken down by folder (a speaker's).
+register(Task(
+  "spoken_ms_sstorycloze", "SpokenStoryCloze ms-sSC", "en", "spoken_pairs", "ms_sSC", "ms_sSC", "ms_sSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
+  breakdowns=("folder",)))
+register(Task(
+  "spoken_ms_tstorycloze", "SpokenStoryCloze ms-tSC", "en", "spoken_pairs", "ms_tSC", "ms_tSC", "ms_tSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
+  breakdowns=("folder",)))
+register(Task(
+  "cm_sstorycloze", "cross-modal sSC", "en", "cross_modal_pairs", "cross_ms_sSC", "cross_ms_sSC", "cross_ms_sSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
+  breakdowns=("folder",)))
+register(Task(
+  "cm_tstorycloze", "cross-modal tSC", "en", "cross_modal_pairs", "cross_ms_tSC", "cross_ms_tSC", "cross_ms_tSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
+  breakdowns=("folder",)))
 
 # ZeroSpeech's ProsAudit (zerospeech-benchmarks 0.9.4, zerospeech/tasks/lm/prosody.py): the dataset's english/dev
 # and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability

@@ -4,6 +4,8 @@ TensorBoard scalars.
     OUT/<checkpoint>/run.json                                           the checkpoint's name, path, step, spec
     OUT/<checkpoint>/<task>-<modality>.scores.jsonl                     one line per candidate (modality: t2t,
                                                                         s2t, t2s, s2s, s2s_utterance)
+    OUT/<checkpoint>/<task>-<modality>.pairs.jsonl                      one line per pair of whole recordings, in
+                                                                        SlamKit's terms (s2sjax/results/pair_items.py)
     OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality; the
                                                                         degradation matrix (metrics.json, table.md)
     OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints;
@@ -33,7 +35,8 @@ from etils import epath
 from s2sjax.data import task_registry, modalities
 from s2sjax.scoring.checkpoints import paths as checkpoint_paths
 from s2sjax.results.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
-from s2sjax.data.metrics import summarize
+from s2sjax.results.pair_items import PAIRS_SUFFIX, pair_lines
+from s2sjax.data.metrics import candidate_loss, summarize
 from s2sjax.runtime.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.data.questions import QuestionScores
 
@@ -53,10 +56,14 @@ def chunk_dir(out_dir, run_folder: str, task: str, modality: str) -> epath.Path:
 def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScores],
               stores: dict[tuple[str, str], ChunkStore] | None = None) -> None:
   """One checkpoint's files: its record and a scores file per task x modality scored now; the line count and hash
-  of each are recorded in its chunk store (`stores`), which `read_runs` holds the file to."""
+  of each are recorded in its chunk store (`stores`), which `read_runs` holds the file to. A task of pairs of whole
+  recordings (its release format's `pair_items`) gets its pairs file beside."""
   write_json(epath.Path(run_dir) / RUN_RECORD, record)
   for key, s in scores.items():
     _write_scores(epath.Path(run_dir) / f"{key[0]}-{key[1]}{SCORES_SUFFIX}", s, (stores or {}).get(key))
+    record = task_registry.get(key[0])
+    if record.release.pair_items:
+      _write_pairs(epath.Path(run_dir) / f"{key[0]}-{key[1]}{PAIRS_SUFFIX}", pair_lines(s, candidate_loss(record, s)))
 
 
 def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | None) -> None:
@@ -65,6 +72,10 @@ def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | 
   write_atomic(path, data)
   if store is not None:
     store.write_scores_record(len(lines), hashlib.sha256(data).hexdigest())
+
+
+def _write_pairs(path: epath.Path, lines: list[dict]) -> None:
+  _write_text(path, "".join(strict_json(line, str(path), ensure_ascii=False) + "\n" for line in lines))
 
 
 def _read_scores(path: epath.Path) -> QuestionScores:
