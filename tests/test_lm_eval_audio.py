@@ -250,58 +250,41 @@ def test_a_decoded_recording_is_laid_as_its_file(laid_as_built):
     layer().lay(made[0], lm_eval_audio.recordings(made)[0])
 
 
-PAIRS_YAML = """task: prosaudit_pairs
-custom_dataset: !function s2sjax.commands.lm_eval_documents.questions
-dataset_kwargs: {task: prosaudit_dev}
-output_type: multiple_choice
-test_split: test
-doc_to_text: ""
-doc_to_audio: candidate_audio
-doc_to_choice: "{{['<audio>'] * candidates|length}}"
-doc_to_target: answer
-target_delimiter: ""
-metric_list:
-  - {metric: acc, aggregation: mean, higher_is_better: true}
-metadata:
-  version: 1.0
-  release_dir: RELEASE
-"""
-
-
 @pytest.mark.slow
-def test_whole_recordings_in_pairs_are_one_more_yaml_giving_s2sjax_evals_utterance_scores(tiny_sample, tmp_path):
-  """A registered task of whole recordings and no prefix (ProsAudit's pairs, as sWUGGY's are), as a YAML and
-  nothing else, scored with protocol=utterance: each candidate's log-likelihood is s2sjax.eval's S->S utterance
-  score of the same recording on the same model, and lm-eval's acc its `acc`."""
+def test_swuggys_yaml_gives_s2sjax_evals_utterance_scores_of_whole_recordings(tiny_sample, tmp_path):
+  """docs/my_tasks/swuggy.yaml, the sLM21 fixture's release given as its release_dir and nothing else, scored with
+  protocol=utterance: each recording's log-likelihood is s2sjax.eval's S->S utterance score of it on the same model
+  (within TOLERANCE), and lm-eval's acc s2sjax's `acc` (summed log-probs, per pair)."""
   from s2sjax.commands.eval import EvalConfig, run
   from s2sjax.commands.lm_eval import S2SJaxLM
   from s2sjax.data.builds import Variants
   from s2sjax.scoring.evaluator import ScoringOptions
   from tasks.preparation import prepare
-  from tests.neighbour_releases import Speech, write_prosaudit
+  from tests.slm21_fixture import write_release
 
-  root = str(tmp_path / "prosaudit")
-  write_prosaudit(root, Speech(str(tmp_path / "clips")))
+  root = write_release(str(tmp_path / "sLM21"), speech=False, sentences=())
   data, out = str(tmp_path / "data"), str(tmp_path / "out")
-  prepare("prosaudit_dev", "demo", "s2s", 1024, data, manual_dir=root, variants=Variants(protocol="utterance"),
+  prepare("swuggy", "demo", "s2s", 1024, data, manual_dir=root, variants=Variants(protocol="utterance"),
           tokenizer_dir=tiny_sample["tokenizer"])
-  run(EvalConfig(tasks=("prosaudit_dev",), modalities=("s2s",), protocols=("utterance",),
+  run(EvalConfig(tasks=("swuggy",), modalities=("s2s",), protocols=("utterance",),
                  checkpoints=tiny_sample["ckpt"], data_dir=data, output_dir=out, row_length=1024, chunk_rows=4,
                  scoring=ScoringOptions(batch_size=4)))
-  lines = [json.loads(line) for line in open(os.path.join(out, "ckpt-100", "prosaudit_dev-s2s_utterance.scores.jsonl"))]
+  lines = [json.loads(line) for line in open(os.path.join(out, "ckpt-100", "swuggy-s2s_utterance.scores.jsonl"))]
   want = {(line["question"], line["candidate"]): -line["nll_sum"] for line in lines}
-  metrics = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["prosaudit_dev"]["s2s_utterance"]
+  metrics = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]["tasks"]["swuggy"]["s2s_utterance"]
 
+  yaml_text = open(os.path.join(ROOT, "docs", "my_tasks", "swuggy.yaml")).read()
+  assert "release_dir: sLM21-dataset" in yaml_text
   (tmp_path / "tasks").mkdir()
-  (tmp_path / "tasks" / "prosaudit_pairs.yaml").write_text(PAIRS_YAML.replace("RELEASE", root))
+  (tmp_path / "tasks" / "swuggy.yaml").write_text(yaml_text.replace("release_dir: sLM21-dataset", f"release_dir: {root}"))
   backend = S2SJaxLM(pretrained=tiny_sample["ckpt"], spec="demo", protocol="utterance", row_length=1024,
                      device="cpu:0", batch_size=4)
-  results = lm_eval.simple_evaluate(model=backend, tasks=["prosaudit_pairs"], log_samples=True,
+  results = lm_eval.simple_evaluate(model=backend, tasks=["swuggy"], log_samples=True,
                                     task_manager=TaskManager(include_path=str(tmp_path / "tasks"),
                                                              include_defaults=False))
-  samples = results["samples"]["prosaudit_pairs"]
+  samples = results["samples"]["swuggy"]
   got = {(s["doc"]["id"], c): float(resp[0][0]) for s in samples for c, resp in enumerate(s["resps"])}
-  assert sorted(got) == sorted(want) and len(got) == 16
+  assert sorted(got) == sorted(want) and len(got) == 2 * 14  # 7 ids x 2 voices, a word and a non-word each
   keys = sorted(got)
   np.testing.assert_allclose([got[k] for k in keys], [want[k] for k in keys], atol=TOLERANCE, rtol=0)
-  assert results["results"]["prosaudit_pairs"]["acc,none"] == pytest.approx(metrics["acc"], abs=1e-12)
+  assert results["results"]["swuggy"]["acc,none"] == pytest.approx(metrics["acc"], abs=1e-12)
