@@ -199,22 +199,13 @@ _register_slm21("test", 60000, 18900)
 # (cm_ms_tsc.yaml: cross_ms_tSC, a folder of folders of <base>_{mutual,correct,incorrect}.{wav,txt}; its sSC
 # counterpart is named here by the same pattern). Scored as SlamKit scores them: ties half, each candidate's mean NLL
 # (SlamKit's mean_nll, config/metric/default.yaml), the accuracy also broken down by folder (a speaker's).
-register(Task(
-  "spoken_ms_sstorycloze", "SpokenStoryCloze ms-sSC", "en", "spoken_pairs", "ms_sSC", "ms_sSC", "ms_sSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
-  breakdowns=("folder",)))
-register(Task(
-  "spoken_ms_tstorycloze", "SpokenStoryCloze ms-tSC", "en", "spoken_pairs", "ms_tSC", "ms_tSC", "ms_tSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
-  breakdowns=("folder",)))
-register(Task(
-  "cm_sstorycloze", "cross-modal sSC", "en", "cross_modal_pairs", "cross_ms_sSC", "cross_ms_sSC", "cross_ms_sSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
-  breakdowns=("folder",)))
-register(Task(
-  "cm_tstorycloze", "cross-modal tSC", "en", "cross_modal_pairs", "cross_ms_tSC", "cross_ms_tSC", "cross_ms_tSC",
-  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
-  breakdowns=("folder",)))
+for _name, _title, _format, _folder, _sizes in (
+    ("spoken_ms_sstorycloze", "SpokenStoryCloze ms-sSC", "spoken_pairs", "ms_sSC", PlannerSizes(1871, 0, 0, 12.0)),
+    ("spoken_ms_tstorycloze", "SpokenStoryCloze ms-tSC", "spoken_pairs", "ms_tSC", PlannerSizes(1871, 0, 0, 12.0)),
+    ("cm_sstorycloze", "cross-modal sSC", "cross_modal_pairs", "cross_ms_sSC", PlannerSizes(1871, 60, 12, 9.0)),
+    ("cm_tstorycloze", "cross-modal tSC", "cross_modal_pairs", "cross_ms_tSC", PlannerSizes(1871, 60, 12, 9.0))):
+  register(Task(_name, _title, "en", _format, _folder, _folder, _folder, decision="pair", candidates=2, sizes=_sizes,
+                ties="half", breakdowns=("folder",)))
 
 # ZeroSpeech's ProsAudit (zerospeech-benchmarks 0.9.4, zerospeech/tasks/lm/prosody.py): the dataset's english/dev
 # and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability
