@@ -113,6 +113,12 @@ def shared_build(tmp_path_factory, name: str, build) -> dict:
 
 
 @pytest.fixture(scope="session")
+def build_once(tmp_path_factory):
+  """`build_once(name, build)`: `shared_build` for a test module's own data, which several of its tests read."""
+  return lambda name, build: shared_build(tmp_path_factory, name, build)
+
+
+@pytest.fixture(scope="session")
 def tiny_sample(tmp_path_factory, qwen_tokenizer_dir):
   """{hf, ckpt, data_dir, tokenizer}: the tiny qwen2 with the Qwen2.5 tokenizer (tests/eval_fixtures.py)
   converted to ckpt-100 from its transformers copy hf/, and the bundled sample's three tasks built for it, T->T and

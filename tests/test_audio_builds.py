@@ -90,26 +90,51 @@ def laid_codes(data, spec, tokenizer_dir) -> list[np.ndarray]:
   return found
 
 
-@needs_oracles
-@pytest.mark.slow
-@pytest.mark.parametrize("preset,folder,tokenizer_class", [
-    ("baichuan_audio", "baichuan_audio_tokenizer", "tasks.audio.baichuan:BaichuanAudioTokenizer"),
-    ("glm4_voice", "glm4voice_tokenizer", "tasks.audio.glm4_voice:Glm4VoiceTokenizer"),
-])
-def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_path, qwen_tokenizer_dir, preset,
-                                                                          folder, tokenizer_class):
+AUDIO_LINE = re.compile(r"audio: ([\d,.]+) audio s tokenized in [\d,.]+s \([\d,.]+ audio s/s\), (\d+) recordings' "
+                        r"codes reused across builds; compiled (\d+) tokenizer programs in [\d,.]+s, (\d+) loaded "
+                        r"from the compilation cache \((\d+) shapes, (\w+)\)")
+TOKENIZERS = {"baichuan_audio": ("baichuan_audio_tokenizer", "tasks.audio.baichuan:BaichuanAudioTokenizer"),
+              "glm4_voice": ("glm4voice_tokenizer", "tasks.audio.glm4_voice:Glm4VoiceTokenizer")}
+
+
+def oracle_tokenizer(preset: str):
   from s2sjax.runtime.registry import load_object
 
-  tokenizer = load_object(tokenizer_class)(str(ORACLES / folder))
-  spec_path = oracle_spec(tmp_path, preset, tokenizer)
-  spec = load_spec(spec_path)
-  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, spec)
-  data_dir = str(tmp_path / "data")
-  done = run_without_torch("tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}", "--modality=s2t",
-                           f"--tokenizer_dir={tokenizer_dir}", f"--audio_tokenizer_dir={ORACLES / folder}",
-                           f"--data_dir={data_dir}")
-  assert done.returncode == 0, done.stderr[-3000:]
-  data = load_task_data(data_dir, "sstorycloze", "s2t", spec_path, None)
+  folder, tokenizer_class = TOKENIZERS[preset]
+  return load_object(tokenizer_class)(str(ORACLES / folder))
+
+
+@pytest.fixture(scope="module")
+def no_torch_build(build_once, qwen_tokenizer_dir):
+  """`no_torch_build(preset)`: the sample's sStoryCloze S->T built by `tasks.prepare` with torch out of reach and
+  the oracle's audio tokenizer of the preset, once a session (the no-torch test and the distributed one read
+  GLM-4-Voice's): {spec, tokenizer_dir, audio_tokenizer_dir, data_dir, audio_seconds}."""
+  def build_for(preset: str) -> dict:
+    def build(root: str) -> dict:
+      root = Path(root)
+      root.mkdir(parents=True)
+      spec_path = oracle_spec(root, preset, oracle_tokenizer(preset))
+      tokenizer_dir = text_tokenizer(root, qwen_tokenizer_dir, load_spec(spec_path))
+      audio_dir, data_dir = str(ORACLES / TOKENIZERS[preset][0]), str(root / "data")
+      done = run_without_torch("tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}", "--modality=s2t",
+                               f"--tokenizer_dir={tokenizer_dir}", f"--audio_tokenizer_dir={audio_dir}",
+                               f"--data_dir={data_dir}")
+      assert done.returncode == 0, done.stderr[-3000:]
+      return {"spec": spec_path, "tokenizer_dir": tokenizer_dir, "audio_tokenizer_dir": audio_dir,
+              "data_dir": data_dir, "audio_seconds": float(AUDIO_LINE.search(done.stdout).group(1).replace(",", ""))}
+
+    return build_once(f"{preset}-no-torch-build", build)
+
+  return build_for
+
+
+@needs_oracles
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", sorted(TOKENIZERS))
+def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(no_torch_build, preset):
+  built = no_torch_build(preset)
+  tokenizer, spec, tokenizer_dir = oracle_tokenizer(preset), load_spec(built["spec"]), built["tokenizer_dir"]
+  data = load_task_data(built["data_dir"], "sstorycloze", "s2t", built["spec"], None)
   report = data.metadata.report
   assert report["audio_seconds"] > 60 and report["audio_files_resampled"] == 0
   assert data.metadata.audio_tokenizer["type"] == preset
@@ -123,11 +148,6 @@ def test_prepare_builds_s2t_rows_with_the_models_own_tokenizer_and_no_torch(tmp_
   assert len(laid) == len(expected) == len(questions)
   assert {codes.astype(np.int64).tobytes() for codes in laid} == {
       np.frombuffer(k, np.int32).astype(np.int64).tobytes() for k in expected}
-
-
-AUDIO_LINE = re.compile(r"audio: ([\d,.]+) audio s tokenized in [\d,.]+s \([\d,.]+ audio s/s\), (\d+) recordings' "
-                        r"codes reused across builds; compiled (\d+) tokenizer programs in [\d,.]+s, (\d+) loaded "
-                        r"from the compilation cache \((\d+) shapes, (\w+)\)")
 
 
 @needs_oracles
@@ -189,21 +209,15 @@ def _built(data_dir: Path, config: str) -> tuple[list[dict], dict]:
 
 @needs_oracles
 @pytest.mark.slow
-def test_a_distributed_prepare_of_two_processes_builds_what_one_does(tmp_path, qwen_tokenizer_dir):
+def test_a_distributed_prepare_of_two_processes_builds_what_one_does(tmp_path, no_torch_build):
   """Two processes on loopback (JAX's multi-process runtime, CPU collectives over gloo): each tokenizes half of the
   recordings (its audio line says so), process 0 alone writes, and the build holds the rows and metadata of a
   one-process build (only the timings differ; TFDS's record bytes differ between any two builds)."""
-  from tasks.audio.glm4_voice import Glm4VoiceTokenizer
-
-  folder = ORACLES / "glm4voice_tokenizer"
-  spec_path = oracle_spec(tmp_path, "glm4_voice", Glm4VoiceTokenizer(str(folder)))
-  tokenizer_dir = text_tokenizer(tmp_path, qwen_tokenizer_dir, load_spec(spec_path))
-  command = [sys.executable, "-m", "tasks.prepare", "--task=sstorycloze", f"--spec={spec_path}",
-             "--modality=s2t", f"--tokenizer_dir={tokenizer_dir}", f"--audio_tokenizer_dir={folder}"]
+  one = no_torch_build("glm4_voice")
+  command = [sys.executable, "-m", "tasks.prepare", "--task=sstorycloze", f"--spec={one['spec']}",
+             "--modality=s2t", f"--tokenizer_dir={one['tokenizer_dir']}",
+             f"--audio_tokenizer_dir={one['audio_tokenizer_dir']}"]
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  one = subprocess.run(command + [f"--data_dir={tmp_path / 'one'}"], cwd=str(ROOT), env=env, capture_output=True,
-                       text=True, timeout=900)
-  assert one.returncode == 0, one.stderr[-3000:]
   port = _free_port()
   processes = [subprocess.Popen(command + [f"--data_dir={tmp_path / 'two'}", "--distributed", "--cpu_collectives=gloo",
                                           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
@@ -215,15 +229,14 @@ def test_a_distributed_prepare_of_two_processes_builds_what_one_does(tmp_path, q
     for p in processes:
       p.kill()
   assert [p.returncode for p in processes] == [0, 0], [err[-3000:] for _, err in outputs]
-  config = next(p.name for p in (tmp_path / "one" / "sstorycloze").iterdir() if not p.name.startswith("."))
+  config = next(p.name for p in (Path(one["data_dir"]) / "sstorycloze").iterdir() if not p.name.startswith("."))
   assert sorted(p.name for p in (tmp_path / "two" / "sstorycloze").iterdir()) == sorted(
-      p.name for p in (tmp_path / "one" / "sstorycloze").iterdir())
-  rows_one, metadata_one = _built(tmp_path / "one", config)
+      p.name for p in (Path(one["data_dir"]) / "sstorycloze").iterdir())
+  rows_one, metadata_one = _built(Path(one["data_dir"]), config)
   rows_two, metadata_two = _built(tmp_path / "two", config)
   assert metadata_two == metadata_one and len(rows_two) == len(rows_one)
   for a, b in zip(rows_one, rows_two):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
   tokenized = [float(AUDIO_LINE.search(out).group(1).replace(",", "")) for out, _ in outputs]
-  whole = float(AUDIO_LINE.search(one.stdout).group(1).replace(",", ""))
-  assert sum(tokenized) == pytest.approx(whole, abs=0.1) and min(tokenized) > 0.3 * whole  # a share each
+  assert sum(tokenized) == pytest.approx(one["audio_seconds"], abs=0.1) and min(tokenized) > 0.3 * one["audio_seconds"]
   assert f"{config}:" in outputs[0][0] and f"{config}:" not in outputs[1][0]  # process 0 writes and reports

@@ -81,22 +81,36 @@ def test_every_task_and_modality_end_to_end(tiny_sample, tmp_path, qwen_tokenize
     assert sorted(listed) == sorted(expected) and len(listed) == len(set(listed))
 
 
-def test_all_four_modalities_and_both_protocols_give_the_degradation_matrix(tiny_sample, tmp_path, qwen_tokenizer_dir):
+def test_all_four_modalities_and_both_protocols_give_the_degradation_matrix(bytes_sample, tmp_path):
   """--modality=all --protocol=s2sbench,utterance: every modality's scores file holds S2SBench's arithmetic, and
-  metrics.json and table.md hold the matrix (each of s2t, t2s, s2s against t2t, and s2s against s2t)."""
+  metrics.json and table.md hold the matrix (each of s2t, t2s, s2s against t2t, and s2s against s2t). A 256-id
+  model (text as bytes, units as ids): the matrix is the same arithmetic whatever the vocabulary, and scoring the
+  speech candidates' units over the Qwen2.5 tokenizer's 151,680 ids took most of a minute."""
+  from transformers import AutoTokenizer
+
+  from checkpoints_conversion.convert import convert
   from s2sjax.data import metrics, modalities
   from s2sjax.data.questions import QuestionScores
+  from tests.hf_models import save_hf, tiny_model
 
+  hf = save_hf(tiny_model("qwen2", vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2),
+               str(tmp_path / "hf"))
+  ckpt = str(tmp_path / "ckpt-100")
+  convert(hf, ckpt)  # no tokenizer of its own: the byte tokenizer is named, as for the MaxText checkpoints
+  # the utterance protocol opens a recording with the tokenizer's eos (lm-eval's prefix token): byte 0's symbol
+  tokenizer = AutoTokenizer.from_pretrained(bytes_sample["tokenizer"])
+  tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)
+  tokenizer_dir = str(tmp_path / "tokenizer")
+  tokenizer.save_pretrained(tokenizer_dir)
   tasks = ["tstorycloze"]  # the task only s2sjax has, and the one TWIST scores S->S on
-  data_dir = str(tmp_path / "data")
+  data_dir, spec = str(tmp_path / "data"), bytes_sample["spec"]
   for task in tasks:
     for modality in ("t2t", "s2t", "t2s", "s2s"):
-      prepare(task, "demo", modality, 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir)
-    prepare(task, "demo", "s2s", 1024, data_dir, tokenizer_dir=qwen_tokenizer_dir,
-            variants=Variants(protocol="utterance"))
+      prepare(task, spec, modality, None, data_dir, tokenizer_dir=tokenizer_dir)
+    prepare(task, spec, "s2s", None, data_dir, tokenizer_dir=tokenizer_dir, variants=Variants(protocol="utterance"))
   out = str(tmp_path / "out")
-  _run(tiny_sample, out, tasks=tasks, modalities=modalities.parse("all"), protocols=("s2sbench", "utterance"),
-       data_dir=data_dir)
+  _run({"ckpt": ckpt, "data_dir": data_dir}, out, tasks=tasks, modalities=modalities.parse("all"),
+       protocols=("s2sbench", "utterance"), spec=spec, row_length=None, tokenizer_dir=tokenizer_dir)
   saved = json.load(open(os.path.join(out, "metrics.json")))["runs"][0]
   labels = ["t2t", "s2t", "t2s", "s2s", "s2s_utterance"]
   for task in tasks:

@@ -82,13 +82,21 @@ def test_a_flax_model_of_its_own_is_scored_through_its_forward(data):
   scores = Evaluator(forward, [td], ScoringOptions(batch_size=2)).score(params, td)
   rows = td.rows
   where = {tuple(pair): (q, c) for q, pairs in enumerate(td.questions.slots) for c, pair in enumerate(pairs)}
+  cases = []  # (question, candidate, prefix, candidate's tokens) of 8 slots
   for r, slot in list(zip(*np.nonzero(rows["slot_item"] >= 0)))[:8]:
     targets = rows["target_slot"][r] == slot
     segment = rows["segment_ids"][r, rows["target_pos"][r][targets][0]]
     prefix = rows["tokens"][r][(rows["segment_ids"][r] == segment) & (rows["branch_ids"][r] == 0)]
-    candidate = rows["target_ids"][r][targets]
-    sequence = jnp.asarray(np.concatenate([prefix, candidate])[None], jnp.int32)
-    log_probs = jax.nn.log_softmax(model.apply(params, sequence, jnp.ones_like(sequence)), axis=-1)[0]
-    alone = -float(log_probs[np.arange(len(prefix) - 1, sequence.shape[1] - 1), candidate].sum())
-    q, c = where[(rows["slot_item"][r, slot], rows["slot_candidate"][r, slot])]
+    cases.append((*where[(rows["slot_item"][r, slot], rows["slot_candidate"][r, slot])], prefix,
+                  rows["target_ids"][r][targets]))
+  # each prefix + candidate alone, one sequence a line of one call (one compilation): the padding after it, in a
+  # segment of its own, is out of reach of the causal model's earlier positions
+  length = max(len(prefix) + len(candidate) for _, _, prefix, candidate in cases)
+  sequences, segments = np.zeros((len(cases), length), np.int32), np.zeros((len(cases), length), np.int32)
+  for i, (_, _, prefix, candidate) in enumerate(cases):
+    sequences[i, :len(prefix) + len(candidate)] = np.concatenate([prefix, candidate])
+    segments[i, :len(prefix) + len(candidate)] = 1
+  log_probs = np.asarray(jax.nn.log_softmax(model.apply(params, jnp.asarray(sequences), jnp.asarray(segments)), -1))
+  for i, (q, c, prefix, candidate) in enumerate(cases):
+    alone = -float(log_probs[i, np.arange(len(prefix) - 1, len(prefix) + len(candidate) - 1), candidate].sum())
     assert scores.nll_sum[q, c] == pytest.approx(alone, abs=1e-5 * len(candidate))
