@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from s2sjax.examples.two_stage_training import train
-from s2sjax.model.decoder import init_params
 
 pytestmark = pytest.mark.slow  # trains and evaluates a model
 
@@ -15,7 +14,7 @@ pytestmark = pytest.mark.slow  # trains and evaluates a model
 def test_two_stage_schedule_freezes_the_right_params_and_logs_curves(tmp_path, qwen_tokenizer_dir):
   out = str(tmp_path / "out")
   summary = train(qwen_tokenizer_dir, str(tmp_path / "data"), out, steps_per_stage=2, eval_every=2)
-  initial = init_params(summary["config"], jax.random.PRNGKey(0))
+  initial = summary["initial_params"]
   stage1, stage2 = summary["params_after_stage"]
   same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
   assert same(stage1["layers"], initial["layers"]) and same(stage1["embed"], initial["embed"])

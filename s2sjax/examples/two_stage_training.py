@@ -102,7 +102,7 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
       prepare(task, SPEC, modality, SHAPE.length, data_dir, tokenizer_dir=tokenizer_dir)
       data.append(load_task_data(data_dir, task, modality, SPEC, SHAPE.length))
   config = tiny_config(len(tokenizer), data[1].metadata.audio_ids.placeholder)
-  params = init_params(config, jax.random.PRNGKey(0))
+  params = initial = init_params(config, jax.random.PRNGKey(0))
   evaluator = Evaluator(config, data, ScoringOptions(batch_size=4))
   rows, shape = alignment_rows(tokenizer)
   fields = ("tokens", "segment_ids", "branch_ids", "positions", "audio_codes", "target_pos", "target_ids", "target_slot")
@@ -130,7 +130,7 @@ def train(tokenizer_dir: str, data_dir: str, output_dir: str, steps_per_stage: i
     after_stage.append(params)
   summary = {"train_log": log, "history": evaluator.history, "compilations": evaluator.compiled_count()}
   reports.write_json(os.path.join(output_dir, "training_history.json"), summary)
-  return dict(summary, config=config, params_after_stage=after_stage)
+  return dict(summary, config=config, initial_params=initial, params_after_stage=after_stage)
 
 
 def main(argv):
