@@ -187,6 +187,7 @@ def build_items(questions: list[Question], encoder: QuestionEncoder, shape: RowS
       "candidates": list(question.candidates), "prefix": question.prefixes[0],
       "slots": [[item, j] for _, item, j in sorted(slots)],  # per candidate: (item index, candidate in item)
       "n_tokens": [encoder.scored(c) for c in candidates],
+      **({"labels": dict(question.labels)} if question.labels else {}),
     })
     stats.audio_seconds += seconds
     if meter:

@@ -36,7 +36,7 @@ from typing import Callable
 
 from s2sjax.data import task_registry, modalities
 from s2sjax.runtime.errors import UserError
-from s2sjax.runtime.registry import Registry
+from s2sjax.runtime.registry import Registry, load_object
 from tasks.audio.base import folder_digest
 
 OPTIONS = ("A", "B", "C", "D")
@@ -62,6 +62,9 @@ class Question:
   candidates: tuple[str, ...]
   correct: int
   candidate_audio_paths: tuple[str, ...] = ()  # per candidate: the spoken candidate (read only for T->S, S->S)
+  # What the release says of the question (a sWUGGY pair's id, voice, frequency band): what the task's record groups
+  # its questions by (`averaged_over`) and breaks its accuracy down by (`breakdowns`), in the results files as given.
+  labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -253,15 +256,15 @@ def _read_lines(path: str, fields: tuple[str, ...], problems: Problems, question
 
 
 def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] = ()) -> str:
-  """A hash of what a build reads from the release: its index (a jsonl's bytes, or a folder's recordings, as the
-  task's release format says) and, of the wav folders it decodes (`audio_dirs`), each wav's name and bytes
+  """A hash of what a build reads from the release: its index (a jsonl's bytes, or a folder's recordings and texts,
+  as the task's release format says) and, of the wav folders it decodes (`audio_dirs`), each wav's name and bytes
   (contents, not times: a copied release is the same release)."""
   paths = release_paths(task, release_dir)
   index = paths.index
   _require(index)
   digest = hashlib.sha256()
   if paths.record.release.index == "folder":
-    digest.update(folder_digest(index, ".wav").encode())
+    digest.update(_folder_index_digest(index).encode())
   else:
     with open(index, "rb") as f:
       digest.update(f.read())
@@ -269,6 +272,19 @@ def source_fingerprint(task: str, release_dir: str, audio_dirs: tuple[str, ...] 
     if os.path.isdir(audio_dir):
       digest.update(folder_digest(audio_dir, ".wav").encode())
   return digest.hexdigest()[:16]
+
+
+def _folder_index_digest(index: str) -> str:
+  """A folder release's recordings, and its texts where it has any, in the folder and in each folder inside it (a
+  speaker's: SlamKit's `subfolder` layouts), each folder's under its name."""
+  parts = [folder_digest(index, ".wav")]
+  inside = sorted(n for n in os.listdir(index) if os.path.isdir(os.path.join(index, n)))
+  for name, folder in [("", index)] + [(n, os.path.join(index, n)) for n in inside]:
+    if name:
+      parts.append(f"{name}/{folder_digest(folder, '.wav')}")
+    if any(n.endswith(".txt") for n in os.listdir(folder)):
+      parts.append(f"{name}/{folder_digest(folder, '.txt')}.txt")
+  return "\n".join(parts)
 
 
 def _question(collect: Problems, records: list[dict], key: str, make) -> Question | None:
@@ -342,17 +358,6 @@ def read_multiple_choice(record: task_registry.Task, paths: ReleasePaths, collec
   return questions
 
 
-SPOKEN_SEPARATOR = "_"  # SlamKit's storycloze() builds its dataset with sep="_"
-
-
-def _spoken_number(name: str, where: str) -> int:
-  head = name.split(SPOKEN_SEPARATOR)[0]
-  if not head.isdigit():
-    raise ReleaseError(f"{where}/{name}: a SpokenStoryCloze recording is named <n>{SPOKEN_SEPARATOR}<...>.wav, with a "
-                       f"number n before the first {SPOKEN_SEPARATOR!r}")
-  return int(head)
-
-
 def check_asked(task: str, modality: str, protocol: str) -> None:
   """A release is asked only what its format's questions hold: a folder of whole spoken stories (spoken_pairs) has
   no text and no prefix recording, so it is asked S->S under the utterance protocol only, as SlamKit scores it."""
@@ -364,55 +369,43 @@ def check_asked(task: str, modality: str, protocol: str) -> None:
     raise ReleaseError(f"{task} holds {release.summary}: build it with {how} (asked: {modality}, protocol {protocol})")
 
 
-def read_spoken_pairs(record: task_registry.Task, paths: ReleasePaths, collect: Problems) -> list[Question]:
-  """The official spoken StoryCloze (slp-rl/SpokenStoryCloze) as SlamKit's ModellingMetricDataset reads it
-  (slamkit/metric/modelling_metric.py): a folder (sSC/, tSC/) of whole spoken stories `<n>_<...>.wav`, sorted by
-  the number n; question i is recording 2i (the right ending, candidate 0) against 2i+1 (the wrong one), each
-  scored whole (S->S, the utterance protocol). An odd count, or two recordings of one number (their order, so
-  which is right, would be the folder listing's), is refused naming the folder."""
-  where = paths.index
-  if not os.path.isdir(where):
-    raise ReleaseError(f"{where} does not exist: a SpokenStoryCloze task reads that folder of recordings (is "
-                       "--manual_dir the SpokenStoryCloze release, holding sSC/ and tSC/?)")
-  numbered = sorted((_spoken_number(n, where), n) for n in os.listdir(where) if n.endswith(".wav"))
-  for (a, first), (b, second) in zip(numbered, numbered[1:]):
-    if a == b:
-      raise ReleaseError(f"{where}: {first} and {second} share the number {a}, so which is the right ending cannot "
-                         "be told (recordings are numbered one by one: 2i right, 2i+1 wrong)")
-  names = [n for _, n in numbered]
-  if not names:
-    raise ReleaseError(f"{where} holds no .wav recording")
-  if len(names) % 2:
-    raise ReleaseError(f"{where} holds {len(names)} recordings: an odd count leaves {names[-1]} without its pair "
-                       "(recordings 2i and 2i+1, sorted by their number, are one story's right and wrong telling)")
-  questions = []
-  for i in range(len(names) // 2):
-    right, wrong = names[2 * i], names[2 * i + 1]
-    stems = tuple(os.path.splitext(n)[0] for n in (right, wrong))
-    recordings = tuple(paths.inside(os.path.join(record.release_jsonl, n), f"{where}/{n}") for n in (right, wrong))
-    questions.append(Question(id=str(i), language=record.language, uttids=stems, prefixes=("", ""),
-                              audio_paths=("", ""), candidates=stems, correct=0, candidate_audio_paths=recordings))
-  return questions
+def whole_recordings(record: task_registry.Task, question_id: str, recordings: tuple[str, ...],
+                     names: tuple[str, ...] | None = None, **fields) -> Question:
+  """A question of whole recordings, the right one first, each scored alone (S->S, the utterance protocol): no text
+  and no prefix; each candidate is named by its file's stem, or by `names` (a speaker's folder and the stem)."""
+  stems = names or tuple(os.path.splitext(os.path.basename(path))[0] for path in recordings)
+  return Question(id=question_id, language=record.language, uttids=stems, prefixes=("",) * len(stems),
+                  audio_paths=("",) * len(stems), candidates=stems, correct=0, candidate_audio_paths=recordings,
+                  **fields)
 
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseReader:
   """How the build reads a release format (s2sjax.data.task_registry.RELEASE_FORMATS), registered under the format's
   name: `read(record, paths, problems) -> list[Question]`, every path it names resolved inside the release by
-  `paths` (`ReleasePaths`), every bad line a problem naming it; `spoken_names(line) -> {its spoken candidates' wav
-  names: their texts}` for the tools that write a release's recordings (tasks.importer, the bundled sample), None
-  for a format without written lines."""
+  `paths` (`ReleasePaths`), every bad line a problem naming it, or that function's "module:name" (imported when a
+  release of the format is read: a reader in a module of its own builds on this one's `Question`);
+  `spoken_names(line) -> {its spoken candidates' wav names: their texts}` for the tools that write a release's
+  recordings (tasks.importer, the bundled sample), None for a format without written lines."""
 
   release_format: str
-  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]
+  read: Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]] | str
   spoken_names: Callable[[dict], dict[str, str]] | None = None
+
+  @property
+  def reader(self) -> Callable[[task_registry.Task, ReleasePaths, Problems], list[Question]]:
+    return load_object(self.read) if isinstance(self.read, str) else self.read
 
 
 READERS: Registry[ReleaseReader] = Registry("release reader", name_of=lambda r: r.release_format)
 register = READERS.register
 register(ReleaseReader("story_pairs", read_story_pairs, story_spoken_names))
 register(ReleaseReader("multiple_choice", read_multiple_choice, option_spoken_names))
-register(ReleaseReader("spoken_pairs", read_spoken_pairs))
+register(ReleaseReader("spoken_pairs", "tasks.slamkit:read_spoken_pairs"))
+# The spoken-LM neighbours' releases, each read by a module of its own.
+register(ReleaseReader("prosaudit", "tasks.prosaudit:read_prosaudit"))
+register(ReleaseReader("salmon", "tasks.salmon:read_salmon_part"))
+register(ReleaseReader("cross_modal_pairs", "tasks.slamkit:read_cross_modal_pairs"))
 
 
 def read_questions(task: str, release_dir: str, problems: Problems | None = None) -> list[Question]:
@@ -420,7 +413,7 @@ def read_questions(task: str, release_dir: str, problems: Problems | None = None
   Problems go to `problems` when given (the caller decides), else raise at once."""
   paths = release_paths(task, release_dir)
   collect = problems if problems is not None else Problems()
-  read = READERS.get(paths.record.release_format).read
+  read = READERS.get(paths.record.release_format).reader
   questions = check_questions(read(paths.record, paths, collect), paths.record, read)
   if problems is None and collect:
     raise ReleaseError(f"{paths.index} has {len(collect)} problem(s):\n  {collect.text()}")
@@ -450,6 +443,12 @@ def _question_problem(question, record: task_registry.Task) -> str | None:
       return f"{name} {value!r} is not a tuple of {n} strings, one per candidate"
   if isinstance(question.correct, bool) or not isinstance(question.correct, int) or not 0 <= question.correct < n:
     return f"correct {question.correct!r} is not the index of a candidate (0 to {n - 1})"
+  labels = question.labels
+  if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+    return f"labels {labels!r} are not a dict of strings to strings"
+  needed = [name for name in (record.averaged_over, *record.breakdowns) if name is not None and name not in labels]
+  if needed:
+    return f"labels {labels!r} lack {', '.join(needed)}, which task {record.name} groups or breaks its accuracy down by"
   return None
 
 

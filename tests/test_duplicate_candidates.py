@@ -5,7 +5,7 @@ import numpy as np
 import jax
 from transformers import AutoTokenizer
 
-from s2sjax.data import metrics
+from s2sjax.data import metrics, task_registry
 from s2sjax.model.config import ModelConfig
 from s2sjax.model.decoder import init_params
 from s2sjax.data.packing import RowShape, fit
@@ -46,5 +46,5 @@ def test_identical_options_are_laid_once_reported_and_tie_exactly(qwen_tokenizer
   assert len(set(same.tolist())) == 1  # the same bits, not four sums that differ in the 6th digit
   assert two_alike[0] == two_alike[2] and two_alike[0] != two_alike[1]
   assert len(set(distinct.tolist())) == 4
-  result = metrics.task_metrics("answer_vs_distractors", scores)
+  result = metrics.task_metrics(task_registry.get("scmmlu"), scores)
   assert result["ties"] == 3 + 1  # the all-same question's three comparisons, and two_alike's answer vs option C

@@ -113,8 +113,8 @@ def test_all_four_modalities_and_both_protocols_give_the_degradation_matrix(tiny
       report = matrix[modalities.comparison_key(reference, other)]
       accuracy = lambda label: saved["tasks"][task][label]["accuracy"]
       assert report["degradation"] == pytest.approx(accuracy(reference) - accuracy(other))
-      b, c, p = metrics.mcnemar_p(*(metrics.question_decisions(task_registry.get(task).decision, scores[m].loss,
-                                                               scores[m].correct) for m in (reference, other)))
+      b, c, p = metrics.mcnemar_p(*(metrics.question_decisions(task_registry.get(task), scores[m])
+                                         for m in (reference, other)))
       assert (report["mcnemar"]["reference_only_right"], report["mcnemar"]["other_only_right"]) == (b, c)
     # the utterance protocol scores the whole story: more tokens per candidate than the ending alone
     assert (scores["s2s_utterance"].n_tokens > scores["s2s"].n_tokens).all()

@@ -1,13 +1,16 @@
 """Metrics equal S2SBench's reference arithmetic (eval_story.py, eval_cmmlu4.py), ties included."""
 
+import dataclasses
 import fractions
 import math
 
 import numpy as np
 import pytest
 
-from s2sjax.data import metrics
+from s2sjax.data import metrics, task_registry
 from s2sjax.data.questions import QuestionScores, QuestionTable
+
+STORIES, CMMLU = task_registry.get("sstorycloze"), task_registry.get("scmmlu")  # the two decision rules
 
 
 def _scores(questions: list[dict], nll_sum: np.ndarray, n_tokens: np.ndarray) -> QuestionScores:
@@ -71,7 +74,7 @@ def test_story_accuracy_equals_reference_on_random_score_files(seed):
   questions, sums, counts = _questions_from_story_lines(lines)
   arrays = _scores(questions, sums, counts)
   assert (arrays.loss[:, 0] == arrays.loss[:, 1]).sum() >= 5  # ties are exercised
-  assert metrics.task_metrics("pair", arrays)["accuracy"] == pytest.approx(reference_story_accuracy(lines))
+  assert metrics.task_metrics(STORIES, arrays)["accuracy"] == pytest.approx(reference_story_accuracy(lines))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -83,7 +86,7 @@ def test_cmmlu_accuracy_equals_reference_on_random_score_files(seed):
                 "candidates": ["x", "y", "z", "w"]} for i, l in enumerate(lines)]
   sums = np.array([[l["loss"][k] for k in "ABCD"] for l in lines])
   arrays = _scores(questions, sums, np.ones_like(sums, dtype=np.int64))
-  result = metrics.task_metrics("answer_vs_distractors", arrays)
+  result = metrics.task_metrics(CMMLU, arrays)
   assert result["accuracy"] == pytest.approx(reference_cmmlu_accuracy(lines)) and result["comparisons"] == 900
 
 
@@ -92,28 +95,28 @@ def test_hand_built_cases_with_ties():
   story = _scores([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a", "b"]},
                                    {"correct": 0, "slots": [[1, 0], [1, 1]], "candidates": ["a", "b"]}],
                                   np.array([[2.0, 2.0], [1.0, 3.0]]), np.ones((2, 2), np.int64))
-  assert metrics.task_metrics("pair", story)["accuracy"] == 0.5
+  assert metrics.task_metrics(STORIES, story)["accuracy"] == 0.5
   cmmlu = _scores([{"correct": 2, "slots": [[0, j] for j in range(4)], "candidates": list("abcd")}],
                                   np.array([[1.0, 2.0, 1.0, 0.5]]), np.ones((1, 4), np.int64))
-  result = metrics.task_metrics("answer_vs_distractors", cmmlu)
+  result = metrics.task_metrics(CMMLU, cmmlu)
   assert result["accuracy"] == pytest.approx(2 / 3)  # ties with A (right), beats B, loses to D
   assert result["argmin_accuracy"] == 0.0 and result["positive_loss"] == 1.0
   assert result["negative_loss"] == pytest.approx((1.0 + 2.0 + 0.5) / 3)
   assert result["loss_gap"] == pytest.approx((1.0 + 2.0 + 0.5) / 3 - 1.0)
   # SlamKit's rule (ties="half"): a tie counts half; the ties are counted under either rule
-  assert metrics.task_metrics("pair", story, ties="half")["accuracy"] == 0.75
-  assert metrics.task_metrics("pair", story)["ties"] == metrics.task_metrics("pair", story, ties="half")["ties"] == 1
-  half = metrics.task_metrics("answer_vs_distractors", cmmlu, ties="half")
+  assert metrics.task_metrics(STORIES, story, ties="half")["accuracy"] == 0.75
+  assert metrics.task_metrics(STORIES, story)["ties"] == metrics.task_metrics(STORIES, story, ties="half")["ties"] == 1
+  half = metrics.task_metrics(CMMLU, cmmlu, ties="half")
   assert half["accuracy"] == pytest.approx(1.5 / 3) and half["ties"] == 1
   with pytest.raises(ValueError, match="ties='both': choose one of reference, half"):
-    metrics.task_metrics("pair", story, ties="both")
+    metrics.task_metrics(STORIES, story, ties="both")
 
 
 def test_acc_norm_divides_by_candidate_bytes():
   # summed NLL favours the short wrong candidate; per byte, the long right one wins
   arrays = _scores([{"correct": 0, "slots": [[0, 0], [0, 1]], "candidates": ["a long ending", "no"]}],
                                    np.array([[6.5, 2.0]]), np.array([[4, 1]]))
-  result = metrics.task_metrics("pair", arrays)
+  result = metrics.task_metrics(STORIES, arrays)
   assert result["acc"] == 0.0 and result["acc_norm"] == 1.0
 
 
@@ -124,7 +127,7 @@ def test_mcnemar_exact_and_degradation():
   assert (b, c) == (7, 2) and p == pytest.approx(2 * sum(__import__("math").comb(9, k) for k in range(3)) / 2**9)
   assert metrics.mcnemar_p(text, text)[2] == 1.0
   arrays = lambda right: _from_loss(np.where(right[:, None], [[1.0, 2.0]], [[2.0, 1.0]]), np.zeros(12, int))
-  report = metrics.degradation("pair", arrays(text), arrays(speech))
+  report = metrics.degradation(STORIES, arrays(text), arrays(speech))
   assert report["degradation"] == pytest.approx(10 / 12 - 5 / 12) and report["ratio"] == pytest.approx(0.5)
   low, high = report["degradation_ci95"]
   assert low < report["degradation"] < high
@@ -155,7 +158,7 @@ def test_cmmlu_degradation_tests_questions_not_their_three_comparisons():
   flipped = loss.copy()
   flipped[:4, 0] = 2.0
   correct = np.zeros(12, int)
-  report = metrics.degradation("answer_vs_distractors", _from_loss(loss, correct), _from_loss(flipped, correct))
+  report = metrics.degradation(CMMLU, _from_loss(loss, correct), _from_loss(flipped, correct))
   assert report["mcnemar"] == {"questions": 12, "reference_only_right": 4, "other_only_right": 0, "p_value": 0.125}
   assert report["degradation"] == pytest.approx(4 / 12)
 
@@ -164,3 +167,58 @@ def test_bootstrap_interval_brackets_the_accuracy():
   decisions = np.random.default_rng(0).random(400) < 0.7
   low, high = metrics.bootstrap_interval(decisions.astype(float), 400)
   assert low < decisions.mean() < high and 0.05 < high - low < 0.12
+
+
+def test_a_task_averaged_over_a_label_scores_groups_as_zerospeech_does():
+  """sWUGGY's arithmetic (zerospeech-benchmarks 0.9.4 tasks/lm/lexical.py:80-91, submissions/sLM21.py:348-358): a
+  pair right 1, tied 0.5, wrong 0 on summed log-probs; an id's score the mean over its voices; the overall the mean
+  over ids; a band's the mean over its ids; the in-vocabulary figure the ids outside the oov band. Worked by hand
+  here on five ids, two voices each."""
+  record = dataclasses.replace(STORIES, name="toy_lexical", loss="sum", averaged_over="id", ties="half",
+                               breakdowns=("frequency_band", "in_vocabulary"))
+  # (id, band, summed NLL of the word, of the non-word) per voice; token counts differ so mean and sum disagree
+  pairs = [("a", "oov", (3.0, 4.0), (5.0, 5.0)), ("b", "1-5", (2.0, 1.0), (2.0, 6.0)), ("c", "1-5", (1.0, 2.0), (1.0, 2.0)),
+           ("d", ">100", (7.0, 6.0), (9.0, 8.0)), ("e", "oov", (1.0, 9.0), (4.0, 3.0))]
+  ids, nll, tokens, labels = [], [], [], []
+  for pair, band, *voices in pairs:
+    for voice, (word, non_word) in zip(("v1", "v2"), voices):
+      ids.append(f"{pair}_{voice}")
+      nll.append((word, non_word))
+      tokens.append((1, 10))  # the non-word's mean NLL is always lower: a mean loss would say 0 for every pair
+      labels.append({"id": pair, "voice": voice, "frequency_band": band,
+                     "in_vocabulary": "no" if band == "oov" else "yes"})
+  n = len(ids)
+  scores = QuestionScores(tuple(ids), (("w", "nw"),) * n, (("w", "nw"),) * n, np.zeros(n, np.int64),
+                          np.array(nll), np.array(tokens), tuple(labels))
+  m = metrics.task_metrics(record, scores)
+  # per id: a (1 + 0.5) / 2, b (0 + 1) / 2, c 1, d (0 + 0) / 2, e (1 + 0) / 2
+  per_id = {"a": 0.75, "b": 0.5, "c": 1.0, "d": 0.0, "e": 0.5}
+  assert m["accuracy"] == pytest.approx(np.mean(list(per_id.values())))
+  assert m["averaged_over"] == {"label": "id", "groups": 5} and m["questions"] == 10 and m["ties"] == 1
+  assert m["by_frequency_band"] == {
+    "oov": {"n": 2, "accuracy": pytest.approx(0.625), "std": pytest.approx(np.std([0.75, 0.5], ddof=1))},
+    "1-5": {"n": 2, "accuracy": pytest.approx(0.75), "std": pytest.approx(np.std([0.5, 1.0], ddof=1))},
+    ">100": {"n": 1, "accuracy": 0.0, "std": None}}
+  assert m["by_in_vocabulary"]["yes"]["accuracy"] == pytest.approx(np.mean([0.5, 1.0, 0.0]))  # n-weighted bands
+  assert metrics.task_metrics(dataclasses.replace(record, loss="mean"), scores)["accuracy"] == 0.0
+
+
+def test_labels_travel_from_the_table_to_the_scores_file_and_back():
+  table = QuestionTable.from_records([
+    {"id": "a", "uttids": ["w", "nw"], "correct": 0, "candidates": ["w", "nw"], "slots": [[0, 0], [0, 1]],
+     "n_tokens": [2, 3], "labels": {"id": "a", "voice": "v1"}}])
+  assert QuestionTable.from_records(table.to_records()).labels == ({"id": "a", "voice": "v1"},)
+  scores = table.scores(np.array([[1.0, 2.0]]), np.array([[2, 3]]))
+  lines = scores.to_lines()
+  assert [line["labels"] for line in lines] == [{"id": "a", "voice": "v1"}] * 2
+  assert QuestionScores.from_lines(lines).labels == scores.labels
+  unlabelled = QuestionTable.from_records([{k: v for k, v in table.to_records()[0].items() if k != "labels"}])
+  assert unlabelled.labels == () and "labels" not in unlabelled.scores(np.ones((1, 2)), np.ones((1, 2))).to_lines()[0]
+
+
+def test_a_question_without_a_label_its_task_groups_by_is_named():
+  record = dataclasses.replace(STORIES, name="toy_lexical", averaged_over="id")
+  scores = QuestionScores(("q1",), (("w", "nw"),), (("w", "nw"),), np.zeros(1, np.int64), np.ones((1, 2)),
+                          np.ones((1, 2), np.int64), ({"voice": "v1"},))
+  with pytest.raises(ValueError, match="label 'id', which question q1 does not carry"):
+    metrics.task_metrics(record, scores)

@@ -5,6 +5,7 @@ gold file pairing randomly named recordings) builds and scores through tasks.pre
 project file naming it."""
 
 import csv
+import dataclasses
 import json
 import os
 import pathlib
@@ -253,6 +254,7 @@ def _good(**fields):
   ({"candidate_audio_paths": (None, None)}, "candidate_audio_paths (None, None) is not a tuple of 2 strings"),
   ({"correct": 2}, "correct 2 is not the index of a candidate (0 to 1)"),
   ({"correct": True}, "correct True is not the index of a candidate"),
+  ({"labels": {"voice": 1}}, "labels {'voice': 1} are not a dict of strings to strings"),
 ])
 def test_every_field_of_a_readers_record_is_held_to_its_type(given, says):
   from tasks.release import ReaderError, check_questions, read_story_pairs
@@ -268,3 +270,12 @@ def test_every_field_of_a_readers_record_is_held_to_its_type(given, says):
   with pytest.raises(ReaderError, match=r"first the record \(record 1 of 1\): is a dict, not a "
                                         r"tasks\.release\.Question"):
     check_questions([{"id": "7"}], record, read_story_pairs)
+
+
+def test_a_question_lacking_a_label_its_task_groups_or_breaks_down_by_is_refused_naming_it():
+  from tasks.release import ReaderError, check_questions, read_story_pairs
+
+  record = dataclasses.replace(task_registry.get("sstorycloze"), averaged_over="id", breakdowns=("band",))
+  assert check_questions([_good(labels={"id": "7", "band": "oov"})], record, read_story_pairs)
+  with pytest.raises(ReaderError, match=r"labels \{'id': '7'\} lack band, which task sstorycloze groups or breaks"):
+    check_questions([_good(labels={"id": "7"})], record, read_story_pairs)

@@ -124,7 +124,7 @@ def test_a_spoken_storycloze_folder_builds_scores_and_counts_ties_as_slamkit(tmp
 
   assert scores.loss[1, 0] == scores.loss[1, 1]  # the same recording twice
   half = summarize({("spoken_tstorycloze", "s2s"): scores})["spoken_tstorycloze"]["s2s"]
-  strict = metrics.task_metrics("pair", scores)
+  strict = metrics.task_metrics(task_registry.get("spoken_tstorycloze"), scores, "reference")
   assert task_registry.get("spoken_tstorycloze").ties == "half" and half["tie_rule"] == "half"
   assert half["ties"] == strict["ties"] == 1 and strict["tie_rule"] == "reference"
   assert half["accuracy"] - strict["accuracy"] == pytest.approx(0.5 / 3)

@@ -17,6 +17,7 @@ from tasks.build import QuestionEncoder, build_rows
 from tasks.preparation import prepare
 from tasks.release import Problems, Question, ReleaseError, read_questions
 from tasks.sample import MEL_KMEANS_CODEBOOK, RELEASE_DIR
+from tasks.sample.smoke import smoke_tasks
 from s2sjax.data.spec import Spec, SpecError, available_specs, load_spec, resolve_audio_ids
 from s2sjax.data.task_data import load_rows
 
@@ -32,8 +33,7 @@ def _source_lines(task):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("task, modality", [(task, modality) for task in task_registry.names() for modality in ("t2t", "s2t")
-                                            if task_registry.get(task).has_text]
+@pytest.mark.parametrize("task, modality", [(task, modality) for task in smoke_tasks() for modality in ("t2t", "s2t")]
                          + [("sstorycloze", "t2s"), ("scmmlu", "s2s")])
 def test_bundled_sample_builds_and_round_trips(tmp_path_factory, task, modality, qwen_tokenizer_dir):
   data_dir = str(tmp_path_factory.getbasetemp() / "data")

@@ -40,7 +40,7 @@ def _scores(right_loss, wrong_loss, n_tokens=2):
 def test_the_result_line_names_the_right_and_wrong_candidates_losses():
   from s2sjax.data import metrics
 
-  m = metrics.task_metrics("pair", _scores([1.0, 2.0], [3.0, 0.5]))
+  m = metrics.task_metrics(task_registry.get("sstorycloze"), _scores([1.0, 2.0], [3.0, 0.5]))
   line = s2s_eval.result_line("model sstorycloze S→T", m, 43.44)
   assert line.startswith("model sstorycloze S→T: accuracy 50.0% [")
   assert line.endswith("over 2 comparisons, loss right 1.500 / wrong 1.750 (43.4s)")
@@ -71,7 +71,7 @@ def _wav(path, seconds):
 def test_the_flips_page_embeds_the_flipped_recordings(tmp_path):
   text = _scores([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])  # T->T gets all three right
   speech = _scores([2.0, 3.0, 1.0], [1.0, 1.0, 2.0])  # S->T gets q0, q1 wrong: q1 moved most
-  found = flips.find_flips("pair", text, speech)
+  found = flips.find_flips(task_registry.get("sstorycloze"), text, speech)
   assert [f.question for f in found] == ["q1", "q0"]
   audio = {q: _wav(tmp_path / f"{q}.wav", 0.5) for q in ("q0", "q1", "q2")}
   flips.write_flips(tmp_path / "out", "sstorycloze", "sStoryCloze", ("t2t", "s2t"), found, {}, audio)

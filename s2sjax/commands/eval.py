@@ -55,7 +55,7 @@ from s2sjax.runtime.progress import Progress
 from s2sjax.scoring.checkpoints.stacks import maxtext_config
 from s2sjax.data.task_data import MissingDataError, TaskData, load_build
 from tasks import preparation
-from tasks.sample.smoke import write_smoke_release
+from tasks.sample.smoke import smoke_tasks, write_smoke_release
 
 FLAGS = flags.FLAGS
 # What --smoke changes unless given: every modality; one row length for every build, so one compiled step scores
@@ -219,7 +219,7 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
     s, details = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
     scores[(td.task, td.label)] = s
     if jax.process_index() == 0:
-      print(result_line(f"{record['name']} {td.task} {title}", metrics.task_metrics(td.benchmark.decision, s),
+      print(result_line(f"{record['name']} {td.task} {title}", metrics.task_metrics(td.benchmark, s, cfg.ties),
                         time.time() - start), flush=True)
       reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s},
                         {(td.task, td.label): store}, {(td.task, td.label): details} if details else None)
@@ -247,7 +247,7 @@ def _write_flips(cfg: EvalConfig, data: list[TaskData], record: dict,
       prefixes = dict(zip(table.ids, table.prefixes))
       audio_dir = os.path.join(str(by_key[(task, other)].metadata.source), benchmark.release_audio_dir)
       audio = {q: os.path.join(audio_dir, f"{uttids[0]}.wav") for q, uttids in zip(table.ids, table.uttids)}
-      found = flips.find_flips(benchmark.decision, scores[(task, reference)], scores[(task, other)])
+      found = flips.find_flips(benchmark, scores[(task, reference)], scores[(task, other)])
       flips.write_flips(os.path.join(cfg.output_dir, checkpoint_paths.safe_name(record["name"])), task,
                         benchmark.title, (reference, other), found, prefixes, audio)
 
@@ -342,7 +342,7 @@ def all_tasks(data_dir: str | None) -> list[str]:
   """`--task=all`: every task of the bundled sample (the tasks with text), or with --data_dir the ones built there
   (S2SBench's release has no tStoryCloze, for one), saying which are left out."""
   if data_dir is None:
-    return [t for t in task_registry.names() if task_registry.get(t).has_text]
+    return smoke_tasks()
   built = [t for t in task_registry.names() if os.path.isdir(os.path.join(data_dir, t))]
   missing = [t for t in task_registry.names() if t not in built]
   if not built:

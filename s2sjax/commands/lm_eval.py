@@ -18,8 +18,11 @@ take fewer positions; a request longer than max_length is fitted as the hf backe
 with one warning a call saying how many: `S2SJaxLM._windows`; max_length is the positions the checkpoint was
 trained on (its source config.json's max_position_embeddings, a MaxText run's max_target_length), at most
 row_length - 1), add_bos_token (as the hf backend's), trust_remote_code (a tokenizer shipped
-as code); any other key, or a value that makes no run, is refused by name before a model is loaded, and lm-eval's
-command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself (model_args may
+as code), spec (a preset or a spec YAML: the model's audio layout and tokenizer, for tasks with audio; none: a
+text-only backend, which refuses them), audio_tokenizer_dir (where the spec's audio tokenizer's files are) and
+protocol (s2sbench or utterance, as s2sjax.eval's --protocol: whether a recording that ends a continuation is closed
+by the spec's end token, scored); any other key, or a value that makes no run, is refused by name before a model
+is loaded, and lm-eval's command line here prints such a refusal as one line (`cli_evaluate`). What lm-eval passes itself (model_args may
 give them too, as the hf backend's take them: model_args' value is the one used):
 batch_size (the most rows a step, each holding many requests, a call's rows spread evenly over the steps they
 need; `auto` or `auto:N`: the most rows, up to max_batch_size, default 64 (on CPUs two a device, where smaller
@@ -42,7 +45,9 @@ is_greedy comes from the same step: the count of a continuation's tokens that ar
 that predict them. A request's log-likelihood is the same bits whatever else the call holds: items start at
 multiples of 32 in their rows, are scored neighbour-free (`s2sjax.scoring.scorer.Scorer`) in steps of at least 64
 positions a device (`SMALLEST_STEP`), each step's window as wide as its own rows need (`steps_by_window`), and a
-continuation's NLL is summed on the host in float64. Every lm-eval process sees every request (rank 0 of 1): the
+continuation's NLL is summed on the host in float64. Requests whose context or continuation carries audio (lm-eval's
+`doc_to_audio`, `<audio>` placeholders) are laid by `lm_eval_audio.AudioLayer` with the spec's audio tokenizer and
+scored with the rest. Every lm-eval process sees every request (rank 0 of 1): the
 scorer spreads rows over JAX processes.
 """
 
@@ -68,10 +73,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from s2sjax.data.builds import PROTOCOLS
+from s2sjax.data.spec import Spec, load_spec
 from s2sjax.runtime import cache, cli, progress, sharding
-from s2sjax.scoring import planner
+from s2sjax.scoring import default_model, planner
 from s2sjax.scoring.checkpoints import checkpoint as ckpt
 from s2sjax.commands.default_checkpoint import default_checkpoint
+from s2sjax.commands.lm_eval_audio import AudioLayer, Laid, named, recordings
 from s2sjax.runtime.errors import UserError
 from s2sjax.data.packing import NEIGHBOUR_FREE_ALIGN, Item, PackingError, PackReport, RowShape, fit, pack
 from s2sjax.scoring.lm_eval_steps import (SMALLEST_STEP, by_window, even_steps, laid_whole, rows_per_step, shared_roots,
@@ -80,7 +88,8 @@ from s2sjax.scoring.scorer import Scorer, collect
 
 log = logging.getLogger("lm_eval.s2sjax")  # lm-eval's own handler and level
 
-Pair = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
+# (context tokens, continuation tokens[, the context's codes: codebook tables' audio, -1 elsewhere])
+Pair = tuple[list[int], list[int]] | tuple[list[int], list[int], np.ndarray]
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "tpu"}  # lm-eval's device -> JAX's
 AUTO_MAX_BATCH = 64  # the hf backend's default max_batch_size for batch_size=auto
 DTYPES = ("float32", "bfloat16")
@@ -93,7 +102,9 @@ FITTED = {
                         "each after the tokens before it, as loglikelihood_rolling scores a long text",
 }
 # what model_args may name (lm-eval adds batch_size, max_batch_size and device from its own flags)
-MODEL_ARGS = ("pretrained", "checkpoint", "mesh", "dtype", "row_length", "add_bos_token", "trust_remote_code")
+MODEL_ARGS = ("pretrained", "checkpoint", "mesh", "dtype", "row_length", "add_bos_token", "trust_remote_code", "spec",
+              "audio_tokenizer_dir", "protocol")
+AUDIO_PROTOCOLS = ("s2sbench", "utterance")
 # what lm-eval passes from its own flags, which model_args may also give (as the hf backend's model_args take them)
 LM_EVAL_ARGS = ("batch_size", "max_batch_size", "device")
 # the hf backend's max_length for a model whose config names no trained positions (HFLM._DEFAULT_MAX_LENGTH)
@@ -108,6 +119,10 @@ class BackendError(UserError, ValueError):
 
 class GenerationRefused(UserError, NotImplementedError):
   """A generation task asked of a backend that scores log-likelihoods only."""
+
+
+class MultimodalRefused(UserError, ValueError):
+  """Tasks with audio or images asked of a backend that reads text only."""
 
 
 def _row_length(value) -> int:
@@ -151,12 +166,16 @@ class BackendArguments:
   max_batch_size: int
   add_bos_token: bool | None
   trust_remote_code: bool
+  spec: Spec | None  # requests with audio are laid by it; None: text only
+  audio_tokenizer_dir: str | None
+  protocol: str
 
 
 def check_arguments(pretrained: str | None = None, checkpoint: str | None = None, mesh: str = "data:-1",
                     dtype: str = "float32", batch_size: int | str = 8, max_batch_size: int | None = None,
                     device: str | None = None, row_length: int = 1024, add_bos_token: bool | None = None,
-                    trust_remote_code: bool = False, **unknown) -> BackendArguments:
+                    trust_remote_code: bool = False, spec: str | None = None, audio_tokenizer_dir: str | None = None,
+                    protocol: str = "s2sbench", **unknown) -> BackendArguments:
   """Every argument checked, nothing loaded: an unknown key, a dtype, a row length, a batch size, a device or a
   mesh that makes no run is a BackendError naming it."""
   if unknown:
@@ -178,10 +197,14 @@ def check_arguments(pretrained: str | None = None, checkpoint: str | None = None
     raise BackendError(f"mesh={mesh}: {e}") from None
   if (pretrained or checkpoint) and not epath.Path(pretrained or checkpoint).exists():
     raise BackendError(f"pretrained={pretrained or checkpoint}: no such checkpoint")
+  if protocol not in AUDIO_PROTOCOLS:
+    raise BackendError(f"protocol={protocol}: the s2sjax backend lays recordings by {' or '.join(AUDIO_PROTOCOLS)} "
+                       f"({'; '.join(f'{p}: {PROTOCOLS.get(p).summary}' for p in AUDIO_PROTOCOLS)})")
+  loaded = load_spec(str(spec)) if spec else None  # an unknown preset or a bad file: a SpecError naming it
   # auto:N re-sizes each call anyway: every call is sized for its rows
   return BackendArguments(pretrained or checkpoint, mesh, jnp.dtype(dtype), row_length,
                           int(batch) if batch.isdigit() else None, int(max_batch_size or AUTO_MAX_BATCH),
-                          add_bos_token, trust_remote_code)
+                          add_bos_token, trust_remote_code, loaded, audio_tokenizer_dir, protocol)
 
 
 def merged_arguments(model_args: dict, given: dict) -> dict:
@@ -193,6 +216,10 @@ def merged_arguments(model_args: dict, given: dict) -> dict:
 
 class S2SJaxLM(TemplateLM):
   """lm-eval's `loglikelihood` and `loglikelihood_rolling` scored by `s2sjax.scoring.scorer.Scorer`."""
+
+  # lm-eval hands a multimodal task only to a model class that says it takes one (lm_eval/evaluator.py:519-532);
+  # without a spec that lays audio the backend refuses such a request itself, naming it (`_laid_audio`).
+  MULTIMODAL = True
 
   @classmethod
   def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "S2SJaxLM":
@@ -218,9 +245,14 @@ class S2SJaxLM(TemplateLM):
     self.config = self.reader.config
     self.positions = self.reader.max_positions or DEFAULT_MAX_LENGTH
     self.params = self.reader.load_params(self.mesh, self.dtype)
+    if arguments.spec is not None:  # as s2sjax.eval scores it: the embedded default's units, untrained rows
+      self.config, self.params = default_model.fit_to_spec(self.config, self.params, arguments.spec,
+                                                           self.reader.manifest())
     self.tokenizer = self.reader.load_tokenizer(arguments.trust_remote_code)
     if self.tokenizer is None:
       raise BackendError(f"{self.checkpoint} holds no tokenizer: lm-eval's requests are text")
+    self.audio = (AudioLayer(arguments.spec, self, arguments.audio_tokenizer_dir, arguments.protocol)
+                  if arguments.spec else None)
     self._compiled: dict[tuple[RowShape, int], Scorer] = {}
     self.batch_sizes: dict[int, int] = {}  # rows per step of each call (lm-eval reports them)
     self.contexts_scored = 0  # distinct contexts laid into rows, over this model's life
@@ -287,19 +319,54 @@ class S2SJaxLM(TemplateLM):
 
   def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
     """lm-eval's (`TemplateLM.loglikelihood`: each request's context and continuation encoded, `_encode_pair`,
-    then `_loglikelihood_tokens`), with its encoding timed into last_call's seconds["tokenise"]."""
+    then `_loglikelihood_tokens`), with its encoding timed into last_call's seconds["tokenise"]; the requests that
+    carry audio (lm-eval's multimodal argument after context and continuation) laid by the spec
+    (`_laid_audio`) and scored after them."""
+    heard = [i for i, request in enumerate(requests) if len(request.args) > 2]
+    spoken = self._laid_audio([requests[i] for i in heard]) if heard else []  # refused before anything is scored
+    written = [i for i in range(len(requests)) if i not in set(heard)]
+    results: list = [None] * len(requests)
     start = time.perf_counter()
-    results = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-    if self.last_call:
-      self.last_call["seconds"]["tokenise"] = self._tokens_from - start
+    if written:
+      scored = super().loglikelihood([requests[i] for i in written], disable_tqdm=disable_tqdm)
+      for i, result in zip(written, scored):
+        results[i] = result
+      if self.last_call:
+        self.last_call["seconds"]["tokenise"] = self._tokens_from - start
+    if spoken:
+      for i, result in zip(heard, self._loglikelihood_tokens(spoken, disable_tqdm=disable_tqdm)):
+        results[i] = result
     return results
+
+  def _laid_audio(self, requests) -> list[tuple]:
+    """Requests with audio as `_loglikelihood_tokens` takes them, with the context's codes; refused, naming the
+    first such request, by a backend given no spec that lays audio, or where one is longer than max_length + 1
+    tokens (a recording is not cut)."""
+    refusal = "no spec (model_args spec=NAME or FILE.yaml)" if self.audio is None else self.audio.refusal()
+    if refusal:
+      raise BackendError(f"{named(requests[0])} carries audio (lm-eval's doc_to_audio) and the s2sjax backend was "
+                         f"given {refusal}: it scores text only")
+    laid = []
+    for request, heard in zip(requests, recordings(requests)):
+      pair: Laid = self.audio.lay(request, heard)
+      if not pair.continuation:
+        raise BackendError(f"{named(request)}: its continuation lays no tokens")
+      if len(pair.context) + len(pair.continuation) > self.max_length + 1:
+        raise BackendError(f"{named(request)}: {len(pair.context)} + {len(pair.continuation)} tokens with its audio "
+                           f"laid, past max_length={self.max_length} + 1; a recording is not cut")
+      laid.append((tuple(request.args[:2]), pair.context, pair.continuation, pair.codes))
+    return laid
 
   def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
                             disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
     del kwargs
     self._tokens_from = time.perf_counter()
     pairs, owner, fitted = [], [], {}  # fitted: how -> [first request, count]
-    for index, (_, context, continuation) in enumerate(requests):
+    for index, (_, context, continuation, *codes) in enumerate(requests):
+      if codes:  # laid with its audio, which is never cut (`_laid_audio`)
+        pairs.append((context, continuation, codes[0]))
+        owner.append(index)
+        continue
       windows, cases = self._windows(context, continuation, index)
       pairs += windows
       owner += [index] * len(windows)
@@ -322,6 +389,8 @@ class S2SJaxLM(TemplateLM):
     with context_len=1, made disjoint); a request's log-likelihood is the sum over its windows."""
     pairs, owner = [], []
     for index, request in enumerate(requests):
+      if len(request.args) > 1:
+        raise BackendError(f"{named(request)} carries audio: a log-likelihood of a whole text is scored of text only")
       (string,) = request.args
       windows = get_rolling_token_windows(self.tok_encode(string), self.prefix_token_id, self.max_length, 1)
       for context, continuation in map(make_disjoint_window, windows):
@@ -437,13 +506,18 @@ class S2SJaxLM(TemplateLM):
   def items_for(self, pairs: list[Pair]) -> tuple[list[list[int]], list[Item]]:
     """The packer's items for `pairs`, one per distinct context with its continuations as candidates, and the
     pairs (indices) of each item."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for index, (context, _) in enumerate(pairs):
-      groups.setdefault(tuple(context), []).append(index)
+    groups: dict[tuple, list[int]] = {}
+    for index, pair in enumerate(pairs):
+      codes = _context_codes(pair)
+      groups.setdefault((tuple(pair[0]), None if codes is None else codes.tobytes()), []).append(index)
     codebooks = len(self.config.audio_codebook_sizes)  # a model that also takes audio reads text rows too
-    items = [Item(np.asarray(context, np.int32), tuple(np.asarray(pairs[i][1], np.int32) for i in members),
-                  np.full((len(context), codebooks), -1, np.int32) if codebooks else None, name=f"context {g}")
-             for g, (context, members) in enumerate(groups.items())]
+    items = []
+    for g, members in enumerate(groups.values()):
+      context, codes = pairs[members[0]][0], _context_codes(pairs[members[0]])
+      if codebooks and codes is None:
+        codes = np.full((len(context), codebooks), -1, np.int32)
+      items.append(Item(np.asarray(context, np.int32), tuple(np.asarray(pairs[i][1], np.int32) for i in members),
+                        codes if codebooks else None, name=f"context {g}"))
     return list(groups.values()), items
 
   def _packed(self, items: list[Item]) -> tuple[dict[str, np.ndarray], PackReport, RowShape]:
@@ -488,6 +562,11 @@ class S2SJaxLM(TemplateLM):
       self._compiled[shape, batch] = Scorer(self.config, shape, mesh=self.mesh, batch_size=batch, dtype=self.dtype,
                                             neighbour_free=True)
     return self._compiled[shape, batch]
+
+
+def _context_codes(pair: Pair) -> np.ndarray | None:
+  """The codes a pair's context carries (codebook tables' audio), or None."""
+  return pair[2] if len(pair) > 2 else None
 
 
 # Registered by name (imported when first asked for): run as `python -m s2sjax.lm_eval` this file is `__main__`,
@@ -542,11 +621,35 @@ def _arguments_checked_first():
     EvaluatorConfig.process_tasks = original
 
 
+@contextlib.contextmanager
+def _multimodal_refused_in_one_line():
+  """lm-eval refuses a task with audio or images (`doc_to_audio` / `doc_to_image`) for a model class that does not
+  say it takes them (lm_eval/evaluator.py:519-532, `MULTIMODAL`) with a ValueError, a traceback on its command
+  line: the same check, made as `evaluate` starts, is a refusal of one line here (for lm-eval's own text
+  backends; the s2sjax backend refuses such a request itself when it has no spec that lays audio)."""
+  original = lm_eval.evaluator.evaluate
+
+  def checked(lm, task_dict, *args, **kwargs):
+    tasks = task_dict.get("tasks", {}) if isinstance(task_dict, dict) else {}
+    heard = [name for name, task in tasks.items() if getattr(task, "MULTIMODAL", False)]
+    if heard and not getattr(lm, "MULTIMODAL", False):
+      raise MultimodalRefused(f"task {', '.join(heard)} carries audio or images (doc_to_audio / doc_to_image) and "
+                              f"the {type(lm).__name__} backend reads text only; the s2sjax backend scores audio "
+                              "with model_args spec=NAME")
+    return original(lm, task_dict, *args, **kwargs)
+
+  lm_eval.evaluator.evaluate = checked
+  try:
+    yield
+  finally:
+    lm_eval.evaluator.evaluate = original
+
+
 def cli_evaluate(argv: list[str] | None = None) -> None:
   """lm-eval's own command line (`lm_eval.__main__.cli_evaluate`) with this backend registered and `--model`
   defaulting to s2sjax. lm-eval builds and calls the backend itself, so what every s2sjax command line does
   (s2sjax/runtime/cli.py) is done here: a refusal of the backend's (a UserError: model_args, a device, a mesh, a
-  checkpoint, a generation task) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
+  checkpoint, a generation task, an audio task given a text-only backend) is one line and exit 1; SIGINT or SIGTERM stops the run at once, even mid-step,
   and says that lm-eval writes its files only when a run ends."""
   args = list(sys.argv[1:] if argv is None else argv)
   named = any(a in ("--model", "-M", "-h", "--help") or a.startswith("--model=") for a in args)
@@ -555,7 +658,7 @@ def cli_evaluate(argv: list[str] | None = None) -> None:
   sys.argv = [sys.argv[0]] + args
   cli.catch_interrupts()
   try:
-    with _git_quiet(), _arguments_checked_first():
+    with _git_quiet(), _arguments_checked_first(), _multimodal_refused_in_one_line():
       lm_eval.__main__.cli_evaluate()
   except cli.Interrupted as e:
     progress.end_bars()

@@ -14,6 +14,10 @@ modality against another (S->T against T->T, and the rest of s2sjax.data.modalit
 interval and an exact McNemar test, both over questions (sCMMLU's three comparisons of a question are not
 independent: McNemar counts a question right when its answer beats all three distractors). `summarize` makes all of
 it for every task and modality scored: what metrics.json holds.
+A task's record can say more, for the spoken-LM benchmarks' own arithmetic (ZeroSpeech's sLM21 and ProsAudit, SALMon):
+its candidates' loss is their summed NLL (`loss="sum"`), its questions are averaged within groups first
+(`averaged_over`, a question label: a pair's voices) and the accuracy is the mean over groups, and metrics.json
+breaks the accuracy down by labels (`breakdowns`: frequency bands, types).
 """
 
 from __future__ import annotations
@@ -99,21 +103,69 @@ def bootstrap_interval(decisions: np.ndarray, groups: int, seed: int = 0) -> tup
   return float(low), float(high)
 
 
-def task_metrics(decision: str, scores: QuestionScores, ties: str = "reference") -> dict:
-  loss, correct = scores.loss, scores.correct
+def candidate_loss(record: task_registry.Task, scores: QuestionScores) -> np.ndarray:
+  """[N, C] each candidate's loss as the task forms it (its record's `loss`): the mean token NLL (S2SBench's) or the
+  summed NLL (minus the recording's log-probability)."""
+  return scores.loss if record.loss == "mean" else scores.nll_sum
+
+
+def _units(record: task_registry.Task, scores: QuestionScores) -> list[list[int]]:
+  """The questions averaged together (the record's `averaged_over` label's groups, in the order first seen), or
+  each question alone."""
+  if record.averaged_over is None:
+    return [[q] for q in range(len(scores))]
+  groups: dict[str, list[int]] = {}
+  for q in range(len(scores)):
+    groups.setdefault(_label(record, scores, q, record.averaged_over), []).append(q)
+  return list(groups.values())
+
+
+def _label(record: task_registry.Task, scores: QuestionScores, q: int, name: str) -> str:
+  labels = scores.labels[q] if scores.labels else {}
+  if name not in labels:
+    raise ValueError(f"task {record.name} groups or breaks down by the label {name!r}, which question {scores.ids[q]} "
+                     f"does not carry (its labels: {labels})")
+  return labels[name]
+
+
+def unit_scores(decisions: np.ndarray, units: list[list[int]]) -> np.ndarray:
+  """[units] the mean of each unit's questions' decisions (a question's own k comparisons weigh equally)."""
+  per_question = decisions.reshape(sum(map(len, units)), -1).mean(axis=1)
+  return np.array([per_question[members].mean() for members in units])
+
+
+def _breakdown(record: task_registry.Task, scores: QuestionScores, units: list[list[int]], values: np.ndarray,
+               name: str) -> dict:
+  """{label value: n, accuracy, std} over the units, each unit under its first question's value (as zrc's
+  `groupby(...).apply(x.iat[0, ...])` labels a pair by its first voice's line); std as pandas' (ddof 1), None for
+  one unit."""
+  by_value: dict[str, list[float]] = {}
+  for members, value in zip(units, values):
+    by_value.setdefault(_label(record, scores, members[0], name), []).append(float(value))
+  return {value: {"n": len(v), "accuracy": float(np.mean(v)),
+                  "std": float(np.std(v, ddof=1)) if len(v) > 1 else None} for value, v in by_value.items()}
+
+
+def task_metrics(record: task_registry.Task, scores: QuestionScores, ties: str | None = None) -> dict:
+  """A task's metrics on its scores: the accuracy by its decision rule and tie rule (`ties` overrides the record's),
+  over its candidates' loss (`candidate_loss`), averaged over its record's groups, broken down by its labels."""
+  ties = ties or record.ties
+  loss, correct = candidate_loss(record, scores), scores.correct
   n = len(loss)
   if not np.isfinite(loss).all():  # NaN compares false both ways: every metric would be quietly wrong
     q, c = np.argwhere(~np.isfinite(loss))[0]
     raise ValueError(f"{int((~np.isfinite(loss)).sum())} candidates have a non-finite loss (first: question "
                      f"{scores.ids[q]} candidate {c}): no metric is computed from them")
-  decisions = s2sbench_decisions(decision, loss, correct, ties)
+  decisions = s2sbench_decisions(record.decision, loss, correct, ties)
+  units = _units(record, scores)
+  values = unit_scores(decisions, units)
   positive = loss[np.arange(n), correct]
   negative = _others(loss, correct)
-  low, high = bootstrap_interval(decisions, n)
+  low, high = bootstrap_interval(values, len(units))
   metrics = {
     "questions": n,
     "comparisons": int(decisions.size),
-    "accuracy": float(decisions.mean()),  # S2SBench's number
+    "accuracy": float(values.mean()),  # S2SBench's number (the mean over comparisons when nothing is averaged)
     "accuracy_ci95": [low, high],
     "ties": int(tied(loss, correct).sum()),
     "tie_rule": ties,
@@ -127,6 +179,10 @@ def task_metrics(decision: str, scores: QuestionScores, ties: str = "reference")
   }
   if loss.shape[1] > 2:
     metrics["argmin_accuracy"] = float(_argmin_accuracy(loss, correct).mean())
+  if record.averaged_over is not None:
+    metrics["averaged_over"] = {"label": record.averaged_over, "groups": len(units)}
+  for name in record.breakdowns:
+    metrics[f"by_{name}"] = _breakdown(record, scores, units, values, name)
   return metrics
 
 
@@ -153,27 +209,29 @@ def _binomial_half_cdf(k: int, n: int) -> float:
   return math.exp(log_top) * total
 
 
-def question_decisions(decision: str, loss: np.ndarray, correct: np.ndarray) -> np.ndarray:
+def question_decisions(record: task_registry.Task, scores: QuestionScores) -> np.ndarray:
   """[N] one decision per question: the story's, or for sCMMLU whether the answer beats all three distractors."""
-  return comparisons(decision, loss, correct).all(axis=1)
+  return comparisons(record.decision, candidate_loss(record, scores), scores.correct).all(axis=1)
 
 
-def degradation(decision: str, reference: QuestionScores, other: QuestionScores, ties: str = "reference") -> dict:
+def degradation(record: task_registry.Task, reference: QuestionScores, other: QuestionScores,
+                ties: str | None = None) -> dict:
   """A modality against a reference one (S->T against T->T) on the same questions: accuracies, the drop (with a
-  paired bootstrap interval over questions), ratio, and McNemar on per-question decisions."""
+  paired bootstrap interval over the task's units: questions, or its groups), ratio, and McNemar on per-question
+  decisions."""
   if reference.ids != other.ids:
     raise ValueError("the two modalities' runs hold different questions")
-  r = s2sbench_decisions(decision, reference.loss, reference.correct, ties)
-  o = s2sbench_decisions(decision, other.loss, other.correct, ties)
-  questions = len(reference)
-  b, c, p = mcnemar_p(question_decisions(decision, reference.loss, reference.correct),
-                      question_decisions(decision, other.loss, other.correct))
+  ties = ties or record.ties
+  units = _units(record, reference)
+  r, o = (unit_scores(s2sbench_decisions(record.decision, candidate_loss(record, s), s.correct, ties), units)
+          for s in (reference, other))
+  b, c, p = mcnemar_p(question_decisions(record, reference), question_decisions(record, other))
   return {
     "reference_accuracy": float(r.mean()), "accuracy": float(o.mean()),
     "degradation": float(r.mean() - o.mean()),
-    "degradation_ci95": list(bootstrap_interval(r - o, questions)),
+    "degradation_ci95": list(bootstrap_interval(r - o, len(units))),
     "ratio": float(o.mean() / r.mean()) if r.mean() else None,
-    "mcnemar": {"questions": questions, "reference_only_right": b, "other_only_right": c, "p_value": p},
+    "mcnemar": {"questions": len(reference), "reference_only_right": b, "other_only_right": c, "p_value": p},
   }
 
 
@@ -182,15 +240,14 @@ def summarize(scores: dict[tuple[str, str], QuestionScores], ties: str | None = 
   s2sjax.data.modalities.COMPARISONS that ran, over the questions both hold (--skip_bad may leave out different ones).
   `ties` (TIE_RULES) overrides each task's own rule for ties."""
   result: dict = {}
-  rule = lambda task: ties or task_registry.get(task).ties
   for (task, modality), s in scores.items():
-    result.setdefault(task, {})[modality] = task_metrics(task_registry.get(task).decision, s, rule(task))
+    result.setdefault(task, {})[modality] = task_metrics(task_registry.get(task), s, ties)
   for task in dict.fromkeys(task for task, _ in scores):
     for reference, other in modalities.COMPARISONS:
       if (task, reference) in scores and (task, other) in scores:
         first, second = common_questions(scores[(task, reference)], scores[(task, other)])
         result.setdefault("degradation", {}).setdefault(task, {})[modalities.comparison_key(reference, other)] = (
-          degradation(task_registry.get(task).decision, first, second, rule(task)))
+          degradation(task_registry.get(task), first, second, ties))
   return result
 
 

@@ -1,7 +1,8 @@
 """The typed hand-offs between building, scoring and reporting.
 
 `QuestionTable`: what a build laid down, question by question: each candidate's text and uttid, which one is
-right, and where each candidate sits in the packed items (`slots`). The builder writes it into the data's
+right, where each candidate sits in the packed items (`slots`), and the labels its release gave the question (a
+sWUGGY pair's id, voice and frequency band: what a task's metrics group and break down by). The builder writes it into the data's
 metadata; the evaluator reads it back.
 
 `QuestionScores`: per question and candidate, summed NLL and token count (mean NLL = S2SBench's loss), with the
@@ -31,6 +32,7 @@ class QuestionTable:
   slots: np.ndarray  # [N, C, 2] (packed item index, candidate index within the item)
   n_tokens: np.ndarray  # [N, C] tokens of each candidate
   prefixes: tuple[str, ...] = ()  # [N] the prefix text (`first`); empty for builds that did not record it
+  labels: tuple[dict[str, str], ...] = ()  # [N] the release's labels of each question; empty: none given
 
   def __len__(self) -> int:
     return len(self.ids)
@@ -50,12 +52,14 @@ class QuestionTable:
       slots=np.array([r["slots"] for r in records], np.int64).reshape(len(records), width, 2),
       n_tokens=np.array([r["n_tokens"] for r in records], np.int64).reshape(len(records), width),
       prefixes=tuple(r.get("prefix", "") for r in records),
+      labels=tuple(dict(r.get("labels", {})) for r in records) if any(r.get("labels") for r in records) else (),
     )
 
   def to_records(self) -> list[dict]:
     return [{"id": self.ids[q], "uttids": list(self.uttids[q]), "correct": int(self.correct[q]),
              "candidates": list(self.candidates[q]), "slots": self.slots[q].tolist(),
-             "n_tokens": self.n_tokens[q].tolist(), "prefix": self.prefixes[q]} for q in range(len(self))]
+             "n_tokens": self.n_tokens[q].tolist(), "prefix": self.prefixes[q],
+             **({"labels": self.labels[q]} if self.labels else {})} for q in range(len(self))]
 
   def candidates_per_item(self) -> list[int]:
     """How many candidates each packed item holds: what the rows must hold."""
@@ -74,7 +78,7 @@ class QuestionTable:
       q, c = np.argwhere(counts <= 0)[0]
       raise ValueError(f"question {self.ids[q]} candidate {c} has no scored tokens")
     return QuestionScores(self.ids, self.uttids, self.candidates, self.correct.copy(),
-                          np.asarray(nll_sum, np.float64)[item, within], counts)
+                          np.asarray(nll_sum, np.float64)[item, within], counts, self.labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,7 @@ class QuestionScores:
   correct: np.ndarray  # [N]
   nll_sum: np.ndarray  # [N, C] summed NLL over the candidate's tokens
   n_tokens: np.ndarray  # [N, C]
+  labels: tuple[dict[str, str], ...] = ()  # [N] the release's labels of each question; empty: none given
 
   def __len__(self) -> int:
     return len(self.ids)
@@ -104,7 +109,8 @@ class QuestionScores:
     index = {question: n for n, question in enumerate(self.ids)}
     pick = [index[i] for i in ids]
     return QuestionScores(tuple(ids), tuple(self.uttids[p] for p in pick), tuple(self.candidates[p] for p in pick),
-                          self.correct[pick], self.nll_sum[pick], self.n_tokens[pick])
+                          self.correct[pick], self.nll_sum[pick], self.n_tokens[pick],
+                          tuple(self.labels[p] for p in pick) if self.labels else ())
 
   def to_lines(self) -> list[dict]:
     """One JSON-ready line per candidate (scores.jsonl)."""
@@ -116,7 +122,7 @@ class QuestionScores:
           "question": self.ids[q], "uttid": self.uttids[q][c], "candidate": c, "text": text,
           ANSWER_FIELD: c == int(self.correct[q]), "nll_sum": float(self.nll_sum[q, c]),  # exact: summaries reread it
           "n_tokens": int(self.n_tokens[q, c]), "mean_nll": round(float(loss[q, c]), 6),
-          "ppl": round(float(np.exp(loss[q, c])), 6),
+          "ppl": round(float(np.exp(loss[q, c])), 6), **({"labels": self.labels[q]} if self.labels else {}),
         })
     return lines
 
@@ -147,4 +153,5 @@ class QuestionScores:
                tuple(tuple(line["text"] for line in row) for row in rows),
                np.array([[line[ANSWER_FIELD] for line in row].index(True) for row in rows], np.int64),
                np.array([[line["nll_sum"] for line in row] for row in rows], np.float64).reshape(len(rows), -1),
-               np.array([[line["n_tokens"] for line in row] for row in rows], np.int64).reshape(len(rows), -1))
+               np.array([[line["n_tokens"] for line in row] for row in rows], np.int64).reshape(len(rows), -1),
+               tuple(dict(row[0].get("labels", {})) for row in rows) if any("labels" in line for line in lines) else ())

@@ -35,6 +35,9 @@ class ReleaseFormat:
   protocols: tuple[str, ...] | None = None
   index: str = "file"
   lines_per_question: int | None = None
+  # Its questions are pairs of whole recordings that a toolkit compares one against the other (SlamKit's): each
+  # scores file gets a per-pair file beside it in that toolkit's terms (s2sjax/results/pair_items.py).
+  pair_items: bool = False
 
   def __post_init__(self):
     if self.index not in ("file", "folder") or not set(self.modalities) <= set(modalities.NAMES):
@@ -49,7 +52,7 @@ class ReleaseFormat:
 
 RELEASE_FORMATS: Registry[ReleaseFormat] = Registry("release format")
 # S2SBench's jsonl layouts, and slp-rl/SpokenStoryCloze's folders of whole spoken stories, read as SlamKit reads
-# them: each read by its reader in tasks/release.py.
+# them: each read by the reader tasks/release.py registers (SlamKit's layouts' in tasks/slamkit.py).
 RELEASE_FORMATS.register(ReleaseFormat(
   "story_pairs", "stories, lines `uttid, first, last`: uttid 2k the right ending, 2k+1 the wrong one of the same "
   "story", lines_per_question=2))
@@ -57,7 +60,21 @@ RELEASE_FORMATS.register(ReleaseFormat(
   "multiple_choice", "four-option questions, lines `uttid, first, A, B, C, D, answer`", lines_per_question=1))
 RELEASE_FORMATS.register(ReleaseFormat(
   "spoken_pairs", "whole spoken stories, no text and no separate prefix", modalities=("s2s",),
-  protocols=("utterance",), index="folder"))
+  protocols=("utterance",), index="folder", pair_items=True))
+# SlamKit's cross-modal StoryCloze folders (tasks/slamkit.py read_cross_modal_pairs): every story's prefix and
+# endings spoken and written, so every modality can be asked.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "cross_modal_pairs", "stories as SlamKit's cross-modal folders, <base>_{mutual,correct,incorrect}.{wav,txt}",
+  index="folder", pair_items=True))
+# The spoken-LM neighbours, read as their own toolkits read them (tasks/prosaudit.py, tasks/salmon.py): whole
+# recordings in pairs, no prefix; their transcriptions (ProsAudit's) are the same words in both, so only S->S asks
+# anything.
+RELEASE_FORMATS.register(ReleaseFormat(
+  "prosaudit", "ZeroSpeech ProsAudit: a folder of recordings and its gold.csv, pairs of one sentence with a pause "
+  "at a natural and an unnatural place", modalities=("s2s",), protocols=("utterance",)))
+RELEASE_FORMATS.register(ReleaseFormat(
+  "salmon", "a SALMon part: sample_<i>_0.wav (positive) and sample_<i>_1.wav (negative), whole recordings",
+  modalities=("s2s",), protocols=("utterance",), index="folder", pair_items=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +102,13 @@ class Task:
   candidates: int  # per question
   sizes: PlannerSizes
   ties: str = "reference"  # s2sjax.data.metrics.TIE_RULES: how a tie counts (SlamKit's spoken StoryCloze: "half")
+  # LOSSES (below): a candidate's loss from its token NLLs, "mean" (S2SBench's) or "sum" (minus the
+  # recording's log-probability, where a toolkit scores that: ZeroSpeech's submissions).
+  loss: str = "mean"
+  # A question label (tasks.release.Question.labels): the questions sharing its value are averaged first and the
+  # accuracy is the mean over those groups (ZeroSpeech's sLM21: a pair's voices, then the mean over pairs).
+  averaged_over: str | None = None
+  breakdowns: tuple[str, ...] = ()  # question labels metrics.json breaks the accuracy down by (`by_<label>`)
 
   @property
   def release(self) -> ReleaseFormat:
@@ -97,10 +121,18 @@ class Task:
     return self.release.has_text
 
 
+LOSSES = ("mean", "sum")
+
+
 def _problems(new: Task, registered: Mapping[str, Task]) -> list[str]:
   known = [f.name for f in RELEASE_FORMATS.registered()]
-  return [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
-                                                 f"{', '.join(known)} (register its ReleaseFormat first)"]
+  problems = [] if new.release_format in known else [f"release_format {new.release_format!r} is not one of "
+                                                     f"{', '.join(known)} (register its ReleaseFormat first)"]
+  if new.loss not in LOSSES:
+    problems.append(f"loss {new.loss!r} is not one of {', '.join(LOSSES)}")
+  if not isinstance(new.breakdowns, tuple):
+    problems.append(f"breakdowns {new.breakdowns!r} is not a tuple of label names")
+  return problems
 
 
 TASKS: Registry[Task] = Registry("task", check=_problems)
@@ -126,7 +158,7 @@ register(Task(
   "tstorycloze", "tStoryCloze (replica)", "en", "story_pairs", "StoryCloze/tStory_s2t.jsonl", "StoryCloze/t-story-firstspeech",
   "StoryCloze/t-story-lastspeech", decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0)))
 # The official spoken StoryCloze (slp-rl/SpokenStoryCloze, TWIST's sSC and tSC): whole spoken stories, read as
-# SlamKit reads them (tasks/release.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
+# SlamKit reads them (tasks/slamkit.py read_spoken_pairs), scored S->S under the utterance protocol with ties counted
 # half, as SlamKit's modelling metric counts them: the protocol of TWIST's and Moshi's published numbers.
 register(Task(
   "spoken_sstorycloze", "SpokenStoryCloze sSC", "en", "spoken_pairs", "sSC", "sSC", "sSC", decision="pair",
@@ -134,3 +166,45 @@ register(Task(
 register(Task(
   "spoken_tstorycloze", "SpokenStoryCloze tSC", "en", "spoken_pairs", "tSC", "tSC", "tSC", decision="pair",
   candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half"))
+# SlamKit's other StoryCloze layouts (slp-rl/slamkit config/metric/): the multi-speaker folders (ms_ssc.yaml,
+# ms_tsc.yaml: `subfolder: true`, a folder of speakers' folders, read as spoken_pairs) and the cross-modal stories
+# (cm_ms_tsc.yaml: cross_ms_tSC, a folder of folders of <base>_{mutual,correct,incorrect}.{wav,txt}; its sSC
+# counterpart is named here by the same pattern). Scored as SlamKit scores them: ties half, each candidate's mean NLL
+# (SlamKit's mean_nll, config/metric/default.yaml), the accuracy also broken down by folder (a speaker's).
+register(Task(
+  "spoken_ms_sstorycloze", "SpokenStoryCloze ms-sSC", "en", "spoken_pairs", "ms_sSC", "ms_sSC", "ms_sSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
+  breakdowns=("folder",)))
+register(Task(
+  "spoken_ms_tstorycloze", "SpokenStoryCloze ms-tSC", "en", "spoken_pairs", "ms_tSC", "ms_tSC", "ms_tSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 0, 0, 12.0), ties="half",
+  breakdowns=("folder",)))
+register(Task(
+  "cm_sstorycloze", "cross-modal sSC", "en", "cross_modal_pairs", "cross_ms_sSC", "cross_ms_sSC", "cross_ms_sSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
+  breakdowns=("folder",)))
+register(Task(
+  "cm_tstorycloze", "cross-modal tSC", "en", "cross_modal_pairs", "cross_ms_tSC", "cross_ms_tSC", "cross_ms_tSC",
+  decision="pair", candidates=2, sizes=PlannerSizes(1871, 60, 12, 9.0), ties="half",
+  breakdowns=("folder",)))
+
+# ZeroSpeech's ProsAudit (zerospeech-benchmarks 0.9.4, zerospeech/tasks/lm/prosody.py): the dataset's english/dev
+# and english/test, each recording scored by its log-probability (the summed NLL: zrc reads one pseudo-probability
+# per file, the sLM21 baselines' sum, docs/prosAudit.md:27-35), ties half, averaged over voices per (type, id), then
+# per type: protosyntax and lexical, its two subtasks. Sizes are planning estimates, not the release's counts.
+for _subset in ("dev", "test"):
+  register(Task(
+    f"prosaudit_{_subset}", f"ProsAudit ({_subset})", "en", "prosaudit", f"english/{_subset}/gold.csv",
+    f"english/{_subset}", f"english/{_subset}", decision="pair", candidates=2, sizes=PlannerSizes(4000, 0, 0, 3.0),
+    ties="half", loss="sum", averaged_over="type_id", breakdowns=("type",)))
+# SALMon (slp-rl/salmon): one task per part, as salmon.py prints one accuracy per part (salmon.py:91-112) and its
+# leaderboard has one column each; each recording's mean NLL (its configs' and SlamKit's mean_nll: true), positive
+# against negative, ties half (salmon.py:105-107). 200 samples a part (data_generation/README.MD: --num-samples 200).
+SALMON_PARTS = {  # folder -> the leaderboard's column, in salmon.py's order (salmon.py:78-87)
+  "bg_alignment": "Background Alignment", "bg_all_consistency": "Background Consistency (Random)",
+  "bg_domain_consistency": "Background Consistency (In-Domain)", "gender_consistency": "Gender Consistency",
+  "rir_consistency": "Room Consistency", "sentiment_alignment": "Sentiment Alignment",
+  "sentiment_consistency": "Sentiment Consistency", "speaker_consistency": "Speaker Consistency"}
+for _part, _title in SALMON_PARTS.items():
+  register(Task(f"salmon_{_part}", f"SALMon {_title}", "en", "salmon", _part, _part, _part, decision="pair",
+                candidates=2, sizes=PlannerSizes(200, 0, 0, 5.0), ties="half"))

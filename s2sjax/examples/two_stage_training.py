@@ -19,7 +19,6 @@ import numpy as np
 import optax
 from absl import flags
 
-from s2sjax.data import task_registry
 from s2sjax.runtime import cli
 from s2sjax.results import reports
 from s2sjax.commands.default_checkpoint import default_checkpoint
@@ -35,6 +34,7 @@ from tasks.build import QuestionEncoder
 from tasks.preparation import default_data_dir, prepare
 from tasks.release import read_questions
 from tasks.sample import RELEASE_DIR
+from tasks.sample.smoke import smoke_tasks
 
 SHAPE = RowShape.for_length(1024, num_codebooks=1)
 SPEC = "demo_tables"  # audio as one codebook table at a placeholder: the table is what stage 1 trains
@@ -47,7 +47,7 @@ def alignment_rows(tokenizer, spec_name: str = SPEC) -> tuple[dict[str, np.ndarr
   spec = load_spec(spec_name)
   encoder = QuestionEncoder(spec, "s2t", tokenizer, from_spec(spec.audio_tokenizer, spec.codebook_sizes))
   items = []
-  for task in (t for t in task_registry.names() if task_registry.get(t).has_text):  # the sample's tasks
+  for task in smoke_tasks():  # the sample's tasks
     for question in read_questions(task, RELEASE_DIR):
       ids, codes, _ = encoder.prefix(question, 0)
       transcript = encoder.text_ids(question.prefixes[0], special=False)

@@ -30,7 +30,7 @@ import re
 import numpy as np
 from etils import epath
 
-from s2sjax.data import metrics, modalities
+from s2sjax.data import metrics, modalities, task_registry
 from s2sjax.runtime.output_dir import write_atomic
 from s2sjax.data.questions import QuestionScores
 
@@ -60,24 +60,24 @@ class Flip:
   other_loss: tuple[float, ...]
 
 
-def _margins(scores: QuestionScores) -> np.ndarray:
-  loss = scores.loss
+def _margins(loss: np.ndarray, scores: QuestionScores) -> np.ndarray:
   wrong = np.where(np.arange(loss.shape[1]) == scores.correct[:, None], np.inf, loss)
   return wrong.min(axis=1) - loss[np.arange(len(loss)), scores.correct]
 
 
-def find_flips(decision: str, reference: QuestionScores, other: QuestionScores) -> list[Flip]:
+def find_flips(record: task_registry.Task, reference: QuestionScores, other: QuestionScores) -> list[Flip]:
   """Questions (held by both, in the reference's order) whose decision differs between the modalities, largest
   margin change first."""
   in_other = set(other.ids)
   common = [i for i in reference.ids if i in in_other]
   reference, other = reference.select(common), other.select(common)
-  reference_right = metrics.question_decisions(decision, reference.loss, reference.correct)
-  other_right = metrics.question_decisions(decision, other.loss, other.correct)
-  reference_margin, other_margin = _margins(reference), _margins(other)
+  reference_right = metrics.question_decisions(record, reference)
+  other_right = metrics.question_decisions(record, other)
+  reference_loss, other_loss = metrics.candidate_loss(record, reference), metrics.candidate_loss(record, other)
+  reference_margin, other_margin = _margins(reference_loss, reference), _margins(other_loss, other)
   flips = [Flip(common[q], bool(reference_right[q]), float(reference_margin[q]), float(other_margin[q]),
-                reference.candidates[q], int(reference.correct[q]), tuple(map(float, reference.loss[q])),
-                tuple(map(float, other.loss[q])))
+                reference.candidates[q], int(reference.correct[q]), tuple(map(float, reference_loss[q])),
+                tuple(map(float, other_loss[q])))
            for q in np.flatnonzero(reference_right != other_right)]
   return sorted(flips, key=lambda f: (-abs(f.reference_margin - f.other_margin), f.question))
 

@@ -7,6 +7,8 @@ TensorBoard scalars.
     OUT/<checkpoint>/<task>-<modality>.details.jsonl                    one line per candidate: the further
                                                                         numbers its architecture gives (MiMo-Audio,
                                                                         Step-Audio 2: spoken candidates)
+    OUT/<checkpoint>/<task>-<modality>.pairs.jsonl                      one line per pair of whole recordings, in
+                                                                        SlamKit's terms (s2sjax/results/pair_items.py)
     OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality; the
                                                                         degradation matrix (metrics.json, table.md)
     OUT/curves_accuracy.png, OUT/curves_loss.png                        over training steps (several checkpoints;
@@ -36,7 +38,8 @@ from etils import epath
 from s2sjax.data import task_registry, modalities
 from s2sjax.scoring.checkpoints import paths as checkpoint_paths
 from s2sjax.results.chunk_store import SCORES_RECORD, ChunkStore, scores_from_chunks
-from s2sjax.data.metrics import summarize
+from s2sjax.results.pair_items import PAIRS_SUFFIX, pair_lines
+from s2sjax.data.metrics import candidate_loss, summarize
 from s2sjax.runtime.output_dir import DamagedFileError, read_json, strict_json, write_atomic
 from s2sjax.data.question_details import QuestionDetails
 from s2sjax.data.questions import QuestionScores
@@ -59,11 +62,15 @@ def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScore
               stores: dict[tuple[str, str], ChunkStore] | None = None,
               details: dict[tuple[str, str], QuestionDetails] | None = None) -> None:
   """One checkpoint's files: its record and a scores file per task x modality scored now; the line count and hash
-  of each are recorded in its chunk store (`stores`), which `read_runs` holds the file to. A details file beside
-  the scores of each task x modality in `details` (the architecture's further numbers per candidate)."""
+  of each are recorded in its chunk store (`stores`), which `read_runs` holds the file to. A task of pairs of whole
+  recordings (its release format's `pair_items`) gets its pairs file beside; a details file beside the scores of
+  each task x modality in `details` (the architecture's further numbers per candidate)."""
   write_json(epath.Path(run_dir) / RUN_RECORD, record)
   for key, s in scores.items():
     _write_scores(epath.Path(run_dir) / f"{key[0]}-{key[1]}{SCORES_SUFFIX}", s, (stores or {}).get(key))
+    record = task_registry.get(key[0])
+    if record.release.pair_items:
+      _write_pairs(epath.Path(run_dir) / f"{key[0]}-{key[1]}{PAIRS_SUFFIX}", pair_lines(s, candidate_loss(record, s)))
   for key, d in (details or {}).items():
     path = epath.Path(run_dir) / f"{key[0]}-{key[1]}{DETAILS_SUFFIX}"
     write_atomic(path, _jsonl(d.to_lines(), path))
@@ -79,6 +86,10 @@ def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | 
   write_atomic(path, data)
   if store is not None:
     store.write_scores_record(len(lines), hashlib.sha256(data).hexdigest())
+
+
+def _write_pairs(path: epath.Path, lines: list[dict]) -> None:
+  _write_text(path, "".join(strict_json(line, str(path), ensure_ascii=False) + "\n" for line in lines))
 
 
 def _read_scores(path: epath.Path) -> QuestionScores:
@@ -185,8 +196,27 @@ def degradation_rows(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
   return header, rows
 
 
+def breakdown_tables(runs: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
+  """A table per task x label its record breaks the accuracy down by (a frequency band, a type): a row per model x
+  modality, a column per label value in the order metrics.json holds them (accuracy, %, and the count)."""
+  tables = []
+  for task in task_registry.names():
+    for label in task_registry.get(task).breakdowns:
+      cells = [(run["name"], modality, m[f"by_{label}"]) for run in runs
+               for modality, m in sorted(run["tasks"].get(task, {}).items(), key=lambda kv: modalities.order(kv[0]))
+               if f"by_{label}" in m]
+      if cells:
+        values = list(dict.fromkeys(value for _, _, by in cells for value in by))
+        rows = [[name, modalities.title(modality)] + [
+          f"{100 * by[v]['accuracy']:.1f} ({by[v]['n']})" if v in by else "-" for v in values]
+                for name, modality, by in cells]
+        tables.append((f"{task_registry.get(task).title} by {label} (accuracy %, count):", ["model", "modality"]
+                       + values, rows))
+  return tables
+
+
 def write_tables(out_dir, runs: list[dict]) -> None:
-  """table.md: Table 1 (accuracy, %), then the degradation matrix; table.csv: Table 1."""
+  """table.md: Table 1 (accuracy, %), the degradation matrix, then each task's breakdowns; table.csv: Table 1."""
   header, rows = table_rows(runs)
   as_markdown = lambda head, body: (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                                     + ["| " + " | ".join(r) + " |" for r in body])
@@ -195,6 +225,8 @@ def write_tables(out_dir, runs: list[dict]) -> None:
   if matrix_rows:
     markdown += ["", "Degradation (points of accuracy, 95% paired interval):", ""]
     markdown += as_markdown(matrix_header, matrix_rows)
+  for title, head, body in breakdown_tables(runs):
+    markdown += ["", title, ""] + as_markdown(head, body)
   _write_text(epath.Path(out_dir) / "table.md", "\n".join(markdown) + "\n")
   buffer = io.StringIO()
   csv.writer(buffer).writerows([header] + rows)

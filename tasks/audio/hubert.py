@@ -297,7 +297,7 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
   # The features are samples: about a minute of audio per batch keeps activations near the other tokenizers'.
   batch_frames = 1 << 20
 
-  def __init__(self, model_dir: str, centroids_path: str, layer: int, deduplicate: bool = True):
+  def __init__(self, model_dir: str, centroids_path: str, layer: int, deduplicate: bool = True, pad: int = 0):
     if not os.path.isdir(model_dir):
       raise MissingFileError(f"HuBERT model directory {model_dir} does not exist")
     self.config = c = read_config(os.path.join(model_dir, "config.json"))
@@ -306,7 +306,11 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
     centroids = read_centroids(centroids_path, c.hidden_size)
     weights = open_weights(model_dir)
     self.params = {**read_params(weights, c, layer), "centroids": centroids}
-    self.layer, self.deduplicate = layer, deduplicate
+    if pad < 0:
+      raise HubertError(f"{model_dir}: pad {pad} is not a number of samples (0 or more)")
+    # Zero samples laid on both sides of every recording before the model runs: SlamKit's extractor pads 40
+    # (slp-rl/slamkit 388b402 slamkit/feature_extractor/hubert_feature_extractor.py:42, `F.pad(wav, (40, 40))`).
+    self.layer, self.deduplicate, self.pad = layer, deduplicate, pad
     self.codebook_sizes = (len(centroids),)
     self.frame_rate = SAMPLE_RATE / c.samples_per_frame
     self.time_multiple = c.samples_per_frame
@@ -315,18 +319,22 @@ class HubertKmeansTokenizer(JaxAudioTokenizer):
     # per sample: the first convolution's channels at its stride, in the group norm's fp32 copies
     self.frame_bytes = 4 * 4 * c.conv_dim[0] // c.conv_stride[0]
     self._identity = {"type": "hubert_kmeans", "layer": layer, "dedup": deduplicate, "units": len(centroids),
-                      "centroids_sha": hash_array(centroids), "weights_sha": weights.fingerprint()}
+                      "centroids_sha": hash_array(centroids), "weights_sha": weights.fingerprint(),
+                      **({"pad": pad} if pad else {})}
 
   @classmethod
   def from_settings(cls, settings: dict, where) -> HubertKmeansTokenizer:
-    """`model_dir` (the tokenizer folder itself when absent), `centroids`, `layer`, `dedup` (default True),
-    `dtype` float32 or bfloat16."""
+    """`model_dir` (the tokenizer folder itself when absent), `centroids`, `layer`, `dedup` (default True), `pad`
+    (zero samples each side, default 0; SlamKit's 40), `dtype` float32 or bfloat16."""
     return cls(where(settings.get("model_dir", ".")), where(settings["centroids"]), int(settings["layer"]),
-               bool(settings.get("dedup", True))).configure(dtype=settings.get("dtype", "float32"))
+               bool(settings.get("dedup", True)), int(settings.get("pad", 0))).configure(
+                 dtype=settings.get("dtype", "float32"))
 
   def prepare(self, segment: np.ndarray) -> tuple[np.ndarray, int]:
-    """Raw samples [n, 1]; audio shorter than the first conv's kernel yields no frame and is dropped."""
-    return np.asarray(segment, np.float32)[:, None], code_frames(len(segment), self.config)
+    """Raw samples [n, 1], `pad` zeros each side; audio shorter than the first conv's kernel yields no frame and is
+    dropped."""
+    samples = np.pad(np.asarray(segment, np.float32), self.pad)
+    return samples[:, None], code_frames(len(samples), self.config)
 
   def features(self, params, waves, lengths):
     """hidden_states[layer] [B, F, hidden] of waves [B, T, 1] zero-padded past `lengths`."""
