@@ -346,14 +346,14 @@ def test_bad_flags_fail_before_anything_loads():
 def test_a_chunk_that_lost_candidates_is_never_saved(tiny_sample, tmp_path, monkeypatch):
   from s2sjax.scoring.scorer import Scorer
 
-  real = Scorer.score
+  real = Scorer.score_slots
 
   def losing_a_candidate(self, params, rows, progress=True):
-    nll_sum, n_tokens = real(self, params, rows, progress)
-    n_tokens[0, 0] = 0
-    return nll_sum, n_tokens
+    slots = real(self, params, rows, progress)
+    slots["n_tokens"][0, 0] = 0
+    return slots
 
-  monkeypatch.setattr(Scorer, "score", losing_a_candidate)
+  monkeypatch.setattr(Scorer, "score_slots", losing_a_candidate)
   out = tmp_path / "out"
   with pytest.raises(EvalError, match=r"sstorycloze/t2t rows 0-\d+: 1 laid candidates scored no tokens; nothing was"):
     _run(tiny_sample, str(out), tasks=["sstorycloze"], modalities=["t2t"])

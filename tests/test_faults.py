@@ -184,7 +184,7 @@ def test_a_full_disk_leaves_the_previous_files_whole_and_names_the_file(tiny_sam
 def test_an_output_directory_that_cannot_be_written_is_refused_before_scoring(tiny_sample, tmp_path, monkeypatch):
   from s2sjax.scoring.scorer import Scorer
 
-  monkeypatch.setattr(Scorer, "score", lambda *a, **k: pytest.fail("scored before the output was checked"))
+  monkeypatch.setattr(Scorer, "score_slots", lambda *a, **k: pytest.fail("scored before the output was checked"))
   (tmp_path / "a-file").write_text("")
   with pytest.raises(OutputError, match=r"cannot write to the output directory .*a-file/out"):
     _run(tiny_sample, tmp_path / "a-file" / "out")

@@ -254,69 +254,167 @@ def laid_requests(td, config) -> dict[tuple[str, int], tuple[np.ndarray, np.ndar
   return out
 
 
-@pytest.mark.parametrize("modality", ["s2t", "s2s", "t2s"])
-def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(tmp_path, converted, model, modality):
-  """The bundled sample built for MiMo-Audio by tasks.prepare (codes from the JAX tokenizer of the oracle's
-  MiMo-Audio-Tokenizer) and scored by s2sjax.eval from the checkpoint the project's converter wrote, in every
-  modality: a results file per candidate, each candidate's NLL the model's forward on that request alone (every
-  scored log-prob within 1e-4): a written candidate's the text head's, a spoken one's the patch decoder's over every
-  frame and channel of each patch; the pre-flight passes; each spoken prefix's speech patches its wave's codes laid
-  as upstream lays an audio segment."""
+SAMPLE_MODALITIES = ("s2t", "s2s", "t2s")
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory, converted, model):
+  """The bundled sample built for MiMo-Audio by tasks.prepare in every modality of SAMPLE_MODALITIES (codes from the
+  JAX tokenizer of the oracle's MiMo-Audio-Tokenizer) and scored by one s2sjax.eval run from the checkpoint the
+  project's converter wrote: (data dir, run folder, {modality: laid_requests})."""
   from s2sjax.commands.eval import EvalConfig, run
   from s2sjax.data.task_data import load_task_data
   from s2sjax.scoring.evaluator import ScoringOptions
-  from s2sjax.model.mimo_audio import sequence_outputs
-  from tasks.audio.base import load_audio
-  from tasks.audio.mimo_audio import MimoAudioTokenizer
-  from tasks.mimo_prompt import MimoLayout
   from tasks.preparation import prepare
-  from tasks.release import read_questions
-  from tasks.sample import RELEASE_DIR
+
+  ckpt, _ = converted
+  config, _ = model
+  root = tmp_path_factory.mktemp("mimo_sample")
+  data, out = str(root / "data"), root / "out"
+  for modality in SAMPLE_MODALITIES:
+    prepare("sstorycloze", "mimo_audio", modality, None, data, tokenizer_dir=str(ckpt / "tokenizer"),
+            audio_tokenizer_dir=str(AUDIO_TOKENIZER))
+  run(EvalConfig(tasks=("sstorycloze",), modalities=SAMPLE_MODALITIES, checkpoints=str(ckpt), spec="mimo_audio",
+                 data_dir=data, output_dir=str(out), chunk_rows=2, scoring=ScoringOptions(batch_size=2)))
+  laid = {modality: laid_requests(load_task_data(data, "sstorycloze", modality, "mimo_audio", None), config)
+          for modality in SAMPLE_MODALITIES}
+  return data, out / ckpt.name, laid
+
+
+def jsonl(path: Path) -> dict[tuple[str, int], dict]:
+  return {(line["question"], line["candidate"]): line for line in map(json.loads, open(path))}
+
+
+@pytest.mark.parametrize("modality", SAMPLE_MODALITIES)
+def test_mimo_bundled_sample_end_to_end_scores_each_item_as_the_model_alone(converted, model, sample_run, modality):
+  """`sample_run`, in every modality: a results file per candidate, each candidate's NLL the model's forward on that
+  request alone (every scored log-prob within 1e-4): a written candidate's the text head's, a spoken one's the patch
+  decoder's over every frame and channel of each patch, and the details file's per-channel NLLs (spoken candidates
+  only) each channel's part of it; the pre-flight passes."""
+  from s2sjax.model.mimo_audio import sequence_outputs
+  from s2sjax.data.task_data import load_task_data
+  from s2sjax.scoring import preflight
+  from s2sjax.scoring.checkpoints import checkpoint
 
   ckpt, _ = converted
   config, params = model
-  data, out = str(tmp_path / "data"), tmp_path / "out"
-  prepare("sstorycloze", "mimo_audio", modality, None, data, tokenizer_dir=str(ckpt / "tokenizer"),
-          audio_tokenizer_dir=str(AUDIO_TOKENIZER))
-  run(EvalConfig(tasks=("sstorycloze",), modalities=(modality,), checkpoints=str(ckpt), spec="mimo_audio",
-                 data_dir=data, output_dir=str(out), chunk_rows=2, scoring=ScoringOptions(batch_size=2)))
-  lines = {(line["question"], line["candidate"]): line
-           for line in map(json.loads, open(out / ckpt.name / f"sstorycloze-{modality}.scores.jsonl"))}
-  laid = laid_requests(load_task_data(data, "sstorycloze", modality, "mimo_audio", None), config)
-  assert set(lines) == set(laid)
-  longest = max(len(text) for text, *_ in laid.values())
-  for key, (text, codes, ids, target_codes) in laid.items():
+  data, run_dir, laid = sample_run
+  longest = max(len(text) for text, *_ in laid[modality].values())
+  lines = jsonl(run_dir / f"sstorycloze-{modality}.scores.jsonl")
+  spoken = modality.endswith("s")
+  details_path = run_dir / f"sstorycloze-{modality}.details.jsonl"
+  assert details_path.exists() == spoken
+  details = jsonl(details_path) if spoken else {}
+  assert set(lines) == set(laid[modality]) and set(details) <= set(lines)
+  for key, (text, codes, ids, target_codes) in laid[modality].items():
     # one compiled shape for every request: patches past its end change none of its (causal) outputs
     padded_text = np.concatenate([text, np.full(longest - len(text), config.empty_id, np.int32)])
     padded = np.concatenate([codes, np.tile(codes[-1:], (longest - len(text), 1))])
     out_alone = sequence_outputs(config, params, padded_text, padded.reshape(longest, config.group_size, -1))
     n = len(ids)
     rows = np.arange(len(text) - n - 1, len(text) - 1)  # each target read after the patch before it
-    if modality.endswith("t"):
+    if not spoken:
       scored = out_alone["text"][rows, ids].astype(np.float64)
     else:
       patches = target_codes.reshape(n, config.group_size, config.channels)
       scored = np.stack([np.take_along_axis(channel[rows], patches[..., c, None], -1)[..., 0]
-                         for c, channel in enumerate(out_alone["local"])]).astype(np.float64)
+                         for c, channel in enumerate(out_alone["local"])]).astype(np.float64)  # [channels, n, group]
       assert (ids == -1).all()
+      assert details[key]["uttid"] == lines[key]["uttid"], key
+      for c in range(config.channels):
+        assert abs(details[key][f"nll_sum_channel_{c}"] + scored[c].sum()) < LOGPROB_TOLERANCE * scored[c].size, key
     # n tokens or patches counted; every scored log-prob (a patch: group_size x channels of them) within 1e-4
     assert lines[key]["n_tokens"] == n, key
     assert abs(lines[key]["nll_sum"] + scored.sum()) < LOGPROB_TOLERANCE * scored.size, key
-  from s2sjax.scoring import preflight
-  from s2sjax.scoring.checkpoints import checkpoint
-
   td = load_task_data(data, "sstorycloze", modality, "mimo_audio", None)
   verdicts = preflight.run(checkpoint.open(str(ckpt)), spec="mimo_audio", data=td)
   assert all(v.ok for v in verdicts), preflight.table(verdicts)
   assert ("audio reaches the model" in {v.check for v in verdicts}) == modality.startswith("s")
-  if not modality.startswith("s"):
-    return
+
+
+def test_mimo_bundled_sample_speech_patches_are_its_waves_codes(model, sample_run):
+  """Each spoken prefix's speech patches in `sample_run`'s S->T and S->S rows: its wave's codes from the JAX
+  tokenizer, laid as upstream lays an audio segment."""
+  from tasks.audio.base import load_audio
+  from tasks.audio.mimo_audio import MimoAudioTokenizer
+  from tasks.mimo_prompt import MimoLayout
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+
+  config, _ = model
+  _, _, laid = sample_run
   tokenizer = MimoAudioTokenizer(str(AUDIO_TOKENIZER))
   layout = MimoLayout(0, 0, config.empty_id, config.empty_codes, config.group_size)
   width = config.group_size * config.channels
   for question in read_questions("sstorycloze", RELEASE_DIR)[:2]:
-    text, codes, *_ = laid[(question.id, 0)]
     _, expected = layout.audio(tokenizer.encode(load_audio(question.audio_paths[0], 24000), question.uttids[0]),
                                wrapped=False)
-    speech = np.flatnonzero(text == config.empty_id)[: len(expected)]
-    np.testing.assert_array_equal(codes[speech], expected.reshape(-1, width))
+    for modality in ("s2t", "s2s"):
+      text, codes, *_ = laid[modality][(question.id, 0)]
+      speech = np.flatnonzero(text == config.empty_id)[: len(expected)]
+      np.testing.assert_array_equal(codes[speech], expected.reshape(-1, width), err_msg=modality)
+
+
+def test_mimo_details_file_holds_upstreams_per_channel_nlls_and_is_the_same_after_a_resume(tmp_path, converted, model):
+  """S->S over the oracle's own continuation: every spoken prefix of the bundled sample given the oracle's prompt
+  frames and each question's first spoken candidate its scored frames (precomputed codes; the other candidate
+  random codes), so that request is upstream's `cont` (<|sosp|> then the audio, unwrapped). Its
+  `nll_sum_channel_c` in the details file is minus the sum, over its patches and frames, of upstream's
+  patch-decoder log-softmax at channel c's code (within 1e-4 a log-prob); every candidate's channels add up to its
+  scores-file NLL. A chunk deleted with both files and the run resumed writes the same details file, byte for
+  byte."""
+  import yaml
+
+  from s2sjax.commands.eval import EvalConfig, run
+  from s2sjax.data.spec import SPECS_DIR
+  from s2sjax.scoring.evaluator import ScoringOptions
+  from tasks.preparation import prepare
+  from tasks.release import read_questions
+  from tasks.sample import RELEASE_DIR
+
+  ckpt, _ = converted
+  config, _ = model
+  first, rest = oracle("cont_local_logprobs_ch01"), oracle("cont_local_logprobs_ch2to7")
+  expected = [first[:, :, c] if c < 2 else rest[:, :, c - 2] for c in range(config.channels)]
+  scored = len(first)
+  cont = np.load(ORACLE / "inputs" / "cont_audio_codes.npy")
+  prompt_codes, candidate_codes = cont[: -scored * config.group_size], cont[-scored * config.group_size:]
+  patches = candidate_codes.reshape(scored, config.group_size, config.channels)
+  upstream = [-np.take_along_axis(lp, patches[..., c, None], -1).sum() for c, lp in enumerate(expected)]
+
+  codes = tmp_path / "codes"
+  (codes / "candidates").mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  questions = read_questions("sstorycloze", RELEASE_DIR)
+  for question in questions:
+    for c, (uttid, path) in enumerate(zip(question.uttids, question.candidate_audio_paths)):
+      other = rng.integers(0, np.asarray(config.empty_codes), (int(rng.integers(3, 13)), config.channels))
+      np.save(codes / f"{uttid}.npy", prompt_codes)
+      np.save(codes / "candidates" / f"{Path(path).stem}.npy", candidate_codes if c == 0 else other)
+  fields = yaml.safe_load(open(Path(SPECS_DIR) / "mimo_audio.yaml"))
+  spec = tmp_path / "mimo_audio_codes.yaml"
+  spec.write_text(yaml.safe_dump(dict(fields, name="mimo_audio_codes", audio_tokenizer={"type": "precomputed"})))
+  data, out = str(tmp_path / "data"), tmp_path / "out"
+  prepare("sstorycloze", str(spec), "s2s", 64, data, tokenizer_dir=str(ckpt / "tokenizer"),
+          audio_tokenizer_dir=str(codes))
+  evaluate = lambda: run(EvalConfig(tasks=("sstorycloze",), modalities=("s2s",), checkpoints=str(ckpt),
+                                    spec=str(spec), row_length=64, data_dir=data, output_dir=str(out), chunk_rows=2,
+                                    scoring=ScoringOptions(batch_size=2)))
+  evaluate()
+  run_dir = out / ckpt.name
+  details_path = run_dir / "sstorycloze-s2s.details.jsonl"
+  written = details_path.read_bytes()
+  details, lines = jsonl(details_path), jsonl(run_dir / "sstorycloze-s2s.scores.jsonl")
+  assert set(details) == set(lines) == {(q.id, c) for q in questions for c in range(2)}
+  for (question, c), line in details.items():
+    found = [line[f"nll_sum_channel_{channel}"] for channel in range(config.channels)]
+    if c == 0:
+      np.testing.assert_allclose(found, upstream, rtol=0, atol=LOGPROB_TOLERANCE * scored * config.group_size)
+    assert abs(sum(found) - lines[(question, c)]["nll_sum"]) < 1e-6 * lines[(question, c)]["nll_sum"], question
+
+  chunks = sorted((out / "chunks").rglob("chunk-*.npz"))
+  assert len(chunks) > 1
+  for path in (chunks[0], details_path, run_dir / "sstorycloze-s2s.scores.jsonl"):
+    path.unlink()
+  evaluate()
+  assert details_path.read_bytes() == written

@@ -376,31 +376,54 @@ def spoken_codes(release: Path, path: str) -> np.ndarray:
   return np.load(release / "s3tokenizer_codes" / "candidates" / f"{Path(path).stem}.npy")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("modality", ["s2t", "t2s", "s2s"])
-def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_path, meta, encoder, converted, modality):
+SAMPLE_MODALITIES = ("s2t", "t2s", "s2s")
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory, meta, converted):
   """The oracle release converted (the converter's command path, `converted`), the bundled sample built by
-  `tasks.prepare` (mels, encoder and adaptor in JAX; spoken candidates as precomputed s3tokenizer codes) and scored
-  by `python -m s2sjax.eval`: every item's NLL is the converted model's forward on that item alone, laid from its
-  wave, its text and its codes by the wrapper's base template (speech out after <tts_start>, ids 151696 + code)."""
+  `tasks.prepare` in every modality of SAMPLE_MODALITIES (mels, encoder and adaptor in JAX; spoken candidates as
+  precomputed s3tokenizer codes) and scored by one `python -m s2sjax.eval`: (text tokenizer, spec, release with the
+  codes, run folder)."""
+  from tasks.preparation import prepare
+
+  root = tmp_path_factory.mktemp("step_audio2_sample")
+  config = step_audio2.parse_config(meta["config_json"])
+  tokenizer, spec = sample_tokenizer(root / "tokenizer", meta), tiny_spec(root, config)
+  release = sample_audio_dir(root, meta["seed"])
+  (ckpt, _), data, out = converted, root / "data", root / "out"
+  for modality in SAMPLE_MODALITIES:
+    prepare("sstorycloze", spec, modality, None, str(data), tokenizer_dir=tokenizer, audio_tokenizer_dir=str(release))
+  done = subprocess.run([sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze",
+                         f"--modality={','.join(SAMPLE_MODALITIES)}", f"--spec={spec}", f"--checkpoint={ckpt}",
+                         f"--tokenizer_dir={tokenizer}", f"--data_dir={data}", f"--output_dir={out}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return tokenizer, spec, release, out / "ckpt"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("modality", SAMPLE_MODALITIES)
+def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(meta, encoder, converted, sample_run,
+                                                                          modality):
+  """`sample_run`, in every modality: every item's NLL is the converted model's forward on that item alone, laid from
+  its wave, its text and its codes by the wrapper's base template (speech out after <tts_start>, ids 151696 + code);
+  a spoken candidate's `nll_sum_audio_ids` in the details file (none for written candidates) is that forward's NLL
+  renormalised over the 6,562 audio ids."""
   from s2sjax.data.spec import load_spec
   from tasks.audio.base import load_audio
-  from tasks.preparation import prepare
   from tasks.release import read_questions
   from tasks.sample import RELEASE_DIR
   from transformers import AutoTokenizer
 
   config = step_audio2.parse_config(meta["config_json"])
-  tokenizer, spec = sample_tokenizer(tmp_path / "tokenizer", meta), tiny_spec(tmp_path, config)
-  release = sample_audio_dir(tmp_path, meta["seed"])
-  (ckpt, _), data, out = converted, tmp_path / "data", tmp_path / "out"
-  prepare("sstorycloze", spec, modality, None, str(data), tokenizer_dir=tokenizer, audio_tokenizer_dir=str(release))
-  done = subprocess.run([sys.executable, "-m", "s2sjax.eval", "--task=sstorycloze", f"--modality={modality}",
-                         f"--spec={spec}", f"--checkpoint={ckpt}", f"--tokenizer_dir={tokenizer}",
-                         f"--data_dir={data}", f"--output_dir={out}"], cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  lines = [json.loads(line) for line in open(out / "ckpt" / f"sstorycloze-{modality}.scores.jsonl")]
+  tokenizer, spec, release, run_dir = sample_run
+  ckpt, _ = converted
+  lines = [json.loads(line) for line in open(run_dir / f"sstorycloze-{modality}.scores.jsonl")]
+  spoken = modality.endswith("s")
+  details_path = run_dir / f"sstorycloze-{modality}.details.jsonl"
+  assert details_path.exists() == spoken
+  details = {(d["question"], d["candidate"]): d for d in map(json.loads, open(details_path))} if spoken else {}
   questions = {q.id: q for q in read_questions("sstorycloze", RELEASE_DIR)}
   assert {line["question"] for line in lines} == set(questions)
   params = checkpoint.load_params(ckpt)
@@ -420,7 +443,7 @@ def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_pa
       pieces = ([instruction] if instruction else []) + [prompt.Audio(tuple(np.bincount(chunk).tolist()))]
     else:
       rows, pieces = np.zeros((0, config.decoder.hidden_size)), [question.prefixes[c]]
-    if modality.endswith("s"):
+    if spoken:
       pieces.append(prompt.TTS_START)
       codes = spoken_codes(release, question.candidate_audio_paths[c])
       candidate = AUDIO_OFFSET + codes
@@ -436,9 +459,53 @@ def test_step_audio_sample_end_to_end_scores_each_item_as_its_own_forward(tmp_pa
     starts.append(len(laid))
   most = max(line["n_tokens"] for line in lines)
   scored = np.stack([np.minimum(start - 1 + np.arange(most), ITEM_LENGTH - 2) for start in starts])
-  nll = np.asarray(_item_nlls(config, params, np.stack(requests), np.stack(features), np.stack(continuous), scored))
-  for line, row in zip(lines, nll):
-    assert abs(line["nll_sum"] - row[: line["n_tokens"]].sum()) < LOG_PROBS * line["n_tokens"], line
+  nll, over_audio = map(np.asarray, _item_nlls(config, params, np.stack(requests), np.stack(features),
+                                               np.stack(continuous), scored))
+  for line, row, audio_row in zip(lines, nll, over_audio):
+    n = line["n_tokens"]
+    assert abs(line["nll_sum"] - row[:n].sum()) < LOG_PROBS * n, line
+    if spoken:
+      found = details[(line["question"], line["candidate"])]
+      assert found["uttid"] == line["uttid"]
+      assert abs(found["nll_sum_audio_ids"] - audio_row[:n].sum()) < LOG_PROBS * n, found
+
+
+@pytest.mark.slow
+def test_step_audio_scoring_step_gives_upstreams_nll_over_the_audio_ids(converted, laid_requests, nlls):
+  """The oracle's speech-out requests (T->S, base; S->S, chat, with its wave's adaptor rows) laid as packed rows and
+  scored by the architecture's own step: each candidate's summed NLL (full vocabulary) and its details'
+  `nll_sum_audio_ids` (renormalised over the 6,562 audio ids) are upstream's, within 1e-4 a token."""
+  from s2sjax.data.formats.step_audio2 import ROWS
+  from s2sjax.data.packing import RowShape
+
+  ckpt, _ = converted
+  config, params = checkpoint.load_config(ckpt), checkpoint.load_params(ckpt)
+  spoken = [name for name, record in nlls.items() if record["kind"] == "audio"]
+  length = 32 * -(-max(len(laid_requests[name][0]) for name in spoken) // 32)
+  most = max(nlls[name]["n_tokens"] for name in spoken)
+  shape = RowShape(length, most, 1)
+  rows = ROWS.empty(len(spoken), shape, {"features": config.decoder.hidden_size})
+  for r, name in enumerate(spoken):
+    ids, prefix, features = laid_requests[name]
+    n = nlls[name]["n_tokens"]
+    rows["ids"][r, : len(ids)] = ids
+    rows["segment_ids"][r, : len(ids)] = 1
+    rows["branch_ids"][r, prefix : len(ids)] = 1
+    rows["positions"][r, : len(ids)] = np.arange(len(ids))
+    rows["target_pos"][r, :n] = prefix - 1 + np.arange(n)
+    rows["target_ids"][r, :n] = ids[prefix:]
+    rows["target_slot"][r, :n] = 0
+    rows["slot_item"][r], rows["slot_candidate"][r] = r, 0
+    for first, count in step_audio2.patch_rows(ids):
+      rows["continuous"][r, first : first + count] = 1
+    if features is not None:
+      rows["features"][r, rows["continuous"][r] > 0] = features
+  slots = step_audio2.scorer(config, shape, batch_size=2).score_slots(params, rows, progress=False)
+  assert step_audio2.ARCHITECTURE.details(config) == ("nll_sum_audio_ids",)
+  for r, name in enumerate(spoken):
+    n = nlls[name]["n_tokens"]
+    assert abs(slots["nll_sum"][r, 0] - nlls[name]["nll_sum"]) < LOG_PROBS * n, name
+    assert abs(slots["details"][r, 0, 0] / n - nlls[name]["nll_mean_renormalized_over_audio_ids"]) < LOG_PROBS, name
 
 
 @pytest.mark.slow
@@ -489,8 +556,9 @@ ITEM_LENGTH = 128  # longer than every item of the bundled sample's S->T
 
 @functools.partial(jax.jit, static_argnums=0)
 def _item_nlls(config, params, ids, features, continuous, scored):
-  """[B, M]: the NLL of id scored[b, m] + 1 of each row under the model's plain causal forward of that row alone
-  (positions arange, no packing), the features written at the `continuous` rows."""
+  """[B, M] twice: the NLL of id scored[b, m] + 1 of each row under the model's plain causal forward of that row alone
+  (positions arange, no packing), the features written at the `continuous` rows, over the full vocabulary and
+  over the 6,562 audio ids alone."""
   model = decoder.Decoder(config.decoder)
   batch, length = ids.shape
   positions = np.broadcast_to(np.arange(length), (batch, length))
@@ -499,7 +567,9 @@ def _item_nlls(config, params, ids, features, continuous, scored):
   rows = jax.numpy.take_along_axis(hidden, scored[..., None], axis=1)
   logits = model.apply({"params": params}, rows, method=decoder.Decoder.logits)
   targets = jax.numpy.take_along_axis(ids, scored + 1, axis=1)
-  return jax.nn.logsumexp(logits, axis=-1) - jax.numpy.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  picked = jax.numpy.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  audio_ids = logits[..., AUDIO_OFFSET : AUDIO_OFFSET + AUDIO_CODES]
+  return jax.nn.logsumexp(logits, axis=-1) - picked, jax.nn.logsumexp(audio_ids, axis=-1) - picked
 
 
 def test_the_planner_sizes_step_audio_2_mini_through_its_architecture():

@@ -216,12 +216,13 @@ def _score_checkpoint(cfg: EvalConfig, evaluator: Evaluator, params, data: list[
     start = time.time()
     title = td.label.title
     progress = Progress(td.num_rows, f"{record['name']} {td.task} {title}")
-    scores[(td.task, td.label)] = s = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
+    s, details = score_resumable(evaluator, params, td, store, cfg.chunk_rows, progress)
+    scores[(td.task, td.label)] = s
     if jax.process_index() == 0:
       print(result_line(f"{record['name']} {td.task} {title}", metrics.task_metrics(td.benchmark, s, cfg.ties),
                         time.time() - start), flush=True)
       reports.write_run(os.path.join(cfg.output_dir, folder), record, {(td.task, td.label): s},
-                        {(td.task, td.label): store})
+                        {(td.task, td.label): store}, {(td.task, td.label): details} if details else None)
   return scores
 
 

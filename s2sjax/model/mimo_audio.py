@@ -166,8 +166,11 @@ def _dense(x, kernel, dtype):
 
 
 def _round_bf16(x):
-  """x's values rounded to bfloat16 (nearest even), kept in x's dtype."""
-  return x.astype(jnp.bfloat16).astype(x.dtype)
+  """x's values rounded to bfloat16 (nearest even), kept in x's dtype. `reduce_precision`, not a round trip through
+  bfloat16: XLA may drop a convert pair inside a fused program (its excess-precision rewrite), and then leaves the
+  value unrounded (in the scoring step, 14% of the input local transformer's normalised inputs, and a spoken
+  candidate's log-probs up to 1.3e-4 off upstream's)."""
+  return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
 def _layer(config: ModelConfig, dtype, attention: str = "xla", window=None) -> decoder.DecoderLayer:

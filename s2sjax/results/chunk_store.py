@@ -2,7 +2,8 @@
 
     OUT/chunks/<checkpoint>/<task>-<modality>/identity.json     what produced the chunks (written first)
     OUT/chunks/<checkpoint>/<task>-<modality>/layout.npz        where each question's candidates lie in the rows
-    OUT/chunks/<checkpoint>/<task>-<modality>/chunk-00003.npz   rows [start, stop) of one run
+    OUT/chunks/<checkpoint>/<task>-<modality>/chunk-00003.npz   rows [start, stop) of one run: per slot the NLL
+                                                                sums, token counts and the architecture's details
     OUT/chunks/<checkpoint>/<task>-<modality>/scores.json       line count and hash of the scores file written
                                                                 from the chunks (reports.py checks it)
 
@@ -27,9 +28,11 @@ from absl import logging
 from etils import epath
 
 from s2sjax.runtime import sharding
+from s2sjax.scoring import architectures
 from s2sjax.scoring.evaluator import EvalError, Evaluator, check_finite
 from s2sjax.model.decoder import Params
 from s2sjax.runtime.output_dir import DamagedFileError, OutputError, strict_json, write_atomic
+from s2sjax.data.question_details import QuestionDetails
 from s2sjax.data.questions import QuestionScores, QuestionTable
 from s2sjax.runtime.progress import Progress, say
 from s2sjax.scoring.scorer import collect
@@ -129,32 +132,36 @@ class ChunkStore:
   def done(self, index: int) -> bool:
     return self._path(index).exists()  # written whole or not at all (write_atomic); `load` checks it reads
 
-  def save(self, index: int, nll_sum: np.ndarray, n_tokens: np.ndarray) -> None:
+  def save(self, index: int, nll_sum: np.ndarray, n_tokens: np.ndarray, details: np.ndarray | None = None) -> None:
+    """A chunk's per-slot sums [rows, slots], and the architecture's details [rows, slots, D] where it gives any."""
     buffer = io.BytesIO()
-    np.savez(buffer, nll_sum=nll_sum, n_tokens=n_tokens)
+    np.savez(buffer, nll_sum=nll_sum, n_tokens=n_tokens, **({} if details is None else {"details": details}))
     write_atomic(self._path(index), buffer.getvalue())
 
-  def load(self, index: int, shape: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A chunk's (nll_sum, n_tokens); a DamagedFileError (a ValueError) saying why when it does not read back whole
-    (and, with `shape`, as [rows, slots] arrays of finite sums)."""
+  def load(self, index: int, shape: tuple[int, int] | None = None, details: int = 0) -> tuple[np.ndarray, ...]:
+    """A chunk's (nll_sum, n_tokens), and its details when `details` (their width) is not 0; a DamagedFileError (a
+    ValueError) saying why when it does not read back whole (and, with `shape`, as [rows, slots] arrays of finite
+    sums, details [rows, slots, details])."""
     path = self._path(index)
     try:
       with np.load(io.BytesIO(path.read_bytes())) as f:
-        nll_sum, n_tokens = f["nll_sum"], f["n_tokens"]
+        arrays = (f["nll_sum"], f["n_tokens"]) + ((f["details"],) if details else ())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
       raise DamagedFileError(f"{path.name} is unreadable ({type(e).__name__}: {str(e)[:120] or 'empty'})") from None
-    if shape is not None and (nll_sum.shape != shape or n_tokens.shape != shape):
-      raise DamagedFileError(f"{path.name} holds arrays of shape {nll_sum.shape}, not the chunk's {shape}")
-    if not np.isfinite(nll_sum).all():
+    wanted = (shape, shape, (*shape, details)) if shape is not None else ()
+    for array, want in zip(arrays, wanted):
+      if array.shape != want:
+        raise DamagedFileError(f"{path.name} holds arrays of shape {array.shape}, not the chunk's {want}")
+    if not all(np.isfinite(a).all() for a in arrays[:1] + arrays[2:]):
       raise DamagedFileError(f"{path.name} holds non-finite sums")
-    return nll_sum, n_tokens
+    return arrays
 
-  def readable(self, index: int, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+  def readable(self, index: int, shape: tuple[int, int], details: int = 0) -> tuple[np.ndarray, ...] | None:
     """The chunk, or None when it is absent or damaged (said in one line: it is scored again)."""
     if not self.done(index):
       return None
     try:
-      return self.load(index, shape)
+      return self.load(index, shape, details)
     except ValueError as e:
       _say(f"{self.directory}: {e}: scored again")
       return None
@@ -201,18 +208,21 @@ def scores_from_chunks(store: ChunkStore) -> QuestionScores:
 
 
 def score_resumable(evaluator: Evaluator, params: Params, td: TaskData, store: ChunkStore, chunk_rows: int,
-                    progress: Progress) -> QuestionScores:
+                    progress: Progress) -> tuple[QuestionScores, QuestionDetails | None]:
   """Scores `td` chunk by chunk, reusing finished chunks of the same run (a damaged one is scored again). Only
   process 0 reads and writes the store (an output directory local to worker 0 works too); every process gets its
-  decisions and arrays. A chunk whose sums are not finite is an error, and never saved."""
+  decisions and arrays. A chunk whose sums are not finite is an error, and never saved. Returns the scores and,
+  where the architecture gives details for these candidates (`architectures.detail_names`), the details, kept in
+  the chunks as the sums are."""
   num_rows = td.num_rows
   chunks = chunk_ranges(num_rows, chunk_rows)
   slots = td.shape.max_slots
+  names = architectures.detail_names(evaluator.config, td.modality)
   refusal, saved = None, [None] * len(chunks)
   if jax.process_index() == 0:
     try:
       store.open(td)
-      saved = [store.readable(i, (stop - start, slots)) for i, (start, stop) in enumerate(chunks)]
+      saved = [store.readable(i, (stop - start, slots), len(names)) for i, (start, stop) in enumerate(chunks)]
     except (EvalError, OutputError) as e:
       refusal = e
   if sharding.from_process_0(np.array(refusal is not None)):
@@ -221,27 +231,32 @@ def score_resumable(evaluator: Evaluator, params: Params, td: TaskData, store: C
   todo_rows = sum(stop - start for (start, stop), d in zip(chunks, done) if not d)
   if done.any():  # on every process: each one's log says what it resumed
     _say(f"{td.task}/{td.modality}: resuming, {int(done.sum())} of {len(chunks)} chunks done, scoring {todo_rows} rows")
-  nll_sum, n_tokens = [], []
+  parts = []
   scorer = evaluator.scorer(td)
   for i, (start, stop) in enumerate(chunks):
     if done[i]:
-      empty = (np.zeros((stop - start, slots)), np.zeros((stop - start, slots), np.int64))
+      empty = (np.zeros((stop - start, slots)), np.zeros((stop - start, slots), np.int64)) + (
+        (np.zeros((stop - start, slots, len(names))),) if names else ())
       held = saved[i] if jax.process_index() == 0 else empty
       part = tuple(_from_process_0_exact(np.asarray(x, like.dtype)) for x, like in zip(held, empty))
       progress.update(stop - start)
     else:
       rows = {k: v[start:stop] for k, v in td.rows.items()}
-      part = scorer.score(evaluator.params_adapter(params), rows, progress=False)
+      out = scorer.score_slots(evaluator.params_adapter(params), rows, progress=False)
+      part = (out["nll_sum"], out["n_tokens"]) + ((out["details"],) if names else ())
       unscored = (rows["slot_item"] >= 0) & (part[1] == 0)
       if unscored.any():  # never save (and so resume from) a chunk that lost candidates
         raise EvalError(f"{td.task}/{td.modality} rows {start}-{stop - 1}: {int(unscored.sum())} laid candidates "
                         "scored no tokens; nothing was saved")
-      check_finite(td, rows, part[0])
+      for sums in part[:1] + part[2:]:  # the NLLs, and the details where there are any
+        check_finite(td, rows, sums if sums.ndim == 2 else sums.sum(-1))
       if jax.process_index() == 0:
         store.save(i, *part)
       _preempt_if_asked(store)
       progress.update(stop - start, int((rows["segment_ids"] > 0).sum()))
-    nll_sum.append(part[0])
-    n_tokens.append(part[1])
-  candidates = collect(td.rows, np.concatenate(nll_sum), np.concatenate(n_tokens), td.questions.candidates_per_item())
-  return td.questions.scores(candidates.nll_sum, candidates.n_tokens)
+    parts.append(part)
+  joined = [np.concatenate(arrays) for arrays in zip(*parts)]
+  candidates = collect(td.rows, joined[0], joined[1], td.questions.candidates_per_item(),
+                       joined[2] if names else None)
+  details = QuestionDetails.of(td.questions, names, candidates.details) if names else None
+  return td.questions.scores(candidates.nll_sum, candidates.n_tokens), details

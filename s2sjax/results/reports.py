@@ -4,6 +4,9 @@ TensorBoard scalars.
     OUT/<checkpoint>/run.json                                           the checkpoint's name, path, step, spec
     OUT/<checkpoint>/<task>-<modality>.scores.jsonl                     one line per candidate (modality: t2t,
                                                                         s2t, t2s, s2s, s2s_utterance)
+    OUT/<checkpoint>/<task>-<modality>.details.jsonl                    one line per candidate: the further
+                                                                        numbers its architecture gives (MiMo-Audio,
+                                                                        Step-Audio 2: spoken candidates)
     OUT/<checkpoint>/<task>-<modality>.pairs.jsonl                      one line per pair of whole recordings, in
                                                                         SlamKit's terms (s2sjax/results/pair_items.py)
     OUT/metrics.json, OUT/table.md, OUT/table.csv                       every checkpoint, task, modality; the
@@ -38,10 +41,12 @@ from s2sjax.results.chunk_store import SCORES_RECORD, ChunkStore, scores_from_ch
 from s2sjax.results.pair_items import PAIRS_SUFFIX, pair_lines
 from s2sjax.data.metrics import candidate_loss, summarize
 from s2sjax.runtime.output_dir import DamagedFileError, read_json, strict_json, write_atomic
+from s2sjax.data.question_details import QuestionDetails
 from s2sjax.data.questions import QuestionScores
 
 RUN_RECORD = "run.json"
 SCORES_SUFFIX = ".scores.jsonl"
+DETAILS_SUFFIX = ".details.jsonl"
 
 
 def _write_text(path, text: str) -> None:
@@ -54,21 +59,30 @@ def chunk_dir(out_dir, run_folder: str, task: str, modality: str) -> epath.Path:
 
 
 def write_run(run_dir, record: dict, scores: dict[tuple[str, str], QuestionScores],
-              stores: dict[tuple[str, str], ChunkStore] | None = None) -> None:
+              stores: dict[tuple[str, str], ChunkStore] | None = None,
+              details: dict[tuple[str, str], QuestionDetails] | None = None) -> None:
   """One checkpoint's files: its record and a scores file per task x modality scored now; the line count and hash
   of each are recorded in its chunk store (`stores`), which `read_runs` holds the file to. A task of pairs of whole
-  recordings (its release format's `pair_items`) gets its pairs file beside."""
+  recordings (its release format's `pair_items`) gets its pairs file beside; a details file beside the scores of
+  each task x modality in `details` (the architecture's further numbers per candidate)."""
   write_json(epath.Path(run_dir) / RUN_RECORD, record)
   for key, s in scores.items():
     _write_scores(epath.Path(run_dir) / f"{key[0]}-{key[1]}{SCORES_SUFFIX}", s, (stores or {}).get(key))
     record = task_registry.get(key[0])
     if record.release.pair_items:
       _write_pairs(epath.Path(run_dir) / f"{key[0]}-{key[1]}{PAIRS_SUFFIX}", pair_lines(s, candidate_loss(record, s)))
+  for key, d in (details or {}).items():
+    path = epath.Path(run_dir) / f"{key[0]}-{key[1]}{DETAILS_SUFFIX}"
+    write_atomic(path, _jsonl(d.to_lines(), path))
+
+
+def _jsonl(lines: list[dict], path) -> bytes:
+  return "".join(strict_json(line, str(path), ensure_ascii=False, sort_keys=True) + "\n" for line in lines).encode()
 
 
 def _write_scores(path: epath.Path, scores: QuestionScores, store: ChunkStore | None) -> None:
   lines = scores.to_lines()
-  data = "".join(strict_json(line, str(path), ensure_ascii=False, sort_keys=True) + "\n" for line in lines).encode()
+  data = _jsonl(lines, path)
   write_atomic(path, data)
   if store is not None:
     store.write_scores_record(len(lines), hashlib.sha256(data).hexdigest())

@@ -46,6 +46,7 @@ class ScoringError(UserError, ValueError):
 def score_batch(
   config: ModelConfig, dtype, target_chunk: int, num_slots: int, params: Params, batch: dict, attention: str = "xla",
   window: LocalWindow | None = None, features: jax.Array | None = None, continuous: jax.Array | None = None,
+  target_details: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
 ) -> dict:
   """For one batch of packed rows, per target [B, M]: `target_nll` and `target_missed`, whether the target is not
   the argmax of the logits that predict it (lm-eval's is_greedy, `not_greedy`: compares beside the logsumexp's pass);
@@ -53,7 +54,9 @@ def score_batch(
   `n_tokens` and `greedy_misses`. Pure; jitted by `Scorer`. With a `window`, attention is item-local: its window
   mask (and with `key_shift` in the batch, neighbour-free rows' shared roots, where each window's keys are read:
   `gathered_windows`) is built once for all layers, and no [L, L] mask. `features` [B, L, D] replace the
-  token embeddings where `continuous` [B, L] is set (`Decoder`'s audio encoder rows: Step-Audio 2's)."""
+  token embeddings where `continuous` [B, L] is set (`Decoder`'s audio encoder rows: Step-Audio 2's).
+  `target_details(logits [..., V], ids [...]) -> [..., D]`: an architecture's further per-target numbers, read from
+  the same logits (`target_details` [B, M, D]: its `Architecture.details`)."""
   model = Decoder(config, dtype=dtype, attention=attention, attention_window=window)
   if window and "key_shift" in batch:
     mask = gathered_windows(batch["segment_ids"], batch["branch_ids"], batch["key_shift"], window)
@@ -66,9 +69,11 @@ def score_batch(
   hidden = jnp.take_along_axis(hidden, batch["target_pos"][..., None], axis=1)  # [B, M, D]
 
   def target_nll(h, ids):
-    return nll_and_missed(model.apply({"params": params}, h, method=Decoder.logits), ids)  # fp32 [B, chunk, V]
+    logits = model.apply({"params": params}, h, method=Decoder.logits)  # fp32 [B, chunk, V]
+    nll, missed = nll_and_missed(logits, ids)
+    return (nll, missed) if target_details is None else (nll, missed, target_details(logits, ids))
 
-  nll, missed = by_target_chunks(target_nll, target_chunk, hidden, batch["target_ids"])
+  nll, missed, *details = by_target_chunks(target_nll, target_chunk, hidden, batch["target_ids"])
 
   slots = batch["target_slot"]
   onehot = (slots[..., None] == jnp.arange(num_slots)).astype(jnp.float32)  # [B, M, C]; slot -1 matches none
@@ -77,6 +82,7 @@ def score_batch(
     "nll_sum": jnp.einsum("bm,bmc->bc", nll, onehot, precision=jax.lax.Precision.HIGHEST),
     "n_tokens": onehot.sum(axis=1).astype(jnp.int32),
     "greedy_misses": (missed[..., None] & (onehot > 0)).sum(axis=1, dtype=jnp.int32),  # a count: no matmul
+    **({"target_details": details[0]} if details else {}),
   }
 
 
@@ -98,22 +104,25 @@ def not_greedy(logits: jax.Array, ids: jax.Array, picked: jax.Array) -> jax.Arra
   return jnp.any(above | tied_before, axis=-1)
 
 
-# What the Scorer's step returns per target, and the per-slot sum `slot_sums` makes of each.
-TARGET_OUTPUTS = {"target_nll": "nll_sum", "target_missed": "greedy_misses"}
+# What the Scorer's step returns per target, and the per-slot sum `slot_sums` makes of each: `target_details`
+# [B, M, D] are an architecture's further numbers (its `Architecture.details`), summed per slot as the NLL is.
+TARGET_OUTPUTS = {"target_nll": "nll_sum", "target_missed": "greedy_misses", "target_details": "details"}
 
 
 def slot_sums(rows: dict[str, np.ndarray], per_target: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Per slot [R, C] of the rows: `n_tokens`, and each per-target output [R, M] summed over the slot's targets
-  in float64 (`TARGET_OUTPUTS` names the sums), one target after another in table order: a candidate's targets
-  are its tokens in order, so its sum is the same bits wherever it lies."""
+  """Per slot [R, C] of the rows: `n_tokens`, and each per-target output [R, M] (or [R, M, D], column by column)
+  summed over the slot's targets in float64 (`TARGET_OUTPUTS` names the sums), one target after another in table
+  order: a candidate's targets are its tokens in order, so its sum is the same bits wherever it lies."""
   slot = rows["target_slot"]
   num_rows, width = rows["slot_item"].shape
   used = slot >= 0
   flat = (np.arange(num_rows)[:, None] * width + slot)[used]
   sums = {"n_tokens": np.bincount(flat, minlength=num_rows * width).reshape(num_rows, width)}
   for name, value in per_target.items():
-    total = np.bincount(flat, weights=value[:, : slot.shape[1]][used].astype(np.float64), minlength=num_rows * width)
-    sums[TARGET_OUTPUTS[name]] = total.reshape(num_rows, width)
+    picked = value[:, : slot.shape[1]][used].astype(np.float64)  # [targets] or [targets, D]
+    columns = [np.bincount(flat, weights=column, minlength=num_rows * width).reshape(num_rows, width)
+               for column in (picked.T if picked.ndim == 2 else [picked])]
+    sums[TARGET_OUTPUTS[name]] = np.stack(columns, axis=-1) if picked.ndim == 2 else columns[0]
   if "greedy_misses" in sums:
     sums["greedy_misses"] = sums["greedy_misses"].astype(np.int64)
   return sums
@@ -129,7 +138,7 @@ def by_target_chunks(fn: Callable, target_chunk: int, *arrays: jax.Array):
   pad = count * chunk - num_targets
   split = lambda x: jnp.moveaxis(jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
                                  .reshape(batch_size, count, chunk, *x.shape[2:]), 1, 0)
-  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, -1)[:, :num_targets]
+  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch_size, count * chunk, *x.shape[3:])[:, :num_targets]
   return jax.tree.map(merge, jax.lax.map(lambda chunks: fn(*chunks), tuple(map(split, arrays))))
 
 
@@ -291,7 +300,7 @@ class _RowScorer:
 
   def _score_rows(self, params: Params, rows: dict[str, np.ndarray], progress: bool) -> dict[str, np.ndarray]:
     """Scores all rows (the same full set on every process, already checked); returns per slot [R, the rows' C]
-    n_tokens and the sums of the step's per-target outputs (`slot_sums`: nll_sum, greedy_misses)."""
+    n_tokens and the sums of the step's per-target outputs (`slot_sums`: nll_sum, greedy_misses, details)."""
     num_rows = len(rows["segment_ids"])
     self._check_widths(rows)
     self._agree_across_processes(num_rows)
@@ -317,7 +326,8 @@ class _RowScorer:
       for name, value in out.items():
         if name != "row_id":
           value = value[real, :targets]
-          per_target.setdefault(name, np.zeros((num_rows, targets), value.dtype))[row_id[real]] = value
+          held = per_target.setdefault(name, np.zeros((num_rows, targets) + value.shape[2:], value.dtype))
+          held[row_id[real]] = value
       if meter:
         meter.update(int(real.sum()), int((rows["segment_ids"][row_id[real]] > 0).sum()))
       self.seconds["host"] += time.perf_counter() - start
@@ -480,6 +490,7 @@ class CandidateScores:
 
   nll_sum: np.ndarray
   n_tokens: np.ndarray
+  details: np.ndarray | None = None  # [N, max candidates, D]: the architecture's details (`Architecture.details`)
 
   @property
   def mean_nll(self) -> np.ndarray:
@@ -489,9 +500,9 @@ class CandidateScores:
 
 
 def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarray,
-            num_candidates: list[int] | None = None) -> CandidateScores:
-  """Maps per-row slot results back to (item, candidate). Every candidate laid in the rows is scored exactly
-  once; `num_candidates` (per item), when given, must match what the rows hold."""
+            num_candidates: list[int] | None = None, details: np.ndarray | None = None) -> CandidateScores:
+  """Maps per-row slot results [R, C] (`details` [R, C, D]) back to (item, candidate). Every candidate laid in the
+  rows is scored exactly once; `num_candidates` (per item), when given, must match what the rows hold."""
   used = rows["slot_item"] >= 0
   item, cand = rows["slot_item"][used], rows["slot_candidate"][used]
   if num_candidates is None:
@@ -516,7 +527,11 @@ def collect(rows: dict[str, np.ndarray], nll_sum: np.ndarray, n_tokens: np.ndarr
     listed = ", ".join(f"item {i} candidate {c} laid {seen[i, c]}x" for i, c in wrong[:5])
     raise ValueError(f"the packed rows do not hold every candidate exactly once: {listed}"
                      + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""))
-  return CandidateScores(total, count)
+  per_item = None
+  if details is not None:
+    per_item = np.full((items, width, details.shape[-1]), np.nan)
+    per_item[item, cand] = details[used]
+  return CandidateScores(total, count, per_item)
 
 
 # ---- Rows of an architecture's own format ---------------------------------------------------------------------------
@@ -544,9 +559,13 @@ class StreamScorer(_RowScorer):
 
   def score(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scores all rows (the same full set on every process); returns (nll_sum, n_tokens) [R, C]."""
-    self._check_ids(rows, self.config)
-    slots = self._score_rows(params, rows, progress)
+    slots = self.score_slots(params, rows, progress)
     return slots["nll_sum"], slots["n_tokens"]
+
+  def score_slots(self, params: Params, rows: dict[str, np.ndarray], progress: bool = True) -> dict[str, np.ndarray]:
+    """As `score`, with every per-slot output of the step: `details` [R, C, D] too where the step gives them."""
+    self._check_ids(rows, self.config)
+    return self._score_rows(params, rows, progress)
 
 
 def row_mask(batch: dict, window: LocalWindow | None):

@@ -9,8 +9,8 @@ its scorer over one of s2sjax/data/rows.py's row formats, its fit check) and `re
 $S2SJAX_PLUGINS so every command line imports it before its first lookup.
 """
 
-from s2sjax.scoring.architectures.architecture import (ARCHITECTURES, DECODER, Architecture, FitError, for_config,
-  for_family, for_spec, get, planner_shapes, register)
+from s2sjax.scoring.architectures.architecture import (ARCHITECTURES, DECODER, Architecture, FitError, detail_names,
+  for_config, for_family, for_spec, get, planner_shapes, register)
 
 # The built-ins register on import: the shared decoder first, then the models of their own.
 from s2sjax.scoring.architectures import decoder  # noqa: E402,F401,I001
@@ -19,5 +19,5 @@ from s2sjax.scoring.architectures import kimi_audio  # noqa: E402,F401
 from s2sjax.scoring.architectures import mimo_audio  # noqa: E402,F401
 from s2sjax.scoring.architectures import step_audio2  # noqa: E402,F401
 
-__all__ = ["ARCHITECTURES", "DECODER", "Architecture", "FitError", "for_config", "for_family",
+__all__ = ["ARCHITECTURES", "DECODER", "Architecture", "FitError", "detail_names", "for_config", "for_family",
            "for_spec", "get", "planner_shapes", "register"]

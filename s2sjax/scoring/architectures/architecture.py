@@ -17,6 +17,7 @@ import numpy as np
 from s2sjax.runtime import plugins
 from s2sjax.runtime.errors import UnknownNameError, UserError
 from s2sjax.runtime.registry import Registry
+from s2sjax.data import modalities
 from s2sjax.data.rows import RowFormat
 
 DECODER = "decoder"  # the shared decoder's architecture: what every family of s2sjax.model.families is
@@ -40,7 +41,11 @@ class Architecture:
   log-softmax of one sequence that `s2sjax.logprobs` writes, inputs checked (`s2sjax.scoring.sequence_inputs`); None: the
   architecture has no such command. `planned(config)` is the shared-decoder shape whose FLOPs and activations its
   scoring step costs (`s2sjax.plan`; the memory of its parameters is `config.num_params()`), None: not planned;
-  `planner_shapes` its published releases' config.json, by name, for planning without the weights."""
+  `planner_shapes` its published releases' config.json, by name, for planning without the weights.
+  `details(config)` names the further per-candidate numbers its step gives beside the NLL (per target
+  `target_details` [B, M, D], one column a name, summed over a candidate's targets as its NLL is) for candidates of
+  kind `details_of` (s2sjax.data.modalities' SPEECH or TEXT); the evaluator writes them to a details file beside
+  the scores (`s2sjax.data.question_details`); () for none, and no file."""
 
   name: str  # model_config.json's `family` for an architecture of its own; DECODER for the shared decoder
   config_class: type  # its config: hashable, with to_json / from_json and `family` (model_config.json's)
@@ -56,6 +61,8 @@ class Architecture:
   log_probs: Callable[..., tuple[np.ndarray, np.ndarray | None]] | None = None
   planned: Callable[[Any], Any] | None = None
   planner_shapes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  details: Callable[[Any], tuple[str, ...]] = lambda config: ()
+  details_of: str = modalities.SPEECH
 
 
 def _problems(new: Architecture, registered: Mapping[str, Architecture]) -> list[str]:
@@ -109,3 +116,9 @@ def for_spec(spec) -> Architecture:
     if architecture.row_format is spec.row_format:
       return architecture
   raise UnknownNameError(f"no registered architecture reads {spec.row_format.name} rows (spec {spec.name})")
+
+
+def detail_names(config, modality: str) -> tuple[str, ...]:
+  """The per-candidate details `config`'s architecture gives for candidates of `modality` (a modality's name), or ()."""
+  architecture = for_config(config)
+  return architecture.details(config) if modalities.get(modality).candidate == architecture.details_of else ()

@@ -174,7 +174,9 @@ def score_batch(config: MimoAudioConfig, dtype, target_chunk: int, num_slots: in
 
     a text target (target_ids >= 0)   its NLL under the text head over the full vocabulary;
     a speech target (target_ids -1)   its patch's NLL under the patch decoder, teacher forced: every channel's
-                                      code of every frame (the full head's softmax), summed (`patch_nll`).
+                                      code of every frame (the full head's softmax), summed (`patch_nll`);
+                                      and per target [B, M, channels] `target_details`: each channel's part of
+                                      it (its 4 frames summed; 0 at a text target): `details`.
 
   A position is a patch; attention is the decoder's over segment / branch ids (a prefix shared by its candidates;
   item-local with a `window`). The patch decoder runs only for chunks holding a speech target. Pure; jitted by
@@ -191,13 +193,19 @@ def score_batch(config: MimoAudioConfig, dtype, target_chunk: int, num_slots: in
     text = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, jnp.maximum(ids, 0)[..., None], -1)[..., 0]
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     patches = jnp.maximum(target_codes, 0).reshape(ids.shape + (config.group_size, config.channels))
-    speech = jax.lax.cond((ids < 0).any(),
-                          lambda: patch_nll(config, params, flat(h), flat(patches), dtype).sum(-1).reshape(ids.shape),
-                          lambda: jnp.zeros(ids.shape, jnp.float32))
-    return jnp.where(ids < 0, speech, text)
+    per_channel = jax.lax.cond(
+      (ids < 0).any(), lambda: patch_nll(config, params, flat(h), flat(patches), dtype).reshape(ids.shape + (-1,)),
+      lambda: jnp.zeros(ids.shape + (config.channels,), jnp.float32))
+    speech = ids[..., None] < 0
+    return jnp.where(speech[..., 0], per_channel.sum(-1), text), jnp.where(speech, per_channel, 0.0)
 
-  nll = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"], batch["target_codes"])
-  return slot_scores(nll, batch, num_slots)
+  nll, per_channel = by_target_chunks(nll_of, target_chunk, gathered, batch["target_ids"], batch["target_codes"])
+  return dict(slot_scores(nll, batch, num_slots), target_details=per_channel)
+
+
+def details(config: MimoAudioConfig) -> tuple[str, ...]:
+  """A spoken candidate's NLL per RVQ channel, each summed over its patches' frames: their sum is its NLL."""
+  return tuple(f"nll_sum_channel_{c}" for c in range(config.channels))
 
 
 def _code_problem(field: str, codes: np.ndarray, where: np.ndarray, config: MimoAudioConfig) -> str | None:
@@ -312,4 +320,4 @@ ARCHITECTURE = register(Architecture(
   NAME, MimoAudioConfig, ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.vocab_size, check_fit=check_fit, check_ids=check_ids,
   parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config.decoder,
-  planner_shapes={"mimo-audio-7b": MIMO_AUDIO_7B}))
+  planner_shapes={"mimo-audio-7b": MIMO_AUDIO_7B}, details=details))

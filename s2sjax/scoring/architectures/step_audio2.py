@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -25,8 +26,8 @@ from s2sjax.scoring.architectures.architecture import Architecture, FitError, re
 from s2sjax.model.families import keymap
 from s2sjax.model.attention import LocalWindow, local_window
 from s2sjax.model.config import ConfigError
-from s2sjax.model.step_audio2 import (AUDIO_START, NAME, StepAudio2Config, abstract_params,
-  param_logical_axes, sequence_log_probs)
+from s2sjax.model.step_audio2 import (AUDIO_CODES, AUDIO_OFFSET, AUDIO_START, NAME, StepAudio2Config,
+  abstract_params, param_logical_axes, sequence_log_probs)
 from s2sjax.scoring.scorer import ScoringError, StreamScorer
 from s2sjax.scoring.scorer import score_batch as decoder_step
 from s2sjax.scoring.sequence_inputs import LogProbsError, check_range, sequence
@@ -93,12 +94,25 @@ def score_batch(config: StepAudio2Config, dtype, target_chunk: int, num_slots: i
                 attention: str = "xla", window: LocalWindow | None = None) -> dict:
   """The shared decoder's step (`s2sjax.scoring.scorer.score_batch`: per target NLL over the full vocabulary, as the
   release's forward gives logits, and whether it is the argmax; per slot their sums) over the rows' ids, with the
-  adaptor rows written at the patch rows. Rows of a written prefix carry a feature track of width 0. Pure; jitted
-  by the scorer."""
+  adaptor rows written at the patch rows; per target [B, M, 1] `target_details`, its NLL renormalised over the
+  audio ids (`audio_nll`). Rows of a written prefix carry a feature track of width 0. Pure; jitted by the scorer."""
   features = batch["features"] if batch["features"].shape[-1] else None
   return decoder_step(config.decoder, dtype, target_chunk, num_slots, params,
                       dict(batch, tokens=batch["ids"], audio_codes=None), attention, window, features,
-                      batch["continuous"] > 0 if features is not None else None)
+                      batch["continuous"] > 0 if features is not None else None, target_details=audio_nll)
+
+
+def audio_nll(logits: jax.Array, ids: jax.Array) -> jax.Array:
+  """[..., 1]: each target's NLL under the softmax over the 6,562 audio ids only (151696 + code, the audio eos
+  included), as the oracle's second figure for speech out (PROVENANCE CONVENTIONS 8); meaningless at a text id."""
+  audio = jax.lax.slice_in_dim(logits, AUDIO_OFFSET, AUDIO_OFFSET + AUDIO_CODES, axis=-1)
+  picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+  return (jax.nn.logsumexp(audio, axis=-1) - picked)[..., None]
+
+
+def details(config: StepAudio2Config) -> tuple[str, ...]:
+  """A spoken candidate's NLL over the audio ids alone, summed over its codes (`audio_nll`)."""
+  return ("nll_sum_audio_ids",)
 
 
 def check_ids(rows: Mapping[str, np.ndarray], config: StepAudio2Config) -> None:
@@ -213,4 +227,4 @@ ARCHITECTURE = register(Architecture(
   NAME, StepAudio2Config, ROWS, abstract_params, param_logical_axes, scorer,
   text_rows=lambda config: config.vocab_size, check_fit=check_fit, check_ids=check_ids,
   parse_config=parse_config, spec_checks=spec_checks, log_probs=log_probs, planned=lambda config: config.decoder,
-  planner_shapes={"step-audio-2-mini": STEP_AUDIO_2_MINI}))
+  planner_shapes={"step-audio-2-mini": STEP_AUDIO_2_MINI}, details=details))
