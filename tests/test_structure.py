@@ -98,7 +98,7 @@ def test_the_commands_keep_their_names_through_aliases_only():
   aliases = sorted(path.relative_to(ROOT).as_posix() for package in FORBIDDEN for path in _project_files(package)
                    if is_command_alias(path))
   assert aliases == ["s2sjax/bench.py", "s2sjax/check.py", "s2sjax/eval.py", "s2sjax/lm_eval.py", "s2sjax/logprobs.py",
-                     "s2sjax/plan.py", "s2sjax/watch.py", "tasks/prepare.py"]
+                     "s2sjax/plan.py", "s2sjax/watch.py", "s2sjax/zerospeech.py", "tasks/prepare.py"]
 
 
 def test_an_alias_that_defines_something_is_not_one(tmp_path):

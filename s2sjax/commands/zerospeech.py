@@ -2,7 +2,7 @@ r"""A ZeroSpeech 2021 submission folder (sLM21: lexical and syntactic) from an s
 sWUGGY's and sBLIMP's scores, for zerospeech-benchmarks 0.9.4 (`zrc benchmarks:run sLM21 DIR -t lexical syntactic
 -s dev`) to validate and score as it is (s2sjax/results/zerospeech.py; docs/data.md, "sLM21").
 
-  python -m s2sjax.commands.zerospeech --output_dir=OUT --submission_dir=DIR [--checkpoint=NAME] \
+  python -m s2sjax.zerospeech --output_dir=OUT --submission_dir=DIR [--checkpoint=NAME] \
       [--modality=s2s_utterance] [--splits=dev]
 """
 
@@ -32,7 +32,7 @@ def define_flags() -> None:
 
 
 def command_line() -> None:
-  """`python -m s2sjax.commands.zerospeech`."""
+  """`python -m s2sjax.zerospeech`."""
   define_flags()
   flags.mark_flags_as_required(["output_dir", "submission_dir"])
   cli.run(main, __doc__, flag_modules=(__name__,))
