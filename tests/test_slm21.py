@@ -180,8 +180,16 @@ def test_zrc_accepts_the_submission_and_prints_s2sjaxs_figures(tmp_path, tiny_sa
     assert {k: (v["n"], printed(v["accuracy"])) for k, v in ours[0][f"by_{name}"].items()} == by
   assert printed(ours[1]["accuracy"]) == printed(zrc["sblimp"])
   assert {k: (v["n"], printed(v["accuracy"])) for k, v in ours[1]["by_type"].items()} == zrc["by_type"]
+  # zrc prints no subtypes: each type's figure is its subtypes' n-weighted mean, over the fixture's subtypes
+  type_of = {subtype: kind for kind, subtype, *_ in SENTENCES}
+  assert ours[1]["by_subtype"].keys() == type_of.keys()
+  for kind, by in ours[1]["by_type"].items():
+    parts = [v for subtype, v in ours[1]["by_subtype"].items() if type_of[subtype] == kind]
+    assert sum(v["n"] for v in parts) == by["n"]
+    assert sum(v["n"] * v["accuracy"] for v in parts) / by["n"] == pytest.approx(by["accuracy"])
   assert ours[0]["by_frequency_band"].keys() == {"oov", "1-5", "6-20", "21-100", ">100"}
   assert "sWUGGY (dev) by frequency_band" in open(os.path.join(out, "table.md")).read()
+  assert "sBLIMP (dev) by subtype" in open(os.path.join(out, "table.md")).read()
 
 
 def test_metrics_average_voices_per_id_then_ids_and_t2t_meets_the_utterance_protocol():

@@ -189,7 +189,8 @@ def _register_slm21(split: str, swuggy_pairs: int, sblimp_pairs: int) -> None:
   register(Task(
     f"sblimp{suffix}", f"sBLIMP ({split})", "en", "slm21_syntactic", f"syntactic/{split}/gold.csv",
     f"syntactic/{split}", f"syntactic/{split}", decision="pair", candidates=2,
-    sizes=PlannerSizes(sblimp_pairs, 0, 10, 2.5), ties="half", loss="sum", averaged_over="item", breakdowns=("type",)))
+    sizes=PlannerSizes(sblimp_pairs, 0, 10, 2.5), ties="half", loss="sum", averaged_over="item",
+    breakdowns=("type", "subtype")))
 
 
 _register_slm21("dev", 20000, 6300)
